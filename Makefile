@@ -1,0 +1,49 @@
+# SpotRL. `make demo` runs the main job; `make test` runs everything CI runs.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+UV      ?= $(shell command -v uv 2>/dev/null || echo $(VENV)/bin/uv)
+EXTRAS  ?= operator,runtime,dev
+PYTEST_ARGS ?=
+
+.PHONY: help install lock generate lint typecheck test test-fast toolchain bench demo cluster-up cluster-down e2e-kind clean
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@command -v uv >/dev/null || python3 -m pip install -q uv
+	uv venv -q --allow-existing $(VENV) --python python3.11
+	uv pip install -q --python $(PY) -c constraints.txt -e ".[$(EXTRAS)]"
+	@touch $@
+
+install: $(VENV)/.installed ## create .venv with the pinned dependencies
+
+lock: ## re-pin constraints.txt from pyproject.toml
+	uv pip compile pyproject.toml --all-extras --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --no-header --quiet -o constraints.txt.new
+	{ head -2 constraints.txt; cat constraints.txt.new; } > constraints.txt.tmp && rm constraints.txt.new
+	mv constraints.txt.tmp constraints.txt
+
+generate: install ## regenerate the CRD and the README's RLJob reference from the model
+	$(PY) -m spotrl_runtime.api.crd
+
+lint: install ## ruff (lint and format), mypy, and a check that generated files are current
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(PY) -m spotrl_runtime.api.crd --check
+
+toolchain: ## build etcd, kube-*, kubectl, helm and the S3 server into ~/.cache/spotrl/tools
+	e2e/toolchain/build.sh
+
+test: lint toolchain ## everything CI runs: lint, types, unit, integration, cluster and e2e tests
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install ## the quick subset for local work: unit tests only
+	$(PY) -m pytest tests/unit -m "not slow" $(PYTEST_ARGS)
+
+clean: ## remove the virtualenv and caches in the work tree
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Builds the test control plane's binaries from the Go module proxy into a cache folder
+# outside the work tree, keyed by version, and skips whatever is already there.
+#
+#   e2e/toolchain/build.sh          build what is missing, print what was built and how long
+#   e2e/toolchain/build.sh --env    print NAME=PATH lines for the binaries (nothing is built)
+#
+# Cache: $SPOTRL_TOOLS_DIR (default ~/.cache/spotrl/tools). Go's own build and module
+# caches (GOCACHE, GOMODCACHE) make a rebuild after a version bump incremental.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+cache=${SPOTRL_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/spotrl/tools}
+
+kube_dir=$cache/kubernetes-$KUBERNETES_VERSION
+etcd_dir=$cache/etcd-$ETCD_VERSION
+helm_dir=$cache/helm-$HELM_VERSION
+s3_dir=$cache/versitygw-$VERSITYGW_VERSION
+
+if [[ ${1:-} == --env ]]; then
+  echo "KUBE_APISERVER=$kube_dir/kube-apiserver"
+  echo "KUBE_CONTROLLER_MANAGER=$kube_dir/kube-controller-manager"
+  echo "KUBE_SCHEDULER=$kube_dir/kube-scheduler"
+  echo "KUBECTL=$kube_dir/kubectl"
+  echo "ETCD=$etcd_dir/etcd"
+  echo "HELM=$helm_dir/helm"
+  echo "VERSITYGW=$s3_dir/versitygw"
+  exit 0
+fi
+
+export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
+built=()
+
+# step NAME DIR BINARY... : runs build_NAME unless every binary is already in DIR.
+step() {
+  local name=$1 dir=$2; shift 2
+  local missing=0 b
+  for b in "$@"; do [[ -x $dir/$b ]] || missing=1; done
+  if ((missing == 0)); then
+    echo "cached  $name ($dir)"
+    return
+  fi
+  local t0=$SECONDS
+  echo "build   $name ..."
+  mkdir -p "$dir"
+  "build_$name" "$dir"
+  built+=("$name in $((SECONDS - t0)) s")
+  echo "built   $name in $((SECONDS - t0)) s"
+}
+
+# Emits one replace line per staging module of the release: read from the release's own
+# go.mod (downloaded through the module proxy), never typed by hand.
+kube_replaces() {
+  local gomod staging_tag
+  gomod=$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
+    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
+  [[ -f $gomod ]] || { echo "build.sh: cannot find go.mod of k8s.io/kubernetes@$KUBERNETES_VERSION" >&2; exit 1; }
+  staging_tag=v0.${KUBERNETES_VERSION#v1.}
+  sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => \./staging/src/k8s.io/[a-z0-9-]*$#replace \1 => \1 '"$staging_tag"'#p' "$gomod"
+}
+
+build_kubernetes() {
+  local out=$1 src=$cache/src/kubernetes-$KUBERNETES_VERSION
+  rm -rf "$src" && mkdir -p "$src"
+  sed "s/@KUBERNETES_VERSION@/$KUBERNETES_VERSION/" "$here/kube/go.mod.in" >"$src/go.mod"
+  kube_replaces >>"$src/go.mod"
+  echo "        $(grep -c '^replace' "$src/go.mod") staging replaces generated from the release's go.mod"
+  local minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
+  local pkg=k8s.io/component-base/version
+  local ldflags="-s -w -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION"
+  (cd "$src" && go build -trimpath -ldflags "$ldflags" -o "$out/" \
+    k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kubectl)
+}
+
+build_etcd() {
+  local out=$1 src=$cache/src/etcd-$ETCD_VERSION
+  rm -rf "$src" && mkdir -p "$src"
+  sed "s/@ETCD_VERSION@/$ETCD_VERSION/" "$here/etcd/go.mod.in" >"$src/go.mod"
+  cp "$here/etcd/main.go" "$src/"
+  (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$out/etcd" .)
+}
+
+build_helm() {
+  GOBIN=$1 go install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+}
+
+build_versitygw() {
+  GOBIN=$1 go install -trimpath -ldflags "-s -w" \
+    "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION"
+}
+
+t_all=$SECONDS
+step etcd "$etcd_dir" etcd
+step versitygw "$s3_dir" versitygw
+step helm "$helm_dir" helm
+step kubernetes "$kube_dir" kube-apiserver kube-controller-manager kube-scheduler kubectl
+if ((${#built[@]})); then
+  echo "toolchain: built ${built[*]}; total $((SECONDS - t_all)) s"
+else
+  echo "toolchain: everything cached ($cache)"
+fi

@@ -1,0 +1,419 @@
+"""The RLJob API: one Python model of the resource, used by the operator and the runtime.
+
+The CustomResourceDefinition in ``crds/`` is generated from these classes
+(:mod:`spotrl_runtime.api.crd`), so the API server and :func:`parse_rljob` accept and
+reject the same documents. Field names are camelCase on the wire and snake_case in Python.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from spotrl_runtime.api.rules import ApiObject, Rule
+
+GROUP = "spotrl.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "RLJob"
+PLURAL = "rljobs"
+SINGULAR = "rljob"
+SHORT_NAMES = ("rlj",)
+
+# A Kubernetes resource quantity such as "500m", "2", "4Gi" or "1.5G".
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$"
+IMPORT_PATH = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+# s3://bucket[/prefix], a file:// URI, or a plain path (absolute or relative).
+STORAGE_URI = r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?|file://.+|[^:]+)$"
+BUILTIN_REWARDS = ("arithmetic_exact", "format_only")
+
+
+class Resources(ApiObject):
+    """What one pod asks for. GPUs are an extended resource (``nvidia.com/gpu``)."""
+
+    cpu: str | None = Field(default=None, pattern=QUANTITY, description="CPU request, e.g. '2' or '500m'.")
+    memory: str | None = Field(default=None, pattern=QUANTITY, description="Memory request, e.g. '8Gi'.")
+    gpu: int = Field(default=0, ge=0, le=64, description="GPUs (nvidia.com/gpu) per pod.")
+
+
+class Policy(ApiObject):
+    """The policy model being trained."""
+
+    model: str = Field(
+        min_length=1,
+        max_length=1024,
+        description=(
+            "A local path, an s3:// URI, a model id for users who have a hub, or "
+            "'builtin:<name>' for a model SpotRL builds from code (the CPU demo)."
+        ),
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="Parameter dtype of the trainer."
+    )
+
+
+class Dataset(ApiObject):
+    """Where the prompts come from: a map-style dataset whose rows have a stable index."""
+
+    uri: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="A JSONL file (path or s3:// URI) or 'builtin:<name>' for a generated task.",
+    )
+    split: str = Field(default="train", min_length=1, max_length=63, description="Dataset split to read.")
+    task_field: str = Field(default="task_name", min_length=1, max_length=63, description="Row field naming the task.")
+    prompt_field: str = Field(
+        default="prompt", min_length=1, max_length=63, description="Row field holding the prompt."
+    )
+    answer_field: str = Field(
+        default="answer", min_length=1, max_length=63, description="Row field the reward checks against."
+    )
+    shuffle: bool = Field(default=True, description="Visit rows in a seeded random order, reshuffled each epoch.")
+    seed: int = Field(default=0, ge=0, description="Shuffle seed.")
+
+
+class Generation(ApiObject):
+    """How rollouts are generated: G samples per prompt, up to `lookahead` steps ahead."""
+
+    backend: Literal["vllm", "transformers"] = Field(
+        default="transformers", description="'vllm' on GPUs (production) or 'transformers' on the CPU."
+    )
+    group_size: int = Field(default=4, ge=2, le=1024, description="Rollouts per prompt (G); GRPO needs at least 2.")
+    prompts_per_step: int = Field(default=8, ge=1, le=65536, description="Prompts (groups) per optimizer step (B).")
+    lookahead: int = Field(
+        default=1, ge=0, le=64, description="How many steps generation may run ahead of the trainer (L)."
+    )
+    max_new_tokens: int = Field(default=16, ge=1, le=131072, description="Tokens generated per rollout at most.")
+    temperature: float = Field(default=1.0, gt=0, le=10, description="Sampling temperature.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    max_retries: int = Field(default=2, ge=0, le=100, description="Generation attempts per group before it is dropped.")
+    workers: int = Field(default=1, ge=1, le=1024, description="Generation workers (Ray actors).")
+    gpu_memory_utilization: float = Field(
+        default=0.85, gt=0, le=1, description="vLLM: fraction of GPU memory the engine may take."
+    )
+    resources: Resources = Field(default_factory=Resources, description="Per generation worker.")
+
+    rules = (
+        Rule(
+            cel="self.backend != 'vllm' || self.resources.gpu >= 1",
+            check=lambda g: g.backend != "vllm" or g.resources.gpu >= 1,
+            message="backend 'vllm' needs resources.gpu >= 1; use backend 'transformers' on CPU-only nodes",
+            field="resources.gpu",
+        ),
+    )
+
+
+class Training(ApiObject):
+    """The trainer: GRPO in plain torch."""
+
+    algorithm: Literal["grpo"] = Field(default="grpo", description="The RL algorithm.")
+    total_steps: int = Field(ge=1, le=10_000_000, description="Optimizer steps to train.")
+    learning_rate: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
+    micro_batch_size: int = Field(default=8, ge=1, le=65536, description="Rollouts per forward/backward pass.")
+    clip_epsilon: float = Field(default=0.2, gt=0, le=1, description="PPO-style clip of the importance ratio.")
+    kl_coef: float = Field(default=0.0, ge=0, le=100, description="Weight of the KL penalty to the initial policy.")
+    weight_decay: float = Field(default=0.0, ge=0, le=1, description="AdamW weight decay.")
+    max_grad_norm: float = Field(default=1.0, gt=0, le=1e6, description="Gradient clipping norm.")
+    seed: int = Field(default=0, ge=0, description="Seed of sampling and initialisation.")
+    resources: Resources = Field(default_factory=Resources, description="For the controller pod (the trainer).")
+
+
+class Reward(ApiObject):
+    """How a rollout is scored: a built-in verifiable task or your own function."""
+
+    name: Literal["arithmetic_exact", "format_only"] | None = Field(default=None, description="A built-in reward.")
+    import_path: str | None = Field(
+        default=None,
+        pattern=IMPORT_PATH,
+        max_length=512,
+        description="'package.module:function' taking (prompt, completion, row) and returning a float.",
+    )
+
+    rules = (
+        Rule(
+            cel="has(self.name) != has(self.importPath)",
+            check=lambda r: (r.name is None) != (r.import_path is None),
+            message="set exactly one of name (a built-in reward) or importPath (module:function)",
+            field="name",
+        ),
+    )
+
+
+class Checkpoint(ApiObject):
+    """Where cuts go and when they are taken."""
+
+    storage: str | None = Field(
+        default=None,
+        pattern=STORAGE_URI,
+        max_length=1024,
+        description=(
+            "s3://bucket/prefix or a path. Unset: the operator's default storage, or a local folder for `spotrl run`."
+        ),
+    )
+    s3_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://.+",
+        max_length=1024,
+        description="S3-compatible endpoint (MinIO, Ceph, R2, versitygw ...); unset for AWS.",
+    )
+    s3_region: str | None = Field(default=None, max_length=63, description="S3 region.")
+    credentials_secret: str | None = Field(
+        default=None,
+        max_length=253,
+        description="Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for the storage.",
+    )
+    every_steps: int = Field(default=5, ge=0, le=1_000_000, description="Periodic cut every N steps; 0: off.")
+    every_seconds: int = Field(default=0, ge=0, le=86400, description="Periodic cut every T seconds; 0: off.")
+    keep: int = Field(default=3, ge=1, le=1000, description="Committed cuts kept; older ones are deleted.")
+    barrier_deadline_seconds: int = Field(
+        default=100,
+        ge=5,
+        le=3600,
+        description="A barrier cut must commit within this; the default fits AWS's 120 s notice.",
+    )
+    retention_policy: Literal["Retain", "Delete"] = Field(
+        default="Retain", description="What happens to the job's cuts when the RLJob is deleted."
+    )
+
+    rules = (
+        Rule(
+            cel="self.everySteps > 0 || self.everySeconds > 0",
+            check=lambda c: c.every_steps > 0 or c.every_seconds > 0,
+            message="set everySteps or everySeconds above 0: periodic cuts bound what an abrupt loss costs",
+            field="everySteps",
+        ),
+        Rule(
+            cel="!has(self.s3Endpoint) || (has(self.storage) && self.storage.startsWith('s3://'))",
+            check=lambda c: c.s3_endpoint is None or (c.storage or "").startswith("s3://"),
+            message="s3Endpoint applies only to an s3:// storage URI",
+            field="s3Endpoint",
+        ),
+    )
+
+
+class Preemption(ApiObject):
+    """What counts as a preemption notice and what happens to prompts that fail."""
+
+    extra_taint_keys: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Taint keys (besides the well-known spot handlers') that announce a node's end.",
+    )
+    on_dropped_prompt: Literal["shrink", "replace"] = Field(
+        default="shrink",
+        description="'shrink' trains the step on fewer groups; 'replace' takes a prompt from the spare pool.",
+    )
+    min_step_fraction: float = Field(
+        default=0.5, gt=0, le=1, description="Fail the run if a step would train on fewer than this fraction."
+    )
+    spare_pool_batches: int = Field(
+        default=0, ge=0, le=64, description="Whole batches set aside to replace dropped prompts."
+    )
+
+    rules = (
+        Rule(
+            cel="self.onDroppedPrompt != 'replace' || self.sparePoolBatches >= 1",
+            check=lambda p: p.on_dropped_prompt != "replace" or p.spare_pool_batches >= 1,
+            message="onDroppedPrompt 'replace' needs sparePoolBatches >= 1",
+            field="sparePoolBatches",
+        ),
+    )
+
+
+class Toleration(ApiObject):
+    """A pod toleration, as in the Pod API."""
+
+    key: str | None = Field(default=None, max_length=316)
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = Field(default=None, max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(default=None, ge=0)
+
+
+class Scheduling(ApiObject):
+    """Where the job's pods may run."""
+
+    image: str | None = Field(default=None, max_length=1024, description="Runtime image; default: the operator's.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods require.")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description="Pod tolerations.")
+    priority_class_name: str | None = Field(default=None, max_length=253, description="Pod priority class.")
+    termination_grace_period_seconds: int = Field(
+        default=60, ge=1, le=3600, description="Grace period in which the controller cuts on SIGTERM."
+    )
+
+
+class FailureBudget(ApiObject):
+    """Crashes a job may have before it fails. Preemptions never count."""
+
+    max_crashes: int = Field(default=3, ge=0, le=1000, description="Controller crashes (non-zero exits) allowed.")
+    backoff_seconds: int = Field(default=10, ge=0, le=3600, description="Wait before the first retry; doubles.")
+    max_backoff_seconds: int = Field(default=300, ge=0, le=86400, description="Upper bound of the retry wait.")
+
+
+class RLJobSpec(ApiObject):
+    """What the user asks for."""
+
+    policy: Policy = Field(description="The model being trained.")
+    dataset: Dataset = Field(description="The prompts.")
+    reward: Reward = Field(description="How rollouts are scored.")
+    training: Training = Field(description="Optimizer steps and hyperparameters.")
+    generation: Generation = Field(default_factory=Generation, description="Rollout generation.")
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="Cuts: where and when.")
+    preemption: Preemption = Field(default_factory=Preemption, description="Notices and dropped prompts.")
+    scheduling: Scheduling = Field(default_factory=Scheduling, description="Placement of the pods.")
+    failure_budget: FailureBudget = Field(default_factory=FailureBudget, description="Crash retries.")
+    suspend: bool = Field(default=False, description="true: take a barrier cut and stop the pods; false resumes.")
+
+    rules = (
+        Rule(
+            cel="self.training.microBatchSize <= self.generation.promptsPerStep * self.generation.groupSize",
+            check=lambda s: s.training.micro_batch_size <= s.generation.prompts_per_step * s.generation.group_size,
+            message=(
+                "training.microBatchSize must not exceed generation.promptsPerStep * generation.groupSize "
+                "(the rollouts of one step)"
+            ),
+            field="training.microBatchSize",
+        ),
+    )
+
+
+# ----------------------------------------------------------------------------- status
+
+
+class Condition(ApiObject):
+    """A condition in Kubernetes API conventions."""
+
+    type: str = Field(min_length=1, max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(default="", max_length=1024)
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: str | None = Field(default=None, description="RFC 3339 time of the last change.")
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
+class CutRef(ApiObject):
+    """A committed cut."""
+
+    id: str = Field(min_length=1)
+    step: int = Field(ge=0, description="Steps trained when the cut was taken.")
+    uri: str = Field(min_length=1)
+    time: str | None = Field(default=None, description="RFC 3339 commit time.")
+    kind: Literal["periodic", "barrier"] = "periodic"
+
+
+class BarrierStatus(ApiObject):
+    """The barrier the operator asked for (request) and what the controller did (answer)."""
+
+    request_id: str = Field(min_length=1, description="Matches the spotrl.dev/barrier-request annotation.")
+    reason: str = Field(default="", description="Why: the signal that caused it.")
+    node: str | None = Field(default=None, description="The node that is going away.")
+    requested_at: str | None = None
+    deadline: str | None = Field(default=None, description="RFC 3339 time by which the cut must commit.")
+    state: Literal["Requested", "Committed", "Missed", "Failed"] = "Requested"
+    cut_id: str | None = None
+    committed_at: str | None = None
+
+
+Phase = Literal["Pending", "Running", "Checkpointing", "Rescheduling", "Suspended", "Succeeded", "Failed"]
+
+
+class RLJobStatus(ApiObject):
+    """What the operator and the job's controller report."""
+
+    phase: Phase | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = Field(default=None, ge=0)
+    step: int | None = Field(default=None, ge=0, description="Optimizer steps trained.")
+    total_steps: int | None = Field(default=None, ge=0)
+    last_cut: CutRef | None = None
+    barrier: BarrierStatus | None = None
+    preemptions: int = Field(default=0, ge=0, description="Preemptions survived.")
+    restarts: int = Field(default=0, ge=0, description="Controller restarts after crashes.")
+    seconds_lost: float = Field(default=0.0, ge=0, description="Wall time spent away from training by preemptions.")
+    controller_pod: str | None = None
+    controller_node: str | None = None
+    attempt: int = Field(default=0, ge=0, description="Controller incarnation; grows with every restart.")
+    message: str | None = None
+
+
+# ------------------------------------------------------------------------- parsing
+
+
+class SpecError(ValueError):
+    """An RLJob that cannot be accepted. ``problems`` holds (field path, what is allowed)."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("invalid RLJob:\n" + "\n".join(f"  {path}: {msg}" for path, msg in problems))
+
+
+def _alias_path(model: type[ApiObject], loc: tuple[Any, ...]) -> str:
+    """Turns a pydantic error location (python names) into the camelCase field path."""
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
+            continue
+        parts.append(str(item))
+    return ".".join(parts)
+
+
+def _problems(err: ValidationError, prefix: str) -> list[tuple[str, str]]:
+    out = []
+    for e in err.errors():
+        path = ".".join(p for p in (prefix, _alias_path(RLJobSpec, tuple(e["loc"]))) if p)
+        if e["type"] == "rljob_rule":
+            path = f"{path}.{e['ctx']['field']}" if path else e["ctx"]["field"]
+        elif e["type"] == "extra_forbidden":
+            out.append((path, "unknown field; check its spelling against `kubectl explain rljob.spec`"))
+            continue
+        out.append((path, e["msg"]))
+    return out
+
+
+def parse_spec(spec: Any) -> RLJobSpec:
+    """Validates a spec mapping (camelCase). Raises :class:`SpecError` naming each bad field."""
+    try:
+        return RLJobSpec.model_validate(spec)
+    except ValidationError as err:
+        raise SpecError(_problems(err, "spec")) from None
+
+
+class RLJob(ApiObject):
+    """A whole RLJob document (the parts SpotRL reads)."""
+
+    model_config = ApiObject.model_config | {"extra": "ignore"}
+
+    api_version: str
+    kind: str
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: RLJobSpec
+    status: RLJobStatus | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name", ""))
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace", "default"))
+
+
+def parse_rljob(doc: Any) -> RLJob:
+    """Validates a whole RLJob document (as `kubectl apply` would send it)."""
+    problems: list[tuple[str, str]] = []
+    if not isinstance(doc, dict):
+        raise SpecError([("", "an RLJob document must be a mapping")])
+    if doc.get("apiVersion") != API_VERSION:
+        problems.append(("apiVersion", f"must be {API_VERSION!r}"))
+    if doc.get("kind") != KIND:
+        problems.append(("kind", f"must be {KIND!r}"))
+    if "spec" not in doc:
+        problems.append(("spec", "Field required"))
+    if problems:
+        raise SpecError(problems)
+    try:
+        return RLJob.model_validate(doc)
+    except ValidationError as err:
+        raise SpecError(_problems(err, "")) from None
