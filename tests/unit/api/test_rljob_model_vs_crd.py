@@ -1,0 +1,195 @@
+"""The Python model and the CRD accept and reject the same RLJob documents.
+
+Each bad document names the field the error must point at; both validators must name it.
+"""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+from typing import Any
+
+import pytest
+import yaml
+
+from spotrl_e2e.crd_emulation import api_server_errors
+from spotrl_runtime.api import crd as crdgen
+from spotrl_runtime.api.rljob import SpecError, parse_rljob
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+MINIMAL: dict[str, Any] = {
+    "apiVersion": "spotrl.dev/v1alpha1",
+    "kind": "RLJob",
+    "metadata": {"name": "t"},
+    "spec": {
+        "policy": {"model": "builtin:tiny-arith"},
+        "dataset": {"uri": "builtin:arithmetic"},
+        "reward": {"name": "arithmetic_exact"},
+        "training": {"totalSteps": 3},
+    },
+}
+
+
+def with_(path: str, value: Any, base: dict[str, Any] = MINIMAL) -> dict[str, Any]:
+    """A copy of `base` with the dotted `path` set to `value` (or removed if value is DELETE)."""
+    doc = copy.deepcopy(base)
+    *parents, leaf = path.split(".")
+    node = doc
+    for p in parents:
+        node = node.setdefault(p, {})
+    if value is DELETE:
+        node.pop(leaf, None)
+    else:
+        node[leaf] = value
+    return doc
+
+
+DELETE = object()
+
+GOOD = {
+    "minimal": MINIMAL,
+    "vllm-with-gpu": with_("spec.generation", {"backend": "vllm", "resources": {"gpu": 1}}),
+    "import-path-reward": with_("spec.reward", {"importPath": "my_pkg.rewards:score"}),
+    "seconds-only-cuts": with_("spec.checkpoint", {"everySteps": 0, "everySeconds": 300}),
+    "s3-with-endpoint": with_(
+        "spec.checkpoint", {"storage": "s3://bucket-a/run1", "s3Endpoint": "http://127.0.0.1:7070"}
+    ),
+    "replace-with-spares": with_("spec.preemption", {"onDroppedPrompt": "replace", "sparePoolBatches": 2}),
+    "micro-batch-equals-step": with_(
+        "spec.training", {"totalSteps": 3, "microBatchSize": 32}, with_("spec.generation", {"groupSize": 4})
+    ),
+    "tolerations": with_(
+        "spec.scheduling", {"tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]}
+    ),
+    "explicit-null-optional": with_("spec.checkpoint", {"storage": None}),
+    "quantities": with_("spec.training.resources", {"cpu": "500m", "memory": "1.5Gi"}),
+}
+
+# name -> (document, field path both validators must name)
+BAD = {
+    "missing-policy": (with_("spec.policy", DELETE), "spec.policy"),
+    "missing-total-steps": (with_("spec.training", {}), "spec.training.totalSteps"),
+    "group-size-1": (with_("spec.generation", {"groupSize": 1}), "spec.generation.groupSize"),
+    "wrong-type": (with_("spec.generation", {"promptsPerStep": "eight"}), "spec.generation.promptsPerStep"),
+    "unknown-backend": (with_("spec.generation", {"backend": "tgi"}), "spec.generation.backend"),
+    "unknown-field": (with_("spec.generation", {"grupSize": 4}), "spec.generation"),
+    "negative-lookahead": (with_("spec.generation", {"lookahead": -1}), "spec.generation.lookahead"),
+    "temperature-zero": (with_("spec.generation", {"temperature": 0}), "spec.generation.temperature"),
+    "fraction-above-one": (with_("spec.preemption", {"minStepFraction": 1.5}), "spec.preemption.minStepFraction"),
+    "replace-without-spares": (
+        with_("spec.preemption", {"onDroppedPrompt": "replace"}),
+        "spec.preemption.sparePoolBatches",
+    ),
+    "vllm-without-gpu": (with_("spec.generation", {"backend": "vllm"}), "spec.generation.resources.gpu"),
+    "two-rewards": (
+        with_("spec.reward", {"name": "arithmetic_exact", "importPath": "a.b:c"}),
+        "spec.reward.name",
+    ),
+    "no-reward": (with_("spec.reward", {}), "spec.reward.name"),
+    "bad-import-path": (with_("spec.reward", {"importPath": "not a path"}), "spec.reward.importPath"),
+    "no-periodic-cuts": (
+        with_("spec.checkpoint", {"everySteps": 0, "everySeconds": 0}),
+        "spec.checkpoint.everySteps",
+    ),
+    "endpoint-without-s3": (
+        with_("spec.checkpoint", {"storage": "/data/cuts", "s3Endpoint": "http://x:1"}),
+        "spec.checkpoint.s3Endpoint",
+    ),
+    "bad-bucket": (with_("spec.checkpoint", {"storage": "s3://B"}), "spec.checkpoint.storage"),
+    "deadline-too-short": (
+        with_("spec.checkpoint", {"barrierDeadlineSeconds": 1}),
+        "spec.checkpoint.barrierDeadlineSeconds",
+    ),
+    "micro-batch-too-big": (
+        with_("spec.training", {"totalSteps": 3, "microBatchSize": 33}, with_("spec.generation", {"groupSize": 4})),
+        "spec.training.microBatchSize",
+    ),
+    "bad-quantity": (with_("spec.training.resources", {"cpu": "two"}), "spec.training.resources.cpu"),
+    "bad-toleration-operator": (
+        with_("spec.scheduling", {"tolerations": [{"key": "k", "operator": "In"}]}),
+        "spec.scheduling.tolerations[0].operator",
+    ),
+    "unknown-algorithm": (with_("spec.training", {"totalSteps": 3, "algorithm": "ppo"}), "spec.training.algorithm"),
+}
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / crdgen.CRD_FILE).read_text())
+
+
+def _normalise(path: str) -> str:
+    # jsonschema writes list indices as ".0"; the model writes "[0]".
+    parts = []
+    for p in path.split("."):
+        if p.isdigit() and parts:
+            parts[-1] += f"[{p}]"
+        else:
+            parts.append(p)
+    return ".".join(parts)
+
+
+def test_committed_crd_is_generated_from_the_model(crd: dict[str, Any]) -> None:
+    assert crd == yaml.safe_load(crdgen.crd_yaml()), "crds/ is stale: run `make generate`"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_accepted_by_both(crd: dict[str, Any], path: pathlib.Path) -> None:
+    doc = yaml.safe_load(path.read_text())
+    parse_rljob(doc)
+    assert api_server_errors(crd, doc) == []
+
+
+@pytest.mark.parametrize("name", sorted(GOOD))
+def test_good_documents_are_accepted_by_both(crd: dict[str, Any], name: str) -> None:
+    doc = GOOD[name]
+    parse_rljob(doc)
+    assert api_server_errors(crd, doc) == []
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_documents_are_rejected_by_both_naming_the_field(crd: dict[str, Any], name: str) -> None:
+    doc, field = BAD[name]
+    with pytest.raises(SpecError) as info:
+        parse_rljob(doc)
+    model_paths = [p for p, _ in info.value.problems]
+    assert any(p.startswith(field) for p in model_paths), (model_paths, field)
+
+    server = api_server_errors(crd, doc)
+    assert server, f"the CRD accepted {name}"
+    server_paths = [_normalise(p) for p, _ in server]
+    # The schema names a missing or unknown field by its parent object, so accept the parent.
+    parent = field.rsplit(".", 1)[0]
+    assert any(p.startswith(field) or p == parent for p in server_paths), (server_paths, field)
+
+
+def test_rule_messages_are_identical_in_model_and_crd(crd: dict[str, Any]) -> None:
+    doc, _ = BAD["replace-without-spares"]
+    with pytest.raises(SpecError) as info:
+        parse_rljob(doc)
+    (server_msg,) = [m for _, m in api_server_errors(crd, doc)]
+    assert server_msg in [m for _, m in info.value.problems]
+
+
+def test_defaults_match(crd: dict[str, Any]) -> None:
+    """What the API server stores after defaulting, the model reads as the same spec."""
+    from spotrl_e2e.crd_emulation import _prune_and_default
+
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    defaulted = _prune_and_default(schema, copy.deepcopy(MINIMAL))
+    assert parse_rljob(defaulted).spec == parse_rljob(MINIMAL).spec
+    assert defaulted["spec"]["generation"]["groupSize"] == parse_rljob(MINIMAL).spec.generation.group_size
+
+
+def test_error_message_names_field_and_what_is_allowed() -> None:
+    doc, _ = BAD["group-size-1"]
+    with pytest.raises(SpecError, match=r"spec\.generation\.groupSize: Input should be greater than or equal to 2"):
+        parse_rljob(doc)
+
+
+def test_wrong_kind_and_api_version_are_named() -> None:
+    with pytest.raises(SpecError) as info:
+        parse_rljob({**MINIMAL, "apiVersion": "batch/v1", "kind": "Job"})
+    assert [p for p, _ in info.value.problems] == ["apiVersion", "kind"]

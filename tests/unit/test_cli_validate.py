@@ -1,0 +1,28 @@
+"""`spotrl validate`: exit codes and messages a user sees."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _spotrl(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "spotrl_runtime.cli", *args], input=stdin, capture_output=True, text=True, cwd=ROOT
+    )
+
+
+def test_examples_validate() -> None:
+    out = _spotrl("validate", "-f", "examples/tiny-cpu.yaml", "-f", "examples/gpu-qwen-gsm8k.yaml")
+    assert out.returncode == 0, out.stderr
+    assert "RLJob tiny-arith is valid" in out.stdout
+
+
+def test_bad_document_fails_and_names_fields() -> None:
+    bad = (ROOT / "examples/tiny-cpu.yaml").read_text().replace("groupSize: 8", "groupSize: 1")
+    out = _spotrl("validate", "-f", "-", stdin=bad)
+    assert out.returncode == 1
+    assert "spec.generation.groupSize: Input should be greater than or equal to 2" in out.stderr

@@ -1,0 +1,65 @@
+"""The distribution's shape: nothing shadows the standard library, extras stay apart."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+from importlib import metadata
+
+from packaging.requirements import Requirement
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_operator_folder_does_not_shadow_the_stdlib_operator_module() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", "import operator; print(operator.add(1, 2))"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "3"
+    assert not (ROOT / "operator" / "__init__.py").exists()
+
+
+def _closure(extras: set[str]) -> set[str]:
+    """Names of every distribution `pip install spotrl[extras]` pulls, from installed metadata."""
+    seen: set[str] = set()
+    todo = [(Requirement(r), extras) for r in metadata.requires("spotrl") or []]
+    while todo:
+        req, active = todo.pop()
+        if req.marker and not any(req.marker.evaluate({"extra": e}) for e in (active or {""})):
+            continue
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = metadata.requires(req.name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        todo += [(Requirement(r), set(req.extras)) for r in requires]
+    return seen
+
+
+def test_installing_the_operator_does_not_pull_torch() -> None:
+    operator_deps = _closure({"operator"})
+    assert "kopf" in operator_deps
+    assert "kubernetes" in operator_deps
+    assert not operator_deps & {"torch", "transformers", "ray", "vllm", "torchdata"}
+    assert "torch" in _closure({"runtime"})
+
+
+def test_every_dependency_is_pinned_in_constraints() -> None:
+    pinned = {
+        re.sub(r"[-_.]+", "-", line.split("==")[0]).lower()
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    }
+    for extra in ("operator", "runtime", "gpu", "dev"):
+        missing = {n for n in _closure({extra}) if n != "spotrl"} - pinned
+        assert not missing, f"{extra}: not pinned in constraints.txt: {sorted(missing)}; run `make lock`"
+    assert re.search(r"^python-dateutil==2\.", (ROOT / "constraints.txt").read_text(), re.M)
