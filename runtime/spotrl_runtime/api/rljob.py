@@ -305,7 +305,7 @@ class CutRef(ApiObject):
 class BarrierStatus(ApiObject):
     """The barrier the operator asked for (request) and what the controller did (answer)."""
 
-    request_id: str = Field(min_length=1, description="Matches the spotrl.dev/barrier-request annotation.")
+    request_id: str = Field(min_length=1, description="Names one request; the controller answers for this id only.")
     reason: str = Field(default="", description="Why: the signal that caused it.")
     node: str | None = Field(default=None, description="The node that is going away.")
     requested_at: str | None = None
@@ -334,6 +334,13 @@ class RLJobStatus(ApiObject):
     controller_pod: str | None = None
     controller_node: str | None = None
     attempt: int = Field(default=0, ge=0, description="Controller incarnation; grows with every restart.")
+    step_attempt: int | None = Field(
+        default=None, ge=0, description="The controller attempt that reported `step` (set by the controller)."
+    )
+    interrupted_at: str | None = Field(
+        default=None, description="When the running controller was interrupted; cleared at the next trained step."
+    )
+    retry_after: str | None = Field(default=None, description="Crash backoff: no new controller before this time.")
     message: str | None = None
 
 

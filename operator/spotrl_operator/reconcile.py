@@ -1,0 +1,428 @@
+"""The RLJob lifecycle as a pure function: what the world looks like → what to do next.
+
+The operator is level-triggered: on every event and on a short timer it observes the job,
+its controller pods and the nodes under them (:class:`World`), calls :func:`reconcile`,
+and applies the returned :class:`Plan`. Everything the decision needs to survive an
+operator restart is on the RLJob's status, never in memory, so a new operator replica
+reaches the same plan from the same world and neither loses nor repeats a barrier.
+
+The barrier, step by step (a node hosting the controller gets a notice):
+
+1. :class:`RequestBarrier` writes ``status.barrier`` (state ``Requested``, an id, a
+   deadline). The PodDisruptionBudget stays closed, so a drain waits at 429.
+2. The controller, watching its RLJob, takes a barrier cut and patches
+   ``status.barrier.state = Committed`` for that id; from then on it makes no ownership
+   moves.
+3. :class:`OpenDisruptionBudget` and :class:`DeletePod`: the drain may proceed, and the
+   controller (SIGTERM; nothing left to write) leaves the node.
+4. When the pod is gone: :class:`CreateControllerPod` with the next attempt number on a
+   node without a notice, resuming from the newest committed cut (the barrier cut); and
+   :class:`CloseDisruptionBudget`.
+
+If the deadline passes first, the barrier is ``Missed`` (a condition and an Event) and the
+job falls back to its newest committed cut, usually the last periodic one. A node that
+stopped answering gets no barrier at all: nobody is left to cut.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from spotrl_operator.signals import Signal
+from spotrl_runtime.api.rljob import BarrierStatus, Condition, Phase, RLJobSpec, RLJobStatus
+
+# A pod stuck in Terminating on a node whose kubelet stopped answering is never confirmed
+# gone; after this long we force-delete it so a fresh controller can start.
+LOST_NODE_TERMINATING_GRACE = timedelta(seconds=5)
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the lifecycle needs to know about one controller pod."""
+
+    name: str
+    attempt: int
+    phase: str
+    """Pending, Running, Succeeded, Failed or Unknown."""
+    node: str | None = None
+    deleting_since: datetime | None = None
+    exit_code: int | None = None
+    disruption: str | None = None
+    """Reason of a DisruptionTarget=True condition (EvictionByEvictionAPI, TerminationByKubelet...)."""
+
+
+@dataclass(frozen=True)
+class World:
+    """Everything :func:`reconcile` looks at, observed at `now` (timezone-aware UTC)."""
+
+    now: datetime
+    generation: int
+    spec: RLJobSpec
+    status: RLJobStatus
+    pods: tuple[PodView, ...] = ()
+    signals: tuple[Signal, ...] = ()
+    """Signals on the nodes of this job's pods, and DisruptionTarget on its pods."""
+    unusable_nodes: frozenset[str] = frozenset()
+    """Nodes a fresh controller must avoid: with a notice, cordoned, NotReady or deleted."""
+    lost_nodes: frozenset[str] = frozenset()
+    """Nodes NotReady/Unknown or deleted: their kubelet confirms nothing any more."""
+    pdb_open: bool = False
+
+
+# ----------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class CreateControllerPod:
+    attempt: int
+    avoid_nodes: frozenset[str]
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+    force: bool = False
+    """Grace period 0: only for a pod whose node stopped answering."""
+
+
+@dataclass(frozen=True)
+class RequestBarrier:
+    barrier: BarrierStatus
+
+
+@dataclass(frozen=True)
+class OpenDisruptionBudget:
+    pass
+
+
+@dataclass(frozen=True)
+class CloseDisruptionBudget:
+    pass
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+Action = CreateControllerPod | DeletePod | RequestBarrier | OpenDisruptionBudget | CloseDisruptionBudget | Event
+
+
+@dataclass
+class Plan:
+    """What to do now, the status to write, and when to look again (seconds)."""
+
+    actions: list[Action] = field(default_factory=list)
+    status: RLJobStatus | None = None
+    requeue_after: float | None = None
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def iso(t: datetime) -> str:
+    """RFC 3339 in UTC, second precision, as Kubernetes writes times."""
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(t: str | None) -> datetime | None:
+    if not t:
+        return None
+    return datetime.strptime(t, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def barrier_id(reason: str, pod: str) -> str:
+    """Deterministic, so two operator replicas (or a restarted one) ask for the same barrier."""
+    return hashlib.sha256(f"{pod}|{reason}".encode()).hexdigest()[:12]
+
+
+def set_condition(
+    status: RLJobStatus, now: datetime, generation: int, ctype: str, value: bool, reason: str, message: str
+) -> RLJobStatus:
+    """Sets one condition; lastTransitionTime moves only when its status value changes."""
+    new: Literal["True", "False"] = "True" if value else "False"
+    old = next((c for c in status.conditions if c.type == ctype), None)
+    cond = Condition(
+        type=ctype,
+        status=new,
+        reason=reason,
+        message=message,
+        last_transition_time=old.last_transition_time if old and old.status == new else iso(now),
+        observed_generation=generation,
+    )
+    others = [c for c in status.conditions if c.type != ctype]
+    return status.model_copy(update={"conditions": [*others, cond]})
+
+
+def crash_backoff(spec: RLJobSpec, restarts: int) -> float:
+    """Seconds before retry number `restarts` (1-based): doubling, capped."""
+    budget = spec.failure_budget
+    return float(min(budget.max_backoff_seconds, budget.backoff_seconds * 2 ** max(0, restarts - 1)))
+
+
+# ----------------------------------------------------------------------------- reconcile
+
+
+class _Builder:
+    """Accumulates the plan and the new status while :func:`reconcile` walks the cases."""
+
+    def __init__(self, world: World):
+        self.world = world
+        self.plan = Plan()
+        self.st = world.status.model_copy(
+            update={"observed_generation": world.generation, "total_steps": world.spec.training.total_steps}
+        )
+
+    def act(self, *actions: Action) -> None:
+        self.plan.actions.extend(actions)
+
+    def event(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
+        self.plan.actions.append(Event(type_, reason, message))
+
+    def update(self, **fields: object) -> None:
+        self.st = self.st.model_copy(update=fields)
+
+    def condition(self, ctype: str, value: bool, reason: str, message: str) -> None:
+        self.st = set_condition(self.st, self.world.now, self.world.generation, ctype, value, reason, message)
+
+    def phase(self, phase: Phase, message: str) -> None:
+        if self.st.phase != phase:
+            self.event("Warning" if phase == "Failed" else "Normal", phase, message)
+        self.update(phase=phase, message=message)
+
+    def interrupted(self) -> None:
+        if self.st.interrupted_at is None:
+            self.update(interrupted_at=iso(self.world.now))
+
+    def done(self, requeue_after: float | None = None) -> Plan:
+        self.plan.status = self.st
+        self.plan.requeue_after = requeue_after
+        return self.plan
+
+
+def reconcile(world: World) -> Plan:
+    """The next step of the job's lifecycle. Pure: the same world gives the same plan."""
+    b = _Builder(world)
+    if b.st.phase in ("Succeeded", "Failed"):
+        return b.done()
+
+    live = sorted((p for p in world.pods if p.deleting_since is None), key=lambda p: p.attempt)
+    for stale in live[:-1]:  # never two controllers
+        b.act(DeletePod(stale.name))
+    for p in world.pods:
+        stuck = p.deleting_since is not None and world.now - p.deleting_since >= LOST_NODE_TERMINATING_GRACE
+        if stuck and p.node in world.lost_nodes:
+            b.act(DeletePod(p.name, force=True))
+    current = live[-1] if live else None
+    _account_time_lost(b)
+
+    if current is not None and current.phase in ("Succeeded", "Failed"):
+        return _finished(b, current)
+    if world.spec.suspend:
+        return _suspend(b, current)
+    if current is None:
+        return _start(b)
+    return _running(b, current)
+
+
+def _account_time_lost(b: _Builder) -> None:
+    """A fresh controller has trained its first step: the interruption is over."""
+    st = b.st
+    interrupted = parse_time(st.interrupted_at)
+    if interrupted is not None and st.step_attempt is not None and st.step_attempt == st.attempt:
+        lost = (b.world.now - interrupted).total_seconds()
+        b.update(seconds_lost=round(st.seconds_lost + max(0.0, lost), 3), interrupted_at=None)
+        b.event("Normal", "Resumed", f"training again after {lost:.0f} s; {st.preemptions} preemption(s) survived")
+
+
+def _finished(b: _Builder, pod: PodView) -> Plan:
+    world, spec = b.world, b.world.spec
+    if pod.phase == "Succeeded" and (b.st.step or 0) >= spec.training.total_steps:
+        b.condition("Complete", True, "Trained", f"trained {spec.training.total_steps} steps")
+        b.phase("Succeeded", f"trained {spec.training.total_steps} steps")
+        return b.done()
+    b.act(DeletePod(pod.name))
+    if _is_preemption(pod, world):
+        b.interrupted()
+        b.phase("Rescheduling", f"controller {pod.name} was stopped on node {pod.node} ({pod.disruption or 'node'})")
+        return b.done(1.0)
+    restarts = b.st.restarts + 1
+    why = (
+        f"exit code {pod.exit_code}"
+        if pod.phase == "Failed"
+        else f"exited 0 after {b.st.step or 0} of {spec.training.total_steps} steps"
+    )
+    b.update(restarts=restarts)
+    if restarts > spec.failure_budget.max_crashes:
+        budget = spec.failure_budget.max_crashes
+        msg = f"controller crashed {restarts} times (last: {why}); failureBudget.maxCrashes is {budget}"
+        b.condition("Failed", True, "FailureBudgetExhausted", msg)
+        b.phase("Failed", msg)
+        return b.done()
+    wait = crash_backoff(spec, restarts)
+    b.update(retry_after=iso(world.now + timedelta(seconds=wait)))
+    b.event(
+        "Warning",
+        "ControllerCrashed",
+        f"{pod.name} crashed ({why}); retry {restarts} of {spec.failure_budget.max_crashes} in {wait:.0f} s",
+    )
+    b.phase("Rescheduling", f"controller crashed ({why}); retrying in {wait:.0f} s")
+    return b.done(1.0)
+
+
+def _is_preemption(pod: PodView, world: World) -> bool:
+    """A pod that ended because its node went away, not because its program failed."""
+    if pod.disruption:
+        return True
+    if pod.node and pod.node in world.unusable_nodes | world.lost_nodes:
+        return True
+    barrier = world.status.barrier
+    return barrier is not None and barrier.state in ("Requested", "Committed", "Missed")
+
+
+def _suspend(b: _Builder, current: PodView | None) -> Plan:
+    world = b.world
+    if current is None:
+        if any(p.deleting_since is not None for p in world.pods):
+            b.phase("Checkpointing", "suspending: waiting for the controller to exit")
+            return b.done(1.0)
+        b.phase("Suspended", "suspended; set spec.suspend=false to resume from the last cut")
+        return b.done()
+    barrier = b.st.barrier
+    if barrier is None or barrier.reason != "suspend" or barrier.state == "Failed":
+        req = _new_barrier(b, "suspend", current, node=None)
+        b.event("Normal", "BarrierRequested", f"suspending: barrier {req.request_id} requested")
+        b.phase("Checkpointing", "suspending: waiting for the barrier cut")
+        return b.done(1.0)
+    if barrier.state == "Requested" and not _past_deadline(b, barrier):
+        b.phase("Checkpointing", "suspending: waiting for the barrier cut")
+        return b.done(1.0)
+    if barrier.state == "Requested":
+        _missed(b, barrier)
+    b.act(DeletePod(current.name))
+    b.phase("Checkpointing", "suspending: stopping the controller")
+    return b.done(1.0)
+
+
+def _start(b: _Builder) -> Plan:
+    world, st = b.world, b.st
+    blocking = [p for p in world.pods if p.deleting_since is not None and p.node not in world.lost_nodes]
+    if blocking:
+        # The previous controller may still be writing its SIGTERM cut; a new one must see it.
+        b.phase(st.phase or "Pending", f"waiting for {blocking[0].name} to exit")
+        return b.done(1.0)
+    retry_after = parse_time(st.retry_after)
+    if retry_after is not None and world.now < retry_after:
+        return b.done((retry_after - world.now).total_seconds())
+
+    first = st.attempt == 0
+    crash = retry_after is not None
+    resumed_from_suspend = st.phase == "Suspended" or (st.barrier is not None and st.barrier.reason == "suspend")
+    if not (first or crash or resumed_from_suspend):
+        b.interrupted()  # it vanished: evicted, drained, moved by us, or its node was lost
+        b.update(preemptions=st.preemptions + 1)
+    attempt = st.attempt + 1
+    b.update(attempt=attempt, barrier=None, retry_after=None)
+    b.act(CreateControllerPod(attempt, world.unusable_nodes))
+    if world.pdb_open:
+        b.act(CloseDisruptionBudget())
+    if first:
+        b.event("Normal", "ControllerCreated", "controller attempt 1")
+        b.phase("Pending", "starting the controller")
+    else:
+        b.event("Normal", "ControllerCreated", f"controller attempt {attempt}, resuming from the newest committed cut")
+        b.phase("Rescheduling", f"starting controller attempt {attempt}")
+    return b.done(1.0)
+
+
+def _running(b: _Builder, current: PodView) -> Plan:
+    world = b.world
+    barrier = b.st.barrier
+    if current.node in world.lost_nodes:
+        b.event("Warning", "NodeLost", f"node {current.node} stopped answering; no barrier is possible")
+        b.act(DeletePod(current.name, force=True))
+        b.interrupted()
+        b.phase("Rescheduling", f"node {current.node} lost; resuming from the newest committed cut")
+        return b.done(1.0)
+
+    if barrier is not None and barrier.state == "Requested":
+        if _past_deadline(b, barrier):
+            _missed(b, barrier)
+            b.act(OpenDisruptionBudget(), DeletePod(current.name))
+            b.interrupted()
+            b.phase("Rescheduling", "barrier missed its deadline; resuming from the newest committed cut")
+            return b.done(1.0)
+        b.phase("Checkpointing", f"barrier cut requested ({barrier.reason})")
+        return b.done(1.0)
+    if barrier is not None:
+        # Committed: the cut is safe and the controller makes no more moves. Missed or
+        # Failed: the chance is gone. Either way let the drain through and leave the node.
+        if not world.pdb_open:
+            b.act(OpenDisruptionBudget())
+        b.act(DeletePod(current.name))
+        b.interrupted()
+        b.phase("Rescheduling", f"moving the controller off node {barrier.node} (barrier {barrier.state.lower()})")
+        return b.done(1.0)
+
+    notices = [s for s in world.signals if s.node == current.node]
+    if notices:
+        sig = notices[0]
+        req = _new_barrier(b, sig.reason, current, node=current.node)
+        b.event(
+            "Warning",
+            "PreemptionNotice",
+            f"{sig.reason} on node {current.node}: barrier {req.request_id} requested, deadline {req.deadline}",
+        )
+        b.phase("Checkpointing", f"barrier cut requested ({sig.reason})")
+        return b.done(1.0)
+
+    if world.pdb_open:
+        b.act(CloseDisruptionBudget())
+    if current.phase == "Running":
+        b.condition("Running", True, "ControllerRunning", f"{current.name} on node {current.node}")
+        b.phase("Running", f"controller {current.name} on node {current.node}")
+        return b.done()
+    b.phase(b.st.phase or "Pending", f"controller {current.name} is {current.phase}")
+    return b.done(2.0)
+
+
+def _new_barrier(b: _Builder, reason: str, pod: PodView, node: str | None) -> BarrierStatus:
+    now = b.world.now
+    req = BarrierStatus(
+        request_id=barrier_id(reason, pod.name),
+        reason=reason,
+        node=node,
+        requested_at=iso(now),
+        deadline=iso(now + timedelta(seconds=b.world.spec.checkpoint.barrier_deadline_seconds)),
+        state="Requested",
+    )
+    b.act(RequestBarrier(req))
+    b.update(barrier=req)
+    return req
+
+
+def _past_deadline(b: _Builder, barrier: BarrierStatus) -> bool:
+    deadline = parse_time(barrier.deadline)
+    return deadline is not None and b.world.now > deadline
+
+
+def _missed(b: _Builder, barrier: BarrierStatus) -> None:
+    last = b.st.last_cut.id if b.st.last_cut else "none yet"
+    b.update(barrier=barrier.model_copy(update={"state": "Missed"}))
+    b.condition(
+        "BarrierMissed",
+        True,
+        "DeadlineExceeded",
+        f"barrier {barrier.request_id} missed its deadline {barrier.deadline}",
+    )
+    b.event(
+        "Warning",
+        "BarrierMissed",
+        f"barrier {barrier.request_id} did not commit by {barrier.deadline}; "
+        f"falling back to the newest committed cut ({last})",
+    )

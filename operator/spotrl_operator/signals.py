@@ -1,0 +1,84 @@
+"""Preemption signals: which Node and Pod states announce that a node is going away.
+
+Pure classification of Kubernetes objects (plain dicts as the API returns them); the
+watches that feed it live in :mod:`spotrl_operator.handlers`.
+
+Budgets to plan for: AWS gives 120 s of notice, Azure at least 30 s, GKE 30 s of which
+pods get about 15 s. A signal is a notice, not a certainty: a cordon may be maintenance.
+SpotRL treats every signal the same way (cut, then move the controller off the node),
+because a cut is cheap and a lost step is not.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+# Taint keys set by the common spot-interruption handlers. Patterns use fnmatch syntax.
+WELL_KNOWN_TAINTS: tuple[tuple[str, str], ...] = (
+    ("aws-node-termination-handler/*", "aws-node-termination-handler"),
+    ("karpenter.sh/disrupted", "karpenter"),
+    ("karpenter.sh/disruption", "karpenter"),
+    ("cloud.google.com/impending-node-termination", "gke"),
+    ("remediator.kubernetes.azure.com/unschedulable", "aks"),
+    ("node.kubernetes.io/out-of-service", "out-of-service"),
+)
+
+SignalKind = Literal["cordon", "taint", "node-deleted", "disruption-target", "node-not-ready"]
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One reason to believe `node` is about to go."""
+
+    kind: SignalKind
+    node: str
+    detail: str
+    """The taint key, the condition's reason, ... — shown to the user in Events."""
+
+    @property
+    def reason(self) -> str:
+        return f"{self.kind}: {self.detail}" if self.detail else self.kind
+
+
+def taint_patterns(extra: Iterable[str] = ()) -> tuple[str, ...]:
+    """Well-known taint key patterns plus the job's or the operator's own."""
+    return tuple(p for p, _ in WELL_KNOWN_TAINTS) + tuple(extra)
+
+
+def node_signals(node: Mapping[str, Any], extra_taint_keys: Iterable[str] = ()) -> list[Signal]:
+    """Signals a Node object carries right now (cordon, notice taints, deletion, NotReady)."""
+    meta = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    name = str(meta.get("name", ""))
+    out: list[Signal] = []
+    if meta.get("deletionTimestamp"):
+        out.append(Signal("node-deleted", name, "deletionTimestamp set"))
+    if spec.get("unschedulable"):
+        out.append(Signal("cordon", name, "spec.unschedulable"))
+    patterns = taint_patterns(extra_taint_keys)
+    for taint in spec.get("taints") or []:
+        key = str(taint.get("key", ""))
+        if any(fnmatch.fnmatchcase(key, p) for p in patterns):
+            out.append(Signal("taint", name, key))
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready" and cond.get("status") in ("False", "Unknown"):
+            out.append(Signal("node-not-ready", name, str(cond.get("reason") or cond.get("status"))))
+    return out
+
+
+def pod_signals(pod: Mapping[str, Any]) -> list[Signal]:
+    """The Pod condition DisruptionTarget (eviction, preemption, taint eviction, shutdown)."""
+    node = str((pod.get("spec") or {}).get("nodeName") or "")
+    out = []
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            out.append(Signal("disruption-target", node, str(cond.get("reason") or "")))
+    return out
+
+
+def is_draining(node: Mapping[str, Any], extra_taint_keys: Iterable[str] = ()) -> bool:
+    """A node no new controller should be placed on."""
+    return bool(node_signals(node, extra_taint_keys))

@@ -1,0 +1,270 @@
+"""The RLJob lifecycle state machine, driven through whole scenarios without a cluster."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from spotrl_operator.reconcile import (
+    CloseDisruptionBudget,
+    CreateControllerPod,
+    DeletePod,
+    Event,
+    OpenDisruptionBudget,
+    Plan,
+    PodView,
+    RequestBarrier,
+    World,
+    barrier_id,
+    iso,
+    reconcile,
+)
+from spotrl_operator.signals import Signal
+from spotrl_runtime.api.rljob import CutRef, RLJobStatus, parse_spec
+
+T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+SPEC = parse_spec(
+    {
+        "policy": {"model": "builtin:tiny-arith"},
+        "dataset": {"uri": "builtin:arithmetic"},
+        "reward": {"name": "arithmetic_exact"},
+        "training": {"totalSteps": 30},
+        "checkpoint": {"barrierDeadlineSeconds": 20},
+        "failureBudget": {"maxCrashes": 2, "backoffSeconds": 10},
+    }
+)
+
+
+def world(**kw: object) -> World:
+    base = World(now=T0, generation=1, spec=SPEC, status=RLJobStatus())
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def of(plan: Plan, kind: type) -> list:
+    return [a for a in plan.actions if isinstance(a, kind)]
+
+
+def events(plan: Plan) -> list[str]:
+    return [a.reason for a in of(plan, Event)]
+
+
+def running(attempt: int = 1, node: str = "spot-a") -> PodView:
+    return PodView(name=f"j-controller-{attempt}", attempt=attempt, phase="Running", node=node)
+
+
+def test_a_new_job_gets_its_first_controller() -> None:
+    plan = reconcile(world())
+    assert of(plan, CreateControllerPod) == [CreateControllerPod(1, frozenset())]
+    assert plan.status is not None
+    assert plan.status.phase == "Pending"
+    assert plan.status.attempt == 1
+    assert plan.status.preemptions == 0
+    assert plan.status.total_steps == 30
+    assert "ControllerCreated" in events(plan)
+
+
+def test_a_running_controller_is_reported_with_a_condition() -> None:
+    plan = reconcile(world(status=RLJobStatus(phase="Pending", attempt=1), pods=(running(),)))
+    assert plan.status is not None
+    assert plan.status.phase == "Running"
+    assert [c.type for c in plan.status.conditions] == ["Running"]
+    assert plan.status.conditions[0].last_transition_time == iso(T0)
+    assert of(plan, CreateControllerPod) == []
+
+
+def test_a_graceful_preemption_end_to_end() -> None:
+    """Notice → barrier (PDB stays closed) → commit → PDB opens, pod moves → fresh controller."""
+    st = RLJobStatus(phase="Running", attempt=1, step=7, step_attempt=1)
+    notice = Signal("taint", "spot-a", "aws-node-termination-handler/spot-itn")
+
+    p1 = reconcile(world(status=st, pods=(running(),), signals=(notice,), unusable_nodes=frozenset({"spot-a"})))
+    (req,) = of(p1, RequestBarrier)
+    assert req.barrier.request_id == barrier_id(notice.reason, "j-controller-1")
+    assert req.barrier.deadline == iso(T0 + timedelta(seconds=20))
+    assert of(p1, OpenDisruptionBudget) == []
+    assert of(p1, DeletePod) == []
+    assert p1.status is not None
+    assert p1.status.phase == "Checkpointing"
+    assert "PreemptionNotice" in events(p1)
+
+    # While the controller cuts, nothing else happens: no second request, the PDB holds.
+    t1 = T0 + timedelta(seconds=3)
+    p2 = reconcile(world(now=t1, status=p1.status, pods=(running(),), signals=(notice,)))
+    assert of(p2, RequestBarrier) == []
+    assert of(p2, OpenDisruptionBudget) == []
+
+    # The controller commits: the PDB opens and the controller leaves the node.
+    committed = p1.status.model_copy(
+        update={
+            "barrier": req.barrier.model_copy(update={"state": "Committed", "cut_id": "c-8"}),
+            "last_cut": CutRef(id="c-8", step=7, uri="s3://b/j/cuts/c-8", kind="barrier"),
+        }
+    )
+    p3 = reconcile(world(now=t1, status=committed, pods=(running(),), signals=(notice,)))
+    assert of(p3, OpenDisruptionBudget) == [OpenDisruptionBudget()]
+    assert of(p3, DeletePod) == [DeletePod("j-controller-1")]
+    assert p3.status is not None
+    assert p3.status.interrupted_at == iso(t1)
+
+    # The old pod is terminating: wait for it (its SIGTERM path may still write).
+    terminating = replace(running(), deleting_since=t1)
+    p4 = reconcile(world(now=t1, status=p3.status, pods=(terminating,), pdb_open=True))
+    assert of(p4, CreateControllerPod) == []
+
+    # It is gone: a fresh controller, away from the draining node, and the PDB closes.
+    t2 = t1 + timedelta(seconds=5)
+    p5 = reconcile(world(now=t2, status=p3.status, pdb_open=True, unusable_nodes=frozenset({"spot-a"})))
+    assert of(p5, CreateControllerPod) == [CreateControllerPod(2, frozenset({"spot-a"}))]
+    assert of(p5, CloseDisruptionBudget) == [CloseDisruptionBudget()]
+    assert p5.status is not None
+    assert p5.status.preemptions == 1
+    assert p5.status.restarts == 0
+    assert p5.status.barrier is None
+
+    # The fresh controller trains its first step: the time lost is accounted once.
+    t3 = t2 + timedelta(seconds=12)
+    back = p5.status.model_copy(update={"step": 8, "step_attempt": 2})
+    p6 = reconcile(world(now=t3, status=back, pods=(running(2, "spot-b"),)))
+    assert p6.status is not None
+    assert p6.status.seconds_lost == (t3 - t1).total_seconds()
+    assert p6.status.interrupted_at is None
+    assert p6.status.phase == "Running"
+    p7 = reconcile(world(now=t3 + timedelta(seconds=9), status=p6.status, pods=(running(2, "spot-b"),)))
+    assert p7.status is not None
+    assert p7.status.seconds_lost == p6.status.seconds_lost
+
+
+def test_the_same_world_gives_the_same_barrier_after_an_operator_restart() -> None:
+    st = RLJobStatus(phase="Running", attempt=1)
+    notice = Signal("cordon", "spot-a", "spec.unschedulable")
+    a = reconcile(world(status=st, pods=(running(),), signals=(notice,)))
+    b = reconcile(world(now=T0 + timedelta(seconds=1), status=st, pods=(running(),), signals=(notice,)))
+    assert of(a, RequestBarrier)[0].barrier.request_id == of(b, RequestBarrier)[0].barrier.request_id
+
+
+def test_a_missed_deadline_is_reported_and_falls_back() -> None:
+    notice = Signal("taint", "spot-a", "karpenter.sh/disrupted")
+    p1 = reconcile(world(status=RLJobStatus(phase="Running", attempt=1), pods=(running(),), signals=(notice,)))
+    assert p1.status is not None
+    late = T0 + timedelta(seconds=21)
+    p2 = reconcile(world(now=late, status=p1.status, pods=(running(),), signals=(notice,)))
+    assert p2.status is not None
+    assert p2.status.barrier is not None
+    assert p2.status.barrier.state == "Missed"
+    assert "BarrierMissed" in events(p2)
+    assert any(c.type == "BarrierMissed" and c.status == "True" for c in p2.status.conditions)
+    assert of(p2, OpenDisruptionBudget) == [OpenDisruptionBudget()]
+    assert of(p2, DeletePod) == [DeletePod("j-controller-1")]
+
+
+def test_an_abrupt_node_loss_gets_no_barrier_and_a_forced_delete() -> None:
+    st = RLJobStatus(phase="Running", attempt=1)
+    lost = Signal("node-not-ready", "spot-a", "NodeStatusUnknown")
+    plan = reconcile(world(status=st, pods=(running(),), signals=(lost,), lost_nodes=frozenset({"spot-a"})))
+    assert of(plan, RequestBarrier) == []
+    assert of(plan, DeletePod) == [DeletePod("j-controller-1", force=True)]
+    assert "NodeLost" in events(plan)
+
+    # Evicted by the taint manager, stuck terminating on the dead node: force it after a grace.
+    stuck = replace(running(), deleting_since=T0)
+    early = reconcile(
+        world(now=T0 + timedelta(seconds=1), status=plan.status, pods=(stuck,), lost_nodes=frozenset({"spot-a"}))
+    )
+    assert of(early, DeletePod) == []
+    assert of(early, CreateControllerPod), "a pod on a lost node does not block the fresh controller"
+    later = reconcile(
+        world(now=T0 + timedelta(seconds=6), status=plan.status, pods=(stuck,), lost_nodes=frozenset({"spot-a"}))
+    )
+    assert DeletePod("j-controller-1", force=True) in of(later, DeletePod)
+
+
+def test_crashes_back_off_count_against_the_budget_and_finally_fail() -> None:
+    st = RLJobStatus(phase="Running", attempt=1, step=3)
+    crashed = replace(running(), phase="Failed", exit_code=1)
+    p1 = reconcile(world(status=st, pods=(crashed,)))
+    assert p1.status is not None
+    assert p1.status.restarts == 1
+    assert p1.status.preemptions == 0
+    assert p1.status.retry_after == iso(T0 + timedelta(seconds=10))
+    assert "ControllerCrashed" in events(p1)
+
+    # Before the backoff ends nothing starts; after it, attempt 2 starts and is no preemption.
+    wait = reconcile(world(now=T0 + timedelta(seconds=5), status=p1.status))
+    assert of(wait, CreateControllerPod) == []
+    assert wait.requeue_after == 5.0
+    p2 = reconcile(world(now=T0 + timedelta(seconds=10), status=p1.status))
+    assert of(p2, CreateControllerPod) == [CreateControllerPod(2, frozenset())]
+    assert p2.status is not None
+    assert p2.status.preemptions == 0
+
+    # Second crash doubles the wait; the third exceeds maxCrashes=2.
+    p3 = reconcile(
+        world(
+            now=T0 + timedelta(seconds=30), status=p2.status, pods=(replace(crashed, attempt=2, name="j-controller-2"),)
+        )
+    )
+    assert p3.status is not None
+    assert p3.status.retry_after == iso(T0 + timedelta(seconds=50))
+    st3 = p3.status.model_copy(update={"attempt": 3, "retry_after": None})
+    p4 = reconcile(
+        world(now=T0 + timedelta(seconds=60), status=st3, pods=(replace(crashed, attempt=3, name="j-controller-3"),))
+    )
+    assert p4.status is not None
+    assert p4.status.phase == "Failed"
+    assert "maxCrashes is 2" in (p4.status.message or "")
+    assert reconcile(world(status=p4.status)).actions == []
+
+
+def test_a_preempted_pod_that_failed_is_not_a_crash() -> None:
+    st = RLJobStatus(phase="Running", attempt=1)
+    shutdown = replace(running(), phase="Failed", exit_code=143, disruption="TerminationByKubelet")
+    plan = reconcile(world(status=st, pods=(shutdown,)))
+    assert plan.status is not None
+    assert plan.status.restarts == 0
+    assert plan.status.interrupted_at == iso(T0)
+    nxt = reconcile(world(now=T0 + timedelta(seconds=2), status=plan.status))
+    assert of(nxt, CreateControllerPod) == [CreateControllerPod(2, frozenset())]
+    assert nxt.status is not None
+    assert nxt.status.preemptions == 1
+
+
+def test_success_needs_every_step_trained() -> None:
+    done = replace(running(), phase="Succeeded", exit_code=0)
+    ok = reconcile(world(status=RLJobStatus(phase="Running", attempt=1, step=30), pods=(done,)))
+    assert ok.status is not None
+    assert ok.status.phase == "Succeeded"
+    early = reconcile(world(status=RLJobStatus(phase="Running", attempt=1, step=12), pods=(done,)))
+    assert early.status is not None
+    assert early.status.phase == "Rescheduling"
+    assert early.status.restarts == 1
+
+
+def test_suspend_cuts_stops_and_resume_is_not_a_preemption() -> None:
+    suspended_spec = SPEC.model_copy(update={"suspend": True})
+    st = RLJobStatus(phase="Running", attempt=1)
+    p1 = reconcile(world(spec=suspended_spec, status=st, pods=(running(),)))
+    (req,) = of(p1, RequestBarrier)
+    assert req.barrier.reason == "suspend"
+    assert of(p1, DeletePod) == []
+    assert p1.status is not None
+    committed = p1.status.model_copy(update={"barrier": req.barrier.model_copy(update={"state": "Committed"})})
+    p2 = reconcile(world(spec=suspended_spec, status=committed, pods=(running(),)))
+    assert of(p2, DeletePod) == [DeletePod("j-controller-1")]
+    assert p2.status is not None
+    p3 = reconcile(world(spec=suspended_spec, status=p2.status))
+    assert p3.status is not None
+    assert p3.status.phase == "Suspended"
+    p4 = reconcile(world(status=p3.status))
+    assert of(p4, CreateControllerPod) == [CreateControllerPod(2, frozenset())]
+    assert p4.status is not None
+    assert p4.status.preemptions == 0
+
+
+def test_only_the_newest_controller_survives() -> None:
+    plan = reconcile(world(status=RLJobStatus(phase="Running", attempt=2), pods=(running(1), running(2, "spot-b"))))
+    assert of(plan, DeletePod) == [DeletePod("j-controller-1")]
+
+
+def test_an_open_budget_closes_once_the_controller_runs_again() -> None:
+    plan = reconcile(world(status=RLJobStatus(phase="Rescheduling", attempt=2), pods=(running(2),), pdb_open=True))
+    assert of(plan, CloseDisruptionBudget) == [CloseDisruptionBudget()]
