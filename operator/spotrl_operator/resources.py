@@ -1,0 +1,256 @@
+"""The Kubernetes objects the operator creates for an RLJob, as plain manifests.
+
+Pure builders: names are deterministic (so a restarted operator finds what it made),
+every object carries an owner reference to the RLJob (so deletion cascades), and the
+runtime's ServiceAccount may read its own RLJob and patch its status, nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from spotrl_runtime.api import rljob as api
+
+JOB_LABEL = "spotrl.dev/job"
+ROLE_LABEL = "spotrl.dev/role"
+ATTEMPT_LABEL = "spotrl.dev/attempt"
+METRICS_PORT = 9400
+HTTP_PORT = 8080
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Operator-wide defaults (flags, environment, or the Helm chart's values)."""
+
+    runtime_image: str = "ghcr.io/spotrl/spotrl-runtime:0.1.0"
+    image_pull_policy: str = "IfNotPresent"
+    default_storage: str | None = None
+    """Root for jobs without spec.checkpoint.storage; each job gets <root>/<namespace>/<name>."""
+    default_s3_endpoint: str | None = None
+    default_credentials_secret: str | None = None
+    extra_taint_keys: tuple[str, ...] = ()
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    """Added to every runtime container (e.g. cache folders)."""
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """The RLJob an object belongs to."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+def names(job: str) -> dict[str, str]:
+    """Every object name the operator derives from the job's name."""
+    return {
+        "service_account": f"{job}-runtime",
+        "role": f"{job}-runtime",
+        "role_binding": f"{job}-runtime",
+        "service": job,
+        "pdb": f"{job}-controller",
+    }
+
+
+def controller_pod_name(job: str, attempt: int) -> str:
+    return f"{job}-controller-{attempt}"
+
+
+def labels(job: str, role: str | None = None) -> dict[str, str]:
+    out = {"app.kubernetes.io/name": "spotrl", "app.kubernetes.io/managed-by": "spotrl-operator", JOB_LABEL: job}
+    if role:
+        out[ROLE_LABEL] = role
+    return out
+
+
+def _meta(
+    ref: JobRef, name: str, role: str | None = None, extra_labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": ref.namespace,
+        "labels": {**labels(ref.name, role), **(extra_labels or {})},
+        "ownerReferences": [
+            {
+                "apiVersion": api.API_VERSION,
+                "kind": api.KIND,
+                "name": ref.name,
+                "uid": ref.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+
+
+def storage_uri(ref: JobRef, spec: api.RLJobSpec, settings: Settings) -> str:
+    """Where this job's cuts live. Raises ValueError naming the field when there is none."""
+    if spec.checkpoint.storage:
+        return spec.checkpoint.storage
+    if settings.default_storage:
+        return f"{settings.default_storage.rstrip('/')}/{ref.namespace}/{ref.name}"
+    raise ValueError(
+        "spec.checkpoint.storage is not set and the operator has no default storage; "
+        "set spec.checkpoint.storage (e.g. s3://bucket/prefix) or the chart value storage.default"
+    )
+
+
+def service_account(ref: JobRef) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(ref, names(ref.name)["service_account"])}
+
+
+def role(ref: JobRef) -> dict[str, Any]:
+    """Read this RLJob (get, and list/watch filtered to its name) and patch its status."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(ref, names(ref.name)["role"]),
+        "rules": [
+            {
+                "apiGroups": [api.GROUP],
+                "resources": [api.PLURAL],
+                "resourceNames": [ref.name],
+                "verbs": ["get", "list", "watch"],
+            },
+            {
+                "apiGroups": [api.GROUP],
+                "resources": [f"{api.PLURAL}/status"],
+                "resourceNames": [ref.name],
+                "verbs": ["get", "patch"],
+            },
+        ],
+    }
+
+
+def role_binding(ref: JobRef) -> dict[str, Any]:
+    n = names(ref.name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(ref, n["role_binding"]),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": n["role"]},
+        "subjects": [{"kind": "ServiceAccount", "name": n["service_account"], "namespace": ref.namespace}],
+    }
+
+
+def service(ref: JobRef) -> dict[str, Any]:
+    """Headless: the controller's metrics and HTTP endpoints under a stable name."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(ref, names(ref.name)["service"]),
+        "spec": {
+            "clusterIP": "None",
+            "selector": {JOB_LABEL: ref.name, ROLE_LABEL: "controller"},
+            "ports": [
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT},
+                {"name": "http", "port": HTTP_PORT, "targetPort": HTTP_PORT},
+            ],
+        },
+    }
+
+
+def disruption_budget(ref: JobRef, open_: bool) -> dict[str, Any]:
+    """Closed (maxUnavailable 0): evictions of the controller get 429 until a cut commits."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(ref, names(ref.name)["pdb"]),
+        "spec": {
+            "maxUnavailable": 1 if open_ else 0,
+            "selector": {"matchLabels": {JOB_LABEL: ref.name, ROLE_LABEL: "controller"}},
+            # Evict a controller that never became ready without waiting for the budget.
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def _quantities(res: api.Resources) -> dict[str, Any]:
+    req: dict[str, Any] = {}
+    if res.cpu:
+        req["cpu"] = res.cpu
+    if res.memory:
+        req["memory"] = res.memory
+    if res.gpu:
+        req["nvidia.com/gpu"] = str(res.gpu)
+    out: dict[str, Any] = {}
+    if req:
+        out["requests"] = dict(req)
+    if res.gpu:
+        out["limits"] = {"nvidia.com/gpu": str(res.gpu)}
+    return out
+
+
+def controller_pod(
+    ref: JobRef, spec: api.RLJobSpec, settings: Settings, attempt: int, avoid_nodes: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The job's controller (trainer, recovery core, generation workers as Ray actors)."""
+    n = names(ref.name)
+    sched = spec.scheduling
+    env: list[dict[str, Any]] = [
+        {"name": "SPOTRL_JOB", "value": ref.name},
+        {"name": "SPOTRL_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "SPOTRL_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "SPOTRL_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "SPOTRL_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "SPOTRL_ATTEMPT", "value": str(attempt)},
+        {"name": "SPOTRL_STORAGE", "value": storage_uri(ref, spec, settings)},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    endpoint = spec.checkpoint.s3_endpoint or settings.default_s3_endpoint
+    if endpoint:
+        env.append({"name": "AWS_ENDPOINT_URL", "value": endpoint})
+    if spec.checkpoint.s3_region:
+        env.append({"name": "AWS_DEFAULT_REGION", "value": spec.checkpoint.s3_region})
+    env += [{"name": k, "value": v} for k, v in sorted(settings.extra_env.items())]
+    secret = spec.checkpoint.credentials_secret or settings.default_credentials_secret
+    env_from = [{"secretRef": {"name": secret}}] if secret else []
+
+    affinity: dict[str, Any] = {}
+    avoid = sorted(set(avoid_nodes))
+    if avoid:
+        affinity = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": avoid}]}
+                    ]
+                }
+            }
+        }
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": n["service_account"],
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": sched.termination_grace_period_seconds,
+        "nodeSelector": dict(sched.node_selector),
+        "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in sched.tolerations],
+        "containers": [
+            {
+                "name": "controller",
+                "image": sched.image or settings.runtime_image,
+                "imagePullPolicy": settings.image_pull_policy,
+                "command": ["spotrl", "controller"],
+                "args": ["--resume", "auto"],
+                "env": env,
+                "envFrom": env_from,
+                "ports": [
+                    {"name": "metrics", "containerPort": METRICS_PORT},
+                    {"name": "http", "containerPort": HTTP_PORT},
+                ],
+                "resources": _quantities(spec.training.resources),
+            }
+        ],
+    }
+    if affinity:
+        pod_spec["affinity"] = affinity
+    if sched.priority_class_name:
+        pod_spec["priorityClassName"] = sched.priority_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _meta(ref, controller_pod_name(ref.name, attempt), "controller", {ATTEMPT_LABEL: str(attempt)}),
+        "spec": pod_spec,
+    }
