@@ -59,9 +59,7 @@ class StartupError(RuntimeError):
 class Process:
     """One server process with its log file (``<dir>/<name>.log``) and pid file (``<name>.pid``)."""
 
-    def __init__(
-        self, name: str, argv: Sequence[str | os.PathLike[str]], workdir: Path, env: Mapping[str, str] | None = None
-    ):
+    def __init__(self, name: str, argv: Sequence[object], workdir: Path, env: Mapping[str, str] | None = None):
         self.name = name
         self.argv = [str(a) for a in argv]
         self.workdir = workdir

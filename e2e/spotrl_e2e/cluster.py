@@ -1,0 +1,548 @@
+"""The test cluster: control plane + node agent, and the failure modes of spot nodes.
+
+From Python (tests use the ``cluster`` fixture)::
+
+    cluster = Cluster(Path("/tmp/c")).start()
+    cluster.kubectl("get", "nodes")
+    cluster.lose_node("spot-a")
+    cluster.stop()
+
+From a shell (``make cluster-up`` / ``make cluster-down``)::
+
+    python -m spotrl_e2e.cluster up --dir /tmp/spotrl-cluster     # prints export KUBECONFIG=...
+    python -m spotrl_e2e.cluster down --dir /tmp/spotrl-cluster
+
+The helpers' names and signatures are the contract a kind-based implementation would
+also provide, so that end-to-end tests run on either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import urllib3
+import yaml
+
+from spotrl_e2e.controlplane import ControlPlane, Timings
+from spotrl_e2e.kube import ApiError, KubeClient, path
+from spotrl_e2e.nodeagent.config import AgentConfig, NodeSpec, Taint
+from spotrl_e2e.procs import Process, StartupError, free_port, stop_pidfile
+from spotrl_e2e.tools import REPO_ROOT, find_tools
+
+Obj = dict[str, Any]
+
+# Two spot nodes and one on-demand node, each with one (pretend) GPU.
+DEFAULT_NODES = (
+    NodeSpec("spot-a", capacity_type="spot", gpus=1),
+    NodeSpec("spot-b", capacity_type="spot", gpus=1),
+    NodeSpec("ondemand-a", capacity_type="on-demand", gpus=1),
+)
+# Taints the control plane puts on and takes off by itself.
+_CONTROLLER_TAINT_PREFIX = "node.kubernetes.io/"
+_STOP_ORDER = (
+    ("nodeagent", "spotrl_e2e.nodeagent"),
+    ("kube-scheduler", "kube-scheduler"),
+    ("kube-controller-manager", "kube-controller-manager"),
+    ("kube-apiserver", "kube-apiserver"),
+    ("etcd", "etcd"),
+    ("versitygw", "versitygw"),
+)
+
+
+class Drain:
+    """A ``kubectl drain`` running in the background."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], output: Path):
+        self.proc = proc
+        self.output_file = output
+
+    def output(self) -> str:
+        """What kubectl printed so far (stdout and stderr)."""
+        return self.output_file.read_text(errors="replace")
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, timeout: float) -> int:
+        """Waits for kubectl to finish; returns its exit code. TimeoutError shows its output."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"kubectl drain still running after {timeout:.0f} s; output:\n{self.output()}") from None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+class Cluster:
+    """A running test cluster. Every file lives under ``workdir``."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        nodes: Sequence[NodeSpec] = DEFAULT_NODES,
+        timings: Timings | None = None,
+    ):
+        self.workdir = workdir.resolve()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.tools = find_tools()
+        self.controlplane = ControlPlane(self.workdir, self.tools, timings or Timings())
+        self.node_specs: list[NodeSpec] = [NodeSpec.from_dict(asdict(n)) for n in nodes]
+        self._initial_nodes = [n.name for n in self.node_specs]
+        self.agent: Process | None = None
+        self.control_port = 0
+        self.startup_seconds: dict[str, float] = {}
+        self._admin: KubeClient | None = None
+        self._http = urllib3.PoolManager(retries=False)
+
+    # ------------------------------------------------------------------ start / stop
+    @property
+    def kubeconfig(self) -> Path:
+        """An admin kubeconfig (group system:masters) for kubectl and clients."""
+        return self.controlplane.admin_kubeconfig
+
+    @property
+    def server(self) -> str:
+        return self.controlplane.server
+
+    @property
+    def ca(self) -> Path:
+        return self.controlplane.pki.ca.cert
+
+    def start(self, detached: bool = False) -> Cluster:
+        """Starts the control plane and the node agent and waits until every node is Ready and
+        schedulable. ``detached``: the servers outlive this process (``cluster up``)."""
+        t0 = time.monotonic()
+        try:
+            self.controlplane.start(detached)
+            self.startup_seconds.update(self.controlplane.startup_seconds)
+            self._start_agent(detached)
+            for spec in self.node_specs:
+                self.wait_node_ready(spec.name, timeout=30)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds["total"] = time.monotonic() - t0
+        self._save_state()
+        return self
+
+    def _start_agent(self, detached: bool) -> None:
+        pki = self.controlplane.pki
+        for i, spec in enumerate(self.node_specs, start=1):
+            pki.node(spec.name)
+            pki.node_serving(spec.name, f"127.0.{i}.1")
+        self.control_port = free_port()
+        config = AgentConfig(
+            server=self.server,
+            ca=str(self.ca),
+            pki_dir=str(pki.dir),
+            workdir=str(self.workdir / "nodes"),
+            python_bin=str(Path(sys.executable).parent),
+            control_port=self.control_port,
+            nodes=self.node_specs,
+        )
+        config_path = self.workdir / "nodeagent.json"
+        config.save(config_path)
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        argv = [sys.executable, "-m", "spotrl_e2e.nodeagent", "--config", config_path]
+        self.agent = Process("nodeagent", argv, self.workdir, env).start(detached)
+
+        def healthy() -> bool:
+            return self._control("GET", "/healthz").get("ready") is True
+
+        self.agent.wait_ready(healthy, 30, "ready (control channel /healthz)")
+
+    def _save_state(self) -> None:
+        state = {
+            "server": self.server,
+            "kubeconfig": str(self.kubeconfig),
+            "control_port": self.control_port,
+            "ports": self.controlplane.ports.__dict__,
+            "nodes": [asdict(n) for n in self.node_specs],
+            "initial_nodes": self._initial_nodes,
+            "startup_seconds": self.startup_seconds,
+        }
+        (self.workdir / "cluster.json").write_text(json.dumps(state, indent=1))
+
+    @classmethod
+    def attach(cls, workdir: Path) -> Cluster:
+        """A handle on a cluster that ``cluster up`` started in ``workdir``."""
+        state_file = workdir / "cluster.json"
+        if not state_file.exists():
+            raise FileNotFoundError(f"no cluster state in {state_file}: start one with `make cluster-up`")
+        state = json.loads(state_file.read_text())
+        self = cls(workdir, [NodeSpec.from_dict(n) for n in state["nodes"]])
+        self._initial_nodes = state["initial_nodes"]
+        for k, v in state["ports"].items():
+            setattr(self.controlplane.ports, k, v)
+        self.control_port = state["control_port"]
+        self.startup_seconds = state["startup_seconds"]
+        return self
+
+    def stop(self) -> None:
+        """Stops the node agent (which kills every pod process) and the control plane."""
+        if self.agent is not None:
+            self.agent.stop(timeout=15)
+            self.agent = None
+        self.controlplane.stop()
+
+    # ------------------------------------------------------------------ clients
+    def admin(self) -> KubeClient:
+        """A dict-based client with cluster-admin rights (see :mod:`spotrl_e2e.kube`)."""
+        if self._admin is None:
+            self._admin = self.controlplane.admin()
+        return self._admin
+
+    def api_client(self) -> Any:
+        """The official client (``kubernetes.client.ApiClient``) with the admin kubeconfig."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def kubectl(
+        self, *args: str, check: bool = True, timeout: float = 60, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Runs the pinned kubectl as admin. ``check``: a non-zero exit raises with its output."""
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        out = subprocess.run(
+            [str(self.tools.kubectl), *args],
+            env=env,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and out.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} exited {out.returncode}:\n{out.stdout}{out.stderr}")
+        return out
+
+    def apply(self, manifest: Obj | str | Path) -> str:
+        """``kubectl apply`` of a dict, YAML text or a file; returns kubectl's output."""
+        if isinstance(manifest, Path):
+            return self.kubectl("apply", "-f", str(manifest)).stdout
+        text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest)
+        return self.kubectl("apply", "-f", "-", input=text).stdout
+
+    def _control(self, method: str, url_path: str, body: Obj | None = None, timeout: float = 60) -> Any:
+        resp = self._http.request(
+            method,
+            f"http://127.0.0.1:{self.control_port}{url_path}",
+            body=json.dumps(body or {}).encode() if method == "POST" else None,
+            headers={"Content-Type": "application/json"},
+            timeout=timeout,
+        )
+        data = json.loads(resp.data or b"null")
+        if resp.status >= 400:
+            raise RuntimeError(f"node agent: {method} {url_path}: {data.get('error', data)}")
+        return data
+
+    # ------------------------------------------------------------------ namespaces & pods
+    def create_namespace(self, prefix: str = "test") -> str:
+        """A fresh namespace (waits for its default ServiceAccount, as pods need it)."""
+        name = f"{prefix[:40].rstrip('-')}-{uuid.uuid4().hex[:6]}".lower()
+        self.admin().create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        self.admin().wait_for(
+            f"/api/v1/namespaces/{name}/serviceaccounts/default", lambda o: o is not None, 30, "ServiceAccount default"
+        )
+        return name
+
+    def delete_namespace(self, name: str, wait: bool = False, timeout: float = 60) -> None:
+        self.admin().delete(f"/api/v1/namespaces/{name}")
+        if wait:
+            self.admin().wait_for(f"/api/v1/namespaces/{name}", lambda o: o is None, timeout, f"namespace {name} gone")
+
+    def wait_pod(
+        self, namespace: str, name: str, until: str | Callable[[Obj | None], bool], timeout: float = 30
+    ) -> Obj | None:
+        """Waits for a pod to reach a phase (``until="Running"``), or for ``until(pod)`` to hold
+        (``pod`` is None once the pod is gone)."""
+        if isinstance(until, str):
+            phase = until
+
+            def check(p: Obj | None) -> bool:
+                return p is not None and p.get("status", {}).get("phase") == phase
+
+            what = f"pod {namespace}/{name} phase {phase}"
+        else:
+            check, what = until, f"pod {namespace}/{name} condition"
+        return self.admin().wait_for(path("v1", "pods", namespace, name), check, timeout, what)
+
+    def pod_dir(self, namespace: str, name: str) -> Path:
+        """The folder of a pod's latest incarnation on its node (``root/`` is its working
+        directory, ``volumes/<name>`` its volumes, ``logs/`` its output). Kept after the pod
+        is deleted, until the cluster stops."""
+        dirs = sorted((self.workdir / "nodes" / "pods").glob(f"{namespace}_{name}_*"), key=lambda p: p.stat().st_mtime)
+        if not dirs:
+            raise FileNotFoundError(f"pod {namespace}/{name} never ran on a node of this cluster")
+        return dirs[-1]
+
+    def pod_log(self, namespace: str, name: str, container: str | None = None) -> str:
+        """A container's output (the latest run), read from the node's files."""
+        logs = sorted(
+            (self.pod_dir(namespace, name) / "logs").glob(f"{container or '*'}.[0-9]*.log"),
+            key=lambda p: p.stat().st_mtime,
+        )
+        return logs[-1].read_text(errors="replace") if logs else ""
+
+    # ------------------------------------------------------------------ nodes
+    def node(self, name: str) -> Obj:
+        return self.admin().get(f"/api/v1/nodes/{name}")
+
+    def node_state(self, name: str) -> str:
+        """What the agent says about the machine: running, shutting-down, shutdown, lost."""
+        return str(self._control_node(name)["state"])
+
+    def _control_node(self, name: str) -> Obj:
+        for n in self._control("GET", "/nodes"):
+            if n["name"] == name:
+                return dict(n)
+        raise KeyError(f"the node agent plays no node {name!r}")
+
+    @staticmethod
+    def node_ready(node: Obj | None) -> str | None:
+        """The status of a Node's Ready condition: "True", "False", "Unknown" or None."""
+        for c in (node or {}).get("status", {}).get("conditions", []):
+            if c["type"] == "Ready":
+                return str(c["status"])
+        return None
+
+    def wait_node_ready(self, name: str, timeout: float = 30) -> Obj:
+        """Ready, and the control plane has lifted its not-ready/unreachable taints."""
+
+        def ready(n: Obj | None) -> bool:
+            taints = (n or {}).get("spec", {}).get("taints", [])
+            controller = [
+                t for t in taints if t["key"] in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+            ]
+            return self.node_ready(n) == "True" and not controller
+
+        node = self.admin().wait_for(f"/api/v1/nodes/{name}", ready, timeout, f"node {name} Ready")
+        assert node is not None
+        return node
+
+    def wait_node_condition(self, name: str, status: str, timeout: float = 60) -> Obj:
+        """Waits until the node's Ready condition is ``status`` ("False" or "Unknown" ...)."""
+        node = self.admin().wait_for(
+            f"/api/v1/nodes/{name}", lambda n: self.node_ready(n) == status, timeout, f"node {name} Ready={status}"
+        )
+        assert node is not None
+        return node
+
+    def _update_node(self, name: str, change: Callable[[Obj], None]) -> Obj:
+        for _ in range(10):
+            node = self.node(name)
+            change(node)
+            try:
+                return self.admin().replace(f"/api/v1/nodes/{name}", node)
+            except ApiError as err:
+                if err.status != 409:
+                    raise
+        raise RuntimeError(f"node {name}: kept conflicting with other writers")
+
+    def cordon(self, name: str) -> None:
+        """spec.unschedulable = true (what ``kubectl cordon`` and every drain start with)."""
+        self._update_node(name, lambda n: n["spec"].__setitem__("unschedulable", True))
+
+    def uncordon(self, name: str) -> None:
+        self._update_node(name, lambda n: n["spec"].pop("unschedulable", None))
+
+    def taint(self, name: str, key: str, value: str | None = None, effect: str = "NoSchedule") -> None:
+        """Adds (or replaces) a taint, as a termination handler does (e.g. ``karpenter.sh/disrupted``)."""
+        new = Taint(key, value, effect).to_api()
+
+        def change(n: Obj) -> None:
+            taints = [t for t in n["spec"].get("taints", []) if (t["key"], t["effect"]) != (key, effect)]
+            n["spec"]["taints"] = [*taints, new]
+
+        self._update_node(name, change)
+
+    def untaint(self, name: str, key: str, effect: str | None = None) -> None:
+        """Removes the taints with ``key`` (and ``effect``, if given)."""
+
+        def change(n: Obj) -> None:
+            keep = [t for t in n["spec"].get("taints", []) if t["key"] != key or (effect and t["effect"] != effect)]
+            n["spec"]["taints"] = keep
+
+        self._update_node(name, change)
+
+    def evict(self, namespace: str, pod: str, grace_seconds: int | None = None) -> tuple[int, str]:
+        """One call of the Eviction API: (HTTP status, message). 201: evicted; 429: a
+        PodDisruptionBudget forbids it now."""
+        body: Obj = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}}
+        if grace_seconds is not None:
+            body["deleteOptions"] = {"gracePeriodSeconds": grace_seconds}
+        try:
+            self.admin().create(path("v1", "pods", namespace, pod, "eviction"), body)
+        except ApiError as err:
+            return err.status, err.message
+        return 201, "evicted"
+
+    def drain(self, name: str, timeout: float = 120, extra_args: Sequence[str] = ()) -> Drain:
+        """Starts ``kubectl drain`` (cordon, then evictions that honour PDBs and retry on 429
+        every 5 s) in the background."""
+        out = self.workdir / f"drain-{name}-{uuid.uuid4().hex[:6]}.log"
+        args = [
+            str(self.tools.kubectl),
+            "drain",
+            name,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--force",
+            f"--timeout={int(timeout)}s",
+            *extra_args,
+        ]
+        with open(out, "wb") as f:
+            proc = subprocess.Popen(
+                args,
+                env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        return Drain(proc, out)
+
+    def graceful_shutdown(self, name: str, grace_seconds: float = 15, wait: bool = True) -> None:
+        """The node shuts down gracefully with a capped grace period (GKE spot: pods get about
+        15 s): NotReady, SIGTERM to every pod, at most ``grace_seconds`` each, PDBs ignored, pods
+        marked Failed with DisruptionTarget; then its heartbeats stop."""
+        self._control("POST", f"/nodes/{name}/shutdown", {"grace_seconds": grace_seconds})
+        if wait:
+            deadline = time.monotonic() + grace_seconds + 30
+            while self.node_state(name) != "shutdown":
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"node {name} did not finish its graceful shutdown: {self._control_node(name)}")
+                time.sleep(0.2)
+
+    def lose_node(self, name: str) -> None:
+        """Abrupt loss: every process of the node is SIGKILLed and its Lease and status stop
+        being renewed; the node controller marks it Unknown after the grace period and the
+        taint manager evicts its pods."""
+        self._control("POST", f"/nodes/{name}/lose")
+
+    def restore_node(self, name: str, wait: bool = True) -> None:
+        """The node boots again: it re-registers; pods it had are run anew (restartPolicy Never:
+        failed)."""
+        self._control("POST", f"/nodes/{name}/restore")
+        if wait:
+            self.wait_node_ready(name, timeout=60)
+
+    def delete_node(self, name: str) -> None:
+        """The machine is gone and the cloud removes its Node object (then pod GC removes its pods)."""
+        if self.node_state(name) == "running":
+            self.lose_node(name)
+        self.admin().delete(f"/api/v1/nodes/{name}")
+
+    def add_node(self, spec: NodeSpec, wait: bool = True) -> None:
+        """A new machine joins (what Karpenter does after a spot loss)."""
+        index = len(self.node_specs) + 1
+        pki = self.controlplane.pki
+        pki.node(spec.name)
+        pki.node_serving(spec.name, f"127.0.{index}.1")
+        self._control("POST", "/nodes", {**asdict(spec), "index": index})
+        self.node_specs.append(spec)
+        self._save_state()
+        if wait:
+            self.wait_node_ready(spec.name)
+
+    def reset_nodes(self, timeout: float = 60) -> None:
+        """Puts the nodes back as the cluster started: lost or shut-down nodes booted again,
+        uncordoned, with their configured taints only. The fixtures call it after each test."""
+        initial = {s.name: s for s in self.node_specs if s.name in self._initial_nodes}
+        for n in self._control("GET", "/nodes"):
+            if n["name"] in initial and n["state"] != "running":
+                self._control("POST", f"/nodes/{n['name']}/restore")
+        for name, spec in initial.items():
+            self.wait_node_ready(name, timeout)
+            wanted = [t.to_api() for t in spec.taints]
+
+            def change(node: Obj, wanted: list[dict[str, str]] = wanted) -> None:
+                own = [t for t in node["spec"].get("taints", []) if t["key"].startswith(_CONTROLLER_TAINT_PREFIX)]
+                node["spec"]["taints"] = own + wanted
+                node["spec"].pop("unschedulable", None)
+
+            self._update_node(name, change)
+
+    # ------------------------------------------------------------------ info
+    def describe(self) -> str:
+        """A few lines for a person: where things are and how to use them."""
+        lines = [
+            f"export KUBECONFIG={self.kubeconfig}",
+            f"# API server {self.server}; nodes: {', '.join(s.name for s in self.node_specs)}",
+            f"# files and logs under {self.workdir}; pods' folders under {self.workdir / 'nodes' / 'pods'}",
+            f"# node agent control channel: http://127.0.0.1:{self.control_port}/nodes",
+        ]
+        if self.startup_seconds:
+            lines.append(f"# started in {self.startup_seconds.get('total', 0):.1f} s")
+        return "\n".join(lines)
+
+
+def stop_dir(workdir: Path) -> list[str]:
+    """Stops whatever ``cluster up`` started in ``workdir`` (pid files); returns what it stopped."""
+    stopped = []
+    for name, marker in _STOP_ORDER:
+        for pidfile in [workdir / f"{name}.pid", *workdir.glob(f"*/{name}.pid")]:
+            if stop_pidfile(pidfile, marker, timeout=15):
+                stopped.append(name)
+    return stopped
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spotrl_e2e.cluster", description="Start or stop the test cluster.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    default_dir = Path(os.environ.get("TMPDIR", "/tmp")) / "spotrl-cluster"
+    up = sub.add_parser(
+        "up", help="start etcd, the control plane, the node agent (and optionally S3) in the background"
+    )
+    up.add_argument("--dir", type=Path, default=default_dir)
+    up.add_argument("--with-s3", action="store_true", help="also start the S3 server (versitygw)")
+    down = sub.add_parser("down", help="stop everything `up` started in --dir")
+    down.add_argument("--dir", type=Path, default=default_dir)
+    args = parser.parse_args(argv)
+    workdir: Path = args.dir.resolve()
+
+    if args.command == "down":
+        stopped = stop_dir(workdir)
+        print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'} ({workdir})")
+        return 0
+
+    if (workdir / "kube-apiserver.pid").exists():
+        print(f"a cluster may be running in {workdir}: run `make cluster-down` first", file=sys.stderr)
+        return 1
+    if workdir.exists() and any(workdir.iterdir()):
+        import shutil
+
+        shutil.rmtree(workdir)
+    try:
+        cluster = Cluster(workdir).start(detached=True)
+    except StartupError as err:
+        print(f"cluster up failed: {err}", file=sys.stderr)
+        stop_dir(workdir)
+        return 1
+    print(cluster.describe())
+    if args.with_s3:
+        from spotrl_e2e.s3 import S3Server
+
+        s3 = S3Server(workdir / "s3").start(detached=True)
+        bucket = s3.create_bucket("dev")
+        print(f"# S3: endpoint {s3.endpoint}, bucket {bucket.bucket}")
+        for k, v in bucket.env().items():
+            print(f"export {k}={v}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.chdir(REPO_ROOT)
+    sys.exit(main())
