@@ -1,0 +1,52 @@
+"""The prompt source: map-style datasets, the one-row collate, and the resumable loader."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+
+from spotrl_runtime.data.arithmetic import DEFAULT_SIZE, ArithmeticDataset
+from spotrl_runtime.data.collate import PromptCollate, row_fingerprint
+from spotrl_runtime.data.dataset import DatasetError, PromptDataset, Row
+from spotrl_runtime.data.jsonl import JsonlDataset
+
+if TYPE_CHECKING:
+    from spotrl_runtime.api.rljob import Dataset as DatasetSpec
+
+__all__ = [
+    "ArithmeticDataset",
+    "DatasetError",
+    "JsonlDataset",
+    "PromptCollate",
+    "PromptDataset",
+    "Row",
+    "collate_for",
+    "open_dataset",
+    "row_fingerprint",
+]
+
+_SPLIT_SEED_OFFSET = {"train": 0, "test": 1}
+
+
+def open_dataset(spec: DatasetSpec, **s3_options: Any) -> PromptDataset:
+    """The dataset ``spec.dataset`` names: ``builtin:arithmetic[?size=N]``, a JSONL path or s3:// URI."""
+    uri = spec.uri
+    if uri.startswith("builtin:"):
+        name, _, query = uri[len("builtin:") :].partition("?")
+        if name != "arithmetic":
+            raise DatasetError(f"unknown built-in dataset {uri!r}; the built-in datasets are: builtin:arithmetic")
+        params = parse_qs(query)
+        try:
+            size = int(params.get("size", [str(DEFAULT_SIZE)])[0])
+        except ValueError:
+            raise DatasetError(f"{uri!r}: size must be an integer") from None
+        if spec.split not in _SPLIT_SEED_OFFSET:
+            raise DatasetError(f"{uri!r} has the splits {sorted(_SPLIT_SEED_OFFSET)}, not {spec.split!r}")
+        return ArithmeticDataset(size=size, seed=spec.seed + _SPLIT_SEED_OFFSET[spec.split])
+    # Everything else is a JSONL file: a path, file:// or s3:// URI.
+    return JsonlDataset.open(uri, **s3_options)
+
+
+def collate_for(spec: DatasetSpec) -> PromptCollate:
+    """The one-row collate for the fields ``spec.dataset`` names."""
+    return PromptCollate(task_field=spec.task_field, prompt_field=spec.prompt_field, answer_field=spec.answer_field)

@@ -1,0 +1,35 @@
+"""The prompt source's contract: a map-style dataset whose rows carry a stable ``idx``.
+
+``dataset[idx]`` must name the same row for the life of a run: that is what lets the
+ledger persist only locators and rebuild every prompt on restore. Shuffling changes the
+order rows are visited, never which row an ``idx`` names.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+Row = dict[str, Any]
+"""One dataset row: its fields, plus ``idx`` (its position) and, by convention, ``task_name``."""
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be read, or a row that lacks what the run needs."""
+
+
+@runtime_checkable
+class PromptDataset(Protocol):
+    """A map-style dataset: ``len()`` rows, each returned by ``dataset[idx]`` with its ``idx``."""
+
+    uri: str
+    """Where the rows come from (a path, an s3:// URI or ``builtin:<name>``)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, idx: int) -> Row: ...
+
+
+def check_index(dataset: PromptDataset, idx: int) -> None:
+    """Raises IndexError for an idx outside the dataset (negative indexes are not locators)."""
+    if not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < len(dataset):
+        raise IndexError(f"idx {idx!r} is outside dataset {dataset.uri} (rows 0..{len(dataset) - 1})")
