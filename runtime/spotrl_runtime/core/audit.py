@@ -1,0 +1,116 @@
+"""The audit: which prompts each trained step consumed, machine-checkable across preemptions.
+
+One :class:`AuditRecord` per trained step per attempt (controller incarnation). After an
+abrupt loss the steps since the last cut are trained again by a later attempt, so a step
+can have several records; the *effective stream* keeps the last one per step (the highest
+attempt). A run preempted any number of times must have the same effective stream as one
+that never was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from spotrl_runtime.core.fields import RecordFormatError, require_int, require_str
+
+
+@dataclass(frozen=True)
+class DroppedPrompt:
+    """A prompt given up on (generation failed after retries, or filtered out)."""
+
+    group_id: str
+    idx: int
+    task_name: str
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"group_id": self.group_id, "idx": self.idx, "task_name": self.task_name, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: Any) -> DroppedPrompt:
+        if not isinstance(data, dict):
+            raise RecordFormatError("dropped prompt is not a JSON object")
+        return cls(
+            require_str(data, "group_id"),
+            require_int(data, "idx"),
+            require_str(data, "task_name"),
+            str(data.get("reason", "")),
+        )
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One trained step: its prompts (in the order trained), the resulting policy version, the attempt."""
+
+    step: int
+    attempt: int
+    weight_version: int
+    group_ids: tuple[str, ...]
+    idxs: tuple[int, ...]
+    task_names: tuple[str, ...]
+    dropped: tuple[DroppedPrompt, ...] = ()
+
+    @property
+    def prompts(self) -> tuple[tuple[int, str], ...]:
+        """The locators trained, in order."""
+        return tuple(zip(self.idxs, self.task_names, strict=True))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "attempt": self.attempt,
+            "weight_version": self.weight_version,
+            "group_ids": list(self.group_ids),
+            "idxs": list(self.idxs),
+            "task_names": list(self.task_names),
+            "dropped": [d.to_json() for d in self.dropped],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> AuditRecord:
+        if not isinstance(data, dict):
+            raise RecordFormatError("audit record is not a JSON object")
+        lists = {k: data.get(k) for k in ("group_ids", "idxs", "task_names", "dropped")}
+        for key, value in lists.items():
+            if not isinstance(value, list):
+                raise RecordFormatError(f"{key} must be a list, got {value!r}")
+        if not len(lists["group_ids"]) == len(lists["idxs"]) == len(lists["task_names"]):  # type: ignore[arg-type]
+            raise RecordFormatError("group_ids, idxs and task_names must have one entry per trained group")
+        return cls(
+            step=require_int(data, "step"),
+            attempt=require_int(data, "attempt"),
+            weight_version=require_int(data, "weight_version"),
+            group_ids=tuple(str(g) for g in lists["group_ids"]),  # type: ignore[union-attr]
+            idxs=tuple(int(i) for i in lists["idxs"]),  # type: ignore[union-attr]
+            task_names=tuple(str(t) for t in lists["task_names"]),  # type: ignore[union-attr]
+            dropped=tuple(DroppedPrompt.from_json(d) for d in lists["dropped"]),  # type: ignore[union-attr]
+        )
+
+
+def effective_stream(records: Iterable[AuditRecord]) -> dict[int, AuditRecord]:
+    """The last record per step: highest attempt wins; within an attempt, the later record."""
+    out: dict[int, AuditRecord] = {}
+    for rec in records:
+        prev = out.get(rec.step)
+        if prev is None or rec.attempt >= prev.attempt:
+            out[rec.step] = rec
+    return dict(sorted(out.items()))
+
+
+class AuditLog:
+    """The records of this process, newest last; keeps the newest ``keep`` for the cut's tail."""
+
+    def __init__(self, keep: int = 1024, records: Iterable[AuditRecord] = ()):
+        self.keep = keep
+        self._records: list[AuditRecord] = list(records)[-keep:]
+
+    def append(self, record: AuditRecord) -> None:
+        self._records.append(record)
+        if len(self._records) > 2 * self.keep:
+            del self._records[: len(self._records) - self.keep]
+
+    def tail(self) -> tuple[AuditRecord, ...]:
+        """The newest ``keep`` records, oldest first."""
+        return tuple(self._records[-self.keep :])

@@ -1,0 +1,545 @@
+"""Schema version 1 of a cut: the manifest and the owner files, as bytes. Pure: no I/O.
+
+A cut is a folder ``cuts/<cut_id>/`` holding ``manifest.json`` (written last; its
+existence is the commit) and a data folder ``<writer>/`` with one file per owner:
+
+============================  ==============  =============================================
+file                          role            content
+============================  ==============  =============================================
+``sampler.json``              sampler         cursor, trainer step, id counters, per-step
+                                              shortfall and dropped prompts, config
+``loader.json``               loader          the StatefulDataLoader state (its position)
+``ledger.json``               ledger          unfinished groups, locators only
+``spare_pool.json``           spare_pool      spare prompts, locators only
+``replay_index.json``         replay_index    finished groups: locators, stamps, row counts
+``rollouts.bin``              rollouts        rollout rows of finished groups and the
+                                              finished siblings of ADMITTED groups
+``audit.json``                audit           the tail of the audit log
+``trainer/*``, ``rng.pt``     weights, ...    the trainer's state; opaque to this module
+============================  ==============  =============================================
+
+``rollouts.bin`` is ``SPOTRLR1`` + u64 little-endian length + a JSON row table, then three
+little-endian arrays: prompt token ids (int32), completion token ids (int32) and
+log-probabilities (float64, so a restored row is bit-identical).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from array import array
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from spotrl_runtime.core.audit import AuditRecord, DroppedPrompt
+from spotrl_runtime.core.fields import RecordFormatError, optional_int, require_int, require_str
+from spotrl_runtime.core.ledger import LedgerRecord, Phase
+from spotrl_runtime.core.owners import OwnersSnapshot, RecoveryConfig
+from spotrl_runtime.core.replay_buffer import ReplayEntry
+from spotrl_runtime.core.spare_pool import Spare
+from spotrl_runtime.core.types import FinishedGroup, Prompt, Rollout
+
+SCHEMA_VERSION = 1
+READABLE_SCHEMA_VERSIONS = (1,)
+MANIFEST_NAME = "manifest.json"
+CUT_KINDS = ("periodic", "barrier")
+
+OWNER_FILES: dict[str, str] = {
+    "sampler": "sampler.json",
+    "loader": "loader.json",
+    "ledger": "ledger.json",
+    "spare_pool": "spare_pool.json",
+    "replay_index": "replay_index.json",
+    "rollouts": "rollouts.bin",
+    "audit": "audit.json",
+}
+"""Role -> file name of the owner files every cut has."""
+
+_ROWS_MAGIC = b"SPOTRLR1"
+
+
+# ---------------------------------------------------------------------- manifest
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    """One file of a cut: its path (relative to the cut folder), role, size and sha256."""
+
+    path: str
+    role: str
+    size: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "role": self.role, "size": self.size, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ManifestFile:
+        if not isinstance(data, dict):
+            raise RecordFormatError("a files[] entry is not a JSON object")
+        digest = require_str(data, "sha256")
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise RecordFormatError(f"sha256 of {data.get('path')!r} is not 64 lowercase hex digits")
+        path = require_str(data, "path")
+        if path.startswith("/") or ".." in path.split("/") or path == MANIFEST_NAME:
+            raise RecordFormatError(f"file path {path!r} must be relative, inside the cut, and not the manifest")
+        return cls(path, require_str(data, "role"), require_int(data, "size"), digest)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a committed cut contains. Written last, create-only: its existence is the commit."""
+
+    schema_version: int
+    cut_id: str
+    kind: str
+    job: str
+    attempt: int
+    writer: str
+    data_dir: str
+    created_at: str
+    trainer_step: int
+    dispatch_index: int
+    group_counts: Mapping[str, int]
+    dataset: Mapping[str, Any]
+    config: Mapping[str, Any]
+    files: tuple[ManifestFile, ...]
+    trainer_format: str | None = None
+    capture_seconds: float = 0.0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def file(self, role: str) -> ManifestFile | None:
+        """The (first) file with ``role``."""
+        return next((f for f in self.files if f.role == role), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "cut_id": self.cut_id,
+            "kind": self.kind,
+            "job": self.job,
+            "attempt": self.attempt,
+            "writer": self.writer,
+            "data_dir": self.data_dir,
+            "created_at": self.created_at,
+            "trainer_step": self.trainer_step,
+            "dispatch_index": self.dispatch_index,
+            "group_counts": dict(self.group_counts),
+            "dataset": dict(self.dataset),
+            "config": dict(self.config),
+            "files": [f.to_json() for f in self.files],
+            "trainer_format": self.trainer_format,
+            "capture_seconds": self.capture_seconds,
+            "extra": dict(self.extra),
+        }
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_json(), indent=1, sort_keys=True).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: Any) -> Manifest:
+        """Parses a manifest (the schema version is checked by the caller first)."""
+        if not isinstance(data, dict):
+            raise RecordFormatError("the manifest is not a JSON object")
+        files = data.get("files")
+        if not isinstance(files, list):
+            raise RecordFormatError("files must be a list")
+        parsed = tuple(ManifestFile.from_json(f) for f in files)
+        paths = [f.path for f in parsed]
+        if len(set(paths)) != len(paths):
+            raise RecordFormatError("files lists a path twice")
+        roles = {f.role for f in parsed}
+        missing = [r for r in OWNER_FILES if r not in roles]
+        if missing:
+            raise RecordFormatError(f"files lacks the owner files {missing}")
+        kind = require_str(data, "kind")
+        if kind not in CUT_KINDS:
+            raise RecordFormatError(f"kind must be one of {CUT_KINDS}, got {kind!r}")
+        for key in ("group_counts", "dataset", "config"):
+            if not isinstance(data.get(key), dict):
+                raise RecordFormatError(f"{key} must be a JSON object")
+        counts = data["group_counts"]
+        for key, value in counts.items():
+            if not isinstance(value, int) or value < 0:
+                raise RecordFormatError(f"group_counts.{key} must be an integer >= 0, got {value!r}")
+        dispatch_index = data.get("dispatch_index")
+        if not isinstance(dispatch_index, int) or dispatch_index < -1:
+            raise RecordFormatError(f"dispatch_index must be an integer >= -1, got {dispatch_index!r}")
+        return cls(
+            schema_version=require_int(data, "schema_version"),
+            cut_id=require_str(data, "cut_id"),
+            kind=kind,
+            job=require_str(data, "job", allow_empty=True),
+            attempt=require_int(data, "attempt"),
+            writer=require_str(data, "writer"),
+            data_dir=require_str(data, "data_dir"),
+            created_at=require_str(data, "created_at"),
+            trainer_step=require_int(data, "trainer_step"),
+            dispatch_index=dispatch_index,
+            group_counts=dict(counts),
+            dataset=dict(data["dataset"]),
+            config=dict(data["config"]),
+            files=parsed,
+            trainer_format=data.get("trainer_format"),
+            capture_seconds=float(data.get("capture_seconds", 0.0)),
+            extra=dict(data.get("extra") or {}),
+        )
+
+
+def snapshot_counts(snapshot: OwnersSnapshot) -> dict[str, int]:
+    """The group counts a manifest records for a snapshot."""
+    return _counts(
+        snapshot.ledger,
+        len(snapshot.replay),
+        len(snapshot.spares),
+        sum(len(e.group.rollouts) for e in snapshot.replay),
+        sum(len(v) for v in snapshot.partial.values()),
+        len(snapshot.audit_tail),
+    )
+
+
+def document_counts(docs: CutDocuments) -> dict[str, int]:
+    """The same counts, found in a cut's decoded files (check ``group_counts`` compares them)."""
+    partial_ids = docs.partial_ids
+    return _counts(
+        docs.ledger,
+        len(docs.replay),
+        len(docs.spares),
+        sum(len(v) for k, v in docs.rollouts.items() if k not in partial_ids),
+        sum(len(v) for k, v in docs.rollouts.items() if k in partial_ids),
+        len(docs.audit_tail),
+    )
+
+
+def _counts(
+    ledger: tuple[LedgerRecord, ...], replay: int, spares: int, rows: int, partial: int, audit: int
+) -> dict[str, int]:
+    return {
+        "reserved": sum(1 for r in ledger if r.phase is Phase.RESERVED),
+        "admitted": sum(1 for r in ledger if r.phase is Phase.ADMITTED),
+        "replay": replay,
+        "spares": spares,
+        "rollout_rows": rows,
+        "partial_rows": partial,
+        "audit": audit,
+    }
+
+
+# ------------------------------------------------------------------ owner files
+
+
+@dataclass(frozen=True)
+class ReplayLocator:
+    """A finished group in the replay index: its locator and stamp (rows are in rollouts.bin)."""
+
+    group_id: str
+    admission_id: str
+    order: int
+    idx: int
+    task_name: str
+    target_step: int
+    weight_version: int | None
+    fingerprint: str
+    rollouts: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "admission_id": self.admission_id,
+            "order": self.order,
+            "idx": self.idx,
+            "task_name": self.task_name,
+            "target_step": self.target_step,
+            "weight_version": self.weight_version,
+            "fingerprint": self.fingerprint,
+            "rollouts": self.rollouts,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> ReplayLocator:
+        if not isinstance(data, dict):
+            raise RecordFormatError("replay entry is not a JSON object")
+        return cls(
+            group_id=require_str(data, "group_id"),
+            admission_id=require_str(data, "admission_id"),
+            order=require_int(data, "order"),
+            idx=require_int(data, "idx"),
+            task_name=require_str(data, "task_name"),
+            target_step=require_int(data, "target_step"),
+            weight_version=optional_int(data, "weight_version"),
+            fingerprint=require_str(data, "fingerprint", allow_empty=True),
+            rollouts=require_int(data, "rollouts", minimum=1),
+        )
+
+
+@dataclass(frozen=True)
+class CutDocuments:
+    """The owner files of a cut, decoded but not yet checked against each other or the dataset."""
+
+    config: RecoveryConfig
+    attempt: int
+    trainer_step: int
+    dispatch_index: int
+    next_order: int
+    next_admission: int
+    shortfall: Mapping[int, int]
+    dropped: Mapping[int, tuple[DroppedPrompt, ...]]
+    loader_state: dict[str, Any]
+    ledger_raw: list[Any]
+    """Ledger records as found; :mod:`validation` parses them (check ``ledger_record``)."""
+    ledger: tuple[LedgerRecord, ...]
+    spares: tuple[Spare, ...]
+    replay: tuple[ReplayLocator, ...]
+    rollouts: Mapping[str, tuple[Rollout, ...]]
+    audit_tail: tuple[AuditRecord, ...]
+
+    @property
+    def partial_ids(self) -> set[str]:
+        """Groups whose rows in rollouts.bin are finished siblings of a ledger group."""
+        return {r.group_id for r in self.ledger}
+
+
+class OwnerFileError(ValueError):
+    """An owner file that does not decode; carries its role."""
+
+    def __init__(self, role: str, message: str):
+        self.role = role
+        super().__init__(message)
+
+
+def _json(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":"), sort_keys=True).encode("utf-8")
+
+
+def encode_owner_files(snapshot: OwnersSnapshot) -> dict[str, bytes]:
+    """The owner files of a snapshot, by role. Locators only, except the rollout rows."""
+    sampler = {
+        "attempt": snapshot.attempt,
+        "trainer_step": snapshot.trainer_step,
+        "dispatch_index": snapshot.dispatch_index,
+        "next_order": snapshot.next_order,
+        "next_admission": snapshot.next_admission,
+        "shortfall": {str(k): v for k, v in sorted(snapshot.shortfall.items())},
+        "dropped": {str(k): [d.to_json() for d in v] for k, v in sorted(snapshot.dropped.items())},
+        "config": snapshot.config.to_json(),
+    }
+    replay = [
+        ReplayLocator(
+            group_id=e.group_id,
+            admission_id=e.admission_id,
+            order=e.order,
+            idx=e.group.prompt.idx,
+            task_name=e.group.prompt.task_name,
+            target_step=e.target_step,
+            weight_version=e.weight_version,
+            fingerprint=e.group.prompt.fingerprint,
+            rollouts=len(e.group.rollouts),
+        ).to_json()
+        for e in snapshot.replay
+    ]
+    rows: list[tuple[str, tuple[Rollout, ...]]] = [(e.group_id, e.group.rollouts) for e in snapshot.replay]
+    rows += [(gid, rs) for gid, rs in snapshot.partial.items()]
+    return {
+        "sampler": _json(sampler),
+        "loader": _json(snapshot.loader_state),
+        "ledger": _json({"records": [r.to_json() for r in snapshot.ledger]}),
+        "spare_pool": _json({"spares": [s.to_json() for s in snapshot.spares]}),
+        "replay_index": _json({"groups": replay}),
+        "rollouts": encode_rollouts(rows),
+        "audit": _json({"records": [a.to_json() for a in snapshot.audit_tail]}),
+    }
+
+
+def _load(role: str, blob: bytes) -> Any:
+    try:
+        return json.loads(blob)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise OwnerFileError(role, f"is not JSON ({err})") from None
+
+
+def _list(role: str, doc: Any, key: str) -> list[Any]:
+    if not isinstance(doc, dict) or not isinstance(doc.get(key), list):
+        raise OwnerFileError(role, f"must be a JSON object with a list {key!r}")
+    return list(doc[key])
+
+
+def decode_owner_files(blobs: Mapping[str, bytes]) -> CutDocuments:
+    """Decodes the owner files. Ledger records stay raw (``ledger_raw``) for check ``ledger_record``;
+    every other malformed file raises :class:`OwnerFileError` naming its role."""
+    sampler = _load("sampler", blobs["sampler"])
+    try:
+        if not isinstance(sampler, dict):
+            raise RecordFormatError("not a JSON object")
+        config = RecoveryConfig.from_json(sampler.get("config") or {})
+        dispatch_index = sampler.get("dispatch_index")
+        if not isinstance(dispatch_index, int) or dispatch_index < -1:
+            raise RecordFormatError(f"dispatch_index must be an integer >= -1, got {dispatch_index!r}")
+        shortfall = {int(k): int(v) for k, v in (sampler.get("shortfall") or {}).items()}
+        dropped = {
+            int(k): tuple(DroppedPrompt.from_json(d) for d in v) for k, v in (sampler.get("dropped") or {}).items()
+        }
+        fields = {k: require_int(sampler, k) for k in ("attempt", "trainer_step", "next_order", "next_admission")}
+    except (RecordFormatError, ValueError, TypeError) as err:
+        raise OwnerFileError("sampler", str(err)) from None
+    loader_state = _load("loader", blobs["loader"])
+    if not isinstance(loader_state, dict):
+        raise OwnerFileError("loader", "must be a JSON object (a StatefulDataLoader state)")
+    ledger_raw = _list("ledger", _load("ledger", blobs["ledger"]), "records")
+    try:
+        spares = tuple(
+            Spare.from_json(s) for s in _list("spare_pool", _load("spare_pool", blobs["spare_pool"]), "spares")
+        )
+    except RecordFormatError as err:
+        raise OwnerFileError("spare_pool", str(err)) from None
+    try:
+        replay = tuple(
+            ReplayLocator.from_json(g)
+            for g in _list("replay_index", _load("replay_index", blobs["replay_index"]), "groups")
+        )
+    except RecordFormatError as err:
+        raise OwnerFileError("replay_index", str(err)) from None
+    try:
+        audit = tuple(AuditRecord.from_json(a) for a in _list("audit", _load("audit", blobs["audit"]), "records"))
+    except RecordFormatError as err:
+        raise OwnerFileError("audit", str(err)) from None
+    rollouts = decode_rollouts(blobs["rollouts"])
+    return CutDocuments(
+        config=config,
+        attempt=fields["attempt"],
+        trainer_step=fields["trainer_step"],
+        dispatch_index=dispatch_index,
+        next_order=fields["next_order"],
+        next_admission=fields["next_admission"],
+        shortfall=shortfall,
+        dropped=dropped,
+        loader_state=loader_state,
+        ledger_raw=ledger_raw,
+        ledger=(),
+        spares=spares,
+        replay=replay,
+        rollouts=rollouts,
+        audit_tail=audit,
+    )
+
+
+def to_snapshot(docs: CutDocuments, prompts: Mapping[str, Prompt]) -> OwnersSnapshot:
+    """The snapshot a restore rebuilds the owners from, given the rebuilt prompts of every group."""
+    replay = tuple(
+        ReplayEntry(
+            FinishedGroup(loc.group_id, prompts[loc.group_id], loc.target_step, docs.rollouts[loc.group_id]),
+            loc.admission_id,
+            loc.order,
+            loc.weight_version,
+        )
+        for loc in docs.replay
+    )
+    return OwnersSnapshot(
+        config=docs.config,
+        attempt=docs.attempt,
+        trainer_step=docs.trainer_step,
+        dispatch_index=docs.dispatch_index,
+        next_order=docs.next_order,
+        next_admission=docs.next_admission,
+        loader_state=docs.loader_state,
+        ledger=docs.ledger,
+        partial={r.group_id: docs.rollouts[r.group_id] for r in docs.ledger if r.group_id in docs.rollouts},
+        spares=docs.spares,
+        replay=replay,
+        shortfall=docs.shortfall,
+        dropped=docs.dropped,
+        audit_tail=docs.audit_tail,
+        prompts=prompts,
+    )
+
+
+# ----------------------------------------------------------------- rollout rows
+
+
+def encode_rollouts(groups: list[tuple[str, tuple[Rollout, ...]]]) -> bytes:
+    """Rollout rows in a compact columnar form (see the module docstring)."""
+    table: list[list[Any]] = []
+    prompt_ids = array("i")
+    completion_ids = array("i")
+    logprobs = array("d")
+    for group_id, rollouts in groups:
+        for r in rollouts:
+            table.append(
+                [
+                    group_id,
+                    r.index,
+                    r.reward,
+                    r.weight_version,
+                    r.text,
+                    r.finish_reason,
+                    len(r.prompt_token_ids),
+                    len(r.completion_token_ids),
+                    len(r.logprobs),
+                ]
+            )
+            prompt_ids.extend(r.prompt_token_ids)
+            completion_ids.extend(r.completion_token_ids)
+            logprobs.extend(r.logprobs)
+    header = json.dumps({"rows": table}, separators=(",", ":")).encode("utf-8")
+    if sys.byteorder == "big":
+        for arr in (prompt_ids, completion_ids, logprobs):
+            arr.byteswap()
+    return b"".join(
+        [
+            _ROWS_MAGIC,
+            struct.pack("<Q", len(header)),
+            header,
+            prompt_ids.tobytes(),
+            completion_ids.tobytes(),
+            logprobs.tobytes(),
+        ]
+    )
+
+
+def decode_rollouts(blob: bytes) -> dict[str, tuple[Rollout, ...]]:
+    """Rollout rows by group, each group's rows in index order."""
+    if not blob.startswith(_ROWS_MAGIC) or len(blob) < len(_ROWS_MAGIC) + 8:
+        raise OwnerFileError("rollouts", "does not start with SPOTRLR1 (not a rollout rows file)")
+    (hlen,) = struct.unpack_from("<Q", blob, len(_ROWS_MAGIC))
+    start = len(_ROWS_MAGIC) + 8
+    try:
+        table = json.loads(blob[start : start + hlen])["rows"]
+        n_prompt = sum(int(row[6]) for row in table)
+        n_completion = sum(int(row[7]) for row in table)
+        n_logprobs = sum(int(row[8]) for row in table)
+    except (ValueError, KeyError, TypeError, IndexError) as err:
+        raise OwnerFileError("rollouts", f"has an unreadable row table ({err})") from None
+    pos = start + hlen
+    arrays = []
+    for code, count in (("i", n_prompt), ("i", n_completion), ("d", n_logprobs)):
+        arr = array(code)
+        end = pos + count * arr.itemsize
+        if end > len(blob):
+            raise OwnerFileError("rollouts", "is shorter than its row table says (truncated)")
+        arr.frombytes(blob[pos:end])
+        if sys.byteorder == "big":
+            arr.byteswap()
+        arrays.append(arr)
+        pos = end
+    if pos != len(blob):
+        raise OwnerFileError("rollouts", f"has {len(blob) - pos} bytes after its last row")
+    prompt_ids, completion_ids, logprobs = arrays
+    out: dict[str, list[Rollout]] = {}
+    p = c = lp = 0
+    for group_id, index, reward, version, text, finish, np_, nc, nl in table:
+        out.setdefault(group_id, []).append(
+            Rollout(
+                group_id=group_id,
+                index=index,
+                prompt_token_ids=tuple(prompt_ids[p : p + np_]),
+                completion_token_ids=tuple(completion_ids[c : c + nc]),
+                logprobs=tuple(logprobs[lp : lp + nl]),
+                reward=reward,
+                weight_version=version,
+                text=text,
+                finish_reason=finish,
+            )
+        )
+        p, c, lp = p + np_, c + nc, lp + nl
+    return {g: tuple(sorted(rs, key=lambda r: r.index)) for g, rs in out.items()}

@@ -1,0 +1,672 @@
+"""The owners of every prompt, and the only code that moves a prompt between them.
+
+Every prompt the run has touched has exactly one owner at every instant: the loader (not
+yet yielded), the spare pool, the ledger (RESERVED or ADMITTED), the replay buffer
+(finished, waiting for its step), or the trained steps (the audit). :class:`Owners` holds
+them all behind one lock. Each method below is one ownership move and runs entirely
+inside the lock, so a cut (:meth:`Owners.capture`) sees every prompt exactly once.
+Generation never takes the lock: only handing its results over does.
+
+How a controller drives it (threads or an asyncio loop; every method is thread-safe and
+holds the lock for microseconds, except ``capture``, which holds it for the in-memory
+copy of the state)::
+
+    owners = Owners(config, loader)                  # a new run, or:
+    owners = restore_cut(...).owners                 # spotrl_runtime.checkpoint.restore
+
+    # generation side (any thread, any number of concurrent completions)
+    for d in owners.pump():                          # restored ADMITTED groups first, then
+        send_to_generation(d)                        #   batches admitted through the gate
+    owners.add_rollout(group_id, rollout)            # one finished rollout; returns the
+                                                     #   FinishedGroup when it was the last
+    owners.finish_group(group_id, rollouts)          # or the group's missing rollouts at once
+    for d in owners.drop_group(group_id, reason):    # given up on after retries; with
+        send_to_generation(d)                        #   'replace' a spare is dispatched
+
+    # trainer side (one thread)
+    owners.wait_step_ready(timeout)                  # every group of the next step finished
+    groups = owners.begin_step()                     # the step's FinishedGroups, in order
+    ...optimizer step...
+    record = owners.commit_step(weight_version)      # groups -> trained; AuditRecord
+    (or owners.abort_step() if the step failed: the groups stay in the buffer)
+    owners.pump()                                    # the gate may have opened
+
+    # cut side (any thread; periodic or barrier)
+    snapshot = owners.capture(state_fn, timeout=s)   # waits for a running optimizer step to
+                                                     #   commit, then copies every owner and
+                                                     #   calls state_fn() (weights, optimizer,
+                                                     #   RNG) under the lock; write it out with
+                                                     #   spotrl_runtime.checkpoint.CutWriter
+
+Errors never half-apply: each method checks everything before it changes anything.
+Nothing here discards a prompt; every path that would raises instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from spotrl_runtime.core.audit import AuditLog, AuditRecord, DroppedPrompt
+from spotrl_runtime.core.ledger import Ledger, LedgerRecord, Phase
+from spotrl_runtime.core.replay_buffer import ReplayBuffer, ReplayEntry
+from spotrl_runtime.core.sampler import LookaheadSampler
+from spotrl_runtime.core.spare_pool import Spare, SparePool
+from spotrl_runtime.core.types import FinishedGroup, Prompt, Rollout
+
+if TYPE_CHECKING:
+    from spotrl_runtime.api.rljob import RLJobSpec
+
+DropPolicy = Literal["shrink", "replace"]
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+class OwnershipError(RuntimeError):
+    """An ownership move that cannot happen; nothing was changed."""
+
+
+class UnknownGroupError(OwnershipError):
+    """A result for a group the ledger does not own (finished, dropped, or never dispatched)."""
+
+
+class RolloutMismatchError(OwnershipError):
+    """Rollouts that do not fit their group (wrong group, index out of range, duplicate)."""
+
+
+class AdmissionIntoFinishedStepError(OwnershipError):
+    """Admitting a batch into a step that already holds finished groups: a bug, never a drop."""
+
+
+class StepTooSmallError(OwnershipError):
+    """Dropping the prompt would leave its step below ``minStepFraction``: the run must stop."""
+
+
+class StepNotReadyError(OwnershipError):
+    """The trainer asked for a step whose groups are not all finished."""
+
+
+class CutTimeoutError(OwnershipError):
+    """A cut could not capture the owners before its deadline."""
+
+
+# ---------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True)
+class RecoveryConfig:
+    """The knobs of the recovery core, from ``spec.generation`` and ``spec.preemption``."""
+
+    group_size: int
+    prompts_per_step: int
+    lookahead: int
+    on_dropped_prompt: DropPolicy = "shrink"
+    min_step_fraction: float = 0.5
+    spare_pool_batches: int = 0
+    audit_tail: int = 1024
+    """Audit records kept in memory and written into each cut."""
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1 or self.prompts_per_step < 1 or self.lookahead < 0:
+            raise ValueError(f"invalid recovery config {self}")
+        if self.on_dropped_prompt not in ("shrink", "replace"):
+            raise ValueError(f"on_dropped_prompt must be 'shrink' or 'replace', got {self.on_dropped_prompt!r}")
+        if not 0 < self.min_step_fraction <= 1:
+            raise ValueError(f"min_step_fraction must be in (0, 1], got {self.min_step_fraction}")
+
+    @classmethod
+    def from_spec(cls, spec: RLJobSpec) -> RecoveryConfig:
+        """The config an RLJob spec asks for."""
+        return cls(
+            group_size=spec.generation.group_size,
+            prompts_per_step=spec.generation.prompts_per_step,
+            lookahead=spec.generation.lookahead,
+            on_dropped_prompt=spec.preemption.on_dropped_prompt,
+            min_step_fraction=spec.preemption.min_step_fraction,
+            spare_pool_batches=spec.preemption.spare_pool_batches,
+        )
+
+    @property
+    def min_groups_per_step(self) -> int:
+        """The fewest groups a step may train on."""
+        return math.ceil(self.min_step_fraction * self.prompts_per_step - 1e-9)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "group_size": self.group_size,
+            "prompts_per_step": self.prompts_per_step,
+            "lookahead": self.lookahead,
+            "on_dropped_prompt": self.on_dropped_prompt,
+            "min_step_fraction": self.min_step_fraction,
+            "spare_pool_batches": self.spare_pool_batches,
+            "audit_tail": self.audit_tail,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RecoveryConfig:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+class PromptSource(Protocol):
+    """The loader as the owners see it (see :class:`spotrl_runtime.data.loader.PromptLoader`)."""
+
+    def next_batch(self) -> list[Prompt]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Work for generation: produce ``rollout_indexes`` of ``group_id``'s prompt."""
+
+    group_id: str
+    prompt: Prompt
+    target_step: int
+    rollout_indexes: tuple[int, ...]
+    """The rollouts still missing (all G unless finished siblings were kept)."""
+    weight_version: int
+    relaunch: bool = False
+    """True for a group that was in flight when the cut it was restored from was taken."""
+
+    @property
+    def generations(self) -> int:
+        """How many rollouts to generate."""
+        return len(self.rollout_indexes)
+
+
+@dataclass
+class RecoveryCounters:
+    """Telemetry of this attempt. ``groups_discarded`` must stay 0: every discard path raises."""
+
+    groups_found: int = 0
+    """Ledger groups in the cut this attempt restored from."""
+    finished_found: int = 0
+    """Finished groups (replay buffer) in that cut; they train without generation."""
+    groups_relaunched: int = 0
+    """Restored ledger groups dispatched again (ADMITTED at once, RESERVED through the gate)."""
+    groups_discarded: int = 0
+    rollouts_reused: int = 0
+    """Finished sibling rollouts of restored ADMITTED groups that were kept, not regenerated."""
+    prompts_dropped: int = 0
+    borrows: int = 0
+    replace_fallbacks: int = 0
+    """Drops under 'replace' that found the spare pool empty and shrank the step instead."""
+
+
+@dataclass(frozen=True)
+class OwnersSnapshot:
+    """Every owner at one instant: what a cut writes and what a restore rebuilds from.
+
+    ``prompts`` holds the live prompt of each ledger group and spare. A cut writes only their
+    locators; a restore fills it with prompts rebuilt from ``dataset[idx]``.
+    """
+
+    config: RecoveryConfig
+    attempt: int
+    trainer_step: int
+    dispatch_index: int
+    next_order: int
+    next_admission: int
+    loader_state: dict[str, Any]
+    ledger: tuple[LedgerRecord, ...]
+    partial: Mapping[str, tuple[Rollout, ...]]
+    spares: tuple[Spare, ...]
+    replay: tuple[ReplayEntry, ...]
+    shortfall: Mapping[int, int]
+    dropped: Mapping[int, tuple[DroppedPrompt, ...]]
+    audit_tail: tuple[AuditRecord, ...]
+    prompts: Mapping[str, Prompt] = field(default_factory=dict)
+    extra: Any = None
+    """What the cut's state function returned under the lock (trainer state, RNG); opaque here."""
+    captured_at: float = 0.0
+    capture_seconds: float = 0.0
+    """How long the lock was held for the in-memory copy."""
+
+
+# ---------------------------------------------------------------------------- owners
+
+
+class Owners:
+    """All owners of a run's prompts and the moves between them, under one lock."""
+
+    def __init__(self, config: RecoveryConfig, source: PromptSource, *, attempt: int = 0):
+        self.config = config
+        self.attempt = attempt
+        self._source = source
+        self._cond = threading.Condition(threading.Lock())
+        self._trainer_step = 0
+        self._sampler = LookaheadSampler(config.lookahead)
+        self._ledger = Ledger()
+        self._spares = SparePool()
+        self._buffer = ReplayBuffer()
+        self._shortfall: dict[int, int] = {}
+        self._dropped: dict[int, list[DroppedPrompt]] = {}
+        self._audit = AuditLog(config.audit_tail)
+        self._next_order = 0
+        self._next_admission = 0
+        self._training: int | None = None
+        self._cuts_waiting = 0
+        self._redispatch: list[str] = []
+        self._restored_reserved: set[str] = set()
+        self.counters = RecoveryCounters()
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def trainer_step(self) -> int:
+        """The next step to train (= steps trained so far)."""
+        return self._trainer_step
+
+    @property
+    def dispatch_index(self) -> int:
+        """The sampler cursor: the last step stamped (-1 before the first admission)."""
+        return self._sampler.dispatch_index
+
+    def in_flight(self) -> list[Dispatch]:
+        """Dispatches for every ADMITTED group, e.g. to resend the work of a lost worker."""
+        with self._cond:
+            return [self._dispatch(r) for r in self._ledger.records() if r.phase is Phase.ADMITTED]
+
+    def step_ready(self) -> bool:
+        """Whether :meth:`begin_step` would succeed now."""
+        with self._cond:
+            return self._training is None and self._ready_problem() is None
+
+    def wait_step_ready(self, timeout: float | None = None) -> bool:
+        """Blocks until the next step can begin (or ``timeout`` seconds pass)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._training is None and self._ready_problem() is None, timeout)
+
+    # ------------------------------------------------------------- loader side
+
+    def take_batch(self) -> list[str]:
+        """Loader -> ledger: takes the next batch as one RESERVED admission; returns its group ids."""
+        with self._cond:
+            return self._take_batch()
+
+    def top_up_spares(self) -> int:
+        """Loader -> spare pool: takes whole batches while a whole batch is missing ('replace' only)."""
+        with self._cond:
+            return self._top_up_spares()
+
+    def admit_next(self, weight_version: int | None = None) -> list[Dispatch]:
+        """RESERVED -> ADMITTED for the oldest waiting batch, if the gate is open."""
+        with self._cond:
+            return self._admit_next(weight_version)
+
+    def pump(self, weight_version: int | None = None) -> list[Dispatch]:
+        """Everything that may be dispatched now, in the order it must go.
+
+        First (once, after a restore) the groups that were ADMITTED at the cut, with their
+        saved ``group_id`` and ``target_step``. Then, while the gate is open: admit the
+        oldest RESERVED batch, top up the spare pool, take the next batch. One batch is
+        always left RESERVED at the gate, so the next admission needs no loader read.
+        """
+        with self._cond:
+            out: list[Dispatch] = []
+            if self._redispatch:
+                for gid in self._redispatch:
+                    rec = self._ledger.get(gid)
+                    if rec is not None and rec.phase is Phase.ADMITTED:
+                        out.append(replace(self._dispatch(rec), relaunch=True))
+                self.counters.groups_relaunched += len(out)
+                self._redispatch = []
+            while True:
+                if not self._ledger.has_reserved():
+                    self._take_batch()
+                admitted = self._admit_next(weight_version)
+                if not admitted:
+                    return out
+                out.extend(admitted)
+                self._top_up_spares()
+
+    def _take_batch(self) -> list[str]:
+        prompts = self._source.next_batch()
+        admission = self._new_admission_id()
+        ids = []
+        for prompt in prompts:
+            gid, order = self._new_group_id()
+            record = LedgerRecord(
+                group_id=gid,
+                admission_id=admission,
+                order=order,
+                idx=prompt.idx,
+                task_name=prompt.task_name,
+                phase=Phase.RESERVED,
+                target_step=None,
+                expected_generations=self.config.group_size,
+                fingerprint=prompt.fingerprint,
+            )
+            self._ledger.put(record, prompt)
+            ids.append(gid)
+        return ids
+
+    def _top_up_spares(self) -> int:
+        if self.config.on_dropped_prompt != "replace":
+            return 0
+        batch = self.config.prompts_per_step
+        taken = 0
+        while len(self._spares) + batch <= self.config.spare_pool_batches * batch:
+            batch_id = self._new_admission_id()
+            for prompt in self._source.next_batch():
+                gid, order = self._new_group_id()
+                spare = Spare(gid, batch_id, order, prompt.idx, prompt.task_name, prompt.fingerprint)
+                self._spares.add(spare, prompt)
+            taken += 1
+        return taken
+
+    def _admit_next(self, weight_version: int | None) -> list[Dispatch]:
+        batch = self._ledger.oldest_reserved()
+        if batch is None or not self._sampler.gate_open(self._trainer_step):
+            return []
+        step = self._sampler.next_stamp
+        if self._buffer.count(step) or self._ledger.count_stamped(step) or self._shortfall.get(step):
+            # The cursor is below stamps already given out: admitting would mix two batches
+            # into one step (and the old code's answer, dropping prompts, loses data).
+            raise AdmissionIntoFinishedStepError(
+                f"admitting {batch[0].admission_id} would stamp it {step}, but step {step} already holds "
+                f"{self._buffer.count(step)} finished and {self._ledger.count_stamped(step)} in-flight groups; "
+                f"the sampler cursor ({self._sampler.dispatch_index}) is behind the stamps; this is a bug, "
+                "not a recoverable state"
+            )
+        self._sampler.stamp()
+        version = self._trainer_step if weight_version is None else weight_version
+        out = []
+        for rec in batch:
+            admitted = rec.admitted(step, version)
+            self._ledger.restamp(admitted)
+            out.append(self._dispatch(admitted))
+            if rec.group_id in self._restored_reserved:
+                self._restored_reserved.discard(rec.group_id)
+                self.counters.groups_relaunched += 1
+        return out
+
+    # --------------------------------------------------------- generation side
+
+    def add_rollout(self, group_id: str, rollout: Rollout) -> FinishedGroup | None:
+        """One rollout of an ADMITTED group finished. The last one finishes the group (see below)."""
+        return self.finish_group(group_id, [rollout], partial_ok=True)
+
+    def finish_group(
+        self, group_id: str, rollouts: Iterable[Rollout], *, partial_ok: bool = False
+    ) -> FinishedGroup | None:
+        """Rollouts of an ADMITTED group finished.
+
+        When the group then has all G rollouts, this is the "group finished" move, as one
+        mutation: the group enters the replay buffer with its rows and leaves the ledger.
+        With ``partial_ok=False`` the rollouts must complete the group.
+        """
+        new = list(rollouts)
+        with self._cond:
+            rec = self._ledger.get(group_id)
+            if rec is None or rec.phase is not Phase.ADMITTED:
+                where = "is RESERVED (not dispatched yet)" if rec is not None else "is not in the ledger"
+                raise UnknownGroupError(
+                    f"rollouts for group {group_id}, which {where}; a late or duplicate result must be ignored"
+                )
+            have = self._ledger.partial(group_id)
+            seen: set[int] = set()
+            for r in new:
+                if r.group_id != group_id:
+                    raise RolloutMismatchError(f"a rollout of group {r.group_id} was handed in for group {group_id}")
+                if not 0 <= r.index < rec.expected_generations:
+                    raise RolloutMismatchError(
+                        f"rollout index {r.index} of group {group_id} is outside 0..{rec.expected_generations - 1}"
+                    )
+                if r.index in have or r.index in seen:
+                    raise RolloutMismatchError(f"rollout {r.index} of group {group_id} was handed in twice")
+                seen.add(r.index)
+            total = len(have) + len(new)
+            if total < rec.expected_generations and not partial_ok:
+                raise RolloutMismatchError(
+                    f"group {group_id} would have {total} of {rec.expected_generations} rollouts; "
+                    "hand in the missing ones or use add_rollout"
+                )
+            for r in new:
+                have[r.index] = r
+            if total < rec.expected_generations:
+                return None
+            _, prompt, rows = self._ledger.remove(group_id)
+            assert rec.target_step is not None
+            group = FinishedGroup(group_id=group_id, prompt=prompt, target_step=rec.target_step, rollouts=rows)
+            self._buffer.add(ReplayEntry(group, rec.admission_id, rec.order, rec.weight_version))
+            self._cond.notify_all()
+            return group
+
+    def drop_group(self, group_id: str, reason: str) -> list[Dispatch]:
+        """Gives up on an ADMITTED group, by the run's ``onDroppedPrompt`` policy.
+
+        ``shrink``: the step trains on one group fewer; the shortfall is kept (and cut) per
+        step; below ``minStepFraction`` this raises :class:`StepTooSmallError` instead.
+        ``replace``: the oldest spare replaces it. If a later step holds a finished group,
+        the furthest such step lends its first group to the short step (re-stamped) and the
+        spare is dispatched with the lender's stamp, so no step waits on new generation;
+        otherwise the spare takes the dropped group's stamp. Borrow, spare reservation and
+        ledger change are one mutation. Returns the spare's dispatch (if any).
+        """
+        with self._cond:
+            rec = self._ledger.get(group_id)
+            if rec is None or rec.phase is not Phase.ADMITTED or rec.target_step is None:
+                raise UnknownGroupError(f"cannot drop group {group_id}: it is not an ADMITTED ledger group")
+            step = rec.target_step
+            dropped = DroppedPrompt(group_id, rec.idx, rec.task_name, reason)
+            use_spare = self.config.on_dropped_prompt == "replace" and len(self._spares) > 0
+            if not use_spare:
+                remaining = self.config.prompts_per_step - self._shortfall.get(step, 0) - 1
+                if remaining < self.config.min_groups_per_step:
+                    raise StepTooSmallError(
+                        f"dropping group {group_id} (idx {rec.idx}, {reason}) would leave step {step} with "
+                        f"{remaining} of {self.config.prompts_per_step} groups, below minStepFraction "
+                        f"{self.config.min_step_fraction}; fix generation or lower spec.preemption.minStepFraction"
+                        + ("; the spare pool is empty" if self.config.on_dropped_prompt == "replace" else "")
+                    )
+                self._ledger.remove(group_id)
+                self._shortfall[step] = self._shortfall.get(step, 0) + 1
+                self._dropped.setdefault(step, []).append(dropped)
+                self.counters.prompts_dropped += 1
+                if self.config.on_dropped_prompt == "replace":
+                    self.counters.replace_fallbacks += 1
+                self._cond.notify_all()
+                return []
+            # replace: everything below is decided before anything changes.
+            lenders = [s for s in self._buffer.steps() if s > step]
+            lender_step = lenders[-1] if lenders else None
+            borrowed = self._buffer.groups(lender_step)[0] if lender_step is not None else None
+            spare_step = lender_step if lender_step is not None else step
+            spare, prompt = self._spares.pop()
+            self._ledger.remove(group_id)
+            if borrowed is not None:
+                self._buffer.restamp(borrowed.group_id, step)
+                self.counters.borrows += 1
+            record = LedgerRecord(
+                group_id=spare.group_id,
+                admission_id=self._new_admission_id(),
+                order=spare.order,
+                idx=spare.idx,
+                task_name=spare.task_name,
+                phase=Phase.ADMITTED,
+                target_step=spare_step,
+                expected_generations=self.config.group_size,
+                weight_version=self._trainer_step,
+                fingerprint=spare.fingerprint,
+            )
+            self._ledger.put(record, prompt)
+            self._dropped.setdefault(step, []).append(dropped)
+            self.counters.prompts_dropped += 1
+            self._cond.notify_all()
+            return [self._dispatch(record)]
+
+    # ------------------------------------------------------------ trainer side
+
+    def _ready_problem(self) -> str | None:
+        step = self._trainer_step
+        if self._sampler.dispatch_index < step:
+            return f"step {step} has not been admitted yet (cursor {self._sampler.dispatch_index})"
+        in_flight = self._ledger.count_stamped(step)
+        if in_flight:
+            return f"step {step} still has {in_flight} groups generating"
+        expected = self.config.prompts_per_step - self._shortfall.get(step, 0)
+        have = self._buffer.count(step)
+        if have != expected:
+            return f"step {step} holds {have} finished groups, expected {expected}"
+        return None
+
+    def begin_step(self) -> list[FinishedGroup]:
+        """The next step's finished groups, in loader order. They stay owned by the replay
+        buffer until :meth:`commit_step`; a cut waits for that commit."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._cuts_waiting == 0)
+            if self._training is not None:
+                raise StepNotReadyError(f"step {self._training} is already being trained")
+            problem = self._ready_problem()
+            if problem is not None:
+                raise StepNotReadyError(problem)
+            self._training = self._trainer_step
+            return [e.group for e in self._buffer.groups(self._trainer_step)]
+
+    def commit_step(self, weight_version: int | None = None) -> AuditRecord:
+        """The optimizer step is done: its groups move to trained; returns the audit record."""
+        with self._cond:
+            step = self._training
+            if step is None:
+                raise StepNotReadyError("commit_step without begin_step")
+            entries = self._buffer.take(step)
+            record = AuditRecord(
+                step=step,
+                attempt=self.attempt,
+                weight_version=step + 1 if weight_version is None else weight_version,
+                group_ids=tuple(e.group_id for e in entries),
+                idxs=tuple(e.group.prompt.idx for e in entries),
+                task_names=tuple(e.group.prompt.task_name for e in entries),
+                dropped=tuple(self._dropped.pop(step, ())),
+            )
+            self._shortfall.pop(step, None)
+            self._audit.append(record)
+            self._trainer_step = step + 1
+            self._training = None
+            self._cond.notify_all()
+            return record
+
+    def abort_step(self) -> None:
+        """The optimizer step failed: its groups stay in the replay buffer for a retry."""
+        with self._cond:
+            self._training = None
+            self._cond.notify_all()
+
+    # -------------------------------------------------------------------- cut
+
+    def capture(self, state_fn: Callable[[], Any] | None = None, *, timeout: float | None = None) -> OwnersSnapshot:
+        """Copies every owner at one instant (the in-memory half of a cut).
+
+        Waits (up to ``timeout`` seconds, else :class:`CutTimeoutError`) for a running
+        optimizer step to commit, and keeps the next one from starting; generation results
+        wait only for the copy itself. ``state_fn`` runs under the lock too: it returns the
+        trainer's state (weights, optimizer, RNG) consistent with ``trainer_step``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._cond.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            raise CutTimeoutError(f"could not take the owners' lock within {timeout} s")
+        try:
+            self._cuts_waiting += 1
+            try:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not self._cond.wait_for(lambda: self._training is None, remaining):
+                    raise CutTimeoutError(
+                        f"step {self._training} was still training when the cut's deadline passed ({timeout} s)"
+                    )
+                t0 = time.perf_counter()
+                records = self._ledger.records()
+                snapshot = OwnersSnapshot(
+                    config=self.config,
+                    attempt=self.attempt,
+                    trainer_step=self._trainer_step,
+                    dispatch_index=self._sampler.dispatch_index,
+                    next_order=self._next_order,
+                    next_admission=self._next_admission,
+                    loader_state=copy.deepcopy(self._source.state_dict()),
+                    ledger=tuple(records),
+                    partial={
+                        r.group_id: tuple(sorted(self._ledger.partial(r.group_id).values(), key=lambda x: x.index))
+                        for r in records
+                        if self._ledger.partial(r.group_id)
+                    },
+                    spares=tuple(self._spares.spares()),
+                    replay=tuple(self._buffer.entries()),
+                    shortfall=dict(self._shortfall),
+                    dropped={s: tuple(d) for s, d in self._dropped.items()},
+                    audit_tail=self._audit.tail(),
+                    prompts={
+                        **{r.group_id: self._ledger.prompt(r.group_id) for r in records},
+                        **{s.group_id: p for s, p in self._spares.items()},
+                    },
+                    extra=state_fn() if state_fn is not None else None,
+                    captured_at=time.time(),
+                )
+                return replace(snapshot, capture_seconds=time.perf_counter() - t0)
+            finally:
+                self._cuts_waiting -= 1
+                self._cond.notify_all()
+        finally:
+            self._cond.release()
+
+    # ---------------------------------------------------------------- restore
+
+    @classmethod
+    def restore(cls, snapshot: OwnersSnapshot, source: PromptSource, *, attempt: int) -> Owners:
+        """Owners rebuilt from a validated snapshot; the loader resumes at the saved position.
+
+        The saved cursor is used as is. The first :meth:`pump` sends the ADMITTED groups
+        again (same ``group_id`` and ``target_step``, finished siblings kept); RESERVED
+        batches then pass the gate again in admission order.
+        """
+        owners = cls(snapshot.config, source, attempt=attempt)
+        source.load_state_dict(copy.deepcopy(snapshot.loader_state))
+        owners._trainer_step = snapshot.trainer_step
+        owners._sampler = LookaheadSampler(snapshot.config.lookahead, snapshot.dispatch_index)
+        owners._next_order = snapshot.next_order
+        owners._next_admission = snapshot.next_admission
+        for rec in sorted(snapshot.ledger, key=lambda r: r.order):
+            partial = tuple(snapshot.partial.get(rec.group_id, ()))
+            owners._ledger.put(rec, snapshot.prompts[rec.group_id], partial)
+            if rec.phase is Phase.ADMITTED:
+                owners._redispatch.append(rec.group_id)
+                owners.counters.rollouts_reused += len(partial)
+            else:
+                owners._restored_reserved.add(rec.group_id)
+        for spare in snapshot.spares:
+            owners._spares.add(spare, snapshot.prompts[spare.group_id])
+        for entry in snapshot.replay:
+            owners._buffer.add(entry)
+        owners._shortfall = dict(snapshot.shortfall)
+        owners._dropped = {s: list(d) for s, d in snapshot.dropped.items()}
+        owners._audit = AuditLog(snapshot.config.audit_tail, snapshot.audit_tail)
+        owners.counters.groups_found = len(snapshot.ledger)
+        owners.counters.finished_found = len(snapshot.replay)
+        return owners
+
+    # ---------------------------------------------------------------- helpers
+
+    def _new_group_id(self) -> tuple[str, int]:
+        order = self._next_order
+        self._next_order += 1
+        return f"g{order}", order
+
+    def _new_admission_id(self) -> str:
+        aid = f"a{self._next_admission}"
+        self._next_admission += 1
+        return aid
+
+    def _dispatch(self, rec: LedgerRecord) -> Dispatch:
+        assert rec.target_step is not None
+        assert rec.weight_version is not None
+        have = self._ledger.partial(rec.group_id)
+        missing = tuple(i for i in range(rec.expected_generations) if i not in have)
+        return Dispatch(rec.group_id, self._ledger.prompt(rec.group_id), rec.target_step, missing, rec.weight_version)
