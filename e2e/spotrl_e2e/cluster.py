@@ -269,12 +269,10 @@ class Cluster:
     ) -> Obj | None:
         """Waits for a pod to reach a phase (``until="Running"``), or for ``until(pod)`` to hold
         (``pod`` is None once the pod is gone)."""
+        check: Callable[[Obj | None], bool]
         if isinstance(until, str):
             phase = until
-
-            def check(p: Obj | None) -> bool:
-                return p is not None and p.get("status", {}).get("phase") == phase
-
+            check = lambda p: p is not None and p.get("status", {}).get("phase") == phase  # noqa: E731
             what = f"pod {namespace}/{name} phase {phase}"
         else:
             check, what = until, f"pod {namespace}/{name} condition"
@@ -296,6 +294,14 @@ class Cluster:
             key=lambda p: p.stat().st_mtime,
         )
         return logs[-1].read_text(errors="replace") if logs else ""
+
+    def pod_pids(self, namespace: str, name: str) -> dict[str, int]:
+        """The process id of each running container of a pod, from the node agent."""
+        for node in self._control("GET", "/nodes"):
+            for pod in node["pods"]:
+                if (pod["namespace"], pod["name"]) == (namespace, name):
+                    return {c: info["pid"] for c, info in pod["containers"].items() if "running" in info["state"]}
+        return {}
 
     # ------------------------------------------------------------------ nodes
     def node(self, name: str) -> Obj:

@@ -152,7 +152,7 @@ class ControlPlane:
         import urllib3
 
         def healthy() -> bool:
-            body = urllib3.request("GET", f"{client}/health", timeout=2).data
+            body = urllib3.request("GET", f"{client}/health", timeout=2, retries=False).data
             return bool(json.loads(body).get("health") == "true")
 
         proc.wait_ready(healthy, 20, "healthy (GET /health)")
