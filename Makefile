@@ -8,7 +8,7 @@ UV      ?= $(shell command -v uv 2>/dev/null || echo $(VENV)/bin/uv)
 EXTRAS  ?= operator,runtime,dev
 PYTEST_ARGS ?=
 
-.PHONY: help install lock generate lint typecheck test test-fast toolchain bench demo cluster-up cluster-down e2e-kind clean
+.PHONY: help install lock generate lint typecheck test test-fast toolchain bench demo cluster-up cluster-down test-cluster e2e-kind clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -38,6 +38,17 @@ lint: install ## ruff (lint and format), mypy, and a check that generated files 
 
 toolchain: ## build etcd, kube-*, kubectl, helm and the S3 server into ~/.cache/spotrl/tools
 	e2e/toolchain/build.sh
+
+CLUSTER_DIR ?= $(or $(TMPDIR),/tmp)/spotrl-cluster
+
+cluster-up: install toolchain ## start the test cluster (etcd, kube-*, node agent) in the background; prints export KUBECONFIG=...
+	PYTHONPATH=e2e $(PY) -m spotrl_e2e.cluster up --dir $(CLUSTER_DIR) $(CLUSTER_ARGS)
+
+cluster-down: ## stop everything cluster-up started (nothing is left running)
+	PYTHONPATH=e2e $(PY) -m spotrl_e2e.cluster down --dir $(CLUSTER_DIR)
+
+test-cluster: install toolchain ## the cluster and S3 tests only (they start and stop their own cluster)
+	$(PY) -m pytest tests/cluster $(PYTEST_ARGS)
 
 test: lint toolchain ## everything CI runs: lint, types, unit, integration, cluster and e2e tests
 	$(PY) -m pytest $(PYTEST_ARGS)

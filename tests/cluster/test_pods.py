@@ -191,3 +191,37 @@ def test_cascade_deletion_removes_children(cluster: Cluster, namespace: str) -> 
         assert time.monotonic() < deadline, "the garbage collector did not remove the ReplicaSet and its pods"
         time.sleep(0.3)
     assert not any(pid_alive(pid) for pid in pids)
+
+
+def test_init_container_runs_first_and_crash_loops_back_off(cluster: Cluster, namespace: str) -> None:
+    """Init containers run to completion before the main one; a main container that keeps
+    failing under restartPolicy Always is restarted with a back-off (CrashLoopBackOff)."""
+    pod = python_pod(
+        "init-then-crash",
+        "import pathlib, sys; print(pathlib.Path(sys.argv[1], 'prepared').read_text()); sys.exit(1)",
+        restart_policy="Always",
+        grace_seconds=1,
+    )
+    pod["spec"]["initContainers"] = [
+        {
+            "name": "prepare",
+            "image": "spotrl-local:dev",
+            "command": ["python", "-c", "import sys; open(sys.argv[1] + '/prepared', 'w').write('ready')", "/data"],
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        }
+    ]
+    cluster.admin().create(path("v1", "pods", namespace), pod)
+
+    def crash_looping(p: dict[str, Any] | None) -> bool:
+        statuses = (p or {}).get("status", {}).get("containerStatuses") or [{}]
+        return statuses[0].get("restartCount", 0) >= 2
+
+    looping = cluster.wait_pod(namespace, "init-then-crash", crash_looping, timeout=40)
+    assert looping is not None
+    status = looping["status"]
+    assert status["phase"] == "Running"
+    (init,) = status["initContainerStatuses"]
+    assert init["state"]["terminated"]["exitCode"] == 0
+    (main,) = status["containerStatuses"]
+    assert main["lastState"]["terminated"]["exitCode"] == 1
+    assert "ready" in cluster.pod_log(namespace, "init-then-crash", "main")
