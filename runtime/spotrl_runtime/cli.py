@@ -12,7 +12,10 @@ import importlib
 import sys
 
 # One line per subcommand module; each module defines `register(subparsers)`.
-COMMAND_MODULES = ("spotrl_runtime.commands.validate",)
+COMMAND_MODULES = (
+    "spotrl_runtime.commands.validate",
+    "spotrl_runtime.commands.ckpt",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

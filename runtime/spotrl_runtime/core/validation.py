@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Protocol
 
 from spotrl_runtime.core.cut_format import (
@@ -71,7 +71,9 @@ class CutCheckError(Exception):
         self.path = path
         self.why = why
         where = f"{location}/{path}" if path else location
-        super().__init__(f"[{self.check}] {where}: {why}" + (f"; {todo}" if todo else ""))
+        self.detail = f"{where}: {why}" + (f"; {todo}" if todo else "")
+        """The message without the check's name."""
+        super().__init__(f"[{self.check}] {self.detail}")
 
 
 _NEWER = "restore from an older cut with `spotrl ckpt list` / --cut, or investigate what wrote this one"
@@ -236,7 +238,8 @@ class ValidatedCut:
     manifest: Manifest
     documents: CutDocuments
     prompts: Mapping[str, Prompt]
-    checks: tuple[str, ...] = field(default=CHECKS)
+    checks: tuple[str, ...] = CHECKS
+    """The checks that ran (those needing an expectation or the dataset run only when given one)."""
 
 
 # ------------------------------------------------------------------------ chain
@@ -254,19 +257,22 @@ def validate_cut(source: CutSource, lookup: PromptLookup | None, expect: Expecta
     manifest = check_manifest(loc, source.read_manifest())
     check_expectations(loc, manifest, expect)
     check_files(loc, manifest, source)
-    docs = decode_documents(
-        loc, manifest, {f.role: source.read(f.path) for f in manifest.files if f.role in OWNER_FILES}
-    )
+    blobs = {f.role: source.read(f.path) for f in manifest.files if f.role in OWNER_FILES}
+    docs = decode_documents(loc, manifest, blobs)
     docs = check_ledger_records(loc, manifest, docs)
     check_group_counts(loc, manifest, docs)
     check_admissions(loc, manifest, docs)
     check_single_owner(loc, manifest, docs)
     check_rollout_rows(loc, manifest, docs)
     check_stamps(loc, manifest, docs)
+    skipped = {"job_identity"} if expect.job is None else set()
+    skipped |= {"config_compatible"} if expect.config is None else set()
+    prompts: dict[str, Prompt] = {}
     if lookup is None:
-        return ValidatedCut(manifest, docs, {}, CHECKS[: CHECKS.index("dataset_size")])
-    prompts = check_prompts(loc, manifest, docs, lookup)
-    return ValidatedCut(manifest, docs, prompts)
+        skipped |= {"dataset_size", "prompt_rebuild", "prompt_fingerprint"}
+    else:
+        prompts = check_prompts(loc, manifest, docs, lookup)
+    return ValidatedCut(manifest, docs, prompts, tuple(c for c in CHECKS if c not in skipped))
 
 
 def check_manifest(loc: str, raw: bytes | None) -> Manifest:

@@ -21,7 +21,9 @@ __all__ = [
     "PromptDataset",
     "Row",
     "collate_for",
+    "describe_dataset",
     "open_dataset",
+    "reopen_dataset",
     "row_fingerprint",
 ]
 
@@ -50,3 +52,37 @@ def open_dataset(spec: DatasetSpec, **s3_options: Any) -> PromptDataset:
 def collate_for(spec: DatasetSpec) -> PromptCollate:
     """The one-row collate for the fields ``spec.dataset`` names."""
     return PromptCollate(task_field=spec.task_field, prompt_field=spec.prompt_field, answer_field=spec.answer_field)
+
+
+def describe_dataset(spec: DatasetSpec, dataset: PromptDataset) -> dict[str, Any]:
+    """What a cut's manifest records about the prompt source, so verify and restore can reopen
+    and check it: the spec's fields plus the row count."""
+    return {
+        "uri": spec.uri,
+        "split": spec.split,
+        "seed": spec.seed,
+        "shuffle": spec.shuffle,
+        "task_field": spec.task_field,
+        "prompt_field": spec.prompt_field,
+        "answer_field": spec.answer_field,
+        "size": len(dataset),
+    }
+
+
+def reopen_dataset(
+    description: dict[str, Any], uri: str | None = None, **s3_options: Any
+) -> tuple[PromptDataset, PromptCollate]:
+    """The dataset and collate a manifest's ``dataset`` describes (``uri`` overrides where it lives)."""
+    from spotrl_runtime.api.rljob import Dataset as DatasetSpec
+
+    fields = {
+        "uri": uri or description["uri"],
+        "split": description.get("split", "train"),
+        "seed": description.get("seed", 0),
+        "shuffle": description.get("shuffle", True),
+        "taskField": description.get("task_field", "task_name"),
+        "promptField": description.get("prompt_field", "prompt"),
+        "answerField": description.get("answer_field", "answer"),
+    }
+    spec = DatasetSpec.model_validate(fields)
+    return open_dataset(spec, **s3_options), collate_for(spec)

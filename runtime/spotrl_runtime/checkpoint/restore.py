@@ -1,0 +1,131 @@
+"""Restore refuses to guess: pick the newest committed cut, validate it, rebuild every owner.
+
+The controller calls :func:`restore_cut` once at start (or :func:`start_or_restore`, which
+starts a new run when the store has no cut yet). Every check of the validation chain is
+a hard error (:class:`~spotrl_runtime.core.validation.CutCheckError` naming the check and
+the file); a cut that fails is never redispatched, and an older cut is used only when the
+caller names it. The restored :class:`~spotrl_runtime.core.owners.Owners` then resends the
+ADMITTED groups first (same ``group_id`` and ``target_step``) on its first ``pump()``, and
+passes RESERVED batches through the gate again, in admission order, with the saved cursor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from spotrl_runtime.checkpoint.layout import newest_committed
+from spotrl_runtime.checkpoint.reader import StorageCutSource
+from spotrl_runtime.checkpoint.trainer_state import TorchSaveFormat, TrainerSnapshot, TrainerStateFormat
+from spotrl_runtime.core.cut_format import Manifest, to_snapshot
+from spotrl_runtime.core.owners import Owners, PromptSource, RecoveryConfig
+from spotrl_runtime.core.types import Prompt
+from spotrl_runtime.core.validation import Expectations, ValidatedCut, validate_cut
+from spotrl_runtime.data.collate import PromptCollate
+from spotrl_runtime.data.dataset import PromptDataset
+from spotrl_runtime.storage import Storage
+
+
+class NoCommittedCutError(RuntimeError):
+    """The store holds no committed cut to restore from."""
+
+
+class DatasetLookup:
+    """``dataset[idx]`` through the one-row collate: how restore and verify rebuild prompts."""
+
+    def __init__(self, dataset: PromptDataset, collate: PromptCollate):
+        self.dataset = dataset
+        self.collate = collate
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def rebuild(self, idx: int) -> Prompt:
+        return self.collate(self.dataset[idx])
+
+
+@dataclass
+class RestoredRun:
+    """What a restore hands the controller: the owners, the trainer's state and the cut it came from."""
+
+    owners: Owners
+    trainer: TrainerSnapshot | None
+    manifest: Manifest
+    cut_id: str
+
+
+def validate_stored_cut(
+    storage: Storage,
+    cut_id: str,
+    lookup: DatasetLookup | None,
+    expect: Expectations | None = None,
+    spool_dir: Path | None = None,
+) -> ValidatedCut:
+    """Runs the validation chain on one stored cut (what ``spotrl ckpt verify`` calls)."""
+    with StorageCutSource(storage, cut_id, spool_dir) as source:
+        return validate_cut(source, lookup, expect)
+
+
+def restore_cut(
+    storage: Storage,
+    *,
+    dataset: PromptDataset,
+    collate: PromptCollate,
+    source: PromptSource,
+    cut_id: str | None = None,
+    expect: Expectations | None = None,
+    attempt: int | None = None,
+    trainer_format: TrainerStateFormat | None = None,
+    load_trainer: bool = True,
+    spool_dir: Path | None = None,
+) -> RestoredRun:
+    """Validates a committed cut (the newest unless ``cut_id`` is given) and rebuilds the run.
+
+    ``source`` is a fresh loader over ``dataset``; it resumes at the cut's position.
+    ``attempt`` defaults to the cut's attempt + 1 (the audit tells attempts apart).
+    """
+    chosen = cut_id or newest_committed(storage)
+    if chosen is None:
+        raise NoCommittedCutError(f"{storage.uri} holds no committed cut (no cuts/<id>/manifest.json)")
+    with StorageCutSource(storage, chosen, spool_dir) as cut:
+        validated = validate_cut(cut, DatasetLookup(dataset, collate), expect)
+        docs = validated.documents
+        snapshot = to_snapshot(docs, validated.prompts)
+        owners = Owners.restore(snapshot, source, attempt=docs.attempt + 1 if attempt is None else attempt)
+        trainer = None
+        if load_trainer and validated.manifest.trainer_format is not None:
+            fmt = trainer_format or TorchSaveFormat()
+            if validated.manifest.trainer_format != fmt.name:
+                raise ValueError(
+                    f"cut {chosen} holds trainer state in format {validated.manifest.trainer_format!r}; "
+                    f"this restore reads {fmt.name!r}"
+                )
+            paths: Mapping[str, Path] = {
+                f.role: cut.local_path(f.path)
+                for f in validated.manifest.files
+                if f.path.startswith(f"{validated.manifest.data_dir}/trainer/")
+            }
+            trainer = fmt.load(paths)
+    return RestoredRun(owners, trainer, validated.manifest, chosen)
+
+
+def start_or_restore(
+    storage: Storage,
+    *,
+    config: RecoveryConfig,
+    dataset: PromptDataset,
+    collate: PromptCollate,
+    source: PromptSource,
+    expect_job: str | None = None,
+) -> RestoredRun | Owners:
+    """A restored run if the store holds a committed cut, else new owners over ``source``."""
+    if newest_committed(storage) is None:
+        return Owners(config, source)
+    return restore_cut(
+        storage,
+        dataset=dataset,
+        collate=collate,
+        source=source,
+        expect=Expectations(job=expect_job, config=config),
+    )

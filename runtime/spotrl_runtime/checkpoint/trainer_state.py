@@ -1,0 +1,165 @@
+"""The trainer's part of a cut: policy weights, optimizer state and RNG states.
+
+Today these are plain ``state_dict``s written with ``torch.save`` (format
+``torch.save/v1``: ``trainer/weights.pt``, ``trainer/optimizer.pt``, ``trainer/rng.pt``).
+A format is just "which files, with which roles, and how to read them back", so a sharded
+``torch.distributed.checkpoint`` format can later list its shard files (role
+``weights-shard``, ...) in the same manifest without touching the cut writer or the
+validation chain, which see only paths, sizes and digests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class TrainerSnapshot:
+    """The trainer's state at one step: CPU copies the trainer no longer mutates."""
+
+    weights: Mapping[str, Any]
+    optimizer: Mapping[str, Any] | None = None
+    rng: Mapping[str, Any] | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    """Small JSON facts (weight_version, model name ...)."""
+
+
+def cpu_copy(obj: Any) -> Any:
+    """A deep copy of a (nested) state_dict with every tensor copied to CPU memory."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, Mapping):
+        return {k: cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [cpu_copy(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(cpu_copy(v) for v in obj)
+    return obj
+
+
+def capture_rng() -> dict[str, Any]:
+    """The process's RNG states: Python's, torch's CPU generator, and every CUDA device's."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    """Puts the RNG states of :func:`capture_rng` back."""
+    random.setstate(_as_tuple(state["python"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def snapshot_trainer(
+    model_state: Mapping[str, Any],
+    optimizer_state: Mapping[str, Any] | None = None,
+    *,
+    meta: Mapping[str, Any] | None = None,
+    with_rng: bool = True,
+) -> TrainerSnapshot:
+    """The usual ``state_fn`` body: CPU copies of the model's and optimizer's state_dicts, plus RNG.
+
+    Call it under the cut's lock (inside the function passed to ``Owners.capture``), so the
+    copy matches the trainer step the cut records; the files are written after the lock
+    is released.
+    """
+    return TrainerSnapshot(
+        weights=cpu_copy(model_state),
+        optimizer=cpu_copy(optimizer_state) if optimizer_state is not None else None,
+        rng=capture_rng() if with_rng else None,
+        meta=dict(meta or {}),
+    )
+
+
+@dataclass(frozen=True)
+class TrainerFile:
+    """One file a trainer format writes: path inside the cut's data folder, role, and a writer."""
+
+    name: str
+    role: str
+    write: Callable[[IO[bytes]], None]
+
+
+class TrainerStateFormat(Protocol):
+    """How a trainer snapshot becomes files of a cut, and back."""
+
+    name: str
+
+    def files(self, snapshot: TrainerSnapshot) -> list[TrainerFile]: ...
+
+    def load(self, paths: Mapping[str, Path]) -> TrainerSnapshot:
+        """Reads a snapshot back from local files, by role."""
+        ...
+
+
+class TorchSaveFormat:
+    """``torch.save/v1``: one file per state_dict, loaded with ``weights_only=True``."""
+
+    name = "torch.save/v1"
+
+    def files(self, snapshot: TrainerSnapshot) -> list[TrainerFile]:
+        out = [TrainerFile("trainer/weights.pt", "weights", _saver(dict(snapshot.weights)))]
+        if snapshot.optimizer is not None:
+            out.append(TrainerFile("trainer/optimizer.pt", "optimizer", _saver(dict(snapshot.optimizer))))
+        if snapshot.rng is not None:
+            out.append(TrainerFile("trainer/rng.pt", "rng", _saver(dict(snapshot.rng))))
+        meta = json.dumps(dict(snapshot.meta), sort_keys=True).encode("utf-8")
+
+        def write_meta(f: IO[bytes]) -> None:
+            f.write(meta)
+
+        out.append(TrainerFile("trainer/meta.json", "trainer_meta", write_meta))
+        return out
+
+    def load(self, paths: Mapping[str, Path]) -> TrainerSnapshot:
+        def load(role: str) -> Any:
+            return torch.load(paths[role], map_location="cpu", weights_only=True) if role in paths else None
+
+        meta = json.loads(paths["trainer_meta"].read_bytes()) if "trainer_meta" in paths else {}
+        return TrainerSnapshot(weights=load("weights"), optimizer=load("optimizer"), rng=load("rng"), meta=meta)
+
+
+def _saver(obj: Any) -> Callable[[IO[bytes]], None]:
+    def write(f: IO[bytes]) -> None:
+        torch.save(obj, f)
+
+    return write
+
+
+class HashingWriter(io.RawIOBase):
+    """A write-only file that hashes and counts what passes through to ``inner``."""
+
+    def __init__(self, inner: IO[bytes]):
+        super().__init__()
+        self.inner = inner
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.sha256.update(view)
+        self.size += len(view)
+        self.inner.write(view)
+        return len(view)
+
+    def flush(self) -> None:
+        self.inner.flush()

@@ -1,0 +1,304 @@
+"""The one cut writer, for periodic and barrier cuts alike.
+
+A cut is written in this order, and exists only once step 4 succeeds:
+
+1. capture: :meth:`Owners.capture` copies every owner under the ownership lock (and the
+   trainer's state, through ``state_fn``). This is the only part that holds the lock.
+2. files: each owner file and each trainer file goes to a fresh folder
+   ``cuts/<id>/<writer>/``; its size and sha256 are computed as it is written.
+3. deadline: a barrier cut that is past its deadline stops here, before committing.
+4. manifest: ``cuts/<id>/manifest.json``, create-only, naming every file with its size and
+   digest, the schema version and the group counts. If another writer committed this id
+   first, the create-only write refuses and this writer stops (:class:`CutConflictError`).
+5. pointer: ``LATEST.json`` names the new cut (only after its manifest exists).
+6. retention: committed cuts beyond the newest ``keep`` are deleted (manifest first), and
+   so are torn folders older than the oldest kept cut.
+
+A crash anywhere before step 4 leaves a torn folder and no cut; the previous committed
+cut is untouched.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal, cast
+
+from spotrl_runtime.checkpoint.layout import (
+    POINTER,
+    cut_dir,
+    cut_id_of,
+    list_cut_folders,
+    manifest_key,
+    read_pointer,
+    seq_of,
+)
+from spotrl_runtime.checkpoint.trainer_state import (
+    HashingWriter,
+    TorchSaveFormat,
+    TrainerFile,
+    TrainerSnapshot,
+    TrainerStateFormat,
+)
+from spotrl_runtime.core.cut_format import (
+    OWNER_FILES,
+    SCHEMA_VERSION,
+    Manifest,
+    ManifestFile,
+    encode_owner_files,
+    snapshot_counts,
+)
+from spotrl_runtime.core.owners import Owners, OwnersSnapshot
+from spotrl_runtime.storage import ObjectExistsError, Storage, StorageError
+
+log = logging.getLogger(__name__)
+
+CutKind = Literal["periodic", "barrier"]
+
+
+class CutError(RuntimeError):
+    """A cut that was not committed; the previous committed cut still stands."""
+
+
+class BarrierDeadlineMissedError(CutError):
+    """A barrier cut could not commit before its deadline; nothing was committed."""
+
+
+class CutConflictError(CutError):
+    """Another writer committed this cut id first: two controllers are writing one job's cuts."""
+
+
+@dataclass(frozen=True)
+class CutRequest:
+    """What kind of cut to take, and (for a barrier) by when it must commit.
+
+    ``deadline`` is a ``time.monotonic()`` instant.
+    """
+
+    kind: CutKind = "periodic"
+    deadline: float | None = None
+    reason: str = ""
+
+    @classmethod
+    def periodic(cls, reason: str = "") -> CutRequest:
+        """A periodic cut: no deadline."""
+        return cls("periodic", None, reason)
+
+    @classmethod
+    def barrier(cls, within_seconds: float, reason: str = "") -> CutRequest:
+        """A barrier cut that must commit within ``within_seconds`` from now."""
+        return cls("barrier", time.monotonic() + within_seconds, reason)
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (None: no deadline)."""
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+
+@dataclass(frozen=True)
+class CommittedCut:
+    """A cut that exists: its id, where it is, its manifest, and how long each part took."""
+
+    cut_id: str
+    uri: str
+    manifest: Manifest
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """Seconds: capture (lock held), files, manifest, pointer, retention, total."""
+    bytes_written: int = 0
+
+
+class CutWriter:
+    """Writes cuts of one job into ``storage`` (the job's root). One cut at a time.
+
+    ``dataset`` describes the prompt source (at least ``uri`` and ``size``); restore
+    compares it with the dataset it is given. ``progress`` is called with each phase name
+    ("captured", "files_written", "committed") for telemetry.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        job: str,
+        dataset: Mapping[str, Any],
+        keep: int = 3,
+        trainer_format: TrainerStateFormat | None = None,
+        spool_dir: Path | None = None,
+        progress: Callable[[str], None] | None = None,
+    ):
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        self.storage = storage
+        self.job = job
+        self.dataset = dict(dataset)
+        self.keep = keep
+        self.trainer_format = trainer_format or TorchSaveFormat()
+        self.spool_dir = spool_dir
+        self.progress = progress
+        self._lock = threading.Lock()
+
+    def write(
+        self,
+        owners: Owners,
+        request: CutRequest,
+        state_fn: Callable[[], TrainerSnapshot | None] | None = None,
+    ) -> CommittedCut:
+        """Captures the owners (and ``state_fn()``'s trainer state) and commits them as a new cut."""
+        t0 = time.perf_counter()
+        with self._lock:
+            snapshot = owners.capture(state_fn, timeout=request.remaining())
+            self._phase("captured")
+            return self._commit(snapshot, request, t0)
+
+    def write_snapshot(self, snapshot: OwnersSnapshot, request: CutRequest) -> CommittedCut:
+        """Commits a snapshot that was captured already (``snapshot.extra`` is the trainer state)."""
+        with self._lock:
+            return self._commit(snapshot, request, time.perf_counter())
+
+    def _phase(self, name: str) -> None:
+        if self.progress is not None:
+            self.progress(name)
+
+    def _commit(self, snapshot: OwnersSnapshot, request: CutRequest, t0: float) -> CommittedCut:
+        timings: dict[str, float] = {"capture": snapshot.capture_seconds}
+        folders = list_cut_folders(self.storage)
+        seq = max((seq_of(f.cut_id) or 0 for f in folders), default=0) + 1
+        cut_id = cut_id_of(seq)
+        writer = f"w{snapshot.attempt}-{uuid.uuid4().hex[:8]}"
+        base = cut_dir(cut_id)
+        files: list[ManifestFile] = []
+        written = 0
+        t = time.perf_counter()
+        try:
+            for role, blob in encode_owner_files(snapshot).items():
+                path = f"{writer}/{OWNER_FILES[role]}"
+                self.storage.put_bytes(f"{base}/{path}", blob)
+                files.append(ManifestFile(path, role, len(blob), hashlib.sha256(blob).hexdigest()))
+                written += len(blob)
+                self._check_deadline(request, cut_id)
+            trainer = snapshot.extra
+            if trainer is not None:
+                if not isinstance(trainer, TrainerSnapshot):
+                    raise CutError(f"state_fn returned {type(trainer).__name__}, not a TrainerSnapshot")
+                for tf in self.trainer_format.files(trainer):
+                    entry = self._put_spooled(f"{base}/{writer}/{tf.name}", tf)
+                    files.append(ManifestFile(f"{writer}/{tf.name}", tf.role, entry[0], entry[1]))
+                    written += entry[0]
+                    self._check_deadline(request, cut_id)
+            timings["files"] = time.perf_counter() - t
+            self._phase("files_written")
+            self._check_deadline(request, cut_id)
+            manifest = Manifest(
+                schema_version=SCHEMA_VERSION,
+                cut_id=cut_id,
+                kind=request.kind,
+                job=self.job,
+                attempt=snapshot.attempt,
+                writer=writer,
+                data_dir=writer,
+                created_at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+                trainer_step=snapshot.trainer_step,
+                dispatch_index=snapshot.dispatch_index,
+                group_counts=snapshot_counts(snapshot),
+                dataset=self.dataset,
+                config=snapshot.config.to_json(),
+                files=tuple(files),
+                trainer_format=self.trainer_format.name if trainer is not None else None,
+                capture_seconds=snapshot.capture_seconds,
+                extra={"reason": request.reason} if request.reason else {},
+            )
+            t = time.perf_counter()
+            manifest_bytes = manifest.to_bytes()
+            try:
+                self.storage.put_bytes(manifest_key(cut_id), manifest_bytes, create_only=True)
+            except ObjectExistsError:
+                raise CutConflictError(
+                    f"cut {cut_id} in {self.storage.uri} was committed by another writer first; two controllers "
+                    "are writing this job's cuts: stop this one"
+                ) from None
+            timings["manifest"] = time.perf_counter() - t
+        except BaseException:
+            self._remove_folder(f"{base}/{writer}/")
+            raise
+        self._phase("committed")
+        t = time.perf_counter()
+        self._update_pointer(cut_id, manifest, hashlib.sha256(manifest_bytes).hexdigest())
+        timings["pointer"] = time.perf_counter() - t
+        t = time.perf_counter()
+        self._apply_retention()
+        timings["retention"] = time.perf_counter() - t
+        timings["total"] = time.perf_counter() - t0
+        log.info("cut %s committed (%s, step %d, %d bytes)", cut_id, request.kind, snapshot.trainer_step, written)
+        return CommittedCut(cut_id, f"{self.storage.uri}/{base}", manifest, timings, written + len(manifest_bytes))
+
+    def _check_deadline(self, request: CutRequest, cut_id: str) -> None:
+        left = request.remaining()
+        if left is not None and left <= 0:
+            raise BarrierDeadlineMissedError(
+                f"barrier cut {cut_id} missed its deadline by {-left:.1f} s; it was not committed "
+                f"(the last committed cut stands)"
+            )
+
+    def _put_spooled(self, key: str, tf: TrainerFile) -> tuple[int, str]:
+        """Serialises one trainer file to a local spool file (hashing as it goes), then uploads it."""
+        with tempfile.TemporaryDirectory(dir=self.spool_dir, prefix="spotrl-cut-") as spool:
+            path = Path(spool) / "file"
+            with open(path, "wb") as f:
+                hashing = HashingWriter(f)
+                tf.write(cast(IO[bytes], hashing))
+                hashing.flush()
+            self.storage.put_file(key, path)
+            return hashing.size, hashing.sha256.hexdigest()
+
+    def _update_pointer(self, cut_id: str, manifest: Manifest, digest: str) -> None:
+        current = read_pointer(self.storage)
+        current_seq = seq_of(str(current.get("cut_id", ""))) if current else None
+        if current_seq is not None and current_seq > (seq_of(cut_id) or 0):
+            return  # never move the pointer back
+        pointer = {
+            "cut_id": cut_id,
+            "kind": manifest.kind,
+            "trainer_step": manifest.trainer_step,
+            "manifest_sha256": digest,
+            "committed_at": manifest.created_at,
+        }
+        try:
+            self.storage.put_bytes(POINTER, json.dumps(pointer, indent=1).encode("utf-8"))
+        except StorageError as err:
+            # The cut is committed; the pointer is only a hint (restore lists manifests).
+            log.warning("cut %s committed but %s was not updated: %s", cut_id, POINTER, err)
+
+    def _apply_retention(self) -> None:
+        folders = list_cut_folders(self.storage)
+        committed = [f for f in folders if f.committed]
+        keep = committed[-self.keep :]
+        if not keep:
+            return
+        oldest_kept = seq_of(keep[0].cut_id) or 0
+        for folder in folders:
+            if folder in keep or (seq_of(folder.cut_id) or 0) >= oldest_kept:
+                continue
+            try:
+                # Manifest first: from that instant the cut no longer exists, even if the
+                # rest of the deletes are interrupted.
+                if folder.committed:
+                    self.storage.delete(manifest_key(folder.cut_id))
+                for key in folder.keys:
+                    self.storage.delete(key)
+            except StorageError as err:
+                log.warning("could not delete old cut %s: %s", folder.cut_id, err)
+
+    def _remove_folder(self, prefix: str) -> None:
+        try:
+            for info in list(self.storage.list(prefix)):
+                self.storage.delete(info.key)
+        except StorageError as err:
+            log.warning("could not clean up %s after a failed cut: %s", prefix, err)

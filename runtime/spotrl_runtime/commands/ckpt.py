@@ -1,0 +1,256 @@
+"""`spotrl ckpt list|verify|inspect URI`: look at a job's cuts without running anything.
+
+URI is a job's checkpoint root (then the newest committed cut is meant) or one cut
+folder (``.../cuts/<id>``), as a local path, ``file://`` or ``s3://bucket/prefix`` URI.
+S3 endpoint and credentials come from the flags or the environment (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``).
+
+``verify`` runs the same validation chain as a restore and exits 0 only for a valid cut;
+otherwise it prints the failed check's name and exits 1 (2 when it cannot even start,
+e.g. the dataset cannot be opened).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("ckpt", help="list, verify and inspect cuts (checkpoints)")
+    cmds = p.add_subparsers(dest="ckpt_command", required=True, metavar="ACTION")
+
+    def common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("uri", help="a job's checkpoint root or one cut folder (path, file:// or s3://)")
+        q.add_argument("--endpoint", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL)")
+        q.add_argument("--region", help="S3 region (default: $AWS_REGION or us-east-1)")
+        q.add_argument("--credentials-dir", help="folder with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY files")
+        q.add_argument("--json", action="store_true", help="machine-readable output")
+
+    q = cmds.add_parser("list", help="every cut of a job: committed or torn, kind, step, size")
+    common(q)
+    q.set_defaults(func=run_list)
+    q = cmds.add_parser("verify", help="run the validation chain on a cut; exit 0 only if it is valid")
+    common(q)
+    q.add_argument("--dataset", help="where the dataset is now, if not where the cut's manifest says")
+    q.add_argument("--job", help="fail unless the cut belongs to this job")
+    q.set_defaults(func=run_verify)
+    q = cmds.add_parser("inspect", help="the owners a cut holds: loader, ledger, replay, spares, cursor, files")
+    common(q)
+    q.set_defaults(func=run_inspect)
+
+
+class _Target:
+    """A resolved URI: the job root's store and the cut meant (None if the job has none)."""
+
+    def __init__(self, args: argparse.Namespace):
+        from spotrl_runtime.checkpoint.layout import CUTS, newest_committed, seq_of
+        from spotrl_runtime.storage import open_storage
+
+        uri = args.uri.rstrip("/")
+        if uri.endswith("/manifest.json"):
+            uri = uri[: -len("/manifest.json")]
+        head, _, last = uri.rpartition("/")
+        parent, _, cuts = head.rpartition("/")
+        options = {"endpoint_url": args.endpoint, "region": args.region, "credentials_dir": args.credentials_dir}
+        if cuts == CUTS and seq_of(last) is not None:
+            self.root = parent or "."
+            self.storage = open_storage(self.root, **options)
+            self.cut_id: str | None = last
+        else:
+            self.root = uri
+            self.storage = open_storage(uri, **options)
+            self.cut_id = None
+        self.named_cut = self.cut_id is not None
+        self.s3_options = options
+        if self.cut_id is None:
+            self.cut_id = newest_committed(self.storage)
+
+
+def _print(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, indent=1, sort_keys=True) if args.json else text)
+
+
+# reserved, admitted (in flight), finished (replay buffer), spares
+_COUNT_TAGS = (("reserved", "R"), ("admitted", "A"), ("replay", "F"), ("spares", "S"))
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from spotrl_runtime.checkpoint.layout import list_cut_folders, manifest_key, read_pointer
+    from spotrl_runtime.storage import StorageError
+
+    target = _Target(args)
+    pointer = (read_pointer(target.storage) or {}).get("cut_id")
+    rows: list[dict[str, Any]] = []
+    for folder in list_cut_folders(target.storage):
+        row: dict[str, Any] = {"cut_id": folder.cut_id, "committed": folder.committed, "size": folder.size}
+        if folder.committed:
+            try:
+                m = json.loads(target.storage.get_bytes(manifest_key(folder.cut_id)))
+                row |= {k: m.get(k) for k in ("kind", "trainer_step", "dispatch_index", "created_at", "group_counts")}
+            except (StorageError, ValueError) as err:
+                row["error"] = str(err)
+        row["latest"] = folder.cut_id == pointer
+        rows.append(row)
+    lines = [f"{'cut':<12} {'state':<10} {'kind':<9} {'step':>6} {'cursor':>6} {'groups':>24} {'bytes':>12}  created"]
+    for r in rows:
+        counts = r.get("group_counts") or {}
+        groups = " ".join(f"{counts.get(k, 0)}{tag}" for k, tag in _COUNT_TAGS)
+        lines.append(
+            f"{r['cut_id']:<12} {'committed' if r['committed'] else 'torn':<10} {r.get('kind') or '-':<9} "
+            f"{r.get('trainer_step', '-')!s:>6} {r.get('dispatch_index', '-')!s:>6} "
+            f"{groups if r['committed'] else '-':>24} {r['size']:>12}  {r.get('created_at') or ''}"
+            + ("  <- LATEST" if r["latest"] else "")
+        )
+    if not rows:
+        lines = [f"{target.storage.uri}: no cuts"]
+    _print(args, {"root": target.storage.uri, "cuts": rows}, "\n".join(lines))
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from spotrl_runtime.checkpoint.restore import DatasetLookup, validate_stored_cut
+    from spotrl_runtime.core.validation import CHECKS, CutCheckError, Expectations, check_manifest
+    from spotrl_runtime.data import DatasetError, reopen_dataset
+    from spotrl_runtime.storage import StorageError
+
+    target = _Target(args)
+    if target.cut_id is None:
+        return _fail(args, None, "manifest_present", f"{target.storage.uri} holds no committed cut", 1)
+    from spotrl_runtime.checkpoint.reader import StorageCutSource
+
+    try:
+        # Open the dataset the (parsed) manifest names; a bad manifest fails here with its check.
+        with StorageCutSource(target.storage, target.cut_id) as source:
+            manifest = check_manifest(source.location, source.read_manifest())
+        try:
+            dataset, collate = reopen_dataset(dict(manifest.dataset), args.dataset, **target.s3_options)
+        except (DatasetError, StorageError, ValueError, KeyError) as err:
+            print(
+                f"cut {target.cut_id}: cannot open the dataset {manifest.dataset.get('uri')!r} to check prompts: "
+                f"{err}; pass --dataset with where it is now",
+                file=sys.stderr,
+            )
+            return 2
+        validated = validate_stored_cut(
+            target.storage, target.cut_id, DatasetLookup(dataset, collate), Expectations(job=args.job)
+        )
+    except CutCheckError as err:
+        return _fail(args, target.cut_id, err.check, err.detail, 1, err.path)
+    except StorageError as err:
+        print(f"cut {target.cut_id}: cannot read it: {err}", file=sys.stderr)
+        return 2
+    checks = list(validated.checks)
+    data = {"cut_id": target.cut_id, "valid": True, "checks": checks, "all_checks": list(CHECKS)}
+    _print(
+        args,
+        data,
+        f"cut {target.cut_id} of {target.storage.uri}: valid (step {validated.manifest.trainer_step}, "
+        f"{len(checks)} checks passed: {', '.join(checks)})",
+    )
+    return 0
+
+
+def _fail(
+    args: argparse.Namespace, cut_id: str | None, check: str, message: str, rc: int, path: str | None = None
+) -> int:
+    if args.json:
+        print(json.dumps({"cut_id": cut_id, "valid": False, "check": check, "path": path, "error": message}, indent=1))
+    else:
+        print(f"cut {cut_id}: FAILED check {check}: {message}", file=sys.stderr)
+    return rc
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    from spotrl_runtime.checkpoint.reader import StorageCutSource
+    from spotrl_runtime.core.cut_format import OWNER_FILES, OwnerFileError, decode_owner_files
+    from spotrl_runtime.core.validation import CutCheckError, check_manifest
+    from spotrl_runtime.data.loader import loader_position
+    from spotrl_runtime.storage import StorageError
+
+    target = _Target(args)
+    if target.cut_id is None:
+        print(f"{target.storage.uri} holds no committed cut", file=sys.stderr)
+        return 1
+    with StorageCutSource(target.storage, target.cut_id) as source:
+        try:
+            manifest = check_manifest(source.location, source.read_manifest())
+            blobs = {f.role: source.read(f.path) for f in manifest.files if f.role in OWNER_FILES}
+            docs = decode_owner_files(blobs)
+        except CutCheckError as err:
+            return _fail(args, target.cut_id, err.check, err.detail, 1, err.path)
+        except (OwnerFileError, StorageError) as err:
+            print(f"cut {target.cut_id}: cannot read its owner files: {err}", file=sys.stderr)
+            return 1
+    pos = loader_position(docs.loader_state)
+    replay = sorted(docs.replay, key=lambda g: (g.target_step, g.order))
+    data: dict[str, Any] = {
+        "cut_id": manifest.cut_id,
+        "uri": source.location,
+        "kind": manifest.kind,
+        "job": manifest.job,
+        "attempt": manifest.attempt,
+        "created_at": manifest.created_at,
+        "schema_version": manifest.schema_version,
+        "trainer_step": docs.trainer_step,
+        "sampler": {"dispatch_index": docs.dispatch_index, "lookahead": docs.config.lookahead},
+        "config": docs.config.to_json(),
+        "dataset": dict(manifest.dataset),
+        "loader": {"epoch": pos.epoch, "offset": pos.offset, "batches": pos.batches},
+        "ledger": docs.ledger_raw,
+        "replay": [
+            {
+                "group_id": g.group_id,
+                "idx": g.idx,
+                "task_name": g.task_name,
+                "target_step": g.target_step,
+                "rollouts": g.rollouts,
+            }
+            for g in replay
+        ],
+        "spare_pool": [s.to_json() for s in docs.spares],
+        "shortfall": {str(k): v for k, v in docs.shortfall.items()},
+        "dropped": {str(k): [d.to_json() for d in v] for k, v in docs.dropped.items()},
+        "group_counts": dict(manifest.group_counts),
+        "audit_tail": [a.to_json() for a in docs.audit_tail],
+        "trainer_format": manifest.trainer_format,
+        "files": [{"path": f.path, "role": f.role, "size": f.size, "sha256": f.sha256} for f in manifest.files],
+    }
+    _print(args, data, _inspect_text(data))
+    return 0
+
+
+def _inspect_text(d: dict[str, Any]) -> str:
+    out = [
+        f"cut {d['cut_id']} ({d['kind']}) of job {d['job'] or '-'}, attempt {d['attempt']}, {d['created_at']}",
+        f"  {d['uri']}",
+        f"trainer step   {d['trainer_step']}",
+        f"sampler cursor {d['sampler']['dispatch_index']} (lookahead {d['sampler']['lookahead']})",
+        f"loader         epoch {d['loader']['epoch']}, offset {d['loader']['offset']}, "
+        f"{d['loader']['batches']} batches yielded ({d['dataset'].get('uri')}, {d['dataset'].get('size')} rows)",
+        f"ledger         {len(d['ledger'])} groups",
+    ]
+    for r in d["ledger"]:
+        out.append(
+            f"  {r.get('group_id')!s:<10} {r.get('phase')!s:<9} step {r.get('target_step')!s:<5} "
+            f"idx {r.get('idx')!s:<8} {r.get('task_name')!s:<12} admission {r.get('admission_id')}"
+        )
+    out.append(f"replay buffer  {len(d['replay'])} finished groups")
+    for g in d["replay"]:
+        out.append(
+            f"  {g['group_id']:<10} step {g['target_step']:<5} idx {g['idx']:<8} {g['task_name']:<12} "
+            f"{g['rollouts']} rollouts"
+        )
+    out.append(
+        f"spare pool     {len(d['spare_pool'])} prompts: "
+        + ", ".join(f"{s['group_id']} (idx {s['idx']})" for s in d["spare_pool"])
+    )
+    if d["shortfall"]:
+        out.append(f"shortfall      {d['shortfall']}")
+    out.append(f"audit tail     {len(d['audit_tail'])} trained steps")
+    out.append("files")
+    for f in d["files"]:
+        out.append(f"  {f['path']:<44} {f['role']:<14} {f['size']:>12}  {f['sha256']}")
+    return "\n".join(out)
