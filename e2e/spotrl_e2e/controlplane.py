@@ -35,8 +35,8 @@ CONTROLLERS = (
     "statefulset-controller",
     "job-controller",
     "ttl-after-finished-controller",
-    "endpoints-controller",
-    "endpointslice-controller",
+    # No endpoints/endpointslice controllers: the API server refuses loopback addresses (our pod
+    # IPs) in Endpoints and EndpointSlices, so those controllers would only retry and warn.
 )
 
 ADMISSION_PLUGINS = (

@@ -94,7 +94,7 @@ build_helm() {
 }
 
 build_versitygw() {
-  GOBIN=$1 go install -trimpath -ldflags "-s -w" \
+  GOBIN=$1 go install -trimpath -ldflags "-s -w -X main.Version=$VERSITYGW_VERSION" \
     "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION"
 }
 
