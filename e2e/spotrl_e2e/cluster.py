@@ -37,7 +37,7 @@ from spotrl_e2e.controlplane import ControlPlane, Timings
 from spotrl_e2e.kube import ApiError, KubeClient, path
 from spotrl_e2e.nodeagent.config import AgentConfig, NodeSpec, Taint
 from spotrl_e2e.procs import Process, StartupError, free_port, stop_pidfile
-from spotrl_e2e.tools import REPO_ROOT, find_tools
+from spotrl_e2e.tools import find_tools
 
 Obj = dict[str, Any]
 
@@ -528,6 +528,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"a cluster may be running in {workdir}: run `make cluster-down` first", file=sys.stderr)
         return 1
     if workdir.exists() and any(workdir.iterdir()):
+        # Only ever wipe a folder an earlier `up` made.
+        if not (workdir / "controlplane.json").exists() and not (workdir / "pki" / "ca.crt").exists():
+            print(f"{workdir} is not empty and holds no earlier test cluster; pick another --dir", file=sys.stderr)
+            return 1
         import shutil
 
         shutil.rmtree(workdir)
@@ -550,5 +554,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.chdir(REPO_ROOT)
     sys.exit(main())
