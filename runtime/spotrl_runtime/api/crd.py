@@ -95,15 +95,14 @@ def structural(schema: dict[str, Any], defs: dict[str, Any], classes: dict[str, 
             for name, sub in props.items():
                 conv = structural(sub, defs, classes)
                 if "default" not in conv and conv.get("type") == "object" and sub.get("$ref"):
-                    # An object with defaults inside defaults to {}, so its fields get theirs.
+                    # An optional object whose fields all have defaults defaults to itself,
+                    # written out in full: the API server checks a default against the
+                    # object's CEL rules, and an empty {} lacks the keys the rules read.
                     ref = sub["$ref"].rsplit("/", 1)[-1]
+                    cls = classes.get(ref)
                     optional = name not in schema.get("required", [])
-                    if (
-                        optional
-                        and ref in classes
-                        and not any(f.is_required() for f in classes[ref].model_fields.values())
-                    ):
-                        conv["default"] = {}
+                    if optional and cls is not None and not any(f.is_required() for f in cls.model_fields.values()):
+                        conv["default"] = cls().model_dump(mode="json", by_alias=True, exclude_none=True)
                 out["properties"][name] = conv
         if schema.get("required"):
             out["required"] = list(schema["required"])
@@ -221,7 +220,11 @@ def reference_markdown() -> str:
     def walk(path: str, s: dict[str, Any], required: bool) -> None:
         if path:
             default = s.get("default")
-            shown = "required" if required else ("" if default is None or default == {} else f"`{json.dumps(default)}`")
+            shown = (
+                "required"
+                if required
+                else ("" if default is None or isinstance(default, dict) else f"`{json.dumps(default)}`")
+            )
             desc = s.get("description", "").replace("|", "\\|").replace("\n", " ")
             rows.append(f"| `{path}` | {_fmt_type(s)} | {shown} | {_fmt_constraints(s)} | {desc} |")
         for v in s.get("x-kubernetes-validations", []):
