@@ -1,21 +1,24 @@
 """The one cut writer, for periodic and barrier cuts alike.
 
-A cut is written in this order, and exists only once step 4 succeeds:
+A cut is written in this order, and exists only once step 5 succeeds:
 
 1. capture: :meth:`Owners.capture` copies every owner under the ownership lock (and the
    trainer's state, through ``state_fn``). This is the only part that holds the lock.
-2. files: each owner file and each trainer file goes to a fresh folder
+2. id and fence: the id is the newest committed cut's + 1. A controller whose attempt is
+   older than the newest cut's writer is stale and stops (:class:`CutConflictError`).
+3. files: each owner file and each trainer file goes to a fresh folder
    ``cuts/<id>/<writer>/``; its size and sha256 are computed as it is written.
-3. deadline: a barrier cut that is past its deadline stops here, before committing.
-4. manifest: ``cuts/<id>/manifest.json``, create-only, naming every file with its size and
+4. deadline: a barrier cut that is past its deadline stops here, before committing.
+5. manifest: ``cuts/<id>/manifest.json``, create-only, naming every file with its size and
    digest, the schema version and the group counts. If another writer committed this id
    first, the create-only write refuses and this writer stops (:class:`CutConflictError`).
-5. pointer: ``LATEST.json`` names the new cut (only after its manifest exists).
-6. retention: committed cuts beyond the newest ``keep`` are deleted (manifest first), and
+6. pointer: ``LATEST.json`` names the new cut (only after its manifest exists); files of
+   other writers under the same id (a crashed or refused writer) are removed.
+7. retention: committed cuts beyond the newest ``keep`` are deleted (manifest first), and
    so are torn folders older than the oldest kept cut.
 
-A crash anywhere before step 4 leaves a torn folder and no cut; the previous committed
-cut is untouched.
+A crash anywhere before step 5 leaves a torn folder and no cut; the previous committed
+cut is untouched, and the next writer reuses the id.
 """
 
 from __future__ import annotations
@@ -169,8 +172,12 @@ class CutWriter:
 
     def _commit(self, snapshot: OwnersSnapshot, request: CutRequest, t0: float) -> CommittedCut:
         timings: dict[str, float] = {"capture": snapshot.capture_seconds}
-        folders = list_cut_folders(self.storage)
-        seq = max((seq_of(f.cut_id) or 0 for f in folders), default=0) + 1
+        committed = [f for f in list_cut_folders(self.storage) if f.committed]
+        self._fence(committed, snapshot.attempt)
+        # The id follows the newest *committed* cut: a torn folder's id is reused (its files
+        # sit in another writer's folder, which the manifest does not name), and two writers
+        # racing for the next cut pick the same id, so the create-only manifest stops one.
+        seq = max((seq_of(f.cut_id) or 0 for f in committed), default=0) + 1
         cut_id = cut_id_of(seq)
         writer = f"w{snapshot.attempt}-{uuid.uuid4().hex[:8]}"
         base = cut_dir(cut_id)
@@ -229,6 +236,9 @@ class CutWriter:
             self._remove_folder(f"{base}/{writer}/")
             raise
         self._phase("committed")
+        # Files of writers that lost this id (crashed, or raced and were refused) can never
+        # be committed now: remove them.
+        self._remove_other_writers(base, writer)
         t = time.perf_counter()
         self._update_pointer(cut_id, manifest, hashlib.sha256(manifest_bytes).hexdigest())
         timings["pointer"] = time.perf_counter() - t
@@ -238,6 +248,30 @@ class CutWriter:
         timings["total"] = time.perf_counter() - t0
         log.info("cut %s committed (%s, step %d, %d bytes)", cut_id, request.kind, snapshot.trainer_step, written)
         return CommittedCut(cut_id, f"{self.storage.uri}/{base}", manifest, timings, written + len(manifest_bytes))
+
+    def _fence(self, committed: list[Any], attempt: int) -> None:
+        """Refuses to cut for a controller older than the one that wrote the newest cut."""
+        if not committed:
+            return
+        newest = committed[-1].cut_id
+        try:
+            newest_attempt = json.loads(self.storage.get_bytes(manifest_key(newest))).get("attempt", 0)
+        except (StorageError, ValueError):
+            return  # an unreadable manifest is restore's business (it names the check)
+        if isinstance(newest_attempt, int) and newest_attempt > attempt:
+            raise CutConflictError(
+                f"cut {newest} in {self.storage.uri} was written by controller attempt {newest_attempt}, "
+                f"this one is attempt {attempt}: a newer controller owns this job; stop this one"
+            )
+
+    def _remove_other_writers(self, base: str, writer: str) -> None:
+        try:
+            for info in list(self.storage.list(f"{base}/")):
+                rest = info.key[len(base) + 1 :]
+                if "/" in rest and not rest.startswith(f"{writer}/"):
+                    self.storage.delete(info.key)
+        except StorageError as err:
+            log.warning("could not remove stale writer files under %s: %s", base, err)
 
     def _check_deadline(self, request: CutRequest, cut_id: str) -> None:
         left = request.remaining()

@@ -11,6 +11,7 @@ the run, and prints what it saw as JSON.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -268,6 +269,16 @@ def main(argv: list[str]) -> int:
         result = continue_a(Run.restore(EXAMPLE_A, DATASET, storage))
     elif action == "resume-b":
         result = continue_b(Run.restore(EXAMPLE_B, DATASET, storage))
+    elif action == "crash-b":
+        # Commit one cut, then die (SIGKILL-like: no cleanup) after the second cut's files
+        # are written and before its manifest is.
+        run = example_b_before_cut(storage)
+        first = run.cut()
+        print(json.dumps({"committed": first.cut_id}), flush=True)
+        assert run.writer is not None
+        run.writer.progress = lambda phase: os._exit(137) if phase == "files_written" else None
+        run.cut("barrier")
+        raise SystemExit("unreachable: the process should have died before committing")
     else:
         raise SystemExit(f"unknown action {action}")
     print(json.dumps(result))

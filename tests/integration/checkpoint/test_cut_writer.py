@@ -1,0 +1,214 @@
+"""The cut writer: commit protocol, crash before the manifest, concurrent writers, deadlines,
+retention, the pointer, and that the ownership lock is not held while files are written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from cut_scenarios import DATASET, EXAMPLE_B, Run, example_b_before_cut, loader_for, rollout
+
+from spotrl_runtime.checkpoint import (
+    BarrierDeadlineMissedError,
+    CutConflictError,
+    CutRequest,
+    CutWriter,
+    list_cut_folders,
+    newest_committed,
+    read_pointer,
+    restore_cut,
+    snapshot_trainer,
+)
+from spotrl_runtime.cli import main as spotrl
+from spotrl_runtime.core.validation import ManifestMissingError
+from spotrl_runtime.data import PromptCollate
+from spotrl_runtime.storage import LocalStorage, Storage, open_storage
+
+SCRIPT = Path(__file__).with_name("cut_scenarios.py")
+
+
+def crash_between_files_and_manifest(storage: Storage, uri: str, env: dict[str, str] | None = None) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "crash-b", uri],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+    assert proc.returncode == 137, proc.stderr
+    committed = json.loads(proc.stdout.splitlines()[0])["committed"]
+    folders = list_cut_folders(storage)
+    assert [(f.cut_id, f.committed) for f in folders] == [(committed, True), ("0000000002", False)]
+    assert len(folders[1].keys) >= 8, "the torn cut's files were written"
+    assert newest_committed(storage) == committed
+    assert read_pointer(storage)["cut_id"] == committed  # type: ignore[index]
+    # The torn cut does not exist: restore takes the committed one; verify names the check.
+    restored = restore_cut(storage, dataset=DATASET, collate=PromptCollate(), source=loader_for(EXAMPLE_B, DATASET))
+    assert restored.cut_id == committed
+    with pytest.raises(ManifestMissingError):
+        restore_cut(
+            storage,
+            dataset=DATASET,
+            collate=PromptCollate(),
+            source=loader_for(EXAMPLE_B, DATASET),
+            cut_id="0000000002",
+        )
+    assert spotrl(["ckpt", "verify", f"{uri}/cuts/0000000002"]) == 1
+    # The next cut reuses the torn id with a fresh writer folder and removes the dead
+    # writer's files once its own manifest is committed.
+    run = Run.restore(EXAMPLE_B, DATASET, storage)
+    cut = run.cut()
+    assert cut.cut_id == "0000000002"
+    writers = {k.split("/")[2] for k in list_cut_folders(storage)[1].keys if not k.endswith("manifest.json")}
+    assert writers == {cut.manifest.writer}
+    assert spotrl(["ckpt", "verify", f"{uri}/cuts/0000000002"]) == 0
+
+
+@pytest.mark.slow
+def test_crash_between_files_and_manifest_local(tmp_path: Path) -> None:
+    crash_between_files_and_manifest(LocalStorage(tmp_path), str(tmp_path))
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_crash_between_files_and_manifest_s3(s3_bucket: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in s3_bucket.env().items():
+        monkeypatch.setenv(k, v)
+    uri = f"s3://{s3_bucket.bucket}/jobs/crash"
+    crash_between_files_and_manifest(open_storage(uri), uri, s3_bucket.env())
+
+
+def concurrent_writers(storage: Storage) -> None:
+    """Two controllers (split brain) cut the same job at once: the manifest's create-only write
+    lets exactly one commit; the other stops with CutConflictError and leaves nothing behind."""
+    runs = [example_b_before_cut(storage), example_b_before_cut(storage)]
+    runs[1].finish("g3")  # the second controller's state differs, so we can tell the winner
+    # Both capture before either lists the cut ids, and both write their files before
+    # either writes its manifest: the worst interleaving.
+    barriers = {"captured": threading.Barrier(2), "files_written": threading.Barrier(2)}
+
+    def rendezvous(phase: str) -> None:
+        if phase in barriers:
+            barriers[phase].wait(10)
+
+    for run in runs:
+        assert run.writer is not None
+        run.writer.progress = rendezvous
+    outcome: dict[int, Any] = {}
+
+    def cut(n: int) -> None:
+        try:
+            outcome[n] = runs[n].cut()
+        except CutConflictError as err:
+            outcome[n] = err
+
+    threads = [threading.Thread(target=cut, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [n for n, o in outcome.items() if not isinstance(o, Exception)]
+    losers = [n for n, o in outcome.items() if isinstance(o, CutConflictError)]
+    assert len(winners) == 1
+    assert len(losers) == 1
+    assert "committed by another writer" in str(outcome[losers[0]])
+    (folder,) = list_cut_folders(storage)
+    won = outcome[winners[0]]
+    assert folder.cut_id == won.cut_id
+    assert {k.split("/")[2] for k in folder.keys if not k.endswith("manifest.json")} == {won.manifest.writer}, (
+        "the loser removed its files"
+    )
+    restored = restore_cut(storage, dataset=DATASET, collate=PromptCollate(), source=loader_for(EXAMPLE_B, DATASET))
+    in_flight = [r.group_id for r in restored.owners.capture().ledger if r.target_step is not None]
+    assert in_flight == ([] if winners[0] == 1 else ["g3"])
+
+
+def test_concurrent_second_writer_local(tmp_path: Path) -> None:
+    concurrent_writers(LocalStorage(tmp_path))
+
+
+@pytest.mark.s3
+def test_concurrent_second_writer_s3(s3_bucket: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in s3_bucket.env().items():
+        monkeypatch.setenv(k, v)
+    concurrent_writers(open_storage(f"s3://{s3_bucket.bucket}/jobs/split-brain"))
+
+
+def test_a_stale_controller_is_fenced_off(tmp_path: Path) -> None:
+    """After a newer controller (a higher attempt) commits a cut, the old one may not cut again."""
+    storage = LocalStorage(tmp_path)
+    old = example_b_before_cut(storage)
+    old.cut()
+    new = Run.restore(EXAMPLE_B, DATASET, storage)
+    assert new.owners.attempt == 1
+    new.cut()
+    with pytest.raises(CutConflictError, match="attempt 1, this one is attempt 0"):
+        old.cut()
+    assert [f.cut_id for f in list_cut_folders(storage)] == ["0000000001", "0000000002"]
+
+
+def test_retention_keeps_the_newest_k_and_the_pointer_follows(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    run = example_b_before_cut(storage)
+    ids = []
+    for _ in range(5):
+        ids.append(run.cut().cut_id)
+        assert read_pointer(storage)["cut_id"] == ids[-1]  # type: ignore[index]
+    assert [f.cut_id for f in list_cut_folders(storage)] == ids[-3:]
+    assert not (tmp_path / "cuts" / ids[0]).exists(), "old cuts leave no empty folders behind"
+
+
+def test_barrier_past_its_deadline_commits_nothing(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    run = example_b_before_cut(storage)
+    assert run.writer is not None
+    first = run.cut()
+    with pytest.raises(BarrierDeadlineMissedError, match="not committed"):
+        run.writer.write(run.owners, CutRequest.barrier(0.0), run.state_fn)
+    assert [(f.cut_id, f.committed) for f in list_cut_folders(storage)] == [(first.cut_id, True)]
+    assert read_pointer(storage)["cut_id"] == first.cut_id  # type: ignore[index]
+
+
+def test_the_lock_is_released_before_files_are_written(tmp_path: Path) -> None:
+    """Generation results keep flowing while a cut writes its (big) files."""
+    storage = LocalStorage(tmp_path)
+    run = example_b_before_cut(storage)
+    big = torch.nn.Linear(2048, 2048)  # 16 MiB of weights
+    moved = threading.Event()
+    in_files = threading.Event()
+
+    def progress(phase: str) -> None:
+        if phase == "captured":
+            in_files.set()
+            assert moved.wait(10), "an ownership move completed while the cut was writing its files"
+
+    writer = CutWriter(storage, job="j", dataset={"uri": DATASET.uri, "size": len(DATASET)}, progress=progress)
+    result: list[Any] = []
+    t = threading.Thread(
+        target=lambda: result.append(
+            writer.write(run.owners, CutRequest.periodic(), lambda: snapshot_trainer(big.state_dict()))
+        )
+    )
+    t.start()
+    assert in_files.wait(10)
+    t0 = time.perf_counter()
+    d = run.inflight["g3"]
+    run.owners.finish_group("g3", [rollout(d, i) for i in d.rollout_indexes])
+    elapsed = time.perf_counter() - t0
+    moved.set()
+    t.join()
+    assert elapsed < 0.5
+    cut = result[0]
+    assert cut.manifest.capture_seconds < 1.0
+    assert cut.manifest.group_counts["admitted"] == 1, "the cut holds the state of its capture instant"
+    weights = cut.manifest.file("weights")
+    assert weights is not None
+    assert weights.size > 16 * 1024 * 1024

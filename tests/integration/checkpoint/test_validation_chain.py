@@ -1,0 +1,299 @@
+"""Every check of the validation chain, on a real cut broken in that way: restore refuses it
+with the named error, and `spotrl ckpt verify` exits non-zero naming the check."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cut_scenarios import DATASET, EXAMPLE_B, example_b_before_cut, loader_for
+
+from spotrl_runtime.checkpoint import restore_cut
+from spotrl_runtime.cli import main as spotrl
+from spotrl_runtime.core import validation as v
+from spotrl_runtime.core.cut_format import (
+    OWNER_FILES,
+    decode_owner_files,
+    decode_rollouts,
+    document_counts,
+    encode_rollouts,
+)
+from spotrl_runtime.core.ledger import LedgerRecord
+from spotrl_runtime.core.owners import RecoveryConfig
+from spotrl_runtime.data import ArithmeticDataset, JsonlDataset, PromptCollate
+from spotrl_runtime.data.dataset import PromptDataset
+from spotrl_runtime.storage import LocalStorage, open_storage
+
+
+class Surgery:
+    """Breaks a committed local cut in precise ways, keeping (or not) its manifest consistent."""
+
+    def __init__(self, root: Path):
+        (self.cut,) = sorted((root / "cuts").iterdir())
+        self.manifest_path = self.cut / "manifest.json"
+        self.m: dict[str, Any] = json.loads(self.manifest_path.read_text())
+
+    def path(self, role: str) -> Path:
+        (entry,) = [f for f in self.m["files"] if f["role"] == role]
+        return self.cut / entry["path"]
+
+    def save_manifest(self) -> None:
+        self.manifest_path.write_text(json.dumps(self.m))
+
+    def replace(self, role: str, data: bytes, *, fix_counts: bool = False) -> None:
+        """New content for an owner file, with the manifest updated to match (a 'consistent' forgery)."""
+        self.path(role).write_bytes(data)
+        for f in self.m["files"]:
+            if f["role"] == role:
+                f["size"] = len(data)
+                f["sha256"] = hashlib.sha256(data).hexdigest()
+        if fix_counts:
+            blobs = {r: self.path(r).read_bytes() for r in OWNER_FILES}
+            docs = decode_owner_files(blobs)
+            docs = type(docs)(**{**docs.__dict__, "ledger": tuple(LedgerRecord.from_json(x) for x in docs.ledger_raw)})
+            self.m["group_counts"] = document_counts(docs)
+        self.save_manifest()
+
+    def edit_json(self, role: str, change: Callable[[Any], None], *, fix_counts: bool = False) -> None:
+        doc = json.loads(self.path(role).read_bytes())
+        change(doc)
+        self.replace(role, json.dumps(doc).encode(), fix_counts=fix_counts)
+
+
+@pytest.fixture
+def cut_root(tmp_path: Path) -> Path:
+    """A committed cut of worked example B (finished, in-flight, reserved and spare groups)."""
+    root = tmp_path / "job"
+    run = example_b_before_cut(LocalStorage(root))
+    run.finish("g3", (0,))  # a partly finished ADMITTED group: one sibling row in the cut
+    run.cut()
+    return root
+
+
+def jsonl_of(rows: list[dict[str, Any]], path: Path) -> str:
+    path.write_text("".join(json.dumps({k: r[k] for k in ("task_name", "prompt", "answer")}) + "\n" for r in rows))
+    return str(path)
+
+
+def swapped_dataset(tmp_path: Path) -> str:
+    """The same rows, but row 3 swapped with a row of the other task: a reordered dataset."""
+    rows = [DATASET[i] for i in range(len(DATASET))]
+    j = next(i for i, r in enumerate(rows) if r["task_name"] != rows[3]["task_name"] and i > 20)
+    rows[3], rows[j] = rows[j], rows[3]
+    return jsonl_of(rows, tmp_path / "reordered.jsonl")
+
+
+def edited_dataset(tmp_path: Path) -> str:
+    """The same rows, but row 3's answer edited (same idx, same task)."""
+    rows = [dict(DATASET[i]) for i in range(len(DATASET))]
+    rows[3]["answer"] = "42"
+    return jsonl_of(rows, tmp_path / "edited.jsonl")
+
+
+def break_orphan(s: Surgery) -> None:
+    (s.path("ledger").parent / "ledger-from-another-run.json").write_bytes(s.path("ledger").read_bytes())
+
+
+def break_flip_byte(s: Surgery) -> None:
+    p = s.path("weights")
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    p.write_bytes(bytes(data))
+
+
+def reserved_with_stamp(doc: Any) -> None:
+    doc["records"][1]["target_step"] = 5
+
+
+def truncate_ledger(doc: Any) -> None:
+    doc["records"].pop()
+
+
+def split_admission(doc: Any) -> None:
+    # g13 ADMITTED (stamp 3) while its batch-mates g12 and g14 stay RESERVED.
+    rec = next(r for r in doc["records"] if r["group_id"] == "g13")
+    rec.update(phase="ADMITTED", target_step=3, weight_version=0)
+
+
+def two_owners(doc: Any) -> None:
+    doc["records"].append(
+        {
+            "group_id": "g0",
+            "admission_id": "a99",
+            "order": 0,
+            "idx": 0,
+            "task_name": DATASET[0]["task_name"],
+            "phase": "ADMITTED",
+            "target_step": 0,
+            "expected_generations": 2,
+            "weight_version": 0,
+            "fingerprint": "",
+        }
+    )
+
+
+def drop_a_row(s: Surgery) -> None:
+    rows = decode_rollouts(s.path("rollouts").read_bytes())
+    rows["g9"] = rows["g9"][:1]
+    s.replace("rollouts", encode_rollouts(list(rows.items())), fix_counts=True)
+
+
+# (check, how to break the cut, extra `verify` args, restore keyword overrides)
+Breaker = Callable[[Surgery, Path], Any]
+CASES: list[tuple[str, Breaker, list[str], dict[str, Any]]] = [
+    ("manifest_present", lambda s, t: s.manifest_path.unlink(), [], {}),
+    ("manifest_parses", lambda s, t: s.manifest_path.write_text("{not json"), [], {}),
+    ("schema_version", lambda s, t: (s.m.update(schema_version=99), s.save_manifest()), [], {}),
+    ("job_identity", lambda s, t: None, ["--job", "other/job"], {"expect": v.Expectations(job="other/job")}),
+    (
+        "config_compatible",
+        lambda s, t: None,
+        None,  # type: ignore[list-item]
+        {"expect": v.Expectations(config=RecoveryConfig(group_size=4, prompts_per_step=3, lookahead=2))},
+    ),
+    ("file_present", lambda s, t: s.path("ledger").unlink(), [], {}),
+    ("file_size", lambda s, t: s.path("rollouts").write_bytes(s.path("rollouts").read_bytes()[:-5]), [], {}),
+    ("file_digest", lambda s, t: break_flip_byte(s), [], {}),
+    ("orphan_file", lambda s, t: break_orphan(s), [], {}),
+    ("owner_file_format", lambda s, t: s.replace("sampler", b"[]"), [], {}),
+    ("ledger_record", lambda s, t: s.edit_json("ledger", reserved_with_stamp), [], {}),
+    ("group_counts", lambda s, t: s.edit_json("ledger", truncate_ledger), [], {}),
+    ("admission_consistent", lambda s, t: s.edit_json("ledger", split_admission, fix_counts=True), [], {}),
+    ("single_owner", lambda s, t: s.edit_json("ledger", two_owners, fix_counts=True), [], {}),
+    ("rollout_rows", lambda s, t: drop_a_row(s), [], {}),
+    (
+        "cursor_covers_stamps",
+        lambda s, t: (
+            s.edit_json("sampler", lambda d: d.update(dispatch_index=1)),
+            s.m.update(dispatch_index=1),
+            s.save_manifest(),
+        ),
+        [],
+        {},
+    ),
+    (
+        "stamp_not_trained",
+        lambda s, t: (
+            s.edit_json("sampler", lambda d: d.update(trainer_step=1)),
+            s.m.update(trainer_step=1),
+            s.save_manifest(),
+        ),
+        [],
+        {},
+    ),
+    ("dataset_size", lambda s, t: None, ["--dataset", "builtin:arithmetic?size=99"], {"dataset": "size99"}),
+    ("prompt_rebuild", lambda s, t: None, ["--dataset", "@reordered"], {"dataset": "reordered"}),
+    ("prompt_fingerprint", lambda s, t: None, ["--dataset", "@edited"], {"dataset": "edited"}),
+]
+
+
+def test_every_check_has_a_case() -> None:
+    assert [c for c, *_ in CASES] == list(v.CHECKS)
+
+
+def _dataset(name: str | None, tmp_path: Path) -> PromptDataset:
+    if name == "size99":
+        return ArithmeticDataset(size=99)
+    if name == "reordered":
+        return JsonlDataset.open(swapped_dataset(tmp_path))
+    if name == "edited":
+        return JsonlDataset.open(edited_dataset(tmp_path))
+    return DATASET
+
+
+@pytest.mark.parametrize(("check", "breaker", "verify_args", "restore_kw"), CASES, ids=[c for c, *_ in CASES])
+def test_a_broken_cut_is_refused_with_the_named_check(
+    check: str,
+    breaker: Breaker,
+    verify_args: list[str] | None,
+    restore_kw: dict[str, Any],
+    cut_root: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    surgery = Surgery(cut_root)
+    breaker(surgery, tmp_path)
+    error = next(e for e in v.ERRORS if e.check == check)
+
+    dataset = _dataset(restore_kw.get("dataset"), tmp_path)
+    with pytest.raises(error) as info:
+        restore_cut(
+            LocalStorage(cut_root),
+            dataset=dataset,
+            collate=PromptCollate(),
+            source=loader_for(EXAMPLE_B, dataset),
+            cut_id=surgery.cut.name,
+            expect=restore_kw.get("expect"),
+        )
+    assert info.value.check == check
+    assert f"[{check}]" in str(info.value)
+    assert surgery.cut.name in str(info.value), "the error names the cut (and file)"
+
+    if verify_args is None:
+        return  # the job's settings are not something `verify` is given
+    args = [
+        {"@reordered": swapped_dataset(tmp_path), "@edited": edited_dataset(tmp_path)}.get(a, a) for a in verify_args
+    ]
+    rc = spotrl(["ckpt", "verify", str(surgery.cut), *args])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert f"FAILED check {check}:" in err
+
+
+def test_the_unbroken_cut_passes_every_check(cut_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert spotrl(["ckpt", "verify", str(cut_root), "--job", "default/scenario", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["valid"] is True
+    assert out["checks"] == [c for c in v.CHECKS if c != "config_compatible"]
+    restored = restore_cut(
+        LocalStorage(cut_root),
+        dataset=DATASET,
+        collate=PromptCollate(),
+        source=loader_for(EXAMPLE_B, DATASET),
+        expect=v.Expectations(job="default/scenario", config=EXAMPLE_B),
+    )
+    assert restored.owners.counters.rollouts_reused == 1
+
+
+def test_a_torn_cut_does_not_exist_and_restore_uses_the_previous_one(tmp_path: Path) -> None:
+    root = tmp_path / "job"
+    run = example_b_before_cut(LocalStorage(root))
+    first = run.cut()
+    second = run.cut()
+    (root / "cuts" / second.cut_id / "manifest.json").unlink()  # as if the writer died before committing
+    restored = restore_cut(
+        LocalStorage(root), dataset=DATASET, collate=PromptCollate(), source=loader_for(EXAMPLE_B, DATASET)
+    )
+    assert restored.cut_id == first.cut_id
+
+
+@pytest.mark.slow
+def test_verify_via_the_installed_command(cut_root: Path) -> None:
+    break_flip_byte(Surgery(cut_root))
+    spotrl_bin = Path(sys.executable).with_name("spotrl")
+    proc = subprocess.run([str(spotrl_bin), "ckpt", "verify", str(cut_root)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "FAILED check file_digest" in proc.stderr
+    assert "trainer/weights.pt" in proc.stderr
+
+
+@pytest.mark.s3
+def test_verify_an_s3_cut(s3_bucket: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    for k, val in s3_bucket.env().items():
+        monkeypatch.setenv(k, val)
+    uri = f"s3://{s3_bucket.bucket}/jobs/b"
+    run = example_b_before_cut(open_storage(uri))
+    cut = run.cut()
+    assert spotrl(["ckpt", "verify", uri]) == 0
+    # Overwrite the ledger with other (valid JSON) content: a stale file.
+    key = f"jobs/b/cuts/{cut.cut_id}/{cut.manifest.file('ledger').path}"  # type: ignore[union-attr]
+    s3_bucket.client().put_object(Bucket=s3_bucket.bucket, Key=key, Body=b'{"records": []}')
+    capsys.readouterr()
+    assert spotrl(["ckpt", "verify", f"{uri}/cuts/{cut.cut_id}"]) == 1
+    assert "FAILED check file_size" in capsys.readouterr().err
