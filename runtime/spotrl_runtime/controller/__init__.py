@@ -1,0 +1,1 @@
+"""The controller process: one per job, tying the recovery core to generation and training."""

@@ -1,0 +1,62 @@
+"""What the controller offers its control surfaces, and what it tells them.
+
+Control surfaces are the things outside the training loop that steer it or watch it: the
+SIGTERM handler, the local HTTP endpoint, and in a cluster the Kubernetes bridge that
+turns the operator's barrier requests (``status.barrier``) into barrier cuts and reports
+steps and cuts back into the RLJob's status. They depend on these two small interfaces
+only, so the controller can run with any set of them (none, for a plain local run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+
+@dataclass(frozen=True)
+class CutInfo:
+    """A committed cut, as a control surface reports it."""
+
+    cut_id: str
+    step: int
+    """Optimizer steps trained when the cut was taken."""
+    uri: str
+    kind: Literal["periodic", "barrier"]
+    committed_at: float
+    """Unix time of the manifest's commit."""
+    seconds: float
+    """From the cut request to the committed manifest."""
+
+
+class BarrierFailed(RuntimeError):
+    """A barrier cut that did not commit (deadline passed, storage error, run already over)."""
+
+
+class Controllable(Protocol):
+    """The controller, as a control surface drives it. Every method is thread-safe."""
+
+    def request_barrier(self, reason: str, deadline: float) -> CutInfo:
+        """Takes a barrier cut that must commit before `deadline` (Unix time) and returns it.
+
+        After it returns the controller makes no more ownership moves (generation may
+        finish in-flight work, but nothing is admitted or trained): the cut is the last
+        word of this controller, and the process waits to be stopped. Raises
+        :class:`BarrierFailed` when the cut cannot commit in time.
+        """
+        ...
+
+
+class StatusSink(Protocol):
+    """Receives what the controller wants the outside world to know. Must not block long."""
+
+    def on_started(self, resumed_from: CutInfo | None) -> None: ...
+
+    def on_step(self, step: int, metrics: dict[str, Any]) -> None:
+        """`step` optimizer steps are trained (the step just committed is ``step - 1``)."""
+        ...
+
+    def on_cut(self, cut: CutInfo) -> None: ...
+
+    def on_finished(self, steps: int) -> None:
+        """Every step is trained; the process exits 0 next."""
+        ...
