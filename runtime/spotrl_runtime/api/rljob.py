@@ -310,9 +310,13 @@ class BarrierStatus(ApiObject):
     node: str | None = Field(default=None, description="The node that is going away.")
     requested_at: str | None = None
     deadline: str | None = Field(default=None, description="RFC 3339 time by which the cut must commit.")
+    attempt: int | None = Field(
+        default=None, ge=1, description="The controller attempt the request is for; any other attempt ignores it."
+    )
     state: Literal["Requested", "Committed", "Missed", "Failed"] = "Requested"
     cut_id: str | None = None
     committed_at: str | None = None
+    message: str | None = Field(default=None, description="Why the barrier failed (set by the controller).")
 
 
 Phase = Literal["Pending", "Running", "Checkpointing", "Rescheduling", "Suspended", "Succeeded", "Failed"]
