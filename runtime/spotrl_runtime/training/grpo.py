@@ -1,0 +1,102 @@
+"""GRPO's arithmetic on tensors: group-relative advantages and the clipped token loss. No I/O.
+
+The loss of a step is a token-level mean over every completion token the step trains on: the
+caller sums :func:`token_loss_terms`'s per-token losses over micro-batches and divides each
+micro-batch's sum by the step's total token count, so micro-batching never changes the gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+ADVANTAGE_EPS = 1e-6
+
+
+def group_advantages(rewards: Sequence[float] | torch.Tensor, eps: float = ADVANTAGE_EPS) -> torch.Tensor:
+    """``(r - mean) / (std + eps)`` within one group (std with Bessel's correction).
+
+    A group whose rewards are all equal has no preference to learn from: its advantages are
+    exactly zero (and :func:`contributes` says to leave it out of the step).
+    """
+    r = torch.as_tensor(rewards, dtype=torch.float64)
+    if r.numel() < 2:
+        raise ValueError(f"a group needs at least 2 rewards for a relative advantage, got {r.numel()}")
+    if not contributes(r):
+        return torch.zeros_like(r, dtype=torch.float32)
+    return ((r - r.mean()) / (r.std(unbiased=True) + eps)).float()
+
+
+def contributes(rewards: Sequence[float] | torch.Tensor) -> bool:
+    """Whether a group's rewards differ at all (a zero-variance group contributes nothing)."""
+    r = torch.as_tensor(rewards, dtype=torch.float64)
+    return bool((r != r[0]).any())
+
+
+@dataclass(frozen=True)
+class LossTerms:
+    """Sums over the masked tokens of one micro-batch (divide by the step's token count)."""
+
+    loss_sum: torch.Tensor
+    """Differentiable: policy-gradient term plus ``kl_coef`` times the KL term."""
+    policy_sum: float
+    kl_sum: float
+    clipped_tokens: int
+    tokens: int
+    ratio_sum: float
+    ratio_max: float
+
+
+def token_loss_terms(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_epsilon: float,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> LossTerms:
+    """PPO-clipped policy loss (and optional k3 KL to a reference) summed over masked tokens.
+
+    ``logprobs`` [B, T] are the current policy's (with grad), ``old_logprobs`` [B, T] the
+    generation-time ones, ``advantages`` [B] one per sequence, ``mask`` [B, T] 1 on completion
+    tokens. Per token: ``-min(ρA, clip(ρ, 1-ε, 1+ε)A)`` with ``ρ = exp(logp - old_logp)``, plus
+    ``kl_coef * (exp(ref - logp) - (ref - logp) - 1)``.
+    """
+    mask_f = mask.to(logprobs.dtype)
+    adv = advantages.to(logprobs.dtype).unsqueeze(-1)
+    # Padding positions may hold anything (even -inf); zero them before exponentiating.
+    log_ratio = torch.where(mask.bool(), logprobs - old_logprobs, torch.zeros_like(logprobs))
+    ratio = log_ratio.exp()
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1 - clip_epsilon, 1 + clip_epsilon) * adv
+    policy_loss = -torch.minimum(unclipped, clipped)
+    loss = policy_loss
+    kl_sum = 0.0
+    if ref_logprobs is not None:
+        delta = torch.where(mask.bool(), ref_logprobs - logprobs, torch.zeros_like(logprobs))
+        kl = delta.exp() - delta - 1
+        loss = loss + kl_coef * kl
+        kl_sum = float((kl.detach() * mask_f).sum())
+    was_clipped = (clipped < unclipped) & mask.bool()
+    masked_ratio = ratio.detach()[mask.bool()]
+    return LossTerms(
+        loss_sum=(loss * mask_f).sum(),
+        policy_sum=float((policy_loss.detach() * mask_f).sum()),
+        kl_sum=kl_sum,
+        clipped_tokens=int(was_clipped.sum()),
+        tokens=int(mask.sum()),
+        ratio_sum=float(masked_ratio.sum()) if masked_ratio.numel() else 0.0,
+        ratio_max=float(masked_ratio.max()) if masked_ratio.numel() else 0.0,
+    )
+
+
+def completion_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Log-probability of each target under ``log_softmax(logits / temperature)``.
+
+    ``logits`` [B, T, V] predict ``targets`` [B, T] (already shifted by one). Computed in float32.
+    """
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,248 @@
+"""The GRPO trainer: one optimizer step per call, over the finished groups stamped for it.
+
+Read top to bottom: advantages per group, rows of (prompt, completion, generation-time
+log-probs, advantage), micro-batches of ``micro_batch_size`` rollouts whose loss sums are
+scaled by the step's token count, gradient clipping, AdamW. The frozen reference for the KL
+term is the policy as the trainer received it (the initial policy); it is rebuilt from the
+policy spec on restore, so :meth:`Trainer.state_dict` does not carry it.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from spotrl_runtime.core.types import FinishedGroup
+from spotrl_runtime.training.grpo import completion_logprobs, contributes, group_advantages, token_loss_terms
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+STATE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The trainer's hyperparameters (``spec.training``, plus the sampling temperature)."""
+
+    learning_rate: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    clip_epsilon: float = 0.2
+    kl_coef: float = 0.0
+    micro_batch_size: int = 8
+    temperature: float = 1.0
+    """The generation temperature: the trainer's log-probs are taken at the same temperature."""
+    seed: int = 0
+    warmup_steps: int = 0
+    """Linear learning-rate warmup over this many steps. A fresh AdamW's first updates move every
+    weight by about the full learning rate whatever its gradient; a warmup keeps them small."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+
+    @classmethod
+    def from_rljob(cls, spec: Any) -> TrainerConfig:
+        """From ``RLJob.spec`` (its ``training`` and ``generation.temperature``)."""
+        t = spec.training
+        return cls(
+            learning_rate=t.learning_rate,
+            weight_decay=t.weight_decay,
+            max_grad_norm=t.max_grad_norm,
+            clip_epsilon=t.clip_epsilon,
+            kl_coef=t.kl_coef,
+            micro_batch_size=t.micro_batch_size,
+            temperature=spec.generation.temperature,
+            seed=t.seed,
+            warmup_steps=getattr(t, "warmup_steps", 0),
+        )
+
+
+@dataclass(frozen=True)
+class _Row:
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    old_logprobs: tuple[float, ...]
+    advantage: float
+
+
+class Trainer:
+    """GRPO on a transformers causal LM. ``step`` counts optimizer steps taken (= weight version)."""
+
+    def __init__(self, model: PreTrainedModel, config: TrainerConfig, *, pad_token_id: int = 0) -> None:
+        torch.manual_seed(config.seed)
+        self.model = model
+        self.config = config
+        self.pad_token_id = pad_token_id
+        self.device = next(model.parameters()).device
+        self.step = 0
+        self.reference: PreTrainedModel | None = None
+        if config.kl_coef > 0:
+            self.reference = copy.deepcopy(model).eval()
+            self.reference.requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=config.learning_rate,
+            betas=config.adam_betas,
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+        )
+
+    # ------------------------------------------------------------------ the step
+
+    def train_step(self, groups: Sequence[FinishedGroup]) -> dict[str, float]:
+        """One optimizer step on ``groups``; returns its metrics.
+
+        Groups whose rewards are all equal contribute nothing (zero advantage). If no group
+        contributes, the weights stay as they are but the step still counts, so the weight
+        version keeps matching the step number.
+        """
+        started = time.monotonic()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = self.compute_gradients(groups)
+        lr = self.learning_rate_at(self.step)
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = lr
+        grad_norm = 0.0
+        if metrics["tokens"]:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        metrics.update(grad_norm=grad_norm, learning_rate=lr, step=float(self.step), seconds=time.monotonic() - started)
+        return metrics
+
+    def compute_gradients(self, groups: Sequence[FinishedGroup]) -> dict[str, float]:
+        """Accumulates the step's loss gradient into ``.grad`` (no optimizer step) and returns the
+        loss metrics. Each micro-batch's loss sum is divided by the step's token count, so the
+        gradient is the same whatever ``micro_batch_size`` is."""
+        rewards = [r.reward for g in groups for r in g.rollouts]
+        rows: list[_Row] = []
+        skipped = 0
+        for group in groups:
+            group_rewards = [r.reward for r in group.rollouts]
+            if len(group_rewards) < 2 or not contributes(group_rewards):
+                skipped += 1
+                continue
+            for rollout, adv in zip(group.rollouts, group_advantages(group_rewards).tolist(), strict=True):
+                if len(rollout.logprobs) != len(rollout.completion_token_ids):
+                    raise ValueError(
+                        f"group {group.group_id} rollout {rollout.index}: {len(rollout.logprobs)} logprobs for "
+                        f"{len(rollout.completion_token_ids)} completion tokens"
+                    )
+                if rollout.completion_token_ids:
+                    rows.append(
+                        _Row(rollout.prompt_token_ids, rollout.completion_token_ids, rollout.logprobs, float(adv))
+                    )
+        total_tokens = sum(len(r.completion_ids) for r in rows)
+        loss_sum = policy_sum = kl_sum = ratio_sum = ratio_max = 0.0
+        clipped = 0
+        self.model.train()
+        try:
+            mb = self.config.micro_batch_size
+            for start in range(0, len(rows), mb):
+                terms = self._micro_batch(rows[start : start + mb])
+                (terms.loss_sum / total_tokens).backward()
+                loss_sum += float(terms.loss_sum.detach())
+                policy_sum += terms.policy_sum
+                kl_sum += terms.kl_sum
+                clipped += terms.clipped_tokens
+                ratio_sum += terms.ratio_sum
+                ratio_max = max(ratio_max, terms.ratio_max)
+        finally:
+            self.model.eval()
+        denom = max(total_tokens, 1)
+        return {
+            "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+            "groups": float(len(groups)),
+            "groups_zero_variance": float(skipped),
+            "rollouts": float(len(rewards)),
+            "tokens": float(total_tokens),
+            "loss": loss_sum / denom,
+            "policy_loss": policy_sum / denom,
+            "kl": kl_sum / denom,
+            "clip_fraction": clipped / denom,
+            "ratio_mean": ratio_sum / denom if total_tokens else 1.0,
+            "ratio_max": ratio_max,
+        }
+
+    def learning_rate_at(self, step: int) -> float:
+        """The learning rate of step ``step`` (0-based): linear warmup, then constant."""
+        if self.config.warmup_steps <= 0:
+            return self.config.learning_rate
+        return self.config.learning_rate * min(1.0, (step + 1) / self.config.warmup_steps)
+
+    def _micro_batch(self, rows: Sequence[_Row]) -> Any:
+        """Right-padded batch → per-token log-probs of the completion tokens → loss terms."""
+        width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        # Targets are shifted by one: position t predicts token t+1.
+        mask = torch.zeros((len(rows), width - 1), dtype=torch.bool)
+        old = torch.zeros((len(rows), width - 1), dtype=torch.float32)
+        for i, r in enumerate(rows):
+            seq = r.prompt_ids + r.completion_ids
+            input_ids[i, : len(seq)] = torch.tensor(seq)
+            attention[i, : len(seq)] = 1
+            first = len(r.prompt_ids) - 1
+            mask[i, first : first + len(r.completion_ids)] = True
+            old[i, first : first + len(r.completion_ids)] = torch.tensor(r.old_logprobs)
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
+        mask, old = mask.to(self.device), old.to(self.device)
+        advantages = torch.tensor([r.advantage for r in rows], device=self.device)
+        targets = input_ids[:, 1:]
+
+        logits = self.model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
+        logprobs = completion_logprobs(logits, targets, self.config.temperature)
+        ref_logprobs = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logits = self.reference(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
+                ref_logprobs = completion_logprobs(ref_logits, targets, self.config.temperature)
+        return token_loss_terms(
+            logprobs,
+            old,
+            advantages,
+            mask,
+            self.config.clip_epsilon,
+            ref_logprobs=ref_logprobs,
+            kl_coef=self.config.kl_coef,
+        )
+
+    # ------------------------------------------------------------------ state
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        """A CPU copy of the policy weights, for the generation workers (weight sync)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed trainer needs: step, model, optimizer and RNG states."""
+        rng: dict[str, Any] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        return {
+            "format": STATE_FORMAT,
+            "step": self.step,
+            "model": self.policy_state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": rng,
+            "config": asdict(self.config),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores :meth:`state_dict`'s output into a trainer built from the same policy spec."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(
+                f"trainer state format {state.get('format')!r} is not {STATE_FORMAT}; it comes from another version"
+            )
+        self.model.load_state_dict(state["model"], strict=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if "cuda" in state["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        self.step = int(state["step"])

@@ -1,0 +1,188 @@
+"""The Trainer on a small random Llama: micro-batching, zero-variance groups, state, determinism."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import make_group, small_llama
+from spotrl_runtime.core.types import FinishedGroup
+from spotrl_runtime.training import Trainer, TrainerConfig
+
+
+def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 0.0) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=atol, rtol=0), name
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_micro_batches_give_the_gradient_of_one_big_batch(groups: list[FinishedGroup], kl_coef: float) -> None:
+    results = []
+    for micro in (64, 5, 1):  # 64 > all rollouts: one batch; 1: no padding at all
+        trainer = Trainer(small_llama(), TrainerConfig(micro_batch_size=micro, kl_coef=kl_coef, temperature=0.8))
+        metrics = trainer.compute_gradients(groups)
+        results.append((_grads(trainer.model), metrics))
+    (big, m_big), (five, m_five), (one, m_one) = results
+    assert big  # the step has gradients at all
+    _assert_same(big, five, atol=1e-6)
+    _assert_same(big, one, atol=1e-6)
+    assert m_big["loss"] == pytest.approx(m_one["loss"], abs=1e-6)
+    assert m_big["tokens"] == m_five["tokens"] == m_one["tokens"]
+
+
+def test_a_zero_variance_group_contributes_nothing(groups: list[FinishedGroup]) -> None:
+    with_flat = Trainer(small_llama(), TrainerConfig(micro_batch_size=4))
+    metrics = with_flat.compute_gradients(groups)
+    without = Trainer(small_llama(), TrainerConfig(micro_batch_size=4))
+    without.compute_gradients([g for g in groups if g.group_id != "c"])
+    _assert_same(_grads(with_flat.model), _grads(without.model), atol=1e-7)
+    assert metrics["groups_zero_variance"] == 1
+    assert metrics["reward_mean"] == pytest.approx(sum(r.reward for g in groups for r in g.rollouts) / 16)
+
+
+def test_a_step_of_only_flat_groups_counts_but_leaves_the_weights() -> None:
+    trainer = Trainer(small_llama(), TrainerConfig(learning_rate=1e-2, weight_decay=0.1))
+    before = _params(trainer.model)
+    metrics = trainer.train_step([make_group("x", [1.0, 1.0]), make_group("y", [0.0, 0.0, 0.0])])
+    _assert_same(before, _params(trainer.model))
+    assert trainer.step == 1
+    assert metrics["step"] == 1
+    assert metrics["tokens"] == 0
+
+
+def test_the_step_moves_probability_from_the_worse_completion_to_the_better() -> None:
+    group = make_group("g", [1.0, 0.0], seed=3)
+    trainer = Trainer(small_llama(), TrainerConfig(learning_rate=1e-4))
+
+    def seq_logprob(index: int) -> float:
+        r = group.rollouts[index]
+        ids = torch.tensor([r.prompt_token_ids + r.completion_token_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(trainer.model(ids).logits[0, :-1], -1)
+        targets = ids[0, 1:]
+        return float(logp[torch.arange(len(targets)), targets][len(r.prompt_token_ids) - 1 :].sum())
+
+    good, bad = seq_logprob(0), seq_logprob(1)
+    metrics = trainer.train_step([group])
+    assert seq_logprob(0) > good
+    assert seq_logprob(0) - seq_logprob(1) > good - bad
+    assert metrics["grad_norm"] > 0
+    assert metrics["learning_rate"] == 1e-4
+
+
+def test_ratio_and_clip_metrics_reflect_stale_logprobs() -> None:
+    # Generation-time log-probs far below the policy's: ratios > 1 + eps, clipped for A > 0.
+    group = make_group("g", [1.0, 0.0, 1.0, 0.0], logprob=lambda i: -30.0)
+    metrics = Trainer(small_llama(), TrainerConfig(clip_epsilon=0.2)).train_step([group])
+    assert metrics["ratio_max"] > 1.2
+    assert 0 < metrics["clip_fraction"] < 1
+
+
+def test_kl_is_zero_at_the_start_and_grows_as_the_policy_moves(groups: list[FinishedGroup]) -> None:
+    trainer = Trainer(small_llama(), TrainerConfig(learning_rate=1e-2, kl_coef=0.5))
+    first = trainer.train_step(groups)
+    assert first["kl"] == pytest.approx(0.0, abs=1e-7)
+    later = [trainer.train_step(groups) for _ in range(3)][-1]
+    assert later["kl"] > 1e-4
+    # The reference did not move.
+    assert trainer.reference is not None
+    _assert_same(_params(trainer.reference), _params(small_llama()))
+
+
+def test_training_is_deterministic_given_the_seed(groups: list[FinishedGroup]) -> None:
+    runs = []
+    for _ in range(2):
+        trainer = Trainer(small_llama(), TrainerConfig(learning_rate=1e-3, micro_batch_size=3, seed=7))
+        for _ in range(3):
+            trainer.train_step(groups)
+        runs.append(_params(trainer.model))
+    _assert_same(runs[0], runs[1])
+
+
+def test_state_dict_resumes_exactly(groups: list[FinishedGroup]) -> None:
+    config = TrainerConfig(learning_rate=1e-3, weight_decay=0.01, kl_coef=0.1, micro_batch_size=4, seed=3)
+    trainer = Trainer(small_llama(), config)
+    trainer.train_step(groups)
+    trainer.train_step(groups[:2])
+    saved = copy.deepcopy(trainer.state_dict())
+    expected_metrics = trainer.train_step(groups)
+    expected = _params(trainer.model)
+
+    resumed = Trainer(small_llama(), config)  # rebuilt from the same policy spec
+    resumed.load_state_dict(saved)
+    assert resumed.step == 2
+    metrics = resumed.train_step(groups)
+    _assert_same(expected, _params(resumed.model))
+    assert metrics["loss"] == expected_metrics["loss"]
+    assert resumed.step == 3
+
+
+def test_state_dict_restores_the_rng() -> None:
+    trainer = Trainer(small_llama(), TrainerConfig())
+    state = trainer.state_dict()
+    expected = torch.rand(3)
+    torch.rand(5)  # move the generator on
+    trainer.load_state_dict(state)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_state_dict_of_another_format_is_refused() -> None:
+    trainer = Trainer(small_llama(), TrainerConfig())
+    state = trainer.state_dict()
+    state["format"] = 99
+    with pytest.raises(ValueError, match="format"):
+        trainer.load_state_dict(state)
+
+
+def test_policy_state_dict_is_a_detached_cpu_copy() -> None:
+    trainer = Trainer(small_llama(), TrainerConfig(learning_rate=1e-2))
+    weights = trainer.policy_state_dict()
+    snapshot = {k: v.clone() for k, v in weights.items()}
+    trainer.train_step([make_group("g", [1.0, 0.0])])
+    _assert_same(weights, snapshot)  # later steps do not write into what was sent
+    assert all(v.device.type == "cpu" and not v.requires_grad for v in weights.values())
+    assert set(weights) == set(trainer.model.state_dict())
+
+
+def test_mismatched_logprobs_are_an_error() -> None:
+    group = make_group("g", [1.0, 0.0])
+    broken = group.rollouts[0].__class__(**{**group.rollouts[0].__dict__, "logprobs": (-1.0,) * 9})
+    bad = FinishedGroup("g", group.prompt, 0, (broken, group.rollouts[1]))
+    with pytest.raises(ValueError, match="9 logprobs"):
+        Trainer(small_llama(), TrainerConfig()).train_step([bad])
+
+
+def test_warmup_ramps_the_learning_rate() -> None:
+    trainer = Trainer(small_llama(), TrainerConfig(learning_rate=1e-3, warmup_steps=4))
+    assert [trainer.learning_rate_at(s) for s in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+
+
+def test_config_from_the_rljob_spec() -> None:
+    from spotrl_runtime.api.rljob import parse_spec
+
+    spec = parse_spec(
+        {
+            "policy": {"model": "builtin:tiny-arith"},
+            "dataset": {"uri": "builtin:arithmetic"},
+            "reward": {"name": "arithmetic_exact"},
+            "training": {"totalSteps": 5, "learningRate": 3e-4, "microBatchSize": 4, "klCoef": 0.05, "seed": 9},
+            "generation": {"temperature": 0.9},
+        }
+    )
+    config = TrainerConfig.from_rljob(spec)
+    assert (config.learning_rate, config.micro_batch_size, config.kl_coef, config.seed) == (3e-4, 4, 0.05, 9)
+    assert config.temperature == 0.9
+    assert config.clip_epsilon == 0.2
+    assert TrainerConfig.from_rljob(SimpleNamespace(training=spec.training, generation=spec.generation)) == config
