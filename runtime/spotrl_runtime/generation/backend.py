@@ -1,0 +1,85 @@
+"""The one generation interface, and how a worker builds its backend from a picklable spec."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from spotrl_runtime.generation.types import GenerationRequest, GroupGenerated
+
+if TYPE_CHECKING:
+    import torch
+
+
+class GenerationBackend(ABC):
+    """Generates groups of samples with one set of policy weights at a time.
+
+    ``weight_version`` is the version last given to :meth:`load_weights` (0: the initial
+    weights); every :class:`GroupGenerated` carries the version that produced all its samples.
+    """
+
+    weight_version: int = 0
+
+    @abstractmethod
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GroupGenerated]:
+        """One result per request, in order. Raises if the batch cannot be generated."""
+
+    @abstractmethod
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Replaces the policy weights in place (names as in the trainer's ``state_dict()``)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Releases what the backend holds (GPU memory, engine processes)."""
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """What a generation worker needs to build its backend; picklable, so it travels to Ray actors."""
+
+    kind: Literal["transformers", "vllm"]
+    model: str
+    """``spec.policy.model``: builtin:<name>, a local folder or an s3:// URI."""
+    dtype: str = "float32"
+    device: str = "cpu"
+    """transformers: the torch device. vLLM always runs on the GPU Ray gives the worker."""
+    torch_threads: int = 0
+    """transformers on CPU: intra-op threads (0 leaves torch's default)."""
+    max_batch_rows: int = 256
+    """transformers: samples decoded together at most (groups are never split)."""
+    gpu_memory_utilization: float = 0.85
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    seed: int = 0
+
+    @classmethod
+    def from_rljob(cls, spec: Any, *, device: str | None = None) -> BackendSpec:
+        """The spec for ``RLJob.spec``'s generation backend and policy."""
+        gen = spec.generation
+        return cls(
+            kind=gen.backend,
+            model=spec.policy.model,
+            dtype=spec.policy.dtype if gen.backend == "transformers" else _vllm_dtype(spec.policy.dtype),
+            device=device or "cpu",
+            gpu_memory_utilization=gen.gpu_memory_utilization,
+            seed=spec.training.seed,
+        )
+
+
+def _vllm_dtype(trainer_dtype: str) -> str:
+    # The trainer's float32 master weights are served in bfloat16 by vLLM.
+    return "bfloat16" if trainer_dtype == "float32" else trainer_dtype
+
+
+def build_backend(spec: BackendSpec) -> GenerationBackend:
+    """Builds the backend ``spec`` names, loading the policy (vLLM is imported only here)."""
+    if spec.kind == "transformers":
+        from spotrl_runtime.generation.transformers_backend import TransformersBackend
+
+        return TransformersBackend.from_spec(spec)
+    if spec.kind == "vllm":
+        from spotrl_runtime.generation.vllm_backend import VLLMBackend
+
+        return VLLMBackend.from_spec(spec)
+    raise ValueError(f"generation.backend: {spec.kind!r} is not one of 'transformers', 'vllm'")

@@ -1,0 +1,83 @@
+"""What crosses the generation boundary: one request per group, one outcome per group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FINISH_STOP = "stop"
+"""The sample ended with the end-of-sequence token (which is part of its completion ids)."""
+FINISH_LENGTH = "length"
+"""The sample reached ``max_new_tokens``."""
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """Generate ``n`` samples (one group) for one prompt.
+
+    ``seed`` fixes the sampling of this group: the same weights, request and seed give the
+    same samples on the transformers backend (vLLM: the same up to kernel non-determinism).
+    """
+
+    group_id: str
+    prompt_token_ids: tuple[int, ...]
+    n: int
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError(f"group {self.group_id}: prompt_token_ids is empty")
+        if self.n < 1 or self.max_new_tokens < 1:
+            raise ValueError(f"group {self.group_id}: n and max_new_tokens must be >= 1")
+        if not self.temperature > 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"group {self.group_id}: temperature must be > 0 and top_p in (0, 1]")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One generated completion with the log-probability of each of its tokens.
+
+    ``logprobs[i]`` is the log-probability of ``completion_token_ids[i]`` under the
+    distribution it was sampled from: the policy's logits divided by the temperature, restricted
+    to the top-p nucleus and renormalised. The trainer's importance ratio is taken against these.
+    """
+
+    completion_token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str
+    text: str
+
+
+@dataclass(frozen=True)
+class GroupGenerated:
+    """All ``n`` samples of a group, and the weight version that generated every one of them."""
+
+    group_id: str
+    prompt_token_ids: tuple[int, ...]
+    samples: tuple[Sample, ...]
+    weight_version: int
+    worker: str = ""
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class GroupFailed:
+    """Generation of the group raised; the controller may retry it (up to ``maxRetries``) or drop it."""
+
+    group_id: str
+    error: str
+    worker: str = ""
+
+
+@dataclass(frozen=True)
+class GroupLost:
+    """The worker holding the group died before answering; redispatch it, nothing else is needed."""
+
+    group_id: str
+    worker: str
+    reason: str
+
+
+GroupOutcome = GroupGenerated | GroupFailed | GroupLost

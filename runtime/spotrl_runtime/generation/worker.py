@@ -1,0 +1,71 @@
+"""A generation worker: one backend behind the methods a Ray actor exposes.
+
+The class is plain Python (tested directly); :class:`~.pool.GenerationPool` runs it as a Ray
+actor with ``ray.remote(GenerationWorker)``. Ray runs an actor's calls one at a time in the
+order one caller sent them, so a ``load_weights`` sent after some ``generate`` calls takes
+effect exactly between them, and each result says which weight version produced it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from spotrl_runtime.generation.backend import BackendSpec, GenerationBackend, build_backend
+from spotrl_runtime.generation.types import GenerationRequest, GroupFailed, GroupGenerated
+
+if TYPE_CHECKING:
+    import torch
+
+
+class GenerationWorker:
+    """Wraps a backend; reports a failure per group instead of failing the whole call."""
+
+    def __init__(self, spec: BackendSpec, worker_id: str, backend: GenerationBackend | None = None) -> None:
+        self.worker_id = worker_id
+        self.spec = spec
+        self.backend = backend if backend is not None else build_backend(spec)
+        self.started = time.time()
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GroupGenerated | GroupFailed]:
+        """One outcome per request, in order. If the batch raises, each group is retried alone so
+        that one bad group fails by itself and the others still come back generated."""
+        try:
+            return [self._stamp(r) for r in self.backend.generate(requests)]
+        except Exception:
+            if len(requests) == 1:
+                return [GroupFailed(requests[0].group_id, traceback.format_exc(limit=8), self.worker_id)]
+        outcomes: list[GroupGenerated | GroupFailed] = []
+        for request in requests:
+            outcomes.extend(self.generate([request]))
+        return outcomes
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> int:
+        """Loads new policy weights; returns the version now in use."""
+        self.backend.load_weights(state_dict, version)
+        return self.backend.weight_version
+
+    def weight_version(self) -> int:
+        return self.backend.weight_version
+
+    def info(self) -> dict[str, Any]:
+        """Where the worker runs, for logs and metrics (also a cheap readiness probe)."""
+        return {
+            "worker": self.worker_id,
+            "kind": self.spec.kind,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "weight_version": self.backend.weight_version,
+        }
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def _stamp(self, result: GroupGenerated) -> GroupGenerated:
+        from dataclasses import replace
+
+        return replace(result, worker=self.worker_id)

@@ -1,0 +1,178 @@
+"""The transformers backend on the demo policy: samples, log-probs, seeds, weights, the worker."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+from spotrl_runtime.generation import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    BackendSpec,
+    GenerationRequest,
+    GroupFailed,
+    GroupGenerated,
+    build_backend,
+    sampling_logprobs,
+)
+from spotrl_runtime.generation.transformers_backend import TransformersBackend
+from spotrl_runtime.generation.worker import GenerationWorker
+
+PROMPTS = ["3+4=", "9-2=", "7+8=", "5+5=", "6-6="]
+
+
+@pytest.fixture
+def backend(tiny_arith: tuple[Any, Any]) -> TransformersBackend:
+    model, tok = tiny_arith
+    return TransformersBackend(copy.deepcopy(model), tok)
+
+
+def _requests(tok: Any, n: int = 8, max_new_tokens: int = 8, **kw: Any) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(f"g{i}", tuple(tok(p)["input_ids"]), n=n, max_new_tokens=max_new_tokens, seed=i, **kw)
+        for i, p in enumerate(PROMPTS)
+    ]
+
+
+def _forward_logprobs(
+    model: Any, prompt: tuple[int, ...], completion: tuple[int, ...], temperature: float, top_p: float
+) -> list[float]:
+    """The log-probs of ``completion`` from one plain forward pass, under the sampling distribution."""
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1]
+    n = logits.shape[0]
+    dist = sampling_logprobs(logits, torch.full((n,), temperature), torch.full((n,), top_p))
+    return dist[torch.arange(n), torch.tensor(completion)].tolist()
+
+
+def test_each_group_gets_n_samples_in_request_order(backend: TransformersBackend) -> None:
+    tok = backend.tokenizer
+    results = backend.generate(_requests(tok, n=6))
+    assert [r.group_id for r in results] == [f"g{i}" for i in range(len(PROMPTS))]
+    for result, prompt in zip(results, PROMPTS, strict=True):
+        assert result.prompt_token_ids == tuple(tok(prompt)["input_ids"])
+        assert len(result.samples) == 6
+        assert result.weight_version == 0
+        for s in result.samples:
+            assert len(s.logprobs) == len(s.completion_token_ids) > 0
+            assert all(lp <= 0 for lp in s.logprobs)
+            assert s.text == tok.decode(list(s.completion_token_ids), skip_special_tokens=True)
+            if s.finish_reason == FINISH_STOP:
+                assert s.completion_token_ids[-1] == tok.eos_token_id
+                assert tok.eos_token_id not in s.completion_token_ids[:-1]
+            else:
+                assert len(s.completion_token_ids) == 8
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.6, 1.0), (1.7, 1.0), (1.0, 0.8)])
+def test_logprobs_match_a_separate_forward_pass(backend: TransformersBackend, temperature: float, top_p: float) -> None:
+    results = backend.generate(_requests(backend.tokenizer, n=8, temperature=temperature, top_p=top_p))
+    checked = 0
+    for result in results:
+        for s in result.samples:
+            expected = _forward_logprobs(
+                backend.model, result.prompt_token_ids, s.completion_token_ids, temperature, top_p
+            )
+            assert s.logprobs == pytest.approx(expected, abs=1e-4)
+            checked += 1
+    assert checked == 8 * len(PROMPTS)
+
+
+def test_the_seed_fixes_a_group_whatever_shares_its_batch(backend: TransformersBackend) -> None:
+    reqs = _requests(backend.tokenizer, n=8, temperature=1.5)
+    alone = backend.generate([reqs[2]])[0]
+    together = backend.generate(reqs)[2]
+    assert [s.completion_token_ids for s in alone.samples] == [s.completion_token_ids for s in together.samples]
+    reseeded = backend.generate([GenerationRequest("g2", reqs[2].prompt_token_ids, 8, 8, 1.5, seed=12345)])[0]
+    assert [s.completion_token_ids for s in reseeded.samples] != [s.completion_token_ids for s in alone.samples]
+
+
+def test_max_new_tokens_ends_samples_with_finish_length(backend: TransformersBackend) -> None:
+    results = backend.generate(_requests(backend.tokenizer, n=4, max_new_tokens=1))
+    for s in (s for r in results for s in r.samples):
+        assert len(s.completion_token_ids) == 1
+        # One token: a digit (length) unless the model stopped at once.
+        assert s.finish_reason == (
+            FINISH_STOP if s.completion_token_ids[0] == backend.tokenizer.eos_token_id else FINISH_LENGTH
+        )
+
+
+def test_groups_beyond_max_batch_rows_are_split_but_stay_in_order(tiny_arith: tuple[Any, Any]) -> None:
+    model, tok = tiny_arith
+    small = TransformersBackend(model, tok, max_batch_rows=10)
+    big = TransformersBackend(model, tok, max_batch_rows=1000)
+    reqs = _requests(tok, n=4)
+    a, b = small.generate(reqs), big.generate(reqs)
+    assert [r.group_id for r in a] == [r.group_id for r in reqs]
+    assert [[s.completion_token_ids for s in r.samples] for r in a] == [
+        [s.completion_token_ids for s in r.samples] for r in b
+    ]
+
+
+def test_load_weights_changes_outputs_and_the_version_stamp(backend: TransformersBackend) -> None:
+    reqs = _requests(backend.tokenizer, n=8)
+    before = backend.generate(reqs)
+    weights = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    with torch.no_grad():
+        torch.manual_seed(0)
+        for name, tensor in weights.items():
+            if tensor.dtype.is_floating_point and "norm" not in name:
+                tensor.add_(torch.randn_like(tensor) * 0.2)
+    backend.load_weights(weights, version=7)
+    after = backend.generate(reqs)
+    assert backend.weight_version == 7
+    assert all(r.weight_version == 7 for r in after)
+    assert [s.completion_token_ids for r in after for s in r.samples] != [
+        s.completion_token_ids for r in before for s in r.samples
+    ]
+    # The recorded log-probs are those of the new weights.
+    s = after[0].samples[0]
+    expected = _forward_logprobs(backend.model, after[0].prompt_token_ids, s.completion_token_ids, 1.0, 1.0)
+    assert s.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_load_weights_is_strict(backend: TransformersBackend) -> None:
+    weights = dict(backend.model.state_dict())
+    weights.pop(next(iter(weights)))
+    with pytest.raises(RuntimeError, match="Missing key"):
+        backend.load_weights(weights, version=1)
+    assert backend.weight_version == 0
+
+
+def test_build_backend_from_a_spec() -> None:
+    backend = build_backend(BackendSpec(kind="transformers", model="builtin:tiny-arith"))
+    assert isinstance(backend, TransformersBackend)
+    with pytest.raises(ValueError, match=r"generation\.backend"):
+        build_backend(BackendSpec(kind="tpu", model="builtin:tiny-arith"))  # type: ignore[arg-type]
+
+
+def test_the_worker_reports_a_failing_group_alone(tiny_arith: tuple[Any, Any]) -> None:
+    model, tok = tiny_arith
+    worker = GenerationWorker(
+        BackendSpec(kind="transformers", model="builtin:tiny-arith"), "w0", TransformersBackend(model, tok)
+    )
+    good = _requests(tok, n=2)[:2]
+    bad = GenerationRequest("bad", (1, 10_000), n=2, max_new_tokens=4)  # an id outside the vocabulary
+    outcomes = worker.generate([good[0], bad, good[1]])
+    assert [o.group_id for o in outcomes] == ["g0", "bad", "g1"]
+    assert isinstance(outcomes[0], GroupGenerated)
+    assert isinstance(outcomes[2], GroupGenerated)
+    assert isinstance(outcomes[1], GroupFailed)
+    assert "IndexError" in outcomes[1].error
+    assert outcomes[1].worker == "w0"
+    assert outcomes[0].worker == "w0"
+    assert worker.info()["weight_version"] == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"n": 0}, {"max_new_tokens": 0}, {"temperature": 0.0}, {"top_p": 0.0}, {"top_p": 1.5}, {"prompt_token_ids": ()}],
+)
+def test_requests_are_validated(kwargs: dict[str, Any]) -> None:
+    base: dict[str, Any] = {"group_id": "g", "prompt_token_ids": (1, 2), "n": 2, "max_new_tokens": 4}
+    with pytest.raises(ValueError, match="group g"):
+        GenerationRequest(**{**base, **kwargs})
