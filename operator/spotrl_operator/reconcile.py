@@ -27,6 +27,7 @@ stopped answering gets no barrier at all: nobody is left to cut.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
@@ -68,8 +69,12 @@ class World:
     unusable_nodes: frozenset[str] = frozenset()
     """Nodes a fresh controller must avoid: with a notice, cordoned, NotReady or deleted."""
     lost_nodes: frozenset[str] = frozenset()
-    """Nodes NotReady/Unknown or deleted: their kubelet confirms nothing any more."""
+    """Nodes whose kubelet confirms nothing any more: Ready Unknown, or deleted."""
     pdb_open: bool = False
+    deadline_caps: Mapping[str, int] = field(default_factory=dict)
+    """Barrier deadline caps in seconds by notice provider (:attr:`Signal.provider`)."""
+    config_error: str | None = None
+    """Why the job cannot run at all as configured (e.g. no storage anywhere); it fails."""
 
 
 # ----------------------------------------------------------------------------- actions
@@ -190,14 +195,25 @@ class _Builder:
     def condition(self, ctype: str, value: bool, reason: str, message: str) -> None:
         self.st = set_condition(self.st, self.world.now, self.world.generation, ctype, value, reason, message)
 
+    def has_condition(self, ctype: str, status: str = "True") -> bool:
+        return any(c.type == ctype and c.status == status for c in self.st.conditions)
+
     def phase(self, phase: Phase, message: str) -> None:
+        """Sets the phase (an Event when it changes) and keeps the conditions in step with it."""
         if self.st.phase != phase:
             self.event("Warning" if phase == "Failed" else "Normal", phase, message)
         self.update(phase=phase, message=message)
+        if phase != "Running" and self.has_condition("Running"):
+            self.condition("Running", False, phase, message)
+        if phase == "Suspended":
+            self.condition("Suspended", True, "Suspended", message)
+        elif self.has_condition("Suspended"):
+            self.condition("Suspended", False, "Resumed", "spec.suspend is false")
 
     def interrupted(self) -> None:
+        """The running controller's work stops now (once per interruption)."""
         if self.st.interrupted_at is None:
-            self.update(interrupted_at=iso(self.world.now))
+            self.update(interrupted_at=iso(self.world.now), interrupted_attempt=self.st.attempt)
 
     def done(self, requeue_after: float | None = None) -> Plan:
         self.plan.status = self.st
@@ -219,7 +235,16 @@ def reconcile(world: World) -> Plan:
         if stuck and p.node in world.lost_nodes:
             b.act(DeletePod(p.name, force=True))
     current = live[-1] if live else None
+    if current is not None:
+        b.update(controller_pod=current.name, controller_node=current.node)
     _account_time_lost(b)
+
+    if world.config_error:
+        for p in live:
+            b.act(DeletePod(p.name))
+        b.condition("Failed", True, "InvalidConfiguration", world.config_error)
+        b.phase("Failed", world.config_error)
+        return b.done()
 
     if current is not None and current.phase in ("Succeeded", "Failed"):
         return _finished(b, current)
@@ -234,9 +259,12 @@ def _account_time_lost(b: _Builder) -> None:
     """A fresh controller has trained its first step: the interruption is over."""
     st = b.st
     interrupted = parse_time(st.interrupted_at)
-    if interrupted is not None and st.step_attempt is not None and st.step_attempt == st.attempt:
+    # The interrupted controller may still report steps (a missed barrier) until it is gone:
+    # only a later attempt's step ends the interruption.
+    later = st.step_attempt is not None and st.step_attempt == st.attempt > (st.interrupted_attempt or 0)
+    if interrupted is not None and later:
         lost = (b.world.now - interrupted).total_seconds()
-        b.update(seconds_lost=round(st.seconds_lost + max(0.0, lost), 3), interrupted_at=None)
+        b.update(seconds_lost=round(st.seconds_lost + max(0.0, lost), 3), interrupted_at=None, interrupted_attempt=None)
         b.event("Normal", "Resumed", f"training again after {lost:.0f} s; {st.preemptions} preemption(s) survived")
 
 
@@ -293,8 +321,10 @@ def _suspend(b: _Builder, current: PodView | None) -> Plan:
             return b.done(1.0)
         b.phase("Suspended", "suspended; set spec.suspend=false to resume from the last cut")
         return b.done()
+    # A barrier already asked of this controller (a notice came first) serves the suspend
+    # too: asking again would make it cut twice.
     barrier = b.st.barrier
-    if barrier is None or barrier.reason != "suspend" or barrier.state == "Failed":
+    if barrier is None:
         req = _new_barrier(b, "suspend", current, node=None)
         b.event("Normal", "BarrierRequested", f"suspending: barrier {req.request_id} requested")
         b.phase("Checkpointing", "suspending: waiting for the barrier cut")
@@ -304,8 +334,12 @@ def _suspend(b: _Builder, current: PodView | None) -> Plan:
         return b.done(1.0)
     if barrier.state == "Requested":
         _missed(b, barrier)
+    elif barrier.state == "Failed":
+        _failed(b, barrier)
+    else:
+        _committed(b, barrier, first=b.st.message != _SUSPEND_STOPPING)
     b.act(DeletePod(current.name))
-    b.phase("Checkpointing", "suspending: stopping the controller")
+    b.phase("Checkpointing", _SUSPEND_STOPPING)
     return b.done(1.0)
 
 
@@ -319,6 +353,13 @@ def _start(b: _Builder) -> Plan:
     retry_after = parse_time(st.retry_after)
     if retry_after is not None and world.now < retry_after:
         return b.done((retry_after - world.now).total_seconds())
+    if st.attempt > 0 and st.controller_pod is None:
+        # Attempt N is on the status but its pod was never seen: the operator stopped between
+        # writing the status and creating the pod, or the pod is not in its cache yet. Create
+        # it (again: the name is deterministic, a second create is a no-op) without counting
+        # anything a second time.
+        b.act(CreateControllerPod(st.attempt, world.unusable_nodes))
+        return b.done(1.0)
 
     first = st.attempt == 0
     crash = retry_after is not None
@@ -327,7 +368,7 @@ def _start(b: _Builder) -> Plan:
         b.interrupted()  # it vanished: evicted, drained, moved by us, or its node was lost
         b.update(preemptions=st.preemptions + 1)
     attempt = st.attempt + 1
-    b.update(attempt=attempt, barrier=None, retry_after=None)
+    b.update(attempt=attempt, barrier=None, retry_after=None, controller_pod=None, controller_node=None)
     b.act(CreateControllerPod(attempt, world.unusable_nodes))
     if world.pdb_open:
         b.act(CloseDisruptionBudget())
@@ -362,6 +403,10 @@ def _running(b: _Builder, current: PodView) -> Plan:
     if barrier is not None:
         # Committed: the cut is safe and the controller makes no more moves. Missed or
         # Failed: the chance is gone. Either way let the drain through and leave the node.
+        if barrier.state == "Failed":
+            _failed(b, barrier)
+        elif barrier.state == "Committed":
+            _committed(b, barrier, first=b.st.phase != "Rescheduling")
         if not world.pdb_open:
             b.act(OpenDisruptionBudget())
         b.act(DeletePod(current.name))
@@ -372,7 +417,7 @@ def _running(b: _Builder, current: PodView) -> Plan:
     notices = [s for s in world.signals if s.node == current.node]
     if notices:
         sig = notices[0]
-        req = _new_barrier(b, sig.reason, current, node=current.node)
+        req = _new_barrier(b, sig.reason, current, node=current.node, provider=sig.provider)
         b.event(
             "Warning",
             "PreemptionNotice",
@@ -391,14 +436,21 @@ def _running(b: _Builder, current: PodView) -> Plan:
     return b.done(2.0)
 
 
-def _new_barrier(b: _Builder, reason: str, pod: PodView, node: str | None) -> BarrierStatus:
+def _new_barrier(
+    b: _Builder, reason: str, pod: PodView, node: str | None, provider: str | None = None
+) -> BarrierStatus:
     now = b.world.now
+    seconds = b.world.spec.checkpoint.barrier_deadline_seconds
+    cap = b.world.deadline_caps.get(provider) if provider else None
+    if cap is not None:
+        seconds = min(seconds, cap)
     req = BarrierStatus(
         request_id=barrier_id(reason, pod.name),
         reason=reason,
         node=node,
+        attempt=pod.attempt,
         requested_at=iso(now),
-        deadline=iso(now + timedelta(seconds=b.world.spec.checkpoint.barrier_deadline_seconds)),
+        deadline=iso(now + timedelta(seconds=seconds)),
         state="Requested",
     )
     b.act(RequestBarrier(req))
@@ -409,6 +461,29 @@ def _new_barrier(b: _Builder, reason: str, pod: PodView, node: str | None) -> Ba
 def _past_deadline(b: _Builder, barrier: BarrierStatus) -> bool:
     deadline = parse_time(barrier.deadline)
     return deadline is not None and b.world.now > deadline
+
+
+_SUSPEND_STOPPING = "suspending: stopping the controller"
+
+
+def _committed(b: _Builder, barrier: BarrierStatus, first: bool) -> None:
+    """A barrier committed (`first`: seen for the first time): misses and failures are history."""
+    if first:
+        b.event("Normal", "BarrierCommitted", f"barrier {barrier.request_id} committed cut {barrier.cut_id}")
+    for ctype in ("BarrierMissed", "BarrierFailed"):
+        if b.has_condition(ctype):
+            b.condition(ctype, False, "Committed", f"barrier {barrier.request_id} committed cut {barrier.cut_id}")
+
+
+def _failed(b: _Builder, barrier: BarrierStatus) -> None:
+    """The controller answered that it could not cut: say so once (the condition holds it)."""
+    cond = next((c for c in b.st.conditions if c.type == "BarrierFailed"), None)
+    message = f"barrier {barrier.request_id} failed: {barrier.message or 'no reason given'}"
+    if cond is not None and cond.status == "True" and cond.message == message:
+        return
+    last = b.st.last_cut.id if b.st.last_cut else "none yet"
+    b.condition("BarrierFailed", True, "CutFailed", message)
+    b.event("Warning", "BarrierFailed", f"{message}; falling back to the newest committed cut ({last})")
 
 
 def _missed(b: _Builder, barrier: BarrierStatus) -> None:

@@ -8,9 +8,10 @@ runtime's ServiceAccount may read its own RLJob and patch its status, nothing mo
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from spotrl_operator.settings import Settings
 from spotrl_runtime.api import rljob as api
 
 JOB_LABEL = "spotrl.dev/job"
@@ -18,21 +19,6 @@ ROLE_LABEL = "spotrl.dev/role"
 ATTEMPT_LABEL = "spotrl.dev/attempt"
 METRICS_PORT = 9400
 HTTP_PORT = 8080
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Operator-wide defaults (flags, environment, or the Helm chart's values)."""
-
-    runtime_image: str = "ghcr.io/spotrl/spotrl-runtime:0.1.0"
-    image_pull_policy: str = "IfNotPresent"
-    default_storage: str | None = None
-    """Root for jobs without spec.checkpoint.storage; each job gets <root>/<namespace>/<name>."""
-    default_s3_endpoint: str | None = None
-    default_credentials_secret: str | None = None
-    extra_taint_keys: tuple[str, ...] = ()
-    extra_env: Mapping[str, str] = field(default_factory=dict)
-    """Added to every runtime container (e.g. cache folders)."""
 
 
 @dataclass(frozen=True)
@@ -154,13 +140,15 @@ def service(ref: JobRef) -> dict[str, Any]:
 
 
 def disruption_budget(ref: JobRef, open_: bool) -> dict[str, Any]:
-    """Closed (maxUnavailable 0): evictions of the controller get 429 until a cut commits."""
+    """Closed (minAvailable 1): evictions of the running controller get 429 until a cut
+    commits; open: minAvailable 0. An integer minAvailable, not maxUnavailable: for that the
+    disruption controller would need the scale of the pods' owner, and an RLJob has none."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _meta(ref, names(ref.name)["pdb"]),
         "spec": {
-            "maxUnavailable": 1 if open_ else 0,
+            "minAvailable": 0 if open_ else 1,
             "selector": {"matchLabels": {JOB_LABEL: ref.name, ROLE_LABEL: "controller"}},
             # Evict a controller that never became ready without waiting for the budget.
             "unhealthyPodEvictionPolicy": "AlwaysAllow",

@@ -42,6 +42,15 @@ class Signal:
     def reason(self) -> str:
         return f"{self.kind}: {self.detail}" if self.detail else self.kind
 
+    @property
+    def provider(self) -> str:
+        """Who sent the notice: a well-known handler's name for its taints, else the kind."""
+        if self.kind == "taint":
+            for pattern, provider in WELL_KNOWN_TAINTS:
+                if fnmatch.fnmatchcase(self.detail, pattern):
+                    return provider
+        return self.kind
+
 
 def taint_patterns(extra: Iterable[str] = ()) -> tuple[str, ...]:
     """Well-known taint key patterns plus the job's or the operator's own."""

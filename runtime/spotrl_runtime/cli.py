@@ -15,6 +15,7 @@ import sys
 COMMAND_MODULES = (
     "spotrl_runtime.commands.validate",
     "spotrl_runtime.commands.ckpt",
+    "spotrl_runtime.commands.operator",
 )
 
 

@@ -344,6 +344,9 @@ class RLJobStatus(ApiObject):
     interrupted_at: str | None = Field(
         default=None, description="When the running controller was interrupted; cleared at the next trained step."
     )
+    interrupted_attempt: int | None = Field(
+        default=None, ge=0, description="The attempt that was interrupted; a later attempt's first step ends it."
+    )
     retry_after: str | None = Field(default=None, description="Crash backoff: no new controller before this time.")
     message: str | None = None
 

@@ -268,3 +268,115 @@ def test_only_the_newest_controller_survives() -> None:
 def test_an_open_budget_closes_once_the_controller_runs_again() -> None:
     plan = reconcile(world(status=RLJobStatus(phase="Rescheduling", attempt=2), pods=(running(2),), pdb_open=True))
     assert of(plan, CloseDisruptionBudget) == [CloseDisruptionBudget()]
+
+
+# ----------------------------------------------------------------------------- restarts, attempts, caps
+
+
+def test_an_attempt_whose_pod_was_never_seen_is_created_again_not_counted() -> None:
+    """The operator wrote attempt 2 to the status and stopped before creating the pod (or its
+    cache has not seen the pod yet): the next pass creates attempt 2, not 3."""
+    after_write = RLJobStatus(phase="Rescheduling", attempt=2, preemptions=1, controller_pod=None)
+    plan = reconcile(world(status=after_write, unusable_nodes=frozenset({"spot-a"})))
+    assert of(plan, CreateControllerPod) == [CreateControllerPod(2, frozenset({"spot-a"}))]
+    assert plan.status is not None
+    assert plan.status.attempt == 2
+    assert plan.status.preemptions == 1
+    assert events(plan) == []
+
+
+def test_a_seen_pod_is_remembered_so_its_disappearance_is_a_new_attempt() -> None:
+    seen = reconcile(world(status=RLJobStatus(phase="Pending", attempt=1), pods=(running(),)))
+    assert seen.status is not None
+    assert seen.status.controller_pod == "j-controller-1"
+    assert seen.status.controller_node == "spot-a"
+    gone = reconcile(world(now=T0 + timedelta(seconds=3), status=seen.status))
+    assert of(gone, CreateControllerPod) == [CreateControllerPod(2, frozenset())]
+    assert gone.status is not None
+    assert gone.status.preemptions == 1
+    assert gone.status.controller_pod is None
+
+
+def test_the_barrier_names_its_attempt_and_the_deadline_is_capped_by_provider() -> None:
+    st = RLJobStatus(phase="Running", attempt=3)
+    gke = Signal("taint", "spot-a", "cloud.google.com/impending-node-termination")
+    plan = reconcile(world(status=st, pods=(running(3),), signals=(gke,), deadline_caps={"gke": 12}))
+    (req,) = of(plan, RequestBarrier)
+    assert req.barrier.attempt == 3
+    assert req.barrier.deadline == iso(T0 + timedelta(seconds=12))
+    # A cap above the job's own deadline (20 s here) does not lengthen it.
+    plan = reconcile(world(status=st, pods=(running(3),), signals=(gke,), deadline_caps={"gke": 50}))
+    assert of(plan, RequestBarrier)[0].barrier.deadline == iso(T0 + timedelta(seconds=20))
+
+
+def test_the_interrupted_controller_still_reporting_steps_is_not_a_resume() -> None:
+    """After a commit the old controller (same attempt) may report a step: no Resumed event,
+    the interruption lasts until a later attempt trains."""
+    notice = Signal("cordon", "spot-a", "spec.unschedulable")
+    st = RLJobStatus(phase="Running", attempt=1, step=5, step_attempt=1)
+    p1 = reconcile(world(status=st, pods=(running(),), signals=(notice,)))
+    assert p1.status is not None
+    assert p1.status.barrier is not None
+    committed = p1.status.model_copy(
+        update={"barrier": p1.status.barrier.model_copy(update={"state": "Committed", "cut_id": "c"})}
+    )
+    p2 = reconcile(world(status=committed, pods=(running(),), signals=(notice,)))
+    assert p2.status is not None
+    assert p2.status.interrupted_attempt == 1
+    old_step = p2.status.model_copy(update={"step": 6, "step_attempt": 1})
+    p3 = reconcile(world(now=T0 + timedelta(seconds=1), status=old_step, pods=(running(),), signals=(notice,)))
+    assert "Resumed" not in events(p3)
+    assert p3.status is not None
+    assert p3.status.interrupted_at is not None
+    assert p3.status.seconds_lost == 0
+
+
+def test_a_failed_barrier_is_reported_once_and_the_controller_still_moves() -> None:
+    notice = Signal("taint", "spot-a", "karpenter.sh/disrupted")
+    p1 = reconcile(world(status=RLJobStatus(phase="Running", attempt=1), pods=(running(),), signals=(notice,)))
+    assert p1.status is not None
+    assert p1.status.barrier is not None
+    failed = p1.status.model_copy(
+        update={"barrier": p1.status.barrier.model_copy(update={"state": "Failed", "message": "disk full"})}
+    )
+    p2 = reconcile(world(status=failed, pods=(running(),), signals=(notice,)))
+    assert "BarrierFailed" in events(p2)
+    assert of(p2, OpenDisruptionBudget) == [OpenDisruptionBudget()]
+    assert of(p2, DeletePod) == [DeletePod("j-controller-1")]
+    assert p2.status is not None
+    assert any(c.type == "BarrierFailed" and "disk full" in c.message for c in p2.status.conditions)
+    p3 = reconcile(world(status=p2.status, pods=(running(),), signals=(notice,), pdb_open=True))
+    assert "BarrierFailed" not in events(p3)
+
+
+def test_suspend_reuses_a_barrier_already_in_flight_and_a_failed_one_still_stops() -> None:
+    notice = Signal("cordon", "spot-a", "spec.unschedulable")
+    p1 = reconcile(world(status=RLJobStatus(phase="Running", attempt=1), pods=(running(),), signals=(notice,)))
+    assert p1.status is not None
+    suspended_spec = SPEC.model_copy(update={"suspend": True})
+    p2 = reconcile(world(spec=suspended_spec, status=p1.status, pods=(running(),)))
+    assert of(p2, RequestBarrier) == [], "the notice's barrier serves the suspend too"
+    assert p2.status is not None
+    assert p2.status.barrier is not None
+    failed = p2.status.model_copy(update={"barrier": p2.status.barrier.model_copy(update={"state": "Failed"})})
+    p3 = reconcile(world(spec=suspended_spec, status=failed, pods=(running(),)))
+    assert of(p3, RequestBarrier) == [], "never ask the same controller again for the same id"
+    assert of(p3, DeletePod) == [DeletePod("j-controller-1")]
+
+
+def test_the_running_condition_follows_the_phase() -> None:
+    p1 = reconcile(world(status=RLJobStatus(phase="Pending", attempt=1), pods=(running(),)))
+    assert p1.status is not None
+    crashed = replace(running(), phase="Failed", exit_code=3)
+    p2 = reconcile(world(status=p1.status, pods=(crashed,)))
+    assert p2.status is not None
+    (cond,) = [c for c in p2.status.conditions if c.type == "Running"]
+    assert (cond.status, cond.reason) == ("False", "Rescheduling")
+
+
+def test_a_job_without_storage_fails_with_the_field_named() -> None:
+    plan = reconcile(world(config_error="spec.checkpoint.storage is not set and the operator has no default"))
+    assert plan.status is not None
+    assert plan.status.phase == "Failed"
+    assert of(plan, CreateControllerPod) == []
+    assert any(c.type == "Failed" and "spec.checkpoint.storage" in c.message for c in plan.status.conditions)

@@ -1,0 +1,340 @@
+"""Kopf handlers: thin glue between watch events and the plain functions that decide and act.
+
+- One **lifecycle daemon** per RLJob runs observe → reconcile → actuate, level-triggered,
+  every ``--reconcile-interval`` seconds, and at once when something wakes it: a change of
+  the RLJob, of one of its pods, or of a Node under them (so a notice becomes a barrier
+  request within one pass, not one period).
+- **Indexes** (Kopf's watch caches) hold the job's controller pods, its PDB and every Node,
+  trimmed; a pass reads them and sends no request unless it has something to write.
+- **create/resume** make the job's ServiceAccount, Role, RoleBinding, Service and PDB
+  (retried with :class:`kopf.TemporaryError`); **delete** (a finalizer) stops the pods and
+  applies ``spec.checkpoint.retentionPolicy``.
+
+Everything a decision needs lives on the RLJob and the pods, so a restarted operator (or a
+newly elected replica) carries on where the last one stopped. In memory are only caches,
+wake-ups and metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from spotrl_operator.actuate import Actuator, ConflictError
+from spotrl_operator.kube import Kube, KubeError, path
+from spotrl_operator.metrics import Metrics
+from spotrl_operator.observe import Snapshot, fetch, node_lost, trim_node, trim_pod, world_of
+from spotrl_operator.reconcile import CreateControllerPod, Plan, RequestBarrier, reconcile
+from spotrl_operator.resources import JOB_LABEL, ROLE_LABEL
+from spotrl_operator.retention import Outcome, RetentionError, apply_retention
+from spotrl_operator.settings import Settings
+from spotrl_operator.signals import node_signals, pod_signals
+from spotrl_runtime.api import rljob as api
+from spotrl_runtime.api.rljob import SpecError
+
+log = logging.getLogger("spotrl.operator")
+Obj = dict[str, Any]
+RLJOBS = (api.GROUP, api.VERSION, api.PLURAL)
+FINALIZER = "spotrl.dev/finalizer"
+CONFLICT_RETRIES = 5
+RETENTION_RETRIES = 5
+
+
+@dataclass
+class Context:
+    """What every handler shares (handed to Kopf as ``memo.ctx``)."""
+
+    settings: Settings
+    kube: Kube
+    metrics: Metrics
+    actuator: Actuator = field(init=False)
+    executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(16, "spotrl-io"))
+    wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    node_seen: dict[str, Obj] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.actuator = Actuator(self.kube, self.settings, on_action=self._on_action)
+
+    def wakeup(self, namespace: str, name: str) -> asyncio.Event:
+        return self.wakeups.setdefault((namespace, name), asyncio.Event())
+
+    def wake(self, namespace: str | None, name: str) -> None:
+        """Runs the job's next pass now instead of at its next period."""
+        event = self.wakeups.get((namespace or "", name))
+        if event is not None:
+            event.set()
+
+    def _on_action(self, job: Obj, action: object) -> None:
+        if isinstance(action, CreateControllerPod):
+            self.metrics.controllers_created.inc()
+
+    async def io(self, fn: Any, *args: Any) -> Any:
+        """Runs a blocking call (the Kubernetes client, storage) off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+
+def ctx_of(memo: Any) -> Context:
+    ctx: Context = memo.ctx
+    return ctx
+
+
+# ----------------------------------------------------------------------------- start-up
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    """Kopf keeps its own bookkeeping in annotations (never in status, which is ours and the
+    controller's), posts only warnings as Events (ours are the user's), watches only the
+    pods and PDBs that carry the job label, and needs no CRD/namespace scanning."""
+    ctx = ctx_of(memo)
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.spotrl.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="kopf.spotrl.dev", key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = "spotrl-operator"
+    settings.posting.reporting_instance = ctx.settings.identity[:128]
+    settings.peering.standalone = True  # one active replica: the Lease (leader.py) decides which
+    settings.scanning.disabled = True
+    settings.watching.label_selectors["v1", "pods"] = JOB_LABEL
+    settings.watching.label_selectors["policy", "v1", "poddisruptionbudgets"] = JOB_LABEL
+    settings.execution.max_workers = 16
+    if ctx.settings.metrics_port:
+        ctx.metrics.serve(ctx.settings.metrics_port, ctx.settings.metrics_address)
+        log.info("metrics on %s:%d/metrics", ctx.settings.metrics_address, ctx.settings.metrics_port)
+
+
+# ----------------------------------------------------------------------------- caches
+
+
+@kopf.index("v1", "nodes")
+async def nodes_index(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {name: trim_node(dict(body))}
+
+
+@kopf.index("v1", "pods", labels={JOB_LABEL: kopf.PRESENT, ROLE_LABEL: "controller"})
+async def job_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, labels[JOB_LABEL]): trim_pod(dict(body))}
+
+
+@kopf.index("v1", "pods", labels={JOB_LABEL: kopf.PRESENT, ROLE_LABEL: "controller"})
+async def pods_by_node(namespace: str | None, labels: kopf.Labels, spec: kopf.Spec, **_: Any) -> dict[Any, Any] | None:
+    node = spec.get("nodeName")
+    return {node: (namespace, labels[JOB_LABEL])} if node else None
+
+
+@kopf.index("policy", "v1", "poddisruptionbudgets", labels={JOB_LABEL: kopf.PRESENT})
+async def job_pdbs(namespace: str | None, labels: kopf.Labels, spec: kopf.Spec, **_: Any) -> dict[Any, Any]:
+    return {(namespace, labels[JOB_LABEL]): {"spec": {"minAvailable": spec.get("minAvailable", 1)}}}
+
+
+def _first(store: Iterable[Any] | None) -> Any:
+    return next(iter(store), None) if store is not None else None
+
+
+def cached_nodes(nodes_index: Mapping[str, Iterable[Obj]]) -> dict[str, Obj]:
+    return {name: node for name, store in nodes_index.items() if (node := _first(store)) is not None}
+
+
+# ----------------------------------------------------------------------------- wake-ups
+
+
+@kopf.on.event("v1", "nodes")
+async def node_changed(type: str, name: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
+    """A Node changed: wake the jobs whose controller runs there (only if what the signals
+    read changed, not on every heartbeat)."""
+    ctx = ctx_of(memo)
+    pods_by_node: kopf.Index[str, tuple[str, str]] = kwargs["pods_by_node"]
+    trimmed = None if type == "DELETED" else trim_node(dict(body))
+    if type != "DELETED" and ctx.node_seen.get(name) == trimmed:
+        return
+    if trimmed is None:
+        ctx.node_seen.pop(name, None)
+        ctx.metrics.signal_seen(name, "node-deleted: the Node object is gone")
+    else:
+        ctx.node_seen[name] = trimmed
+        signals = node_signals(trimmed, ctx.settings.extra_taint_keys)
+        for sig in signals:
+            ctx.metrics.signal_seen(name, sig.reason)
+        if not signals:
+            ctx.metrics.signal_gone(name)
+    for namespace, job in set(pods_by_node.get(name, [])):
+        ctx.wake(namespace, job)
+
+
+@kopf.on.event("v1", "pods", labels={JOB_LABEL: kopf.PRESENT})
+async def pod_changed(namespace: str | None, labels: kopf.Labels, body: kopf.Body, memo: Any, **_: Any) -> None:
+    ctx = ctx_of(memo)
+    for sig in pod_signals(body):
+        ctx.metrics.signal_seen(sig.node, sig.reason)
+    ctx.wake(namespace, labels[JOB_LABEL])
+
+
+@kopf.on.event(*RLJOBS)
+async def rljob_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    ctx_of(memo).wake(namespace, name)
+
+
+# ----------------------------------------------------------------------------- children
+
+
+@kopf.on.create(*RLJOBS)
+@kopf.on.resume(*RLJOBS)
+def ensure_children(body: kopf.Body, memo: Any, logger: kopf.Logger, **_: Any) -> None:
+    """The runtime's ServiceAccount/Role/RoleBinding, the Service and the (closed) PDB."""
+    ctx = ctx_of(memo)
+    try:
+        created = ctx.actuator.ensure_children(copy.deepcopy(dict(body)))
+    except KubeError as err:
+        raise kopf.TemporaryError(f"creating the job's objects: {err}", delay=5) from err
+    if created:
+        log.info("%s/%s: created %s", body["metadata"]["namespace"], body["metadata"]["name"], ", ".join(created))
+
+
+@kopf.on.update(*RLJOBS, field="spec")
+async def spec_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    """spec.suspend and friends: the daemon decides; wake it now."""
+    ctx_of(memo).wake(namespace, name)
+
+
+# ----------------------------------------------------------------------------- lifecycle
+
+
+@kopf.daemon(*RLJOBS, cancellation_timeout=5.0)
+async def lifecycle(
+    namespace: str | None,
+    name: str,
+    body: kopf.Body,
+    meta: kopf.Meta,
+    stopped: kopf.DaemonStopped,
+    memo: Any,
+    logger: kopf.Logger,
+    **kwargs: Any,
+) -> None:
+    """Observe → reconcile → actuate, until the job is deleted or the operator stops."""
+    ctx = ctx_of(memo)
+    job_pods: kopf.Index[tuple[str, str], Obj] = kwargs["job_pods"]
+    job_pdbs: kopf.Index[tuple[str, str], Obj] = kwargs["job_pdbs"]
+    nodes_index: kopf.Index[str, Obj] = kwargs["nodes_index"]
+    namespace = namespace or ""
+    wake = ctx.wakeup(namespace, name)
+    pending: tuple[str, Obj] | None = None  # (resourceVersion before our write, the job it returned)
+    try:
+        while not stopped and not meta.get("deletionTimestamp"):
+            wake.clear()
+            job = copy.deepcopy(dict(body))
+            if pending is not None and job["metadata"].get("resourceVersion") == pending[0]:
+                job = pending[1]  # our own status write has not come back through the watch yet
+            snap = Snapshot(
+                job=job,
+                pods=tuple(job_pods.get((namespace, name), ())),
+                nodes=cached_nodes(nodes_index),
+                pdb=_first(job_pdbs.get((namespace, name))),
+            )
+            delay, written = await ctx.io(pass_once, ctx, snap, logger)
+            pending = (job["metadata"].get("resourceVersion", ""), written) if written is not None else None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout=delay)
+    finally:
+        ctx.wakeups.pop((namespace, name), None)
+        ctx.metrics.job_phase(namespace, name, None)
+
+
+def pass_once(ctx: Context, snap: Snapshot, logger: kopf.Logger) -> tuple[float, Obj | None]:
+    """One level-triggered pass (in a worker thread). Returns (seconds to the next pass, the
+    job as our status write returned it, if we wrote). On a write conflict it observes
+    fresh from the API server and tries again."""
+    interval = ctx.settings.reconcile_interval
+    meta = snap.job["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    for _ in range(CONFLICT_RETRIES):
+        try:
+            world = world_of(snap, ctx.settings)
+            plan = reconcile(world)
+            applied = ctx.actuator.apply(snap, plan)
+        except ConflictError:
+            ctx.metrics.reconciles.labels("conflict").inc()
+            fresh = fetch(ctx.kube, ns, name, snap.nodes)
+            if fresh is None:
+                return interval, None
+            snap = fresh
+            continue
+        except SpecError as err:
+            ctx.metrics.reconciles.labels("error").inc()
+            logger.error("the RLJob's spec does not parse (is the CRD older than the operator?): %s", err)
+            return interval * 5, None
+        except (KubeError, OSError) as err:
+            ctx.metrics.reconciles.labels("error").inc()
+            logger.warning("reconcile: %s", err)
+            ctx.actuator.post_event(snap.job, "Warning", "ReconcileFailed", str(err))
+            return interval, None
+        ctx.metrics.reconciles.labels("ok").inc()
+        _count(ctx, ns, name, world.status, plan)
+        requeue = plan.requeue_after if plan.requeue_after is not None else interval
+        return max(0.05, min(requeue, interval)), applied.job
+    return interval, None
+
+
+def _count(ctx: Context, namespace: str, name: str, before: api.RLJobStatus, plan: Plan) -> None:
+    """Metrics of what this pass saw and did."""
+    m = ctx.metrics
+    for action in plan.actions:
+        if isinstance(action, RequestBarrier):
+            b = action.barrier
+            provider = b.reason.split(":", 1)[0] if b.reason else "unknown"
+            m.barrier_requested(b.request_id, b.node, b.reason, provider)
+    after = plan.status or before
+    for st in (before, after):
+        if st.barrier is not None and st.barrier.state != "Requested":
+            m.barrier_answered(st.barrier.request_id, st.barrier.state)
+    m.job_phase(namespace, name, after.phase or "Pending")
+
+
+# ----------------------------------------------------------------------------- deletion
+
+
+@kopf.on.delete(*RLJOBS)
+def finalize(
+    body: kopf.Body,
+    namespace: str | None,
+    name: str,
+    memo: Any,
+    retry: int,
+    logger: kopf.Logger,
+    **kwargs: Any,
+) -> None:
+    """Stops the job's pods, waits until they are gone (a controller's SIGTERM cut lands
+    first), then applies the retention policy to its cuts and reports it as an Event."""
+    ctx = ctx_of(memo)
+    namespace = namespace or ""
+    job = copy.deepcopy(dict(body))
+    nodes = cached_nodes(kwargs["nodes_index"])
+    try:
+        pods = ctx.kube.get(path("v1", "pods", namespace), labelSelector=f"{JOB_LABEL}={name}").get("items") or []
+        for pod in pods:
+            node = (pod.get("spec") or {}).get("nodeName") or ""
+            lost = bool(node) and node_lost(nodes.get(node))
+            if lost or not pod["metadata"].get("deletionTimestamp"):
+                url = path("v1", "pods", namespace, pod["metadata"]["name"])
+                ctx.kube.delete(url, grace_seconds=0 if lost else None)
+    except KubeError as err:
+        raise kopf.TemporaryError(f"stopping the job's pods: {err}", delay=2) from err
+    if pods:
+        raise kopf.TemporaryError(f"waiting for {len(pods)} pod(s) of the job to exit", delay=2)
+    try:
+        outcome = apply_retention(ctx.kube, job, ctx.settings)
+    except RetentionError as err:
+        if retry < RETENTION_RETRIES:
+            raise kopf.TemporaryError(str(err), delay=5) from err
+        outcome = Outcome("Warning", "CutsNotDeleted", f"{err}; gave up after {retry + 1} tries, delete them by hand")
+    log.info("%s/%s deleted: %s: %s", namespace, name, outcome.reason, outcome.message)
+    ctx.actuator.post_event(job, outcome.type, outcome.reason, outcome.message)

@@ -1,0 +1,145 @@
+"""JSON requests to the API server through the official client's configuration.
+
+The official client brings authentication (kubeconfig, in-cluster token, token refresh)
+and TLS; its generated models are slow and lossy for custom resources, so the operator
+sends and receives plain dicts through :meth:`ApiClient.call_api` instead. Errors come
+back as :class:`KubeError` with the API server's status code and message.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import quote
+
+Obj = dict[str, Any]
+
+MERGE = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+class KubeError(RuntimeError):
+    """The API server refused a request (``status`` is the HTTP code, 0 when unreachable)."""
+
+    def __init__(self, method: str, path: str, status: int, reason: str, message: str):
+        self.status = status
+        self.reason = reason
+        self.message = message
+        super().__init__(f"{method} {path}: HTTP {status} {reason}: {message}")
+
+
+def path(
+    api_version: str, resource: str, namespace: str | None = None, name: str | None = None, sub: str | None = None
+) -> str:
+    """``path("v1", "pods", "ns", "p")`` → ``/api/v1/namespaces/ns/pods/p``."""
+    parts = [f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"]
+    if namespace:
+        parts.append(f"namespaces/{quote(namespace)}")
+    parts.append(resource)
+    if name:
+        parts.append(quote(name))
+    if sub:
+        parts.append(sub)
+    return "/".join(parts)
+
+
+class Kube:
+    """One API server, one identity. Thread-safe (the client's connection pool is)."""
+
+    def __init__(self, api_client: Any, timeout: float = 15.0):
+        self.api_client = api_client
+        self.timeout = timeout
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None = None) -> Kube:
+        """Loads ``kubeconfig``, else $KUBECONFIG or ~/.kube/config, else the in-cluster account."""
+        from kubernetes import client, config
+
+        if kubeconfig:
+            return cls(config.new_client_from_config(config_file=kubeconfig))
+        cfg = client.Configuration()
+        try:
+            config.load_kube_config(client_configuration=cfg)
+        except config.ConfigException:
+            config.load_incluster_config(client_configuration=cfg)
+        return cls(client.ApiClient(cfg))
+
+    def request(
+        self,
+        method: str,
+        url_path: str,
+        body: Any = None,
+        params: dict[str, Any] | None = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        from kubernetes.client.exceptions import ApiException
+
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        try:
+            resp = self.api_client.call_api(
+                url_path,
+                method,
+                query_params=list((params or {}).items()),
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+                _request_timeout=self.timeout,
+            )
+        except ApiException as err:
+            reason, message = err.reason or "", str(err.body or "")
+            try:
+                status_obj = json.loads(err.body or "{}")
+                reason, message = status_obj.get("reason", reason), status_obj.get("message", message)
+            except (ValueError, AttributeError):
+                pass
+            raise KubeError(method, url_path, int(err.status or 0), str(reason), str(message)) from None
+        except OSError as err:  # connection refused, reset, TLS ...
+            raise KubeError(method, url_path, 0, "Unreachable", str(err)) from None
+        data = resp.data
+        decoded = json.loads(data) if data else {}
+        return decoded if isinstance(decoded, dict) else {"items": decoded}
+
+    def get(self, url_path: str, **params: Any) -> Obj:
+        return self.request("GET", url_path, params=params or None)
+
+    def get_or_none(self, url_path: str) -> Obj | None:
+        try:
+            return self.get(url_path)
+        except KubeError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def create(self, url_path: str, obj: Obj) -> Obj:
+        return self.request("POST", url_path, obj)
+
+    def create_or_get(self, url_path: str, obj: Obj) -> tuple[Obj, bool]:
+        """Creates ``obj`` in the collection ``url_path``; if it exists, returns the existing one.
+        The bool says whether this call created it."""
+        try:
+            return self.create(url_path, obj), True
+        except KubeError as err:
+            if err.status != 409:
+                raise
+        return self.get(f"{url_path}/{quote(obj['metadata']['name'])}"), False
+
+    def update(self, url_path: str, obj: Obj) -> Obj:
+        return self.request("PUT", url_path, obj)
+
+    def patch(self, url_path: str, patch: Any, content_type: str = MERGE) -> Obj:
+        return self.request("PATCH", url_path, patch, content_type=content_type)
+
+    def delete(self, url_path: str, grace_seconds: int | None = None) -> bool:
+        """Deletes (in the background); False if it was already gone."""
+        body: Obj = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
+        try:
+            self.request("DELETE", url_path, body)
+        except KubeError as err:
+            if err.status == 404:
+                return False
+            raise
+        return True

@@ -1,0 +1,91 @@
+"""Runs the operator: wait for the leader Lease, then run Kopf until stopped or the Lease is lost.
+
+A standby replica blocks in :meth:`LeaderElector.acquire` and serves nothing; the leader
+runs Kopf with the handlers of :mod:`spotrl_operator.handlers`. A leader that cannot renew
+stops Kopf (SIGTERM to itself) and exits 1 (its Deployment restarts it as a standby) before a standby may take
+over; one that stops normally releases the Lease so a standby takes over at once.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import threading
+from types import FrameType
+
+from spotrl_operator.settings import Settings
+
+log = logging.getLogger("spotrl.operator")
+
+
+def run(settings: Settings) -> int:
+    """Blocks until the operator stops; returns the process's exit code."""
+    logging.basicConfig(
+        level=logging.DEBUG if settings.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1` prints every thread's stack
+    if not settings.verbose:
+        # Kopf logs every handler call at INFO; keep its warnings and errors, and our own lines.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    if settings.kubeconfig:
+        os.environ["KUBECONFIG"] = settings.kubeconfig  # Kopf's own login reads it
+
+    from spotrl_operator.kube import Kube
+    from spotrl_operator.leader import LeaderElector
+    from spotrl_operator.metrics import Metrics
+
+    kube = Kube.connect(settings.kubeconfig)
+    metrics = Metrics()
+    standby_stop = threading.Event()
+    renewing = threading.Event()  # set: stop renewing
+    lost = threading.Event()
+
+    def stop_standing_by(signum: int, frame: FrameType | None) -> None:
+        standby_stop.set()
+
+    elector: LeaderElector | None = None
+    if settings.leader_election:
+        previous = {s: signal.signal(s, stop_standing_by) for s in (signal.SIGTERM, signal.SIGINT)}
+        elector = LeaderElector(
+            kube, settings.lease_namespace, settings.lease_name, settings.identity, settings.lease_seconds
+        )
+        leading = elector.acquire(standby_stop)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if not leading:
+            log.info("stopped while standing by")
+            return 0
+        metrics.leader.set(1)
+
+        def on_lost() -> None:
+            # Kopf stops gracefully on SIGTERM (its own handler). A stop flag would leave a
+            # thread blocked in Kopf's flag waiter when it stops for a signal instead.
+            lost.set()
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        elector.keep(renewing, on_lost)
+
+    import kopf
+
+    import spotrl_operator.handlers as handlers  # registers the handlers with Kopf
+
+    memo = kopf.Memo(ctx=handlers.Context(settings=settings, kube=kube, metrics=metrics))
+    try:
+        kopf.run(
+            standalone=True,
+            clusterwide=not settings.namespaces,
+            namespaces=settings.namespaces,
+            memo=memo,
+        )
+    finally:
+        renewing.set()
+        metrics.leader.set(0)
+        if elector is not None and not lost.is_set():
+            elector.release()
+    if lost.is_set():
+        log.error("exiting: the leader Lease was lost")
+        return 1
+    return 0

@@ -1,0 +1,111 @@
+"""The operator's Prometheus metrics (``/metrics`` on ``--metrics-port``).
+
+Counters are per process: a restarted or newly elected operator starts from zero, as
+Prometheus expects of counters. The first-seen times behind the signal→barrier latency
+are kept in memory only to measure; nothing decides on them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    """Every metric of one operator process, in its own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.reconciles = Counter(
+            "spotrl_operator_reconciles",
+            "Reconcile passes over a job, by result (ok, conflict, error)",
+            ["result"],
+            registry=r,
+        )
+        self.barriers_requested = Counter(
+            "spotrl_operator_barriers_requested", "Barrier cuts requested, by notice provider", ["provider"], registry=r
+        )
+        self.barriers_committed = Counter("spotrl_operator_barriers_committed", "Barrier cuts committed", registry=r)
+        self.barriers_missed = Counter("spotrl_operator_barriers_missed", "Barriers past their deadline", registry=r)
+        self.barriers_failed = Counter("spotrl_operator_barriers_failed", "Barriers the controller failed", registry=r)
+        self.signal_to_barrier = Histogram(
+            "spotrl_operator_signal_to_barrier_seconds",
+            "From the operator seeing a notice to the barrier request written on the RLJob",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.barrier_to_commit = Histogram(
+            "spotrl_operator_barrier_commit_seconds",
+            "From the barrier request to the operator seeing it committed",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.controllers_created = Counter("spotrl_operator_controllers_created", "Controller pods created", registry=r)
+        self.jobs = Gauge("spotrl_operator_jobs", "RLJobs by phase", ["phase"], registry=r)
+        self.leader = Gauge("spotrl_operator_leader", "1 while this replica holds the lease", registry=r)
+        self._lock = threading.Lock()
+        self._first_seen: dict[tuple[str, str], float] = {}
+        self._requested_at: dict[str, float] = {}
+        self._counted: set[tuple[str, str]] = set()
+        self._phases: dict[tuple[str, str], str] = {}
+
+    def serve(self, port: int, address: str) -> Any:
+        """Starts the /metrics HTTP server in a thread."""
+        return start_http_server(port, addr=address, registry=self.registry)
+
+    # ---------------------------------------------------------------- signal → barrier
+    def signal_seen(self, node: str, reason: str) -> None:
+        """A notice on ``node`` was first seen now (later sightings keep the first time)."""
+        with self._lock:
+            self._first_seen.setdefault((node, reason), time.monotonic())
+
+    def signal_gone(self, node: str) -> None:
+        with self._lock:
+            for key in [k for k in self._first_seen if k[0] == node]:
+                del self._first_seen[key]
+
+    def barrier_requested(self, request_id: str, node: str | None, reason: str, provider: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if ("requested", request_id) in self._counted:
+                return
+            self._counted.add(("requested", request_id))
+            self._requested_at[request_id] = now
+            seen = self._first_seen.get((node or "", reason))
+        self.barriers_requested.labels(provider).inc()
+        if seen is not None:
+            self.signal_to_barrier.observe(now - seen)
+
+    def barrier_answered(self, request_id: str, state: str) -> None:
+        """The barrier reached ``state`` (Committed, Missed, Failed); counted once per id."""
+        with self._lock:
+            if (state, request_id) in self._counted:
+                return
+            self._counted.add((state, request_id))
+            requested = self._requested_at.pop(request_id, None)
+        if state == "Committed":
+            self.barriers_committed.inc()
+            if requested is not None:
+                self.barrier_to_commit.observe(time.monotonic() - requested)
+        elif state == "Missed":
+            self.barriers_missed.inc()
+        elif state == "Failed":
+            self.barriers_failed.inc()
+
+    def job_phase(self, namespace: str, name: str, phase: str | None) -> None:
+        """Keeps the jobs-by-phase gauge (None: the job is gone)."""
+        key = (namespace, name)
+        with self._lock:
+            old = self._phases.pop(key, None)
+            if phase is not None:
+                self._phases[key] = phase
+        if old is not None:
+            self.jobs.labels(old).dec()
+        if phase is not None:
+            self.jobs.labels(phase).inc()

@@ -1,0 +1,221 @@
+"""What the operator sees of one job: a :class:`Snapshot` of API objects, then a :class:`World`.
+
+Two ways to fill a snapshot: from the operator's watch caches (Kopf indexes, no requests:
+the normal path, cheap for many jobs) and from the API server (:func:`fetch`: after a write
+conflict proved the cache stale). :func:`world_of` turns either into the
+:class:`~spotrl_operator.reconcile.World` that :func:`~spotrl_operator.reconcile.reconcile`
+decides on. Only this module knows the shape of Pods, Nodes and PDBs.
+
+Which nodes are which:
+
+- *unusable*: cordoned, with a notice taint, NotReady, being deleted, or gone. A fresh
+  controller avoids them.
+- *lost*: Ready Unknown (the kubelet stopped reporting) or the Node object is gone. A pod
+  there is never confirmed terminated, so the operator may force-delete it. Ready False is
+  *not* lost: a node in a graceful shutdown says False while its kubelet still runs the
+  pods' SIGTERM handlers (and their last cut); forcing them then would cost that cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from spotrl_operator.kube import Kube, path
+from spotrl_operator.reconcile import PodView, World, parse_time
+from spotrl_operator.resources import ATTEMPT_LABEL, JOB_LABEL, ROLE_LABEL, JobRef, names, storage_uri
+from spotrl_operator.settings import Settings
+from spotrl_operator.signals import Signal, node_signals, pod_signals
+from spotrl_runtime.api import rljob as api
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The API objects one reconcile of one job looks at."""
+
+    job: Obj
+    """The RLJob (its metadata.resourceVersion guards the status write)."""
+    pods: tuple[Obj, ...] = ()
+    """The job's controller pods."""
+    nodes: Mapping[str, Obj] = field(default_factory=dict)
+    """Every Node the operator knows, by name (trimmed by :func:`trim_node`)."""
+    pdb: Obj | None = None
+
+
+def job_ref(job: Obj) -> JobRef:
+    meta = job["metadata"]
+    return JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", ""))
+
+
+# --------------------------------------------------------------------- trimming (for caches)
+
+
+def trim_node(node: Obj) -> Obj:
+    """The parts of a Node the signals read; what the node cache keeps."""
+    meta, spec = node.get("metadata") or {}, node.get("spec") or {}
+    ready = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"]
+    return {
+        "metadata": {"name": meta.get("name"), "deletionTimestamp": meta.get("deletionTimestamp")},
+        "spec": {"unschedulable": bool(spec.get("unschedulable")), "taints": list(spec.get("taints") or [])},
+        "status": {
+            "conditions": [{"type": "Ready", "status": c.get("status"), "reason": c.get("reason")} for c in ready]
+        },
+    }
+
+
+def trim_pod(pod: Obj) -> Obj:
+    """The parts of a controller Pod the lifecycle reads; what the pod cache keeps."""
+    meta, spec, st = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    return {
+        "metadata": {
+            k: meta.get(k)
+            for k in ("name", "namespace", "uid", "labels", "deletionTimestamp", "deletionGracePeriodSeconds")
+        },
+        "spec": {"nodeName": spec.get("nodeName")},
+        "status": {
+            "phase": st.get("phase"),
+            "conditions": [c for c in st.get("conditions") or [] if c.get("type") == "DisruptionTarget"],
+            "containerStatuses": st.get("containerStatuses") or [],
+        },
+    }
+
+
+def is_controller_pod(pod: Obj) -> bool:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return JOB_LABEL in labels and labels.get(ROLE_LABEL) == "controller"
+
+
+# --------------------------------------------------------------------- pods
+
+
+def _exit_code(pod: Obj) -> int | None:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        terminated = (cs.get("state") or {}).get("terminated")
+        if terminated is not None:
+            return int(terminated.get("exitCode", 0))
+    return None
+
+
+def deleting_since(pod: Obj) -> datetime | None:
+    """When the pod's deletion began: deletionTimestamp is that moment plus the grace period."""
+    meta = pod.get("metadata") or {}
+    deadline = parse_time(meta.get("deletionTimestamp"))
+    if deadline is None:
+        return None
+    return deadline - timedelta(seconds=int(meta.get("deletionGracePeriodSeconds") or 0))
+
+
+def pod_view(pod: Obj) -> PodView:
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    try:
+        attempt = int(labels.get(ATTEMPT_LABEL, "0"))
+    except ValueError:
+        attempt = 0
+    disruption = next((s.detail or "DisruptionTarget" for s in pod_signals(pod)), None)
+    return PodView(
+        name=str(meta.get("name")),
+        attempt=attempt,
+        phase=str((pod.get("status") or {}).get("phase") or "Pending"),
+        node=(pod.get("spec") or {}).get("nodeName") or None,
+        deleting_since=deleting_since(pod),
+        exit_code=_exit_code(pod),
+        disruption=disruption,
+    )
+
+
+# --------------------------------------------------------------------- the world
+
+
+def node_lost(node: Obj | None) -> bool:
+    """Gone, or its kubelet stopped reporting (Ready Unknown)."""
+    if node is None:
+        return True
+    conds = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "Unknown" for c in conds)
+
+
+def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) -> World:
+    """The world :func:`reconcile` decides on. Raises :class:`~spotrl_runtime.api.rljob.SpecError`
+    for a spec the model rejects (the CRD should have already)."""
+    job = snap.job
+    meta = job.get("metadata") or {}
+    spec = api.parse_spec(job.get("spec") or {})
+    status_doc = {k: v for k, v in (job.get("status") or {}).items() if k in STATUS_FIELDS}
+    status = api.RLJobStatus.model_validate(status_doc)
+    extra = (*settings.extra_taint_keys, *spec.preemption.extra_taint_keys)
+
+    pods = [p for p in snap.pods if is_controller_pod(p)]
+    signals: list[Signal] = []
+    lost: set[str] = set()
+    unusable: set[str] = set()
+    for name, node in snap.nodes.items():
+        if node_signals(node, extra):
+            unusable.add(name)
+        if node_lost(node):
+            lost.add(name)
+    for pod in pods:
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        if node_name:
+            host = snap.nodes.get(node_name)
+            if host is None:
+                signals.append(Signal("node-deleted", node_name, "the Node object is gone"))
+                lost.add(node_name)
+                unusable.add(node_name)
+            else:
+                signals.extend(node_signals(host, extra))
+        signals.extend(pod_signals(pod))
+
+    config_error = None
+    try:
+        storage_uri(job_ref(job), spec, settings)
+    except ValueError as err:
+        config_error = str(err)
+    min_available = ((snap.pdb or {}).get("spec") or {}).get("minAvailable", 1)
+    return World(
+        now=now or datetime.now(UTC),
+        generation=int(meta.get("generation") or 0),
+        spec=spec,
+        status=status,
+        pods=tuple(pod_view(p) for p in pods),
+        signals=tuple(signals),
+        unusable_nodes=frozenset(unusable),
+        lost_nodes=frozenset(lost),
+        pdb_open=snap.pdb is not None and min_available == 0,
+        deadline_caps=dict(settings.deadline_caps),
+        config_error=config_error,
+    )
+
+
+STATUS_FIELDS = frozenset(f.alias or n for n, f in api.RLJobStatus.model_fields.items())
+"""The status keys the model owns (Kopf's own ``status.kopf`` and unknown keys are left alone)."""
+
+
+# --------------------------------------------------------------------- from the API server
+
+
+def rljob_path(namespace: str, name: str | None = None) -> str:
+    return path(api.API_VERSION, api.PLURAL, namespace, name)
+
+
+def fetch(kube: Kube, namespace: str, name: str, nodes: Mapping[str, Obj] | None = None) -> Snapshot | None:
+    """A fresh snapshot from the API server (None once the RLJob is gone). ``nodes``: the
+    node cache, if there is one (nodes change rarely and are not guarded by the job's
+    resourceVersion); without it the nodes are listed too."""
+    job = kube.get_or_none(rljob_path(namespace, name))
+    if job is None:
+        return None
+    selector = f"{JOB_LABEL}={name},{ROLE_LABEL}=controller"
+    pods = kube.get(path("v1", "pods", namespace), labelSelector=selector).get("items") or []
+    pdb = kube.get_or_none(path("policy/v1", "poddisruptionbudgets", namespace, names(name)["pdb"]))
+    if nodes is None:
+        nodes = nodes_of(kube.get(path("v1", "nodes")).get("items") or [])
+    return Snapshot(job=job, pods=tuple(pods), nodes=nodes, pdb=pdb)
+
+
+def nodes_of(items: Iterable[Obj]) -> dict[str, Obj]:
+    return {n["metadata"]["name"]: trim_node(n) for n in items}

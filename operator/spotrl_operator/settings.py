@@ -1,0 +1,227 @@
+"""The operator's settings: flags, each with an environment variable as fallback.
+
+One frozen :class:`Settings` object is built at start-up (:func:`from_args`) and handed to
+everything that needs it; nothing reads the environment later. The Helm chart passes its
+values as flags (``charts/spotrl/templates/deployment.yaml``).
+
+Pure Python: importing this module does not import Kopf or the Kubernetes client, so the
+``spotrl`` CLI can build its parser anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# Caps on the barrier deadline per notice provider (see signals.provider_of): how long the
+# platform's notice leaves the pods, minus a margin. spec.checkpoint.barrierDeadlineSeconds
+# (default 100 s, fitting AWS's 120 s) applies where no cap is set.
+DEFAULT_DEADLINE_CAPS: Mapping[str, int] = {"gke": 20, "aks": 25}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Operator-wide defaults and knobs (flags, environment, or the Helm chart's values)."""
+
+    runtime_image: str = "ghcr.io/spotrl/spotrl-runtime:0.1.0"
+    image_pull_policy: str = "IfNotPresent"
+    default_storage: str | None = None
+    """Root for jobs without spec.checkpoint.storage; each job gets <root>/<namespace>/<name>."""
+    default_s3_endpoint: str | None = None
+    default_credentials_secret: str | None = None
+    """Secret (in the job's namespace) with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY."""
+    extra_taint_keys: tuple[str, ...] = ()
+    """Taint keys (fnmatch patterns) that announce a node's end, besides the well-known ones."""
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    """Added to every runtime container (e.g. cache folders)."""
+    deadline_caps: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_DEADLINE_CAPS))
+    """Barrier deadline caps in seconds, by notice provider (gke, aks, karpenter, cordon ...)."""
+
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch; empty: the whole cluster."""
+    reconcile_interval: float = 2.0
+    """Seconds between two level-triggered passes over a job when nothing wakes it earlier."""
+
+    leader_election: bool = True
+    lease_name: str = "spotrl-operator"
+    lease_namespace: str = "default"
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}")
+    lease_seconds: float = 15.0
+    """A leader that has not renewed for this long is replaced by a standby replica."""
+
+    metrics_port: int = 9400
+    """Prometheus endpoint (/metrics); 0 turns it off."""
+    metrics_address: str = "0.0.0.0"
+    kubeconfig: str | None = None
+    """Default: KUBECONFIG, ~/.kube/config, then the in-cluster service account."""
+    verbose: bool = False
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"{flag} {item!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def _list(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The operator's flags. Every one falls back to the environment variable named in its help."""
+    d = Settings()
+    g = p.add_argument_group("runtime pods")
+    g.add_argument(
+        "--runtime-image",
+        default=_env("SPOTRL_RUNTIME_IMAGE", d.runtime_image),
+        help="image of the controller pods when spec.scheduling.image is unset ($SPOTRL_RUNTIME_IMAGE)",
+    )
+    g.add_argument(
+        "--image-pull-policy",
+        default=_env("SPOTRL_IMAGE_PULL_POLICY", d.image_pull_policy),
+        choices=("Always", "IfNotPresent", "Never"),
+        help="($SPOTRL_IMAGE_PULL_POLICY)",
+    )
+    g.add_argument(
+        "--default-storage",
+        default=_env("SPOTRL_DEFAULT_STORAGE"),
+        help="cut storage root for jobs without spec.checkpoint.storage, e.g. s3://bucket/spotrl; "
+        "a job gets <root>/<namespace>/<name> ($SPOTRL_DEFAULT_STORAGE)",
+    )
+    g.add_argument(
+        "--default-s3-endpoint",
+        default=_env("SPOTRL_DEFAULT_S3_ENDPOINT"),
+        help="S3 endpoint for jobs without spec.checkpoint.s3Endpoint ($SPOTRL_DEFAULT_S3_ENDPOINT)",
+    )
+    g.add_argument(
+        "--default-credentials-secret",
+        default=_env("SPOTRL_DEFAULT_CREDENTIALS_SECRET"),
+        help="Secret in the job's namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, for jobs "
+        "without spec.checkpoint.credentialsSecret ($SPOTRL_DEFAULT_CREDENTIALS_SECRET)",
+    )
+    g.add_argument(
+        "--runtime-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment variable for every runtime container (repeatable)",
+    )
+    g = p.add_argument_group("preemption signals")
+    g.add_argument(
+        "--extra-taint-key",
+        action="append",
+        default=_list(_env("SPOTRL_EXTRA_TAINT_KEYS")),
+        metavar="PATTERN",
+        help="taint key (fnmatch pattern) that announces a node's end, besides the well-known handlers' "
+        "(repeatable; $SPOTRL_EXTRA_TAINT_KEYS, comma-separated)",
+    )
+    g.add_argument(
+        "--deadline-cap",
+        action="append",
+        default=[],
+        metavar="PROVIDER=SECONDS",
+        help="cap the barrier deadline for a notice provider (gke, aks, karpenter, aws-node-termination-handler, "
+        "cordon, disruption-target, node-not-ready, node-deleted, taint); default: "
+        + ", ".join(f"{k}={v}" for k, v in DEFAULT_DEADLINE_CAPS.items()),
+    )
+    g = p.add_argument_group("operator")
+    g.add_argument(
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        default=_list(_env("SPOTRL_WATCH_NAMESPACES")),
+        metavar="NS",
+        help="watch only this namespace (repeatable; $SPOTRL_WATCH_NAMESPACES, comma-separated); default: all",
+    )
+    g.add_argument(
+        "--reconcile-interval",
+        type=float,
+        default=float(_env("SPOTRL_RECONCILE_INTERVAL", str(d.reconcile_interval)) or d.reconcile_interval),
+        help="seconds between two passes over a job when no event wakes it earlier ($SPOTRL_RECONCILE_INTERVAL)",
+    )
+    g.add_argument(
+        "--no-leader-election",
+        dest="leader_election",
+        action="store_false",
+        help="run without the Lease (only ever with one replica)",
+    )
+    g.add_argument(
+        "--lease-name", default=_env("SPOTRL_LEASE_NAME", d.lease_name), help="leader Lease ($SPOTRL_LEASE_NAME)"
+    )
+    g.add_argument(
+        "--lease-namespace",
+        default=_env("SPOTRL_LEASE_NAMESPACE", _env("POD_NAMESPACE", d.lease_namespace)),
+        help="namespace of the leader Lease ($SPOTRL_LEASE_NAMESPACE, then $POD_NAMESPACE)",
+    )
+    g.add_argument(
+        "--identity",
+        default=_env("SPOTRL_IDENTITY", _env("POD_NAME", d.identity)),
+        help="this replica's name in the Lease ($SPOTRL_IDENTITY, then $POD_NAME, then <host>-<random>)",
+    )
+    g.add_argument(
+        "--lease-seconds",
+        type=float,
+        default=d.lease_seconds,
+        help="a leader silent for this long is replaced (default %(default)s)",
+    )
+    g.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(_env("SPOTRL_METRICS_PORT", str(d.metrics_port)) or d.metrics_port),
+        help="Prometheus /metrics port, 0: off ($SPOTRL_METRICS_PORT)",
+    )
+    g.add_argument(
+        "--metrics-address",
+        default=_env("SPOTRL_METRICS_ADDRESS", _env("POD_IP", d.metrics_address)),
+        help="address to bind /metrics ($SPOTRL_METRICS_ADDRESS, then $POD_IP, then 0.0.0.0)",
+    )
+    g.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG, ~/.kube/config, then in-cluster")
+    g.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def from_args(args: argparse.Namespace) -> Settings:
+    """The settings the parsed flags describe. Raises SystemExit naming a malformed flag."""
+    caps = dict(DEFAULT_DEADLINE_CAPS)
+    for key, value in _pairs(args.deadline_cap, "--deadline-cap").items():
+        try:
+            caps[key] = int(value)
+        except ValueError:
+            raise SystemExit(f"--deadline-cap {key}={value}: SECONDS must be an integer") from None
+    if args.reconcile_interval <= 0:
+        raise SystemExit("--reconcile-interval must be above 0")
+    if args.lease_seconds < 3:
+        raise SystemExit("--lease-seconds must be at least 3")
+    return Settings(
+        runtime_image=args.runtime_image,
+        image_pull_policy=args.image_pull_policy,
+        default_storage=args.default_storage,
+        default_s3_endpoint=args.default_s3_endpoint,
+        default_credentials_secret=args.default_credentials_secret,
+        extra_taint_keys=tuple(args.extra_taint_key),
+        extra_env=_pairs(args.runtime_env, "--runtime-env"),
+        deadline_caps=caps,
+        namespaces=tuple(args.namespaces),
+        reconcile_interval=args.reconcile_interval,
+        leader_election=args.leader_election,
+        lease_name=args.lease_name,
+        lease_namespace=args.lease_namespace,
+        identity=args.identity,
+        lease_seconds=args.lease_seconds,
+        metrics_port=args.metrics_port,
+        metrics_address=args.metrics_address,
+        kubeconfig=args.kubeconfig,
+        verbose=args.verbose,
+    )

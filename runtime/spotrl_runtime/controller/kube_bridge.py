@@ -1,0 +1,354 @@
+"""The controller's link to its RLJob when it runs in a pod: barrier requests in, status out.
+
+In a cluster the operator asks for a barrier cut by writing ``status.barrier`` (state
+``Requested``, a ``requestId``, the ``attempt`` it is for, a ``deadline``). The bridge
+watches its own RLJob (a field selector on its name: the runtime's Role allows nothing
+else), calls :meth:`Controllable.request_barrier` on a thread for each request it has not
+answered, and answers with one JSON patch that first **tests** ``requestId`` and
+``state == Requested``, then sets ``Committed`` + ``cutId`` + ``committedAt`` (+ ``lastCut``),
+or ``Failed`` + ``message``. A test that fails means the request was replaced or given up
+(Missed) meanwhile: the stale answer does not land.
+
+As a :class:`StatusSink` it reports ``step``/``stepAttempt`` and ``lastCut``; every one of
+those patches first tests ``status.attempt`` against this controller's attempt, so a
+controller that is being replaced can never write over its successor.
+
+It ignores a request made for another attempt (``barrier.attempt``, or ``status.attempt``
+when the request carries none): the operator clears ``status.barrier`` when it starts a
+new controller, and a terminating predecessor still watching must not cut for it.
+
+Threads, not asyncio: the training loop is synchronous, and so is the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from spotrl_runtime.api import rljob as api
+from spotrl_runtime.controller.control import BarrierFailed, Controllable, CutInfo
+
+log = logging.getLogger("spotrl.kube_bridge")
+Obj = dict[str, Any]
+
+WATCH_SECONDS = 30
+ANSWER_RETRY_SECONDS = 30.0
+MIN_WRITE_INTERVAL = 0.2
+
+
+class StaleError(Exception):
+    """A JSON patch's test failed: the status moved on (a newer request or attempt)."""
+
+
+def rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def cut_ref(cut: CutInfo) -> Obj:
+    """A cut as ``status.lastCut``."""
+    return {"id": cut.cut_id, "step": cut.step, "uri": cut.uri, "time": rfc3339(cut.committed_at), "kind": cut.kind}
+
+
+class _Api:
+    """The few requests the bridge makes, through the official client's configuration."""
+
+    def __init__(self, api_client: Any, namespace: str, name: str):
+        self.client = api_client
+        base = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{api.PLURAL}"
+        self.collection = base
+        self.status_url = f"{base}/{name}/status"
+        self.selector = f"metadata.name={name}"
+
+    def call(self, method: str, url: str, params: list[tuple[str, str]], body: Any = None, **kw: Any) -> Any:
+        ctype = "application/json-patch+json" if method == "PATCH" else "application/json"
+        return self.client.call_api(
+            url,
+            method,
+            query_params=params,
+            header_params={"Accept": "application/json", "Content-Type": ctype},
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=True,
+            **kw,
+        )
+
+    def list_job(self) -> Obj:
+        resp = self.call("GET", self.collection, [("fieldSelector", self.selector)], _request_timeout=15)
+        out: Obj = json.loads(resp.data)
+        return out
+
+    def watch(self, resource_version: str) -> Any:
+        params = [
+            ("fieldSelector", self.selector),
+            ("watch", "true"),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(WATCH_SECONDS)),
+        ]
+        return self.call("GET", self.collection, params, _request_timeout=(10, WATCH_SECONDS + 15))
+
+    def json_patch(self, ops: list[Obj]) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.call("PATCH", self.status_url, [], body=ops, _request_timeout=15)
+        except ApiException as err:
+            if err.status == 422 and "test" in str(err.body or "").lower():
+                raise StaleError(str(err.body)) from None
+            raise
+
+
+class KubeBridge:
+    """Barrier requests from the RLJob's status to the controller, and the controller's
+    progress back into it. Use :meth:`from_env` in a pod, then :meth:`start`."""
+
+    def __init__(self, job: str, namespace: str, attempt: int, api_client: Any = None):
+        if api_client is None:
+            from kubernetes import client, config
+
+            config.load_config()
+            api_client = client.ApiClient()
+        self.job = job
+        self.namespace = namespace
+        self.attempt = attempt
+        self._api = _Api(api_client, namespace, job)
+        self._controllable: Controllable | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._answered: set[str] = set()
+        self._lock = threading.Condition()
+        self._want: Obj = {}
+        self._wanted_version = 0
+        self._written_version = 0
+        self._best_cut: tuple[int, str] | None = None
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> KubeBridge | None:
+        """The bridge for this pod (``SPOTRL_JOB``, ``SPOTRL_NAMESPACE``, ``SPOTRL_ATTEMPT``, as
+        the operator sets them), or None outside a cluster."""
+        env = os.environ if environ is None else environ
+        job, attempt = env.get("SPOTRL_JOB"), env.get("SPOTRL_ATTEMPT")
+        if not job or not attempt:
+            return None
+        return cls(job, env.get("SPOTRL_NAMESPACE") or "default", int(attempt))
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, controllable: Controllable) -> KubeBridge:
+        """Starts watching for barrier requests and writing status."""
+        self._controllable = controllable
+        for target, name in ((self._watch_loop, "kube-bridge-watch"), (self._write_loop, "kube-bridge-status")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Writes what is pending (up to ``timeout``) and stops the threads."""
+        self.flush(timeout)
+        self._stop.set()
+        with self._lock:
+            self._lock.notify_all()
+
+    # ------------------------------------------------------------------ barrier requests
+    def _watch_loop(self) -> None:
+        from kubernetes.watch.watch import iter_resp_lines
+
+        rv: str | None = None
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                if rv is None:
+                    listing = self._api.list_job()
+                    for item in listing.get("items") or []:
+                        self.handle(item)
+                    rv = str((listing.get("metadata") or {}).get("resourceVersion") or "0")
+                resp = self._api.watch(rv)
+                try:
+                    for line in iter_resp_lines(resp):
+                        if self._stop.is_set():
+                            return
+                        event = json.loads(line)
+                        obj = event.get("object") or {}
+                        if event.get("type") == "ERROR":
+                            if obj.get("code") == 410:  # too old: list again
+                                rv = None
+                            break
+                        rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                        if event.get("type") in ("ADDED", "MODIFIED"):
+                            self.handle(obj)
+                finally:
+                    resp.release_conn()
+                backoff = 0.5
+            except Exception as err:  # network trouble, API restarts: watch again
+                if getattr(err, "status", None) == 410:
+                    rv = None
+                log.warning("watching RLJob %s/%s: %s; again in %.1f s", self.namespace, self.job, err, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def handle(self, rljob: Obj) -> bool:
+        """Looks at one observed state of the RLJob; starts answering a new request addressed
+        to this attempt. Returns True when it started one."""
+        status = rljob.get("status") or {}
+        barrier = status.get("barrier") or {}
+        request_id = barrier.get("requestId")
+        if barrier.get("state") != "Requested" or not request_id or request_id in self._answered:
+            return False
+        target = barrier.get("attempt", status.get("attempt"))
+        if target != self.attempt or status.get("attempt") != self.attempt:
+            log.info(
+                "barrier %s is for attempt %s, not for this controller (%d): ignored", request_id, target, self.attempt
+            )
+            self._answered.add(request_id)
+            return False
+        self._answered.add(request_id)
+        deadline = parse_rfc3339(barrier.get("deadline")) or time.time() + 60
+        reason = str(barrier.get("reason") or "operator request")
+        t = threading.Thread(
+            target=self._answer, args=(request_id, reason, deadline), name=f"barrier-{request_id}", daemon=True
+        )
+        t.start()
+        self._threads.append(t)
+        return True
+
+    def _answer(self, request_id: str, reason: str, deadline: float) -> None:
+        assert self._controllable is not None
+        log.info("barrier %s requested (%s), deadline %s", request_id, reason, rfc3339(deadline))
+        tests = [
+            {"op": "test", "path": "/status/barrier/requestId", "value": request_id},
+            {"op": "test", "path": "/status/barrier/state", "value": "Requested"},
+        ]
+        try:
+            cut = self._controllable.request_barrier(reason, deadline)
+        except Exception as err:  # BarrierFailed, or anything else: the operator must hear it
+            message = str(err) if isinstance(err, BarrierFailed) else f"{type(err).__name__}: {err}"
+            log.warning("barrier %s failed: %s", request_id, message)
+            ops = [*tests, _add("/status/barrier/state", "Failed"), _add("/status/barrier/message", message[:1024])]
+        else:
+            log.info("barrier %s committed cut %s at step %d", request_id, cut.cut_id, cut.step)
+            self._note_cut(cut)
+            ops = [
+                *tests,
+                _add("/status/barrier/state", "Committed"),
+                _add("/status/barrier/cutId", cut.cut_id),
+                _add("/status/barrier/committedAt", rfc3339(cut.committed_at)),
+                _add("/status/lastCut", cut_ref(cut)),
+            ]
+        self._patch_retrying(ops, f"answer to barrier {request_id}")
+
+    def _patch_retrying(self, ops: list[Obj], what: str) -> bool:
+        """Sends a JSON patch, retrying transient errors for a while. False if it is stale."""
+        until = time.monotonic() + ANSWER_RETRY_SECONDS
+        delay = 0.2
+        while True:
+            try:
+                self._api.json_patch(ops)
+                return True
+            except StaleError:
+                log.info("%s not written: the RLJob's status moved on", what)
+                return False
+            except Exception as err:
+                if time.monotonic() > until or self._stop.is_set():
+                    log.error("%s not written: %s", what, err)
+                    return False
+                log.warning("%s: %s; retrying", what, err)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    # ------------------------------------------------------------------ status (StatusSink)
+    def on_started(self, resumed_from: CutInfo | None) -> None:
+        if resumed_from is not None:
+            log.info("attempt %d resumes from cut %s (step %d)", self.attempt, resumed_from.cut_id, resumed_from.step)
+        else:
+            log.info("attempt %d starts from scratch", self.attempt)
+
+    def on_step(self, step: int, metrics: dict[str, Any]) -> None:
+        self._set(step=step)
+
+    def on_cut(self, cut: CutInfo) -> None:
+        if self._note_cut(cut):
+            self._set(lastCut=cut_ref(cut))
+
+    def on_finished(self, steps: int) -> None:
+        """Writes the final step count before returning: the operator calls a job Succeeded
+        only when the exited controller's steps reach totalSteps."""
+        self._set(step=steps)
+        if not self.flush(15.0):
+            log.error("the final step count (%d) did not reach the RLJob's status", steps)
+
+    def _note_cut(self, cut: CutInfo) -> bool:
+        """Remembers the newest cut; False for one older than a cut already reported."""
+        key = (cut.step, cut.cut_id)
+        with self._lock:
+            if self._best_cut is not None and key < self._best_cut:
+                return False
+            self._best_cut = key
+            return True
+
+    def _set(self, **fields: Any) -> None:
+        with self._lock:
+            self._want.update(fields)
+            self._wanted_version += 1
+            self._lock.notify_all()
+
+    def flush(self, timeout: float) -> bool:
+        """Waits until everything set so far is written (or given up). True if written."""
+        until = time.monotonic() + timeout
+        with self._lock:
+            target = self._wanted_version
+            while self._written_version < target:
+                left = until - time.monotonic()
+                if left <= 0 or not any(t.is_alive() for t in self._threads):
+                    return False
+                self._lock.wait(left)
+            return True
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._lock:
+                while self._written_version >= self._wanted_version and not self._stop.is_set():
+                    self._lock.wait()
+                if self._stop.is_set() and self._written_version >= self._wanted_version:
+                    return
+                want, version = dict(self._want), self._wanted_version
+            ops: list[Obj] = [{"op": "test", "path": "/status/attempt", "value": self.attempt}]
+            if "step" in want:
+                ops += [_add("/status/step", want["step"]), _add("/status/stepAttempt", self.attempt)]
+            if "lastCut" in want:
+                ops.append(_add("/status/lastCut", want["lastCut"]))
+            self._patch_retrying(ops, f"status of attempt {self.attempt}")
+            with self._lock:
+                self._written_version = max(self._written_version, version)
+                self._lock.notify_all()
+            time.sleep(MIN_WRITE_INTERVAL)
+
+
+def _add(path: str, value: Any) -> Obj:
+    return {"op": "add", "path": path, "value": value}
+
+
+def attach(controllable: Controllable, register: Callable[[KubeBridge], None] | None = None) -> KubeBridge | None:
+    """In a pod: the started bridge for this controller (None outside a cluster).
+    ``register`` hands it to the controller as a status sink before it starts watching."""
+    bridge = KubeBridge.from_env()
+    if bridge is None:
+        return None
+    if register is not None:
+        register(bridge)
+    return bridge.start(controllable)

@@ -1,0 +1,138 @@
+"""From API objects to the World the lifecycle decides on: pods, node signals, lost nodes, PDB."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from spotrl_operator.observe import Snapshot, deleting_since, pod_view, trim_node, trim_pod, world_of
+from spotrl_operator.settings import Settings
+from spotrl_runtime.api.rljob import SpecError
+
+NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+SETTINGS = Settings(default_storage="s3://bucket/root", extra_taint_keys=("example.com/going-away",))
+
+
+def job(**status: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "spotrl.dev/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "j", "namespace": "ns", "uid": "u1", "generation": 4, "resourceVersion": "77"},
+        "spec": {
+            "policy": {"model": "builtin:tiny-arith"},
+            "dataset": {"uri": "builtin:arithmetic"},
+            "reward": {"name": "arithmetic_exact"},
+            "training": {"totalSteps": 10},
+            "preemption": {"extraTaintKeys": ["job.example/notice"]},
+        },
+        "status": {"kopf": {"progress": {}}, **status},
+    }
+
+
+def node(name: str, ready: str = "True", **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"x": "y"}, "resourceVersion": "5"},
+        "spec": spec,
+        "status": {"conditions": [{"type": "MemoryPressure", "status": "False"}, {"type": "Ready", "status": ready}]},
+    }
+
+
+def pod(name: str, attempt: int, node_name: str | None = "spot-a", **extra: Any) -> dict[str, Any]:
+    meta = {
+        "name": name,
+        "namespace": "ns",
+        "labels": {"spotrl.dev/job": "j", "spotrl.dev/role": "controller", "spotrl.dev/attempt": str(attempt)},
+    }
+    meta.update(extra.pop("meta", {}))
+    return {"metadata": meta, "spec": {"nodeName": node_name}, "status": {"phase": "Running", **extra}}
+
+
+def nodes(*items: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n["metadata"]["name"]: trim_node(n) for n in items}
+
+
+def test_a_quiet_cluster() -> None:
+    w = world_of(
+        Snapshot(job=job(attempt=1), pods=(pod("j-controller-1", 1),), nodes=nodes(node("spot-a"))), SETTINGS, NOW
+    )
+    assert w.generation == 4
+    assert w.status.attempt == 1, "status.kopf is Kopf's, not the model's; it is left out"
+    assert w.signals == ()
+    assert w.unusable_nodes == frozenset()
+    assert w.lost_nodes == frozenset()
+    assert w.pdb_open is False, "no PDB counts as closed"
+    (p,) = w.pods
+    assert (p.name, p.attempt, p.phase, p.node, p.deleting_since) == ("j-controller-1", 1, "Running", "spot-a", None)
+
+
+def test_signals_come_from_the_controller_node_with_the_operator_and_job_taint_keys() -> None:
+    snap = Snapshot(
+        job=job(),
+        pods=(pod("j-controller-1", 1),),
+        nodes=nodes(
+            node("spot-a", taints=[{"key": "job.example/notice", "effect": "NoSchedule"}]),
+            node("spot-b", taints=[{"key": "example.com/going-away", "effect": "NoSchedule"}]),
+            node("ondemand-a", unschedulable=True),
+        ),
+    )
+    w = world_of(snap, SETTINGS, NOW)
+    assert [(s.kind, s.node, s.detail) for s in w.signals] == [("taint", "spot-a", "job.example/notice")]
+    assert w.unusable_nodes == {"spot-a", "spot-b", "ondemand-a"}
+
+
+def test_ready_unknown_and_deleted_nodes_are_lost_ready_false_is_not() -> None:
+    snap = Snapshot(
+        job=job(),
+        pods=(pod("j-controller-1", 1, "gone-node"),),
+        nodes=nodes(node("spot-a", ready="Unknown"), node("spot-b", ready="False")),
+    )
+    w = world_of(snap, SETTINGS, NOW)
+    assert w.lost_nodes == {"spot-a", "gone-node"}
+    assert w.unusable_nodes == {"spot-a", "spot-b", "gone-node"}
+    assert ("node-deleted", "gone-node") in [(s.kind, s.node) for s in w.signals]
+
+
+def test_disruption_target_exit_code_and_deletion_start() -> None:
+    p = pod(
+        "j-controller-2",
+        2,
+        conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}],
+        containerStatuses=[{"name": "controller", "state": {"terminated": {"exitCode": 143}}}],
+        meta={"deletionTimestamp": "2026-11-30T12:00:30Z", "deletionGracePeriodSeconds": 30},
+    )
+    v = pod_view(trim_pod(p))
+    assert v.disruption == "EvictionByEvictionAPI"
+    assert v.exit_code == 143
+    assert v.deleting_since == NOW, "deletionTimestamp is the end of the grace period, not its start"
+    assert deleting_since(pod("x", 1)) is None
+
+
+def test_only_controller_pods_count_and_the_pdb_state_is_read() -> None:
+    worker = pod("j-worker-0", 1)
+    worker["metadata"]["labels"]["spotrl.dev/role"] = "worker"
+    snap = Snapshot(job=job(), pods=(worker,), pdb={"spec": {"minAvailable": 0}})
+    w = world_of(snap, SETTINGS, NOW)
+    assert w.pods == ()
+    assert w.pdb_open is True
+    assert world_of(Snapshot(job=job(), pdb={"spec": {"minAvailable": 1}}), SETTINGS, NOW).pdb_open is False
+
+
+def test_no_storage_anywhere_is_a_configuration_error_naming_the_field() -> None:
+    w = world_of(Snapshot(job=job()), Settings(), NOW)
+    assert w.config_error is not None
+    assert "spec.checkpoint.storage" in w.config_error
+
+
+def test_a_spec_the_model_rejects_raises_with_the_field() -> None:
+    bad = job()
+    bad["spec"]["training"]["totalSteps"] = 0
+    with pytest.raises(SpecError, match=r"spec\.training\.totalSteps"):
+        world_of(Snapshot(job=bad), SETTINGS, NOW)
+
+
+def test_trimmed_objects_keep_only_what_is_read() -> None:
+    t = trim_node(node("spot-a", taints=[{"key": "k", "effect": "NoSchedule"}]))
+    assert t["status"]["conditions"] == [{"type": "Ready", "status": "True", "reason": None}]
+    assert "labels" not in t["metadata"]

@@ -1,0 +1,63 @@
+"""The operator's flags and their environment fallbacks."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from spotrl_operator.settings import DEFAULT_DEADLINE_CAPS, add_arguments, from_args
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPOTRL_WATCH_NAMESPACES", raising=False)
+    s = from_args(
+        parse(
+            [
+                "--runtime-image=reg/rt:1",
+                "--default-storage=s3://b/p",
+                "--extra-taint-key=a/*",
+                "--extra-taint-key=b",
+                "--deadline-cap=karpenter=60",
+                "--namespace=x",
+                "--runtime-env=HF_HOME=/cache",
+                "--no-leader-election",
+                "--reconcile-interval=0.5",
+            ]
+        )
+    )
+    assert s.runtime_image == "reg/rt:1"
+    assert s.default_storage == "s3://b/p"
+    assert s.extra_taint_keys == ("a/*", "b")
+    assert s.deadline_caps == {**DEFAULT_DEADLINE_CAPS, "karpenter": 60}
+    assert s.namespaces == ("x",)
+    assert s.extra_env == {"HF_HOME": "/cache"}
+    assert s.leader_election is False
+    assert s.reconcile_interval == 0.5
+
+
+def test_environment_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPOTRL_DEFAULT_STORAGE", "s3://env/root")
+    monkeypatch.setenv("SPOTRL_WATCH_NAMESPACES", "a, b")
+    monkeypatch.setenv("POD_NAMESPACE", "spotrl-system")
+    monkeypatch.setenv("POD_NAME", "spotrl-operator-abc")
+    monkeypatch.setenv("POD_IP", "10.0.0.7")
+    s = from_args(parse([]))
+    assert s.default_storage == "s3://env/root"
+    assert s.namespaces == ("a", "b")
+    assert s.lease_namespace == "spotrl-system"
+    assert s.identity == "spotrl-operator-abc"
+    assert s.metrics_address == "10.0.0.7"
+
+
+def test_malformed_flags_name_themselves() -> None:
+    with pytest.raises(SystemExit, match="--deadline-cap gke=soon"):
+        from_args(parse(["--deadline-cap=gke=soon"]))
+    with pytest.raises(SystemExit, match="--runtime-env"):
+        from_args(parse(["--runtime-env=NOVALUE"]))
