@@ -1,0 +1,330 @@
+"""Generation workers as Ray actors, and the dispatcher that feeds them group requests.
+
+The controller hands groups to :meth:`GenerationPool.submit` and collects one outcome per
+dispatched group from :meth:`GenerationPool.poll`, as the groups complete:
+
+- :class:`GroupGenerated`: all ``n`` samples, stamped with the weight version and worker;
+- :class:`GroupFailed`: the backend raised for this group (retry it or drop it);
+- :class:`GroupLost`: its worker died first (``ray.kill``, a crash, a lost node). Redispatch
+  it with the same ``group_id``; nothing else needs restoring. The dead worker is replaced
+  (up to ``max_restarts`` times each) and the replacement loads the newest weights first.
+
+Weight sync (:meth:`GenerationPool.update_weights`): the state dict is put in the Ray object
+store once and every live worker loads it from there. Ray runs one caller's calls to an actor
+in order, so the load lands between the generate calls sent before it and those sent after,
+and each result records the version it was generated with.
+
+Not thread-safe for concurrent callers beyond a lock around its bookkeeping: call it from the
+controller's loop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from spotrl_runtime.generation.backend import BackendSpec
+from spotrl_runtime.generation.types import GenerationRequest, GroupFailed, GroupLost, GroupOutcome
+from spotrl_runtime.generation.worker import GenerationWorker
+
+if TYPE_CHECKING:
+    import torch
+
+
+class GenerationPoolError(RuntimeError):
+    """The pool can make no progress (every worker is dead and may not be restarted)."""
+
+
+@dataclass
+class _Call:
+    kind: Literal["generate", "load"]
+    worker_id: str
+    group_ids: tuple[str, ...] = ()
+    version: int = 0
+
+
+@dataclass
+class _Worker:
+    worker_id: str
+    actor: Any
+    alive: bool = True
+    weight_version: int = 0
+    restarts: int = 0
+    generated: int = 0
+    lost: int = 0
+    calls: set[Any] = field(default_factory=set)
+    """ObjectRefs of this worker's calls in flight."""
+    last_error: str = ""
+
+
+class GenerationPool:
+    """``num_workers`` :class:`GenerationWorker` actors, fed with group requests in FIFO order."""
+
+    def __init__(
+        self,
+        spec: BackendSpec,
+        num_workers: int,
+        *,
+        groups_per_call: int = 8,
+        calls_per_worker: int = 2,
+        max_restarts: int = 3,
+        actor_options: Mapping[str, Any] | None = None,
+        name: str = "gen",
+    ) -> None:
+        """``groups_per_call`` groups travel in one actor call (vLLM batches them together);
+        ``calls_per_worker`` calls may be queued at a worker so it never idles between them;
+        ``actor_options`` go to ``ray.remote(...).options`` (default: 1 GPU for vLLM, 1 CPU else)."""
+        import ray
+
+        if num_workers < 1:
+            raise ValueError("generation.workers must be >= 1")
+        if not ray.is_initialized():
+            raise GenerationPoolError("Ray is not initialised; call ray.init() (or connect to the cluster) first")
+        self.spec = spec
+        self.groups_per_call = max(1, groups_per_call)
+        self.calls_per_worker = max(1, calls_per_worker)
+        self.max_restarts = max_restarts
+        default_options: dict[str, Any] = {"num_gpus": 1} if spec.kind == "vllm" else {"num_cpus": 1}
+        self._actor_options = {**default_options, "max_restarts": 0, **(actor_options or {})}
+        self._actor_class = ray.remote(GenerationWorker)
+        self._name = name
+        self._lock = threading.RLock()
+        self._queue: deque[GenerationRequest] = deque()
+        self._calls: dict[Any, _Call] = {}
+        self._assigned: dict[str, str] = {}
+        self._outbox: list[GroupOutcome] = []
+        self._latest_weights: tuple[Any, int] | None = None
+        self._workers: dict[str, _Worker] = {}
+        for i in range(num_workers):
+            worker_id = f"{name}-{i}"
+            self._workers[worker_id] = _Worker(worker_id, self._start_actor(worker_id))
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(self, requests: Iterable[GenerationRequest]) -> None:
+        """Queues groups for generation. A group id already queued or in flight is an error, and
+        then none of ``requests`` is queued."""
+        batch = list(requests)
+        with self._lock:
+            seen = {r.group_id for r in self._queue} | set(self._assigned)
+            for request in batch:
+                if request.group_id in seen:
+                    raise ValueError(f"group {request.group_id} is already queued or in flight")
+                seen.add(request.group_id)
+            self._queue.extend(batch)
+            self._dispatch()
+
+    def poll(self, timeout: float | None = 0.0) -> list[GroupOutcome]:
+        """Outcomes of the groups that completed, waiting up to ``timeout`` seconds (None: until
+        at least one completes) when none is ready. Returns [] when nothing is in flight."""
+        import ray
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._outbox:
+                    out, self._outbox = self._outbox, []
+                    return out
+                refs = list(self._calls)
+            if not refs:
+                self._raise_if_all_dead()
+                return []
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait(refs, num_returns=1, timeout=remaining)
+            if ready:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                with self._lock:
+                    for ref in ready:
+                        self._complete(ref)
+                    self._dispatch()
+            elif deadline is not None and time.monotonic() >= deadline:
+                return []
+
+    # ------------------------------------------------------------------ weights
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int, *, wait: bool = True) -> None:
+        """Sends new policy weights to every live worker (one ``ray.put``, each worker loads it).
+
+        Groups already sent to a worker are generated with the old weights; groups sent after this
+        call with the new ones. ``wait=True`` returns once every live worker has loaded them
+        (which includes finishing what was queued before); outcomes that complete meanwhile are
+        kept for the next :meth:`poll`.
+        """
+        import ray
+
+        ref = ray.put(dict(state_dict))
+        with self._lock:
+            self._latest_weights = (ref, version)
+            load_refs = [self._send_load(w) for w in self._workers.values() if w.alive]
+        if wait:
+            pending = [r for r in load_refs if r is not None]
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+                with self._lock:
+                    for r in ready:
+                        self._complete(r)
+                    self._dispatch()
+
+    # ------------------------------------------------------------------ introspection
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        """Blocks until every live worker has built its backend (for benchmarks and tests)."""
+        import ray
+
+        with self._lock:
+            probes = {w.worker_id: w.actor.info.remote() for w in self._workers.values() if w.alive}
+        for worker_id, probe in probes.items():
+            try:
+                ray.get(probe, timeout=timeout)
+            except ray.exceptions.RayActorError as err:
+                with self._lock:
+                    self._worker_lost(self._workers[worker_id], f"failed to start: {err}")
+                    self._dispatch()
+        self._raise_if_all_dead()
+
+    def assignments(self) -> dict[str, str]:
+        """group_id → worker_id of every group in flight."""
+        with self._lock:
+            return dict(self._assigned)
+
+    def in_flight(self) -> int:
+        """Groups sent to workers and not yet reported."""
+        with self._lock:
+            return len(self._assigned)
+
+    def queued(self) -> int:
+        """Groups waiting for a free worker."""
+        with self._lock:
+            return len(self._queue)
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Per worker: id, alive, confirmed weight version, restarts, groups generated and lost."""
+        with self._lock:
+            return [
+                {
+                    "worker": w.worker_id,
+                    "alive": w.alive,
+                    "weight_version": w.weight_version,
+                    "restarts": w.restarts,
+                    "generated": w.generated,
+                    "lost": w.lost,
+                    "in_flight": sum(1 for g in self._assigned.values() if g == w.worker_id),
+                    "last_error": w.last_error,
+                }
+                for w in self._workers.values()
+            ]
+
+    def actor(self, worker_id: str) -> Any:
+        """The Ray actor handle of a worker (to inspect it, or to kill it in a test)."""
+        with self._lock:
+            return self._workers[worker_id].actor
+
+    def shutdown(self) -> None:
+        """Kills every worker actor. Groups in flight are abandoned (not reported)."""
+        import ray
+
+        with self._lock:
+            for w in self._workers.values():
+                if w.alive:
+                    ray.kill(w.actor, no_restart=True)
+                w.alive = False
+            self._calls.clear()
+            self._assigned.clear()
+            self._queue.clear()
+
+    # ------------------------------------------------------------------ internals (lock held)
+
+    def _start_actor(self, worker_id: str) -> Any:
+        return self._actor_class.options(**self._actor_options).remote(self.spec, worker_id)
+
+    def _dispatch(self) -> None:
+        live = [w for w in self._workers.values() if w.alive]
+        while self._queue and live:
+            worker = min(live, key=lambda w: len(w.calls))
+            if len(worker.calls) >= self.calls_per_worker:
+                return
+            batch = [self._queue.popleft() for _ in range(min(self.groups_per_call, len(self._queue)))]
+            ref = worker.actor.generate.remote(batch)
+            group_ids = tuple(r.group_id for r in batch)
+            self._calls[ref] = _Call("generate", worker.worker_id, group_ids)
+            worker.calls.add(ref)
+            for gid in group_ids:
+                self._assigned[gid] = worker.worker_id
+
+    def _send_load(self, worker: _Worker) -> Any:
+        if self._latest_weights is None:
+            return None
+        ref, version = self._latest_weights
+        call_ref = worker.actor.load_weights.remote(ref, version)
+        self._calls[call_ref] = _Call("load", worker.worker_id, version=version)
+        worker.calls.add(call_ref)
+        return call_ref
+
+    def _complete(self, ref: Any) -> None:
+        import ray
+
+        call = self._calls.get(ref)
+        if call is None:
+            return  # already settled when its worker was declared lost
+        worker = self._workers[call.worker_id]
+        try:
+            value = ray.get(ref)
+        except ray.exceptions.RayActorError as err:
+            self._worker_lost(worker, f"{type(err).__name__}: {err}")
+            return
+        except Exception as err:
+            self._settle(ref)
+            if call.kind == "generate":
+                self._outbox.extend(
+                    GroupFailed(gid, f"{type(err).__name__}: {err}", worker.worker_id) for gid in call.group_ids
+                )
+            else:
+                worker.last_error = f"load_weights failed: {err}"
+                self._worker_lost(worker, worker.last_error)
+            return
+        self._settle(ref)
+        if call.kind == "load":
+            worker.weight_version = int(value)
+            return
+        for outcome in value:
+            if hasattr(outcome, "samples"):
+                worker.generated += 1
+            self._outbox.append(outcome)
+
+    def _settle(self, ref: Any) -> None:
+        call = self._calls.pop(ref)
+        self._workers[call.worker_id].calls.discard(ref)
+        for gid in call.group_ids:
+            self._assigned.pop(gid, None)
+
+    def _worker_lost(self, worker: _Worker, reason: str) -> None:
+        """Every group the worker held comes back as lost; the worker is replaced if allowed."""
+        import ray
+
+        if not worker.alive:
+            return
+        worker.alive = False
+        worker.last_error = reason
+        for ref in list(worker.calls):
+            call = self._calls[ref]
+            self._settle(ref)
+            if call.kind == "generate":
+                worker.lost += len(call.group_ids)
+                self._outbox.extend(GroupLost(gid, worker.worker_id, reason) for gid in call.group_ids)
+        ray.kill(worker.actor, no_restart=True)
+        if worker.restarts < self.max_restarts:
+            worker.actor = self._start_actor(worker.worker_id)
+            worker.alive = True
+            worker.restarts += 1
+            worker.weight_version = 0
+            self._send_load(worker)
+
+    def _raise_if_all_dead(self) -> None:
+        with self._lock:
+            if self._workers and not any(w.alive for w in self._workers.values()):
+                reasons = "; ".join(f"{w.worker_id}: {w.last_error}" for w in self._workers.values())
+                raise GenerationPoolError(f"every generation worker is dead and out of restarts ({reasons})")

@@ -1,0 +1,226 @@
+"""Generation workers as real Ray actors: dispatch, weight sync, per-group failures, lost workers."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from spotrl_runtime.generation import (
+    BackendSpec,
+    GenerationRequest,
+    GroupFailed,
+    GroupGenerated,
+    GroupLost,
+    GroupOutcome,
+)
+from spotrl_runtime.generation.pool import GenerationPool, GenerationPoolError
+from spotrl_runtime.models import build_char_tokenizer, load_policy
+
+SPEC = BackendSpec(kind="transformers", model="builtin:tiny-arith", torch_threads=1)
+# Half a logical CPU each, so that the shared pool and a test's own pool fit in Ray's 2 CPUs.
+OPTIONS = {"num_cpus": 0.5}
+TOKENIZER = build_char_tokenizer()
+PROBLEMS = [f"{a}+{b}=" for a in range(10) for b in range(10)]
+
+
+def requests(
+    first: int, count: int, *, n: int = 4, max_new_tokens: int = 8, temperature: float = 1.0
+) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(
+            f"g{i}",
+            tuple(TOKENIZER(PROBLEMS[i % len(PROBLEMS)])["input_ids"]),
+            n=n,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=i,
+        )
+        for i in range(first, first + count)
+    ]
+
+
+def drain(pool: GenerationPool, expected: int, timeout: float = 120.0) -> list[GroupOutcome]:
+    """Polls until ``expected`` outcomes arrived."""
+    outcomes: list[GroupOutcome] = []
+    deadline = time.monotonic() + timeout
+    while len(outcomes) < expected:
+        assert time.monotonic() < deadline, f"only {len(outcomes)} of {expected} outcomes after {timeout}s"
+        outcomes.extend(pool.poll(timeout=1.0))
+    return outcomes
+
+
+def perturbed_weights(seed: int) -> dict[str, torch.Tensor]:
+    model, _ = load_policy("builtin:tiny-arith")
+    generator = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name, tensor in model.state_dict().items():
+        noise = torch.randn(tensor.shape, generator=generator) * 0.3 if "norm" not in name else 0.0
+        weights[name] = tensor + noise
+    return weights
+
+
+@pytest.fixture(scope="module")
+def shared_pool(ray_session: Any) -> Any:
+    """Two workers for the tests that kill none (starting workers costs seconds each)."""
+    pool = GenerationPool(
+        SPEC, num_workers=2, groups_per_call=2, calls_per_worker=2, max_restarts=0, actor_options=OPTIONS
+    )
+    pool.wait_ready()
+    yield pool
+    pool.shutdown()
+
+
+@pytest.fixture
+def pool(shared_pool: GenerationPool) -> GenerationPool:
+    """The shared pool, idle, with the initial weights as version 0."""
+    assert shared_pool.in_flight() == 0
+    assert shared_pool.queued() == 0
+    model, _ = load_policy("builtin:tiny-arith")
+    shared_pool.update_weights(model.state_dict(), version=0)
+    return shared_pool
+
+
+def test_two_workers_generate_every_group_once(pool: GenerationPool) -> None:
+    pool.submit(requests(0, 12))
+    assert pool.in_flight() + pool.queued() == 12
+    outcomes = drain(pool, 12)
+    assert sorted(o.group_id for o in outcomes) == sorted(f"g{i}" for i in range(12))
+    assert all(isinstance(o, GroupGenerated) for o in outcomes)
+    assert {o.worker for o in outcomes if isinstance(o, GroupGenerated)} == {"gen-0", "gen-1"}
+    assert all(len(o.samples) == 4 and o.weight_version == 0 for o in outcomes if isinstance(o, GroupGenerated))
+    assert pool.in_flight() == 0
+    assert pool.queued() == 0
+    assert pool.poll(timeout=0.1) == []
+    with pytest.raises(ValueError, match="g20 is already queued or in flight"):
+        pool.submit(requests(20, 1) * 2)
+    assert pool.queued() == 0  # all or nothing
+
+
+def test_results_match_the_backend_run_in_process(pool: GenerationPool) -> None:
+    from spotrl_runtime.generation import build_backend
+
+    local = build_backend(SPEC).generate(requests(0, 3))
+    pool.submit(requests(0, 3))
+    remote = {o.group_id: o for o in drain(pool, 3)}
+    for expected in local:
+        got = remote[expected.group_id]
+        assert isinstance(got, GroupGenerated)
+        assert [s.completion_token_ids for s in got.samples] == [s.completion_token_ids for s in expected.samples]
+
+
+def test_weight_sync_reaches_every_worker_and_stamps_the_version(pool: GenerationPool) -> None:
+    pool.submit(requests(0, 4))
+    before = {o.group_id: o for o in drain(pool, 4)}
+    pool.update_weights(perturbed_weights(1), version=1)
+    assert [w["weight_version"] for w in pool.workers()] == [1, 1]
+    pool.submit(requests(0, 4, n=4))
+    after = {o.group_id: o for o in drain(pool, 4)}
+    assert all(isinstance(o, GroupGenerated) and o.weight_version == 1 for o in after.values())
+    assert {o.worker for o in after.values() if isinstance(o, GroupGenerated)} == {"gen-0", "gen-1"}
+    changed = [
+        gid
+        for gid in after
+        if [s.completion_token_ids for s in after[gid].samples] != [s.completion_token_ids for s in before[gid].samples]  # type: ignore[union-attr]
+    ]
+    assert changed  # the same seeds sample differently under the new weights
+
+
+def test_groups_sent_before_a_weight_update_keep_the_old_version(pool: GenerationPool) -> None:
+    pool.submit(requests(0, 4))  # 2 calls per worker: all four are at the workers already
+    pool.update_weights(perturbed_weights(2), version=5, wait=False)
+    pool.submit(requests(4, 4))  # sent after the load: generated with version 5
+    outcomes = {o.group_id: o for o in drain(pool, 8)}
+    versions = {gid: o.weight_version for gid, o in outcomes.items() if isinstance(o, GroupGenerated)}
+    assert {versions[f"g{i}"] for i in range(4)} == {0}
+    assert {versions[f"g{i}"] for i in range(4, 8)} == {5}
+
+
+def test_a_failing_group_is_reported_alone(pool: GenerationPool) -> None:
+    bad = GenerationRequest("bad", (1, 10_000), n=2, max_new_tokens=4)
+    pool.submit([*requests(0, 1), bad, *requests(1, 1)])
+    outcomes = {o.group_id: o for o in drain(pool, 3)}
+    assert isinstance(outcomes["bad"], GroupFailed)
+    assert "IndexError" in outcomes["bad"].error
+    assert isinstance(outcomes["g0"], GroupGenerated)
+    assert isinstance(outcomes["g1"], GroupGenerated)
+
+
+def test_a_killed_worker_loses_its_groups_and_the_other_finishes_them(ray_session: Any) -> None:
+    pool = GenerationPool(
+        SPEC, num_workers=2, groups_per_call=2, calls_per_worker=2, max_restarts=0, actor_options=OPTIONS
+    )
+    try:
+        pool.wait_ready()
+        pool.submit(requests(0, 4))
+        assert all(isinstance(o, GroupGenerated) for o in drain(pool, 4))
+        pool.update_weights(perturbed_weights(3), version=1)
+
+        # Long groups (hot sampling rarely stops) so the kill lands while they are in flight.
+        pool.submit(requests(10, 8, n=64, max_new_tokens=48, temperature=3.0))
+        held = {gid for gid, worker in pool.assignments().items() if worker == "gen-0"}
+        assert held
+        ray_session.kill(pool.actor("gen-0"))
+        outcomes = drain(pool, 8)
+        lost = {o.group_id for o in outcomes if isinstance(o, GroupLost)}
+        generated = {o.group_id for o in outcomes if isinstance(o, GroupGenerated)}
+        assert lost
+        assert lost <= held
+        assert lost | generated == {f"g{i}" for i in range(10, 18)}
+        assert all(o.worker == "gen-0" and "ActorDied" in o.reason for o in outcomes if isinstance(o, GroupLost))
+
+        # The controller redispatches the lost groups under the same ids; the survivor does them.
+        by_id = {r.group_id: r for r in requests(10, 8, n=64, max_new_tokens=48, temperature=3.0)}
+        pool.submit([by_id[gid] for gid in sorted(lost)])
+        redone = drain(pool, len(lost))
+        assert {o.group_id for o in redone} == lost
+        assert all(isinstance(o, GroupGenerated) and o.worker == "gen-1" and o.weight_version == 1 for o in redone)
+        states = {w["worker"]: w for w in pool.workers()}
+        assert states["gen-0"]["alive"] is False
+        assert states["gen-0"]["lost"] == len(lost)
+        assert states["gen-1"]["alive"] is True
+    finally:
+        pool.shutdown()
+
+
+def test_a_lost_worker_is_replaced_and_loads_the_newest_weights(ray_session: Any) -> None:
+    pool = GenerationPool(
+        SPEC, num_workers=1, groups_per_call=1, calls_per_worker=2, max_restarts=1, actor_options=OPTIONS
+    )
+    try:
+        pool.wait_ready()
+        pool.update_weights(perturbed_weights(4), version=3)
+        pool.submit(requests(0, 2, n=64, max_new_tokens=48, temperature=3.0))
+        ray_session.kill(pool.actor("gen-0"))
+        outcomes = drain(pool, 2)
+        assert all(isinstance(o, GroupLost) for o in outcomes)
+        pool.submit(requests(0, 2))
+        redone = drain(pool, 2)
+        assert all(isinstance(o, GroupGenerated) and o.weight_version == 3 for o in redone)
+        (state,) = pool.workers()
+        assert state["restarts"] == 1
+        assert state["alive"] is True
+        assert state["weight_version"] == 3
+
+        # Out of restarts: the next loss leaves no worker, and the pool says so instead of hanging.
+        pool.submit(requests(5, 1, n=64, max_new_tokens=48, temperature=3.0))
+        ray_session.kill(pool.actor("gen-0"))
+        assert isinstance(drain(pool, 1)[0], GroupLost)
+        with pytest.raises(GenerationPoolError, match="every generation worker is dead"):
+            pool.poll(timeout=0.1)
+    finally:
+        pool.shutdown()
+
+
+def test_a_worker_that_cannot_start_is_reported(ray_session: Any) -> None:
+    broken = BackendSpec(kind="transformers", model="/nonexistent/model")
+    pool = GenerationPool(broken, num_workers=1, max_restarts=0, actor_options=OPTIONS)
+    try:
+        with pytest.raises(
+            GenerationPoolError, match=r"(?s)gen-0: failed to start.*policy\.model: '/nonexistent/model'"
+        ):
+            pool.wait_ready(timeout=60)
+    finally:
+        pool.shutdown()
