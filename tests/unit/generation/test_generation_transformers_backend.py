@@ -176,3 +176,29 @@ def test_requests_are_validated(kwargs: dict[str, Any]) -> None:
     base: dict[str, Any] = {"group_id": "g", "prompt_token_ids": (1, 2), "n": 2, "max_new_tokens": 4}
     with pytest.raises(ValueError, match="group g"):
         GenerationRequest(**{**base, **kwargs})
+
+
+def test_vllm_sampled_logprobs_are_read_per_position() -> None:
+    """The part of the vLLM backend that needs no GPU: picking the sampled token's log-prob."""
+    from types import SimpleNamespace
+
+    from spotrl_runtime.generation.vllm_backend import _sampled_logprobs
+
+    positions = [
+        {5: SimpleNamespace(logprob=-0.5), 9: SimpleNamespace(logprob=-2.0)},
+        {2: SimpleNamespace(logprob=-0.1)},
+    ]
+    assert _sampled_logprobs((9, 2), positions) == (-2.0, -0.1)
+    with pytest.raises(RuntimeError, match="1 logprob entries for 2 tokens"):
+        _sampled_logprobs((9, 2), positions[:1])
+    with pytest.raises(RuntimeError, match="0 logprob entries"):
+        _sampled_logprobs((9,), None)
+
+
+def test_the_vllm_backend_says_what_to_install_when_vllm_is_missing() -> None:
+    from spotrl_runtime.generation.vllm_backend import VLLMBackend, vllm_available
+
+    if vllm_available():
+        pytest.skip("vllm is installed here; this checks the message on machines without it")
+    with pytest.raises(RuntimeError, match=r"spotrl\[gpu\].*backend 'transformers'"):
+        VLLMBackend("/unused")
