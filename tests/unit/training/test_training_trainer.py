@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from training_helpers import make_group, small_llama
 
-from conftest import make_group, small_llama
 from spotrl_runtime.core.types import FinishedGroup
 from spotrl_runtime.training import Trainer, TrainerConfig
 
