@@ -108,9 +108,6 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.watching.label_selectors["v1", "pods"] = JOB_LABEL
     settings.watching.label_selectors["policy", "v1", "poddisruptionbudgets"] = JOB_LABEL
     settings.execution.max_workers = 16
-    if ctx.settings.metrics_port:
-        ctx.metrics.serve(ctx.settings.metrics_port, ctx.settings.metrics_address)
-        log.info("metrics on %s:%d/metrics", ctx.settings.metrics_address, ctx.settings.metrics_port)
 
 
 # ----------------------------------------------------------------------------- caches

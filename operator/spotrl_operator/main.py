@@ -39,6 +39,9 @@ def run(settings: Settings) -> int:
 
     kube = Kube.connect(settings.kubeconfig)
     metrics = Metrics()
+    if settings.metrics_port:  # a standby serves its metrics too (spotrl_operator_leader 0)
+        metrics.serve(settings.metrics_port, settings.metrics_address)
+        log.info("metrics on http://%s:%d/metrics", settings.metrics_address, settings.metrics_port)
     standby_stop = threading.Event()
     renewing = threading.Event()  # set: stop renewing
     lost = threading.Event()
@@ -73,12 +76,21 @@ def run(settings: Settings) -> int:
     import spotrl_operator.handlers as handlers  # registers the handlers with Kopf
 
     memo = kopf.Memo(ctx=handlers.Context(settings=settings, kube=kube, metrics=metrics))
+    ready = threading.Event()
+
+    def say_ready() -> None:
+        if ready.wait():
+            where = ", ".join(settings.namespaces) or "all namespaces"
+            log.info("ready: running RLJobs in %s as %s", where, settings.identity)
+
+    threading.Thread(target=say_ready, name="ready-log", daemon=True).start()
     try:
         kopf.run(
             standalone=True,
             clusterwide=not settings.namespaces,
             namespaces=settings.namespaces,
             memo=memo,
+            ready_flag=ready,
         )
     finally:
         renewing.set()

@@ -336,7 +336,7 @@ def _suspend(b: _Builder, current: PodView | None) -> Plan:
         _missed(b, barrier)
     elif barrier.state == "Failed":
         _failed(b, barrier)
-    else:
+    elif barrier.state == "Committed":
         _committed(b, barrier, first=b.st.message != _SUSPEND_STOPPING)
     b.act(DeletePod(current.name))
     b.phase("Checkpointing", _SUSPEND_STOPPING)

@@ -380,3 +380,17 @@ def test_a_job_without_storage_fails_with_the_field_named() -> None:
     assert plan.status.phase == "Failed"
     assert of(plan, CreateControllerPod) == []
     assert any(c.type == "Failed" and "spec.checkpoint.storage" in c.message for c in plan.status.conditions)
+
+
+def test_a_missed_suspend_barrier_seen_again_stays_missed() -> None:
+    """A pass from a stale cache still sees the pod after the miss: no 'committed' then."""
+    suspended_spec = SPEC.model_copy(update={"suspend": True})
+    p1 = reconcile(world(spec=suspended_spec, status=RLJobStatus(phase="Running", attempt=1), pods=(running(),)))
+    assert p1.status is not None
+    late = T0 + timedelta(seconds=21)
+    p2 = reconcile(world(now=late, spec=suspended_spec, status=p1.status, pods=(running(),)))
+    assert p2.status is not None
+    p3 = reconcile(world(now=late, spec=suspended_spec, status=p2.status, pods=(running(),)))
+    assert p3.status is not None
+    assert "BarrierCommitted" not in events(p3)
+    assert {c.type: c.status for c in p3.status.conditions}["BarrierMissed"] == "True"

@@ -1,0 +1,30 @@
+{{/* The release's full name, used for every object of the chart. */}}
+{{- define "spotrl.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "spotrl.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "spotrl.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "spotrl.serviceAccountName" -}}
+{{- default (include "spotrl.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "spotrl.image" -}}
+{{- printf "%s:%s" .repository (default $.appVersion .tag) -}}
+{{- end -}}

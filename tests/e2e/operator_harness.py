@@ -1,0 +1,291 @@
+"""The real operator on the test cluster, as the tests run it.
+
+- :func:`install_operator_identity`: the chart's own ServiceAccount and RBAC (rendered by
+  ``helm template``, applied as they are) in a fresh namespace, and a kubeconfig with a
+  token of that ServiceAccount; so every operator test runs with exactly the permissions
+  the chart grants.
+- :class:`OperatorProcess`: ``python -m spotrl_operator`` as a subprocess of the test
+  (its log in a file, killable with any signal), started and waited for until it leads
+  (or stands by).
+- :class:`Jobs`: create RLJobs, wait on their status, delete them (and wait for the
+  operator's finalizer) afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from spotrl_e2e.cluster import Cluster
+from spotrl_e2e.kube import ApiError, Credentials, KubeClient, path
+from spotrl_e2e.procs import Process, free_port
+
+Obj = dict[str, Any]
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "spotrl"
+CRD = REPO / "crds" / "rljobs.spotrl.dev.yaml"
+RLJOBS = "spotrl.dev/v1alpha1"
+RELEASE = "spotrl"  # the chart's objects are then named "spotrl"
+# A node selector no node matches: the operator's controller pod is created and stays Pending.
+NOWHERE = {"spotrl.dev/test-placement": "nowhere"}
+
+
+def apply_crd(cluster: Cluster) -> None:
+    """The generated CRD, applied and Established."""
+    cluster.kubectl("apply", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/rljobs.spotrl.dev", "--timeout=30s")
+
+
+def helm(cluster: Cluster, *args: str, timeout: float = 120) -> str:
+    """Runs the pinned helm as the cluster admin; raises with its output on failure."""
+    out = subprocess.run(
+        [str(cluster.tools.helm), *args],
+        env={"KUBECONFIG": str(cluster.kubeconfig), "HOME": str(cluster.workdir), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"helm {' '.join(args)} exited {out.returncode}:\n{out.stdout}{out.stderr}")
+    return out.stdout
+
+
+def render_chart(cluster: Cluster, namespace: str, *sets: str, only: tuple[str, ...] = ()) -> list[Obj]:
+    args = ["template", RELEASE, str(CHART), "--namespace", namespace, "--kube-version", "1.35.4"]
+    for s in sets:
+        args += ["--set", s]
+    for template in only:
+        args += ["--show-only", template]
+    return [d for d in yaml.safe_load_all(helm(cluster, *args)) if d]
+
+
+def token_kubeconfig(cluster: Cluster, namespace: str, service_account: str, file: Path) -> Path:
+    """A kubeconfig with a fresh token (TokenRequest) of the ServiceAccount."""
+    token = cluster.kubectl("create", "token", service_account, "-n", namespace, "--duration=2h").stdout.strip()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": {"server": cluster.server, "certificate-authority": str(cluster.ca)}}],
+        "users": [{"name": service_account, "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "test", "user": service_account, "namespace": namespace}}],
+        "current-context": "sa",
+    }
+    file.write_text(yaml.safe_dump(config))
+    return file
+
+
+def service_account_client(cluster: Cluster, namespace: str, service_account: str) -> KubeClient:
+    token = cluster.kubectl("create", "token", service_account, "-n", namespace, "--duration=1h").stdout.strip()
+    return KubeClient(Credentials(cluster.server, cluster.ca, token=token))
+
+
+def install_operator_identity(cluster: Cluster, namespace: str, workdir: Path) -> Path:
+    """The chart's ServiceAccount, ClusterRole(Binding) and leader Role(Binding) in
+    ``namespace``; returns a kubeconfig that authenticates as that ServiceAccount."""
+    docs = render_chart(cluster, namespace, only=("templates/serviceaccount.yaml", "templates/rbac.yaml"))
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"], kinds
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    return token_kubeconfig(cluster, namespace, RELEASE, workdir / f"operator-{namespace}.kubeconfig")
+
+
+class OperatorProcess:
+    """``python -m spotrl_operator`` with the chart's identity, logging to ``<workdir>/<name>.log``."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        kubeconfig: Path,
+        lease_namespace: str,
+        workdir: Path,
+        name: str = "operator",
+        args: tuple[str, ...] = (),
+        lease_seconds: float = 4.0,
+    ):
+        self.cluster = cluster
+        self.name = f"{name}-{uuid.uuid4().hex[:4]}"
+        self.metrics_port = free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "spotrl_operator",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--lease-name",
+            RELEASE,
+            "--lease-namespace",
+            lease_namespace,
+            "--lease-seconds",
+            str(lease_seconds),
+            "--identity",
+            self.name,
+            "--metrics-address",
+            "127.0.0.1",
+            "--metrics-port",
+            str(self.metrics_port),
+            "--reconcile-interval",
+            "1",
+            *args,
+        ]
+        self.process = Process(self.name, argv, workdir)
+
+    def start(self, wait: str | None = "lead", timeout: float = 30) -> OperatorProcess:
+        """Starts it; ``wait``: "lead" (until Kopf runs), "standby", or None."""
+        self.process.start()
+        if wait == "lead":
+            self.process.wait_ready(lambda: "ready: running RLJobs" in self.log(), timeout, "leading and ready")
+        elif wait == "standby":
+            self.process.wait_ready(lambda: "standing by" in self.log(), timeout, "standing by")
+        return self
+
+    def log(self) -> str:
+        return self.process.log.read_text(errors="replace") if self.process.log.exists() else ""
+
+    def running(self) -> bool:
+        return self.process.exit_code() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Sends ``sig`` to the operator and waits for it to exit."""
+        assert self.process.popen is not None
+        self.process.popen.send_signal(sig)
+        self.process.popen.wait(30)
+
+    def stop(self) -> None:
+        self.process.stop(timeout=20)
+
+    def metrics(self) -> dict[str, float]:
+        """Its Prometheus samples (name{labels} → value)."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+
+def tiny_job(name: str, **spec_overrides: Any) -> Obj:
+    """A small valid RLJob; nested overrides merge into the spec's sections."""
+    spec: Obj = {
+        "policy": {"model": "builtin:tiny-arith"},
+        "dataset": {"uri": "builtin:arithmetic"},
+        "reward": {"name": "arithmetic_exact"},
+        "generation": {"groupSize": 4, "promptsPerStep": 4, "maxNewTokens": 3},
+        "training": {"totalSteps": 20, "microBatchSize": 16},
+        "checkpoint": {"everySteps": 5, "barrierDeadlineSeconds": 20},
+    }
+    for key, value in spec_overrides.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key] = {**spec[key], **value}
+        else:
+            spec[key] = value
+    return {"apiVersion": RLJOBS, "kind": "RLJob", "metadata": {"name": name}, "spec": spec}
+
+
+class Jobs:
+    """RLJobs of one test in one namespace (deleted, and waited for, at the end)."""
+
+    def __init__(self, cluster: Cluster, namespace: str):
+        self.cluster = cluster
+        self.ns = namespace
+        self.admin = cluster.admin()
+        self.names: list[str] = []
+
+    def url(self, name: str | None = None, sub: str | None = None) -> str:
+        return path(RLJOBS, "rljobs", self.ns, name, sub)
+
+    def create(self, job: Obj) -> Obj:
+        self.names.append(job["metadata"]["name"])
+        return self.admin.create(self.url(), job)
+
+    def get(self, name: str) -> Obj | None:
+        return self.admin.get_or_none(self.url(name))
+
+    def status(self, name: str) -> Obj:
+        return (self.get(name) or {}).get("status") or {}
+
+    def wait(self, name: str, check: Callable[[Obj], bool], timeout: float, what: str) -> Obj:
+        """Waits until ``check(status)`` holds; returns that status."""
+        job = self.admin.wait_for(
+            self.url(name), lambda o: o is not None and check(o.get("status") or {}), timeout, what
+        )
+        assert job is not None
+        return dict(job.get("status") or {})
+
+    def patch_spec(self, name: str, spec: Obj) -> None:
+        self.admin.patch(self.url(name), {"spec": spec})
+
+    def patch_status(self, name: str, status: Obj) -> Obj:
+        return self.admin.patch(self.url(name, "status"), {"status": status})
+
+    def events(self, name: str) -> list[Obj]:
+        """Events about the RLJob, oldest first."""
+        items = self.admin.get(
+            path("v1", "events", self.ns), fieldSelector=f"involvedObject.kind=RLJob,involvedObject.name={name}"
+        )["items"]
+        return sorted(items, key=lambda e: (e.get("firstTimestamp") or "", e["metadata"]["name"]))
+
+    def reasons(self, name: str) -> list[str]:
+        return [e["reason"] for e in self.events(name)]
+
+    def delete(self, name: str, timeout: float = 60) -> None:
+        """Deletes the RLJob and waits until the operator's finalizer let it go."""
+        self.admin.delete(self.url(name))
+        self.admin.wait_for(self.url(name), lambda o: o is None, timeout, f"RLJob {self.ns}/{name} gone")
+
+    def cleanup(self) -> None:
+        for name in self.names:
+            with suppress(ApiError):
+                self.delete(name, timeout=60)
+
+    def pods(self, name: str) -> list[Obj]:
+        items = self.admin.get(path("v1", "pods", self.ns), labelSelector=f"spotrl.dev/job={name}")["items"]
+        return sorted(items, key=lambda p: p["metadata"]["name"])
+
+
+@contextmanager
+def operators_stopped_at_exit(*ops: OperatorProcess) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for op in ops:
+            op.stop()
+
+
+def events_of_reason(jobs: Jobs, name: str, reason: str) -> list[Obj]:
+    return [e for e in jobs.events(name) if e["reason"] == reason]
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def lease_holder(cluster: Cluster, namespace: str) -> str | None:
+    lease = cluster.admin().get_or_none(path("coordination.k8s.io/v1", "leases", namespace, RELEASE))
+    return ((lease or {}).get("spec") or {}).get("holderIdentity")
+
+
+def describe(obj: Any) -> str:
+    return json.dumps(obj, indent=1, sort_keys=True)[-4000:]
+
+
+__all__ = ["NOWHERE", "Jobs", "OperatorProcess", "apply_crd", "re"]

@@ -1,0 +1,396 @@
+"""The real operator (``python -m spotrl_operator`` with the chart's ServiceAccount and RBAC)
+against the real API server, controllers and node agent, and the real S3 server.
+
+These tests need no training controller: their controller pods are created but cannot be
+scheduled (a node selector no node matches), or a barrier request is answered by the real
+:class:`KubeBridge` running with the job's runtime ServiceAccount. The preemption paths
+with the real `spotrl controller` are in ``test_preemption.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from operator_harness import (
+    NOWHERE,
+    Jobs,
+    OperatorProcess,
+    lease_holder,
+    service_account_client,
+    tiny_job,
+    token_kubeconfig,
+    wait_until,
+)
+
+from spotrl_e2e.cluster import Cluster
+from spotrl_e2e.kube import ApiError, path
+from spotrl_e2e.s3 import S3Bucket
+from spotrl_operator.actuate import Actuator, ConflictError
+from spotrl_operator.kube import Kube
+from spotrl_operator.settings import Settings
+from spotrl_runtime.controller.control import CutInfo
+from spotrl_runtime.controller.kube_bridge import KubeBridge
+
+pytestmark = pytest.mark.cluster
+PENDING = {"scheduling": {"nodeSelector": NOWHERE}}
+
+
+def owned_by(obj: dict, uid: str) -> bool:
+    refs = obj["metadata"].get("ownerReferences") or []
+    return any(r["kind"] == "RLJob" and r["uid"] == uid and r.get("controller") for r in refs)
+
+
+def test_children_are_owned_named_deterministically_and_collected(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
+) -> None:
+    job = jobs.create(tiny_job("tiny", checkpoint={"storage": "s3://bucket-x/tiny"}, **PENDING))
+    uid = job["metadata"]["uid"]
+    st = jobs.wait("tiny", lambda s: s.get("attempt") == 1 and s.get("phase") == "Pending", 20, "attempt 1, Pending")
+    assert st["totalSteps"] == 20
+    assert st["preemptions"] == 0
+
+    admin = cluster.admin()
+    children = {
+        path("v1", "serviceaccounts", namespace, "tiny-runtime"): "ServiceAccount",
+        path("rbac.authorization.k8s.io/v1", "roles", namespace, "tiny-runtime"): "Role",
+        path("rbac.authorization.k8s.io/v1", "rolebindings", namespace, "tiny-runtime"): "RoleBinding",
+        path("v1", "services", namespace, "tiny"): "Service",
+        path("policy/v1", "poddisruptionbudgets", namespace, "tiny-controller"): "PodDisruptionBudget",
+        path("v1", "pods", namespace, "tiny-controller-1"): "Pod",
+    }
+    for url, kind in children.items():
+        obj = admin.wait_for(url, lambda o: o is not None, 15, kind)
+        assert obj is not None
+        assert obj["kind"] == kind
+        assert owned_by(obj, uid), f"{kind} lacks the RLJob as controlling owner: {obj['metadata']}"
+    pdb = admin.get(path("policy/v1", "poddisruptionbudgets", namespace, "tiny-controller"))
+    assert pdb["spec"]["minAvailable"] == 1, "closed until a cut commits"
+    pod = admin.get(path("v1", "pods", namespace, "tiny-controller-1"))
+    assert pod["spec"]["serviceAccountName"] == "tiny-runtime"
+    assert pod["spec"]["containers"][0]["command"] == ["spotrl", "controller"]
+    assert pod["metadata"]["labels"]["spotrl.dev/attempt"] == "1"
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["SPOTRL_STORAGE"] == "s3://bucket-x/tiny"
+    assert env["SPOTRL_ATTEMPT"] == "1"
+
+    assert {"ControllerCreated", "Pending"} <= set(jobs.reasons("tiny"))
+    table = cluster.kubectl("get", "rljobs", "-n", namespace).stdout
+    header, row = table.splitlines()[:2]
+    assert header.split() == ["NAME", "PHASE", "STEP", "TOTAL", "LAST-CUT", "PREEMPTIONS", "AGE"]
+    assert row.split()[:3] == ["tiny", "Pending", "20"]
+
+    # Deleting the job: the finalizer stops the pod; garbage collection takes the rest.
+    jobs.delete("tiny")
+    for url, kind in children.items():
+        admin.wait_for(url, lambda o: o is None, 30, f"{kind} garbage-collected")
+
+
+def test_the_runtime_service_account_reads_its_rljob_and_patches_its_status_only(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
+) -> None:
+    for name in ("a", "b"):
+        jobs.create(tiny_job(name, checkpoint={"storage": f"s3://bucket-x/{name}"}, **PENDING))
+    jobs.wait("a", lambda s: s.get("attempt") == 1, 20, "job a started")
+    cluster.admin().wait_for(
+        path("rbac.authorization.k8s.io/v1", "rolebindings", namespace, "a-runtime"), lambda o: o is not None, 15, "rb"
+    )
+    sa = service_account_client(cluster, namespace, "a-runtime")
+
+    def code(fn: Callable[[], object]) -> int:
+        try:
+            fn()
+        except ApiError as err:
+            return err.status
+        return 200
+
+    own = jobs.url("a")
+    allowed = {
+        "get its RLJob": lambda: sa.get(own),
+        "list its RLJob by name": lambda: sa.get(jobs.url(), fieldSelector="metadata.name=a"),
+        "watch its RLJob by name": lambda: sa.get(
+            jobs.url(), fieldSelector="metadata.name=a", watch="true", timeoutSeconds="1"
+        ),
+        "patch its status": lambda: sa.patch(f"{own}/status", {"status": {"step": 3}}),
+        "get its status": lambda: sa.get(f"{own}/status"),
+    }
+    denied = {
+        "list every RLJob": lambda: sa.get(jobs.url()),
+        "get another RLJob": lambda: sa.get(jobs.url("b")),
+        "patch another's status": lambda: sa.patch(f"{jobs.url('b')}/status", {"status": {"step": 3}}),
+        "patch its spec": lambda: sa.patch(own, {"spec": {"suspend": True}}),
+        "delete its RLJob": lambda: sa.delete(own),
+        "create an RLJob": lambda: sa.create(jobs.url(), tiny_job("c")),
+        "list pods": lambda: sa.get(path("v1", "pods", namespace)),
+        "read a secret": lambda: sa.get(path("v1", "secrets", namespace, "anything")),
+        "list nodes": lambda: sa.get(path("v1", "nodes")),
+    }
+    got = {what: code(fn) for what, fn in {**allowed, **denied}.items()}
+    assert {w: got[w] for w in allowed} == dict.fromkeys(allowed, 200)
+    assert {w: got[w] for w in denied} == dict.fromkeys(denied, 403)
+    assert jobs.status("a")["step"] == 3
+
+
+def test_an_invalid_rljob_is_rejected_with_the_field_named(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
+) -> None:
+    import yaml
+
+    cases = {
+        "spec.training.totalSteps": tiny_job("bad1", training={"totalSteps": 0}),
+        "resources.gpu": tiny_job("bad2", generation={"backend": "vllm"}),
+        "sparePoolBatches": tiny_job("bad3", preemption={"onDroppedPrompt": "replace"}),
+    }
+    for field, doc in cases.items():
+        out = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc), check=False)
+        assert out.returncode != 0, f"{field}: accepted"
+        assert field in out.stderr, f"{field} not named in: {out.stderr}"
+    assert cluster.admin().get(jobs.url())["items"] == []
+    assert cluster.admin().get(path("v1", "pods", namespace))["items"] == []
+
+
+def put_job_files(s3: S3Bucket, prefix: str) -> dict[str, bytes]:
+    files = {
+        f"{prefix}/cuts/0000000001/manifest.json": b"{}",
+        f"{prefix}/cuts/0000000001/w1-0a1b2c3d/ledger.json": b"[]",
+        f"{prefix}/cuts/0000000002/w1-0a1b2c3d/policy.pt": b"torn",
+        f"{prefix}/LATEST.json": b'{"cut": "0000000001"}',
+        f"{prefix}/audit/0000000001.0001.json": b"{}",
+    }
+    client = s3.client()
+    for key, data in files.items():
+        client.put_object(Bucket=s3.bucket, Key=key, Body=data)
+    return files
+
+
+def keys(s3: S3Bucket) -> set[str]:
+    pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=s3.bucket)
+    return {o["Key"] for page in pages for o in page.get("Contents", [])}
+
+
+@pytest.mark.parametrize("policy", ["Retain", "Delete"])
+def test_deletion_applies_the_retention_policy_to_the_cuts(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs, s3_bucket: S3Bucket, policy: str
+) -> None:
+    cluster.admin().create(
+        path("v1", "secrets", namespace),
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "s3"},
+            "data": {
+                "AWS_ACCESS_KEY_ID": base64.b64encode(s3_bucket.access_key.encode()).decode(),
+                "AWS_SECRET_ACCESS_KEY": base64.b64encode(s3_bucket.secret_key.encode()).decode(),
+            },
+        },
+    )
+    job_files = put_job_files(s3_bucket, "jobs/tiny")
+    others = {"jobs/tiny/notes/keep.txt", "jobs/tiny-other/cuts/0000000001/manifest.json"}
+    for key in others:
+        s3_bucket.client().put_object(Bucket=s3_bucket.bucket, Key=key, Body=b"not the job's")
+    checkpoint = {
+        "storage": f"s3://{s3_bucket.bucket}/jobs/tiny",
+        "s3Endpoint": s3_bucket.endpoint,
+        "credentialsSecret": "s3",
+        "retentionPolicy": policy,
+    }
+    jobs.create(tiny_job("tiny", checkpoint=checkpoint, **PENDING))
+    jobs.wait("tiny", lambda s: s.get("attempt") == 1, 20, "started")
+
+    jobs.delete("tiny", timeout=60)
+    left = keys(s3_bucket)
+    assert others <= left, "keys under the root that are not the job's stay"
+    if policy == "Retain":
+        assert set(job_files) <= left
+    else:
+        assert not set(job_files) & left, f"left behind: {sorted(set(job_files) & left)}"
+    # The Event outlives the RLJob (kept by the API server for its TTL).
+    events = cluster.admin().get(path("v1", "events", namespace), fieldSelector="involvedObject.name=tiny")["items"]
+    reasons = {e["reason"]: e["message"] for e in events}
+    if policy == "Retain":
+        assert "s3://" in reasons["CutsRetained"]
+    else:
+        assert "removed 5 objects" in reasons["CutsDeleted"]
+
+
+def test_suspend_stops_the_controller_and_resume_starts_a_fresh_one_without_counting_a_preemption(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
+) -> None:
+    """Nobody answers this barrier (the controller never ran): it is Missed after its
+    deadline, and the suspend goes on from the last committed cut."""
+    jobs.create(tiny_job("tiny", checkpoint={"storage": "s3://bucket-x/tiny", "barrierDeadlineSeconds": 5}, **PENDING))
+    jobs.wait("tiny", lambda s: s.get("attempt") == 1, 20, "started")
+    jobs.patch_spec("tiny", {"suspend": True})
+    st = jobs.wait("tiny", lambda s: (s.get("barrier") or {}).get("reason") == "suspend", 10, "suspend barrier")
+    assert st["barrier"]["state"] == "Requested"
+    assert st["barrier"]["attempt"] == 1
+    assert st["phase"] == "Checkpointing"
+
+    st = jobs.wait("tiny", lambda s: s.get("phase") == "Suspended", 20, "Suspended")
+    assert st["barrier"]["state"] == "Missed"
+    conditions = {c["type"]: c for c in st["conditions"]}
+    assert conditions["BarrierMissed"]["status"] == "True"
+    assert conditions["Suspended"]["status"] == "True"
+    wait_until(lambda: jobs.pods("tiny") == [], 15, "the controller pod gone")
+    assert {"BarrierRequested", "BarrierMissed", "Suspended"} <= set(jobs.reasons("tiny"))
+
+    jobs.patch_spec("tiny", {"suspend": False})
+    st = jobs.wait("tiny", lambda s: s.get("attempt") == 2, 15, "attempt 2")
+    assert st["preemptions"] == 0, "a suspend is not a preemption"
+    assert st["restarts"] == 0
+    assert "barrier" not in st
+    wait_until(lambda: [p["metadata"]["name"] for p in jobs.pods("tiny")] == ["tiny-controller-2"], 15, "pod 2")
+    st = jobs.status("tiny")
+    assert {c["type"]: c["status"] for c in st["conditions"]}["Suspended"] == "False"
+
+
+class HeldCut:
+    """A Controllable whose barrier cut commits when the test says so."""
+
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+        self.release = threading.Event()
+        self.calls: list[str] = []
+
+    def request_barrier(self, reason: str, deadline: float) -> CutInfo:
+        self.calls.append(reason)
+        self.asked.set()
+        assert self.release.wait(60)
+        return CutInfo("0000000007", 7, "s3://bucket-x/tiny/cuts/0000000007", "barrier", time.time(), 0.1)
+
+
+def runtime_bridge(cluster: Cluster, namespace: str, job: str, attempt: int, tmp: Path) -> KubeBridge:
+    """The real bridge with the job's runtime ServiceAccount (as in the controller pod)."""
+    from kubernetes import config
+
+    kubeconfig = token_kubeconfig(cluster, namespace, f"{job}-runtime", tmp / f"{job}-runtime.kubeconfig")
+    return KubeBridge(job, namespace, attempt, api_client=config.new_client_from_config(config_file=str(kubeconfig)))
+
+
+def test_an_operator_killed_in_the_middle_of_a_barrier_is_finished_by_the_next(
+    cluster: Cluster, namespace: str, start_operator: Callable[..., OperatorProcess], jobs: Jobs, tmp_path: Path
+) -> None:
+    first = start_operator(name="first")
+    jobs.create(
+        tiny_job("tiny", checkpoint={"storage": "s3://bucket-x/tiny", "barrierDeadlineSeconds": 120}, **PENDING)
+    )
+    jobs.wait("tiny", lambda s: s.get("attempt") == 1, 20, "started")
+    held = HeldCut()
+    bridge = runtime_bridge(cluster, namespace, "tiny", 1, tmp_path).start(held)
+    try:
+        jobs.patch_spec("tiny", {"suspend": True})
+        assert held.asked.wait(20), "the bridge never saw the barrier request"
+        request = jobs.status("tiny")["barrier"]
+        assert request["state"] == "Requested"
+        wait_until(lambda: "BarrierRequested" in jobs.reasons("tiny"), 10, "the request's Event")
+
+        first.kill(signal.SIGKILL)  # mid-barrier: requested, not yet committed
+        held.release.set()
+        st = jobs.wait("tiny", lambda s: s["barrier"]["state"] == "Committed", 20, "the bridge's answer")
+        assert st["barrier"]["requestId"] == request["requestId"]
+        assert st["barrier"]["cutId"] == "0000000007"
+        assert st["lastCut"]["id"] == "0000000007"
+        assert len(jobs.pods("tiny")) == 1, "no operator: nobody acted on the commit yet"
+
+        start_operator(name="second")
+        st = jobs.wait("tiny", lambda s: s.get("phase") == "Suspended", 30, "the new operator finishes the suspend")
+        assert st["barrier"]["requestId"] == request["requestId"], "the same barrier, not a new one"
+        wait_until(lambda: jobs.pods("tiny") == [], 15, "the controller pod gone")
+        assert held.calls == ["suspend"], "the controller was asked once"
+        requested = [e for e in jobs.events("tiny") if e["reason"] == "BarrierRequested"]
+        assert len(requested) == 1
+        assert requested[0]["count"] == 1
+        committed = [e for e in jobs.events("tiny") if e["reason"] == "BarrierCommitted"]
+        assert len(committed) == 1
+    finally:
+        held.release.set()
+        bridge.stop()
+
+
+def test_replicas_elect_one_leader_and_a_standby_takes_over(
+    cluster: Cluster,
+    namespace: str,
+    operator_identity: tuple[str, Path],
+    start_operator: Callable[..., OperatorProcess],
+    jobs: Jobs,
+) -> None:
+    lease_ns = operator_identity[0]
+    leader = start_operator(name="one")
+    standby = start_operator(name="two", wait="standby")
+    assert lease_holder(cluster, lease_ns) == leader.name
+    jobs.create(tiny_job("a", checkpoint={"storage": "s3://bucket-x/a"}, **PENDING))
+    jobs.wait("a", lambda s: s.get("attempt") == 1, 20, "job a started")
+    time.sleep(3)  # let both act if they would
+    assert [p["metadata"]["name"] for p in jobs.pods("a")] == ["a-controller-1"]
+    created = [e for e in jobs.events("a") if e["reason"] == "ControllerCreated"]
+    assert [e["count"] for e in created] == [1]
+    assert "ready: running RLJobs" not in standby.log()
+    assert standby.metrics()["spotrl_operator_leader"] == 0
+    assert leader.metrics()["spotrl_operator_leader"] == 1
+
+    t0 = time.monotonic()
+    leader.kill(signal.SIGKILL)
+    wait_until(lambda: "ready: running RLJobs" in standby.log(), 20, "the standby to take over")
+    took = time.monotonic() - t0
+    assert lease_holder(cluster, lease_ns) == standby.name
+    assert took < 4 + 6, f"takeover took {took:.1f} s with a 4 s lease"
+    jobs.create(tiny_job("b", checkpoint={"storage": "s3://bucket-x/b"}, **PENDING))
+    jobs.wait("b", lambda s: s.get("attempt") == 1, 20, "job b started by the new leader")
+    time.sleep(2)
+    st = jobs.status("a")
+    assert st["attempt"] == 1, "the new leader continues job a, it does not start it again"
+    assert [p["metadata"]["name"] for p in jobs.pods("a")] == ["a-controller-1"]
+
+
+def test_a_stale_status_write_is_refused_and_changes_nothing(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
+) -> None:
+    """The guard behind 'never clobber the controller's fields': a write based on an old
+    resourceVersion gets 409 and writes nothing."""
+    jobs.create(tiny_job("tiny", checkpoint={"storage": "s3://bucket-x/tiny"}, **PENDING))
+    jobs.wait("tiny", lambda s: s.get("attempt") == 1, 20, "started")
+    observed = jobs.get("tiny")
+    assert observed is not None
+    jobs.patch_status("tiny", {"step": 11, "stepAttempt": 1})  # the controller writes meanwhile
+    actuator = Actuator(Kube(cluster.api_client()), Settings())
+    with pytest.raises(ConflictError):
+        actuator.write_status(observed, {"phase": "Failed", "step": 0})
+    st = jobs.status("tiny")
+    assert st["step"] == 11
+    assert st["phase"] != "Failed"
+
+
+def test_the_operator_exports_its_metrics(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
+) -> None:
+    jobs.create(tiny_job("tiny", checkpoint={"storage": "s3://bucket-x/tiny"}, **PENDING))
+    jobs.wait("tiny", lambda s: s.get("attempt") == 1, 20, "started")
+    wait_until(lambda: operator.metrics().get('spotrl_operator_jobs{phase="Pending"}', 0) >= 1, 10, "jobs gauge")
+    m = operator.metrics()
+    assert m['spotrl_operator_reconciles_total{result="ok"}'] >= 1
+    assert m["spotrl_operator_controllers_created_total"] >= 1
+    assert m["spotrl_operator_leader"] == 1
+
+
+def test_the_bridge_ignores_requests_for_another_attempt(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs, tmp_path: Path
+) -> None:
+    """A controller being replaced (attempt 1) must not cut for its successor's request."""
+    jobs.create(tiny_job("tiny", checkpoint={"storage": "s3://bucket-x/tiny", "barrierDeadlineSeconds": 60}, **PENDING))
+    jobs.wait("tiny", lambda s: s.get("attempt") == 1, 20, "started")
+    held = HeldCut()
+    held.release.set()
+    stale = runtime_bridge(cluster, namespace, "tiny", 7, tmp_path).start(held)
+    try:
+        jobs.patch_spec("tiny", {"suspend": True})
+        jobs.wait("tiny", lambda s: (s.get("barrier") or {}).get("state") == "Requested", 10, "requested")
+        time.sleep(2)
+        assert held.calls == []
+        assert jobs.status("tiny")["barrier"]["state"] == "Requested"
+    finally:
+        stale.stop()
