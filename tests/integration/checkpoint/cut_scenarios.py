@@ -76,11 +76,19 @@ class Run:
     audit: list[AuditRecord] = field(default_factory=list)
 
     @classmethod
-    def new(cls, config: RecoveryConfig, dataset: PromptDataset, storage: Storage | None = None, **loader: Any) -> Run:
+    def new(
+        cls,
+        config: RecoveryConfig,
+        dataset: PromptDataset,
+        storage: Storage | None = None,
+        *,
+        attempt: int = 0,
+        **loader: Any,
+    ) -> Run:
         torch.manual_seed(1234)
         model = torch.nn.Linear(4, 1)
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
-        owners = Owners(config, loader_for(config, dataset, **loader))
+        owners = Owners(config, loader_for(config, dataset, **loader), attempt=attempt)
         return cls(owners, model, optimizer, _writer(storage, dataset, **loader))
 
     @classmethod
@@ -167,12 +175,15 @@ class Run:
     def drain(self, until_step: int) -> None:
         """Finish everything in flight and train, until ``until_step`` steps are trained."""
         while self.owners.trainer_step < until_step:
-            self.pump()
+            progress = len(self.pump()) + len(self.inflight)
             for gid in self.targets():
                 self.finish(gid)
             while self.owners.step_ready() and self.owners.trainer_step < until_step:
                 self.train()
+                progress += 1
                 self.pump()
+            if not progress:
+                raise AssertionError(f"the run is stuck at step {self.owners.trainer_step}: nothing to do")
 
     def weights(self) -> list[float]:
         return [float(v) for p in self.model.parameters() for v in p.detach().flatten()]
