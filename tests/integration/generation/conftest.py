@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -34,3 +35,4 @@ def ray_session() -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
