@@ -127,7 +127,7 @@ class Reward(ApiObject):
         default=None,
         pattern=IMPORT_PATH,
         max_length=512,
-        description="'package.module:function' taking (prompt, completion, row) and returning a float.",
+        description="'package.module:function', called as fn(prompt, completion) -> float.",
     )
 
     rules = (

@@ -28,7 +28,7 @@ class CutInfo:
     """From the cut request to the committed manifest."""
 
 
-class BarrierFailed(RuntimeError):
+class BarrierFailed(RuntimeError):  # noqa: N818 - reads as the event it is: "barrier failed"
     """A barrier cut that did not commit (deadline passed, storage error, run already over)."""
 
 
