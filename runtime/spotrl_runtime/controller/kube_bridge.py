@@ -109,9 +109,11 @@ class _Api:
         try:
             self.call("PATCH", self.status_url, [], body=ops, _request_timeout=15)
         except ApiException as err:
-            if err.status == 422 and "test" in str(err.body or "").lower():
-                raise StaleError(str(err.body)) from None
-            raise
+            # A failed "test" op is a 422 with a generic message. Our patches are otherwise
+            # well-formed, and a 422 would not pass on a retry anyway.
+            if err.status == 422:
+                raise StaleError(_message(err)) from None
+            raise RuntimeError(f"HTTP {err.status} {err.reason}: {_message(err)}") from None
 
 
 class KubeBridge:
@@ -261,7 +263,7 @@ class KubeBridge:
                 self._api.json_patch(ops)
                 return True
             except StaleError:
-                log.info("%s not written: the RLJob's status moved on", what)
+                log.warning("%s not written: the RLJob's status moved on", what)
                 return False
             except Exception as err:
                 if time.monotonic() > until or self._stop.is_set():
@@ -337,6 +339,13 @@ class KubeBridge:
                 self._written_version = max(self._written_version, version)
                 self._lock.notify_all()
             time.sleep(MIN_WRITE_INTERVAL)
+
+
+def _message(err: Any) -> str:
+    try:
+        return str(json.loads(err.body).get("message"))
+    except (TypeError, ValueError, AttributeError):
+        return str(err.body)
 
 
 def _add(path: str, value: Any) -> Obj:

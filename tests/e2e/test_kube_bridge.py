@@ -1,0 +1,170 @@
+"""The controller's Kubernetes bridge in a pod, with the job's runtime ServiceAccount and its
+Role (as the operator makes them), against the real API server: barrier requests answered
+with test-guarded JSON patches, stale answers refused, other attempts ignored, status writes
+guarded by the attempt. No operator runs here: the test writes the requests itself."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from operator_harness import RLJOBS, apply_crd, tiny_job, wait_until
+
+from spotrl_e2e.cluster import Cluster
+from spotrl_e2e.kube import path
+from spotrl_e2e.manifests import python_pod
+from spotrl_operator import resources
+
+pytestmark = pytest.mark.cluster
+
+# The controller side: the real KubeBridge, with a Controllable whose cuts commit when the
+# test creates go-<n> in the pod's data folder.
+CONTROLLER = """
+import pathlib, sys, time
+from spotrl_runtime.controller.control import BarrierFailed, CutInfo
+from spotrl_runtime.controller.kube_bridge import KubeBridge
+out = pathlib.Path(sys.argv[1])
+class Cuts:
+    n = 0
+    def request_barrier(self, reason, deadline):
+        Cuts.n += 1
+        n = Cuts.n
+        (out / f"asked-{n}").write_text(f"{reason} {deadline:.0f}")
+        if reason == "fail":
+            raise BarrierFailed("storage unreachable")
+        while not (out / f"go-{n}").exists():
+            time.sleep(0.05)
+        return CutInfo(f"{n:010d}", 10 + n, f"s3://bucket-x/j/cuts/{n:010d}", "barrier", time.time(), 0.1)
+bridge = KubeBridge.from_env()
+bridge.start(Cuts())
+for step in (1, 2, 3):
+    bridge.on_step(step, {})
+bridge.on_cut(CutInfo("0000000000", 3, "s3://bucket-x/j/cuts/0000000000", "periodic", time.time(), 0.1))
+assert bridge.flush(10)
+(out / "ready").write_text("1")
+while not (out / "stop").exists():
+    time.sleep(0.1)
+bridge.on_finished(20)
+bridge.stop()
+print("bridge stopped", flush=True)
+"""
+
+
+def rfc3339(dt: datetime) -> str:
+    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identity(
+    cluster: Cluster, namespace: str
+) -> None:
+    apply_crd(cluster)
+    admin = cluster.admin()
+    jobs_url = path(RLJOBS, "rljobs", namespace)
+    job = admin.create(jobs_url, tiny_job("j", checkpoint={"storage": "s3://bucket-x/j"}))
+    ref = resources.JobRef("j", namespace, job["metadata"]["uid"])
+    for obj, plural, version in (
+        (resources.service_account(ref), "serviceaccounts", "v1"),
+        (resources.role(ref), "roles", "rbac.authorization.k8s.io/v1"),
+        (resources.role_binding(ref), "rolebindings", "rbac.authorization.k8s.io/v1"),
+    ):
+        admin.create(path(version, plural, namespace), obj)
+    status_url = f"{jobs_url}/j/status"
+    admin.patch(status_url, {"status": {"attempt": 1, "phase": "Running"}})
+
+    env = [
+        {"name": "SPOTRL_JOB", "value": "j"},
+        {"name": "SPOTRL_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "SPOTRL_ATTEMPT", "value": "1"},
+    ]
+    pod = python_pod("controller", CONTROLLER, service_account="j-runtime", env=env, node="spot-a")
+    admin.create(path("v1", "pods", namespace), pod)
+    cluster.wait_pod(namespace, "controller", "Running", timeout=30)
+    data = cluster.pod_dir(namespace, "controller") / "volumes" / "data"
+
+    def status() -> dict:
+        return dict(admin.get(f"{jobs_url}/j").get("status") or {})
+
+    def request(request_id: str, reason: str, attempt: int = 1) -> None:
+        now = datetime.now(UTC)
+        barrier = {
+            "requestId": request_id,
+            "reason": reason,
+            "attempt": attempt,
+            "state": "Requested",
+            "requestedAt": rfc3339(now),
+            "deadline": rfc3339(now + timedelta(seconds=60)),
+            # A new request replaces the old one whole, as the operator's write does.
+            "cutId": None,
+            "committedAt": None,
+            "message": None,
+        }
+        admin.patch(status_url, {"status": {"barrier": barrier}})
+
+    def wait_status(check: object, what: str, timeout: float = 15) -> dict:
+        admin.wait_for(f"{jobs_url}/j", lambda o: check((o or {}).get("status") or {}), timeout, what)  # type: ignore[operator]
+        return status()
+
+    def asked(n: int) -> Path:
+        return data / f"asked-{n}"
+
+    try:
+        wait_until(
+            lambda: (data / "ready").exists(),
+            30,
+            f"the bridge to start; log:\n{cluster.pod_log(namespace, 'controller')}",
+        )
+        st = status()
+        assert (st["step"], st["stepAttempt"]) == (3, 1)
+        assert (st["lastCut"]["id"], st["lastCut"]["kind"]) == ("0000000000", "periodic")
+
+        # 1. A request is answered: the cut commits, then Committed + cutId + lastCut.
+        request("r1", "cordon: spec.unschedulable")
+        wait_until(asked(1).exists, 10, "the bridge to ask for a cut")
+        assert asked(1).read_text().startswith("cordon: spec.unschedulable ")
+        assert status()["barrier"]["state"] == "Requested", "no answer before the cut commits"
+        (data / "go-1").touch()
+        st = wait_status(lambda s: s["barrier"]["state"] == "Committed", "r1 committed")
+        assert st["barrier"]["requestId"] == "r1"
+        assert st["barrier"]["cutId"] == "0000000001"
+        assert st["barrier"]["committedAt"]
+        assert (st["lastCut"]["id"], st["lastCut"]["step"], st["lastCut"]["kind"]) == ("0000000001", 11, "barrier")
+
+        # 2. A stale answer does not land: r2 is replaced by r3 while its cut is being taken.
+        request("r2", "taint: karpenter.sh/disrupted")
+        wait_until(asked(2).exists, 10, "the cut for r2")
+        request("r3", "taint: karpenter.sh/disrupted again")
+        wait_until(asked(3).exists, 10, "the cut for r3")
+        (data / "go-2").touch()
+        time.sleep(1.5)
+        st = status()
+        assert (st["barrier"]["requestId"], st["barrier"]["state"]) == ("r3", "Requested")
+        assert "cutId" not in st["barrier"], "r2's answer landed on r3"
+        (data / "go-3").touch()
+        st = wait_status(lambda s: s["barrier"]["state"] == "Committed", "r3 committed")
+        assert (st["barrier"]["requestId"], st["barrier"]["cutId"]) == ("r3", "0000000003")
+
+        # 3. A cut that cannot commit is answered Failed, with the reason.
+        request("r4", "fail")
+        st = wait_status(lambda s: s["barrier"]["state"] == "Failed", "r4 failed")
+        assert st["barrier"]["message"] == "storage unreachable"
+
+        # 4. A request for another attempt is not this controller's.
+        request("r5", "cordon", attempt=2)
+        time.sleep(2)
+        assert not asked(5).exists()
+        assert status()["barrier"]["state"] == "Requested"
+
+        # 5. Once a newer controller owns the status, this one's writes fail their test.
+        admin.patch(status_url, {"status": {"attempt": 2}})
+        (data / "stop").touch()
+        cluster.wait_pod(namespace, "controller", "Succeeded", timeout=40)
+        st = status()
+        assert st["step"] == 3, "a replaced controller wrote its final step over its successor's status"
+        assert "not written: the RLJob's status moved on" in cluster.pod_log(namespace, "controller")
+    finally:
+        (data / "stop").touch()
+        for n in range(1, 6):
+            (data / f"go-{n}").touch()
+        admin.delete(f"{jobs_url}/j")
