@@ -58,7 +58,7 @@ class S3Storage:
         access_key: str | None = None,
         secret_key: str | None = None,
         credentials_dir: Path | str | None = None,
-        max_attempts: int = 8,
+        max_attempts: int = 8,  # in all, the first try included
         parallelism: int = 8,
         multipart_threshold: int = 64 * MiB,
         part_size: int = 32 * MiB,
@@ -81,7 +81,7 @@ class S3Storage:
         config = Config(
             region_name=region,
             s3={"addressing_style": "path"},
-            retries={"mode": "standard", "max_attempts": max_attempts},
+            retries={"mode": "standard", "total_max_attempts": max_attempts},
             max_pool_connections=self.parallelism * 2,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,

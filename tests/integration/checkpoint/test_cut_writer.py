@@ -212,3 +212,46 @@ def test_the_lock_is_released_before_files_are_written(tmp_path: Path) -> None:
     weights = cut.manifest.file("weights")
     assert weights is not None
     assert weights.size > 16 * 1024 * 1024
+
+
+@pytest.mark.s3
+def test_big_weights_go_up_in_parallel_parts_and_come_back_exactly(s3_bucket: Any, tmp_path: Path) -> None:
+    from spotrl_runtime.storage.s3 import S3Storage
+
+    storage = S3Storage(
+        s3_bucket.bucket,
+        "jobs/big",
+        endpoint_url=s3_bucket.endpoint,
+        region=s3_bucket.region,
+        access_key=s3_bucket.access_key,
+        secret_key=s3_bucket.secret_key,
+        multipart_threshold=8 * 1024 * 1024,
+        part_size=5 * 1024 * 1024,
+        parallelism=4,
+    )
+    run = example_b_before_cut(storage)
+    big = torch.nn.Linear(1536, 2048)  # 12 MiB of weights: three parts
+    optimizer = torch.optim.AdamW(big.parameters())
+    big(torch.randn(2, 1536)).sum().backward()
+    optimizer.step()
+    assert run.writer is not None
+    cut = run.writer.write(
+        run.owners, CutRequest.periodic(), lambda: snapshot_trainer(big.state_dict(), optimizer.state_dict())
+    )
+    weights = cut.manifest.file("weights")
+    assert weights is not None
+    assert weights.size > 12 * 1024 * 1024
+    restored = restore_cut(
+        storage,
+        dataset=DATASET,
+        collate=PromptCollate(),
+        source=loader_for(EXAMPLE_B, DATASET),
+        spool_dir=tmp_path,
+    )
+    assert restored.trainer is not None
+    for name, tensor in big.state_dict().items():
+        assert torch.equal(restored.trainer.weights[name], tensor)
+    state = restored.trainer.optimizer
+    assert state is not None
+    assert torch.equal(state["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+    assert list(tmp_path.iterdir()) == [], "downloaded copies are removed after the restore"

@@ -1,0 +1,252 @@
+"""The S3 store against a real S3 server (versitygw): the storage contract, create-only writes
+(If-None-Match), multipart and parallel transfers, retries on throttling and 5xx, and
+credentials from a mounted Secret folder."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotrl_runtime.storage import ObjectExistsError, ObjectNotFoundError, StorageError, sha256_file
+from spotrl_runtime.storage.s3 import S3Storage
+
+pytestmark = pytest.mark.s3
+MiB = 1024 * 1024
+
+
+def store(bucket: Any, prefix: str = "job", **kw: Any) -> S3Storage:
+    kw.setdefault("endpoint_url", bucket.endpoint)
+    return S3Storage(
+        bucket.bucket,
+        prefix,
+        region=bucket.region,
+        access_key=bucket.access_key,
+        secret_key=bucket.secret_key,
+        **kw,
+    )
+
+
+def test_put_get_head_list_delete(s3_bucket: Any) -> None:
+    s = store(s3_bucket)
+    assert s.uri == f"s3://{s3_bucket.bucket}/job"
+    assert s.head("cuts/1/a.json") is None
+    s.put_bytes("cuts/1/a.json", b"hello")
+    s.put_bytes("cuts/1/w/b.bin", b"x" * 100)
+    s.put_bytes("cuts/2/c", b"")
+    store(s3_bucket, "other").put_bytes("cuts/1/a.json", b"not mine")
+    assert s.get_bytes("cuts/1/a.json") == b"hello"
+    assert s.head("cuts/1/w/b.bin").size == 100  # type: ignore[union-attr]
+    assert [o.key for o in s.list("cuts/1/")] == ["cuts/1/a.json", "cuts/1/w/b.bin"]
+    assert [o.key for o in s.list("")] == ["cuts/1/a.json", "cuts/1/w/b.bin", "cuts/2/c"]
+    assert s.get_range("cuts/1/w/b.bin", 10, 5) == b"xxxxx"
+    with s.open_read("cuts/1/a.json") as f:
+        assert f.read() == b"hello"
+    s.delete("cuts/1/a.json")
+    s.delete("cuts/1/a.json")
+    with pytest.raises(ObjectNotFoundError, match=r"cuts/1/a\.json does not exist"):
+        s.get_bytes("cuts/1/a.json")
+
+
+def test_create_only_put_is_refused_once_the_key_exists(s3_bucket: Any, tmp_path: Path) -> None:
+    s = store(s3_bucket)
+    s.put_bytes("cuts/1/manifest.json", b"first", create_only=True)
+    with pytest.raises(ObjectExistsError, match="create-only"):
+        s.put_bytes("cuts/1/manifest.json", b"second", create_only=True)
+    assert s.get_bytes("cuts/1/manifest.json") == b"first"
+    results: list[str] = []
+    start = threading.Barrier(6)
+
+    def race(n: int) -> None:
+        start.wait()
+        try:
+            s.put_bytes("cuts/2/manifest.json", f"writer {n}".encode(), create_only=True)
+            results.append(f"writer {n}")
+        except ObjectExistsError:
+            results.append("lost")
+
+    threads = [threading.Thread(target=race, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (winner,) = [r for r in results if r != "lost"]
+    assert s.get_bytes("cuts/2/manifest.json") == winner.encode()
+
+
+def test_multipart_upload_and_parallel_download(s3_bucket: Any, tmp_path: Path) -> None:
+    s = store(s3_bucket, multipart_threshold=8 * MiB, part_size=5 * MiB, parallelism=4)
+    big = tmp_path / "weights.pt"
+    big.write_bytes(os.urandom(23 * MiB + 17))
+    assert s.put_file("cuts/1/w/weights.pt", big).size == big.stat().st_size
+    uploads = s3_bucket.client().list_multipart_uploads(Bucket=s3_bucket.bucket).get("Uploads", [])
+    assert uploads == [], "the multipart upload was completed"
+    back = tmp_path / "back.pt"
+    assert s.download_file("cuts/1/w/weights.pt", back).size == big.stat().st_size
+    assert sha256_file(back) == sha256_file(big)
+    # A create-only multipart upload is refused at CompleteMultipartUpload and leaves nothing behind.
+    with pytest.raises(ObjectExistsError):
+        s.put_file("cuts/1/w/weights.pt", back, create_only=True)
+    assert s3_bucket.client().list_multipart_uploads(Bucket=s3_bucket.bucket).get("Uploads", []) == []
+    s.close()
+
+
+def test_credentials_from_a_mounted_secret_folder(
+    s3_bucket: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "AWS_ACCESS_KEY_ID").write_text(s3_bucket.access_key + "\n")
+    (secret / "AWS_SECRET_ACCESS_KEY").write_text(s3_bucket.secret_key)
+    s = S3Storage(s3_bucket.bucket, "p", endpoint_url=s3_bucket.endpoint, credentials_dir=secret)
+    s.put_bytes("k", b"v")
+    assert s.get_bytes("k") == b"v"
+    assert s3_bucket.secret_key not in repr(s)
+    (secret / "AWS_SECRET_ACCESS_KEY").write_text("wrong-secret")
+    bad = S3Storage(s3_bucket.bucket, "p", endpoint_url=s3_bucket.endpoint, credentials_dir=secret, max_attempts=1)
+    with pytest.raises(StorageError, match="access denied") as info:
+        bad.get_bytes("k")
+    assert "wrong-secret" not in str(info.value)
+    (secret / "AWS_SECRET_ACCESS_KEY").unlink()
+    with pytest.raises(StorageError, match="lacks AWS_SECRET_ACCESS_KEY"):
+        S3Storage(s3_bucket.bucket, endpoint_url=s3_bucket.endpoint, credentials_dir=secret)
+
+
+def test_endpoint_and_credentials_from_the_environment(s3_bucket: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in s3_bucket.env().items():
+        monkeypatch.setenv(k, v)
+    from spotrl_runtime.storage import open_storage
+
+    s = open_storage(f"s3://{s3_bucket.bucket}/from-env")
+    s.put_bytes("x", b"1")
+    assert s3_bucket.client().get_object(Bucket=s3_bucket.bucket, Key="from-env/x")["Body"].read() == b"1"
+
+
+# ------------------------------------------------------------- fault injection
+
+
+class FaultProxy:
+    """A loopback HTTP proxy in front of the S3 server that fails chosen requests.
+
+    ``fail_next(n, status, code)`` answers the next n requests itself with that error.
+    ``swallow_next()`` forwards the next request but answers the client 500, as when a
+    response is lost after the server acted on the request.
+    """
+
+    def __init__(self, upstream: str):
+        host, port = upstream.removeprefix("http://").split(":")
+        self.upstream = (host, int(port))
+        self.requests: list[str] = []
+        self._fail: list[tuple[int, str]] = []
+        self._swallow = 0
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _any(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                with proxy._lock:
+                    proxy.requests.append(f"{self.command} {self.path}")
+                    fail = proxy._fail.pop(0) if proxy._fail else None
+                    swallow = proxy._swallow > 0
+                    if swallow:
+                        proxy._swallow -= 1
+                if fail is not None:
+                    self._reply(fail[0], {"Content-Type": "application/xml"}, _error_xml(fail[1]))
+                    return
+                conn = http.client.HTTPConnection(*proxy.upstream, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                conn.close()
+                if swallow:
+                    self._reply(500, {"Content-Type": "application/xml"}, _error_xml("InternalError"))
+                    return
+                keep = {k: v for k, v in resp.getheaders() if k.lower() not in ("connection", "transfer-encoding")}
+                keep["Content-Length"] = str(len(data))
+                self._reply(resp.status, keep, data, head=self.command == "HEAD")
+
+            def _reply(self, status: int, headers: dict[str, str], data: bytes, head: bool = False) -> None:
+                self.send_response(status)
+                for k, v in headers.items():
+                    if k.lower() != "content-length":
+                        self.send_header(k, v)
+                self.send_header("Content-Length", headers.get("Content-Length", str(len(data))))
+                self.end_headers()
+                if not head:
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def fail_next(self, n: int, status: int, code: str) -> None:
+        with self._lock:
+            self._fail.extend([(status, code)] * n)
+
+    def swallow_next(self) -> None:
+        with self._lock:
+            self._swallow += 1
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _error_xml(code: str) -> bytes:
+    return f"<?xml version='1.0'?><Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
+
+
+@pytest.fixture
+def proxy(s3_bucket: Any) -> Iterator[FaultProxy]:
+    p = FaultProxy(s3_bucket.endpoint)
+    yield p
+    p.close()
+
+
+@pytest.mark.parametrize(("status", "code"), [(503, "SlowDown"), (500, "InternalError"), (429, "TooManyRequests")])
+def test_throttling_and_5xx_are_retried_with_backoff(s3_bucket: Any, proxy: FaultProxy, status: int, code: str) -> None:
+    s = store(s3_bucket, endpoint_url=proxy.endpoint, max_attempts=5)
+    proxy.fail_next(3, status, code)
+    s.put_bytes("retried", b"payload")
+    assert [r.split()[0] for r in proxy.requests] == ["PUT"] * 4, "three failures, then success"
+    assert s3_bucket.client().get_object(Bucket=s3_bucket.bucket, Key="job/retried")["Body"].read() == b"payload"
+
+
+def test_persistent_failure_gives_up_with_the_key_named(s3_bucket: Any, proxy: FaultProxy) -> None:
+    s = store(s3_bucket, endpoint_url=proxy.endpoint, max_attempts=2)
+    proxy.fail_next(2, 503, "SlowDown")
+    with pytest.raises(StorageError, match=r"job/k failed: SlowDown"):
+        s.get_bytes("k")
+    assert len(proxy.requests) == 2
+
+
+def test_create_only_put_whose_response_was_lost_is_not_mistaken_for_a_conflict(
+    s3_bucket: Any, proxy: FaultProxy
+) -> None:
+    """The server stores the manifest, the answer is lost, botocore retries and gets 412:
+    that 412 is our own write, and the put succeeds; a different writer's bytes still conflict."""
+    s = store(s3_bucket, endpoint_url=proxy.endpoint, max_attempts=3)
+    proxy.swallow_next()
+    s.put_bytes("cuts/1/manifest.json", b"ours", create_only=True)
+    assert [r.split()[0] for r in proxy.requests][:2] == ["PUT", "PUT"]
+    with pytest.raises(ObjectExistsError):
+        s.put_bytes("cuts/1/manifest.json", b"theirs", create_only=True)
