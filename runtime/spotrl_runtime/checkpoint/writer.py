@@ -27,13 +27,11 @@ import datetime as dt
 import hashlib
 import json
 import logging
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any, Literal, cast
 
 from spotrl_runtime.checkpoint.layout import (
@@ -134,7 +132,6 @@ class CutWriter:
         dataset: Mapping[str, Any],
         keep: int = 3,
         trainer_format: TrainerStateFormat | None = None,
-        spool_dir: Path | None = None,
         progress: Callable[[str], None] | None = None,
     ):
         if keep < 1:
@@ -144,7 +141,6 @@ class CutWriter:
         self.dataset = dict(dataset)
         self.keep = keep
         self.trainer_format = trainer_format or TorchSaveFormat()
-        self.spool_dir = spool_dir
         self.progress = progress
         self._lock = threading.Lock()
 
@@ -196,7 +192,7 @@ class CutWriter:
                 if not isinstance(trainer, TrainerSnapshot):
                     raise CutError(f"state_fn returned {type(trainer).__name__}, not a TrainerSnapshot")
                 for tf in self.trainer_format.files(trainer):
-                    entry = self._put_spooled(f"{base}/{writer}/{tf.name}", tf)
+                    entry = self._put_streamed(f"{base}/{writer}/{tf.name}", tf)
                     files.append(ManifestFile(f"{writer}/{tf.name}", tf.role, entry[0], entry[1]))
                     written += entry[0]
                     self._check_deadline(request, cut_id)
@@ -281,16 +277,14 @@ class CutWriter:
                 f"(the last committed cut stands)"
             )
 
-    def _put_spooled(self, key: str, tf: TrainerFile) -> tuple[int, str]:
-        """Serialises one trainer file to a local spool file (hashing as it goes), then uploads it."""
-        with tempfile.TemporaryDirectory(dir=self.spool_dir, prefix="spotrl-cut-") as spool:
-            path = Path(spool) / "file"
-            with open(path, "wb") as f:
-                hashing = HashingWriter(f)
-                tf.write(cast(IO[bytes], hashing))
-                hashing.flush()
-            self.storage.put_file(key, path)
-            return hashing.size, hashing.sha256.hexdigest()
+    def _put_streamed(self, key: str, tf: TrainerFile) -> tuple[int, str]:
+        """Serialises one trainer file straight into storage, hashing as it goes: serialising,
+        hashing and uploading overlap, and no local copy is made."""
+        with self.storage.open_write(key) as f:
+            hashing = HashingWriter(f)
+            tf.write(cast(IO[bytes], hashing))
+            hashing.flush()
+        return hashing.size, hashing.sha256.hexdigest()
 
     def _update_pointer(self, cut_id: str, manifest: Manifest, digest: str) -> None:
         current = read_pointer(self.storage)

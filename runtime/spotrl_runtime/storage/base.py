@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol, runtime_checkable
+from typing import IO, BinaryIO, Protocol, runtime_checkable
 
 CHUNK = 8 * 1024 * 1024
 
@@ -55,6 +56,12 @@ class Storage(Protocol):
 
     def put_file(self, key: str, path: Path, *, create_only: bool = False) -> ObjectInfo:
         """Writes a local file to ``key``; large files go in parallel parts where the backend can."""
+        ...
+
+    def open_write(self, key: str, *, create_only: bool = False) -> AbstractContextManager[IO[bytes]]:
+        """A stream to write ``key`` through, for objects produced piece by piece (a serialised
+        state_dict). The object appears, whole, when the ``with`` block ends without error;
+        on error nothing appears. Large streams go up in parallel parts as they are written."""
         ...
 
     def get_bytes(self, key: str) -> bytes:

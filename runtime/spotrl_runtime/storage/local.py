@@ -13,8 +13,9 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from spotrl_runtime.storage.base import ObjectExistsError, ObjectInfo, ObjectNotFoundError, StorageError
 
@@ -47,11 +48,9 @@ class LocalStorage:
         try:
             if create_only:
                 try:
-                    os.link(tmp, final)
+                    os.link(tmp, final)  # fails if the key exists: atomic create-only
                 except FileExistsError:
                     raise ObjectExistsError(f"{self.uri}/{key} already exists (create-only write refused)") from None
-                finally:
-                    tmp.unlink(missing_ok=True)
             else:
                 os.replace(tmp, final)
         finally:
@@ -86,6 +85,21 @@ class LocalStorage:
             size = dst.tell()
         self._commit(tmp, final, key, create_only)
         return ObjectInfo(key, size)
+
+    @contextmanager
+    def open_write(self, key: str, *, create_only: bool = False) -> Iterator[IO[bytes]]:
+        final = self._path(key)
+        if create_only and final.exists():
+            raise ObjectExistsError(f"{self.uri}/{key} already exists (create-only write refused)")
+        tmp = self._tmp_for(final)
+        try:
+            with open(tmp, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            self._commit(tmp, final, key, create_only)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------- reads
 

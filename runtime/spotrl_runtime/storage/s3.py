@@ -17,12 +17,14 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import IO, Any, BinaryIO, cast
 
 from spotrl_runtime.storage.base import ObjectExistsError, ObjectInfo, ObjectNotFoundError, StorageError, join_key
 
@@ -200,6 +202,16 @@ class S3Storage:
             raise self._error(err, key, "multipart upload of") from None
         return ObjectInfo(key, size)
 
+    @contextmanager
+    def open_write(self, key: str, *, create_only: bool = False) -> Iterator[IO[bytes]]:
+        stream = _StreamUpload(self, key, create_only)
+        try:
+            yield cast(IO[bytes], stream)
+            stream.finish()
+        except BaseException:
+            stream.abort()
+            raise
+
     # ------------------------------------------------------------------- reads
 
     def get_bytes(self, key: str) -> bytes:
@@ -277,6 +289,108 @@ class S3Storage:
             mapped = self._error(err, key, "delete")
             if not isinstance(mapped, ObjectNotFoundError):
                 raise mapped from None
+
+
+class _StreamUpload(io.RawIOBase):
+    """A write-only stream that uploads itself: one PUT if it stays below the multipart
+    threshold, else a multipart upload whose parts go up in parallel while the writer goes
+    on. At most ``parallelism`` parts are in flight, so memory stays bounded and a fast
+    writer waits for the network (backpressure)."""
+
+    def __init__(self, storage: S3Storage, key: str, create_only: bool):
+        super().__init__()
+        self.storage = storage
+        self.key = key
+        self.full = storage._key(key)
+        self.create_only = create_only
+        self.part_size = storage.part_size
+        self.buf = bytearray()
+        self.multipart = False
+        self.upload_id: str | None = None
+        self.pending: list[Future[dict[str, Any]]] = []
+        self.parts: list[dict[str, Any]] = []
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        n = len(view)
+        self.size += n
+        if not self.multipart:
+            if len(self.buf) + n < self.storage.multipart_threshold:
+                self.buf += view  # may still go up as one PUT
+                return n
+            self.multipart = True
+            held, self.buf = self.buf, bytearray()
+            self._feed(memoryview(held))
+        self._feed(view)
+        return n
+
+    def _feed(self, view: memoryview) -> None:
+        while len(view):
+            room = self.part_size - len(self.buf)
+            self.buf += view[:room]
+            view = view[room:]
+            if len(self.buf) == self.part_size:
+                self._send(self.buf)
+                self.buf = bytearray()
+
+    def _send(self, chunk: bytearray) -> None:
+        client = self.storage._client
+        if self.upload_id is None:
+            try:
+                self.upload_id = client.create_multipart_upload(Bucket=self.storage.bucket, Key=self.full)["UploadId"]
+            except Exception as err:
+                raise self.storage._error(err, self.key, "start multipart upload of") from None
+        while len(self.pending) >= self.storage.parallelism:
+            self.parts.append(self.pending.pop(0).result())
+        number = len(self.parts) + len(self.pending) + 1
+        body = bytes(chunk)
+        upload_id = self.upload_id
+
+        def send() -> dict[str, Any]:
+            etag = client.upload_part(
+                Bucket=self.storage.bucket, Key=self.full, UploadId=upload_id, PartNumber=number, Body=body
+            )["ETag"]
+            return {"ETag": etag, "PartNumber": number}
+
+        self.pending.append(self.storage._executor().submit(send))
+
+    def finish(self) -> None:
+        """Completes the object (raises :class:`ObjectExistsError` for a refused create-only write)."""
+        if not self.multipart:
+            self.storage.put_bytes(self.key, bytes(self.buf), create_only=self.create_only)
+            return
+        if self.buf:
+            self._send(self.buf)
+            self.buf = bytearray()
+        try:
+            self.parts.extend(f.result() for f in self.pending)
+            self.pending = []
+            extra = {"IfNoneMatch": "*"} if self.create_only else {}
+            self.storage._client.complete_multipart_upload(
+                Bucket=self.storage.bucket,
+                Key=self.full,
+                UploadId=self.upload_id,
+                MultipartUpload={"Parts": self.parts},
+                **extra,
+            )
+        except Exception as err:
+            self.abort()
+            raise self.storage._error(err, self.key, "multipart upload of") from None
+
+    def abort(self) -> None:
+        """Gives up: nothing appears under the key."""
+        for f in self.pending:
+            f.cancel()
+        if self.upload_id is not None:
+            with contextlib.suppress(Exception):
+                self.storage._client.abort_multipart_upload(
+                    Bucket=self.storage.bucket, Key=self.full, UploadId=self.upload_id
+                )
+            self.upload_id = None
 
 
 def _code(err: Exception) -> str:

@@ -97,6 +97,29 @@ def test_multipart_upload_and_parallel_download(s3_bucket: Any, tmp_path: Path) 
     s.close()
 
 
+def test_streamed_writes_single_put_multipart_and_abort(s3_bucket: Any) -> None:
+    s = store(s3_bucket, multipart_threshold=8 * MiB, part_size=5 * MiB, parallelism=3)
+    with s.open_write("small") as f:
+        f.write(b"a" * 1000)
+        f.write(b"b")
+    assert s.get_bytes("small") == b"a" * 1000 + b"b"
+    payload = os.urandom(27 * MiB + 3)
+    with s.open_write("big") as f:
+        f.write(payload[:3])  # small writes, then one huge one, as torch.save does
+        f.write(payload[3 : 2 * MiB])
+        f.write(memoryview(payload)[2 * MiB :])
+    assert s.get_bytes("big") == payload
+    client = s3_bucket.client()
+    with pytest.raises(RuntimeError, match="serialiser failed"):
+        write_then_fail(s, "broken", payload)
+    assert s.head("broken") is None
+    assert client.list_multipart_uploads(Bucket=s3_bucket.bucket).get("Uploads", []) == [], "aborted"
+    with pytest.raises(ObjectExistsError), s.open_write("big", create_only=True) as f:
+        f.write(payload)
+    assert s.get_bytes("big") == payload
+    s.close()
+
+
 def test_credentials_from_a_mounted_secret_folder(
     s3_bucket: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -250,3 +273,10 @@ def test_create_only_put_whose_response_was_lost_is_not_mistaken_for_a_conflict(
     assert [r.split()[0] for r in proxy.requests][:2] == ["PUT", "PUT"]
     with pytest.raises(ObjectExistsError):
         s.put_bytes("cuts/1/manifest.json", b"theirs", create_only=True)
+
+
+def write_then_fail(store: Any, key: str, data: bytes) -> None:
+    """Writes part of an object, then fails as a serialiser might."""
+    with store.open_write(key) as f:
+        f.write(data)
+        raise RuntimeError("serialiser failed")

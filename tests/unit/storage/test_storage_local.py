@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,3 +107,26 @@ def test_open_storage_and_open_object(tmp_path: Path) -> None:
     store, key = open_object(str(tmp_path / "data" / "train.jsonl"))
     assert key == "train.jsonl"
     assert store.uri == (tmp_path / "data").as_uri()
+
+
+def test_open_write_appears_whole_on_success_and_not_at_all_on_error(tmp_path: Path) -> None:
+    store = LocalStorage(tmp_path)
+    with store.open_write("w/state.pt") as f:
+        f.write(b"part one,")
+        assert store.head("w/state.pt") is None, "nothing is visible while it is written"
+        f.write(b"part two")
+    assert store.get_bytes("w/state.pt") == b"part one,part two"
+    with pytest.raises(RuntimeError, match="serialiser failed"):
+        write_then_fail(store, "w/broken.pt", b"half")
+    assert store.head("w/broken.pt") is None
+    assert [o.key for o in store.list("w/")] == ["w/state.pt"]
+    with pytest.raises(ObjectExistsError), store.open_write("w/state.pt", create_only=True) as f:
+        f.write(b"x")
+    assert store.get_bytes("w/state.pt") == b"part one,part two"
+
+
+def write_then_fail(store: Any, key: str, data: bytes) -> None:
+    """Writes part of an object, then fails as a serialiser might."""
+    with store.open_write(key) as f:
+        f.write(data)
+        raise RuntimeError("serialiser failed")
