@@ -3,11 +3,15 @@ and the RLJobs of one test (deleted through the operator's finalizer afterwards)
 
 from __future__ import annotations
 
+import os
+import re
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from operator_harness import Jobs, OperatorProcess, apply_crd, install_operator_identity
+from operator_harness import TARGET, Jobs, JobStorage, OperatorProcess, apply_crd, install_operator_identity
 
 from spotrl_e2e.cluster import Cluster
 
@@ -54,5 +58,97 @@ def operator(start_operator: Callable[..., OperatorProcess]) -> OperatorProcess:
 def jobs(cluster: Cluster, namespace: str, start_operator: Callable[..., OperatorProcess]) -> Iterator[Jobs]:
     """The test's RLJobs; deleted at the end while its operators still run (their finalizer)."""
     j = Jobs(cluster, namespace)
+    yield j
+    j.cleanup()
+
+
+# ----------------------------------------------------------------------------- the e2e target
+# SPOTRL_E2E_TARGET=kind (set by e2e/kind/run.sh): the end-to-end tests run on a kind
+# cluster where the chart is installed and an S3 server runs; otherwise on the test control
+# plane with the operator as a subprocess. Tests written for both use the e2e_* fixtures.
+
+
+@pytest.fixture(scope="session")
+def kind_cluster() -> Any:
+    from kind.kind_cluster import KindCluster
+
+    return KindCluster.from_env()
+
+
+@pytest.fixture
+def e2e_cluster(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The cluster of the end-to-end tests (test control plane, or kind)."""
+    if TARGET == "kind":
+        cluster = request.getfixturevalue("kind_cluster")
+        yield cluster
+        cluster.reset_nodes()
+    else:
+        yield request.getfixturevalue("cluster")
+
+
+@pytest.fixture
+def e2e_namespace(e2e_cluster: Any, request: pytest.FixtureRequest) -> Iterator[str]:
+    prefix = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower().removeprefix("test_")).strip("-")
+    name = e2e_cluster.create_namespace(prefix[:30] or "e2e")
+    yield name
+    e2e_cluster.delete_namespace(name)
+
+
+@pytest.fixture
+def e2e_storage(request: pytest.FixtureRequest) -> Iterator[JobStorage]:
+    """A fresh bucket: on the test S3 server (local), or on the kind cluster's S3 server."""
+    if TARGET == "kind":
+        yield kind_bucket()
+    else:
+        b = request.getfixturevalue("s3_bucket")
+        yield JobStorage(b.bucket, b.endpoint, b.endpoint, b.access_key, b.secret_key, b.region)
+
+
+@pytest.fixture(scope="module")
+def e2e_module_storage(request: pytest.FixtureRequest) -> Iterator[JobStorage]:
+    """A bucket for the whole module (the reference run's cuts and audit)."""
+    if TARGET == "kind":
+        yield kind_bucket()
+        return
+    server = request.getfixturevalue("s3_server")
+    b = server.create_bucket("reference")
+    yield JobStorage(b.bucket, b.endpoint, b.endpoint, b.access_key, b.secret_key, b.region)
+    server.delete_bucket(b)
+
+
+def kind_bucket() -> JobStorage:
+    import boto3
+    from botocore.config import Config
+
+    host = os.environ["SPOTRL_E2E_S3_HOST_ENDPOINT"]
+    keys = os.environ["SPOTRL_E2E_S3_ACCESS_KEY"], os.environ["SPOTRL_E2E_S3_SECRET_KEY"]
+    bucket = f"e2e-{uuid.uuid4().hex[:12]}"
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=host,
+        aws_access_key_id=keys[0],
+        aws_secret_access_key=keys[1],
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}),
+    )
+    s3.create_bucket(Bucket=bucket)
+    return JobStorage(bucket, os.environ["SPOTRL_E2E_S3_POD_ENDPOINT"], host, *keys)
+
+
+@pytest.fixture
+def e2e_operator(e2e_cluster: Any, request: pytest.FixtureRequest) -> OperatorProcess | None:
+    """The operator: on kind the chart's (installed by run.sh; checked to be available), on
+    the test control plane a subprocess with the chart's identity."""
+    if TARGET == "kind":
+        ns = os.environ.get("SPOTRL_E2E_OPERATOR_NAMESPACE", "spotrl-system")
+        e2e_cluster.kubectl("rollout", "status", "deployment", "-n", ns, "--timeout=120s")
+        return None
+    start: Callable[..., OperatorProcess] = request.getfixturevalue("start_operator")
+    return start()
+
+
+@pytest.fixture
+def e2e_jobs(e2e_cluster: Any, e2e_namespace: str, e2e_operator: OperatorProcess | None) -> Iterator[Jobs]:
+    j = Jobs(e2e_cluster, e2e_namespace)
     yield j
     j.cleanup()

@@ -14,14 +14,15 @@
 from __future__ import annotations
 
 import json
-import re
+import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -258,15 +259,6 @@ class Jobs:
         return sorted(items, key=lambda p: p["metadata"]["name"])
 
 
-@contextmanager
-def operators_stopped_at_exit(*ops: OperatorProcess) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        for op in ops:
-            op.stop()
-
-
 def events_of_reason(jobs: Jobs, name: str, reason: str) -> list[Obj]:
     return [e for e in jobs.events(name) if e["reason"] == reason]
 
@@ -288,4 +280,33 @@ def describe(obj: Any) -> str:
     return json.dumps(obj, indent=1, sort_keys=True)[-4000:]
 
 
-__all__ = ["NOWHERE", "Jobs", "OperatorProcess", "apply_crd", "re"]
+# ----------------------------------------------------------------------------- the e2e target
+
+TARGET = os.environ.get("SPOTRL_E2E_TARGET", "local")
+"""local: the test control plane; kind: a kind cluster made by e2e/kind/run.sh."""
+
+
+@dataclass(frozen=True)
+class JobStorage:
+    """A fresh bucket an RLJob writes its cuts to, seen from the pods and from the test."""
+
+    bucket: str
+    pod_endpoint: str
+    """The S3 endpoint as the job's pods reach it."""
+    host_endpoint: str
+    """The S3 endpoint as this test process reaches it."""
+    access_key: str
+    secret_key: str
+    region: str = "us-east-1"
+
+    def uri(self, prefix: str) -> str:
+        return f"s3://{self.bucket}/{prefix}"
+
+    def secret(self, name: str = "s3") -> dict:
+        """A Secret with the keys, for spec.checkpoint.credentialsSecret."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name},
+            "stringData": {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key},
+        }
