@@ -8,10 +8,10 @@ UV      ?= $(shell command -v uv 2>/dev/null || echo $(VENV)/bin/uv)
 EXTRAS  ?= operator,runtime,dev
 PYTEST_ARGS ?=
 
-.PHONY: help install lock generate lint typecheck test test-fast toolchain bench demo cluster-up cluster-down test-cluster e2e-kind clean
+.PHONY: help install lock generate lint typecheck test test-fast toolchain bench demo cluster-up cluster-down test-cluster test-e2e e2e-kind clean
 
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@command -v uv >/dev/null || python3 -m pip install -q uv
@@ -49,6 +49,12 @@ cluster-down: ## stop everything cluster-up started (nothing is left running)
 
 test-cluster: install toolchain ## the cluster and S3 tests only (they start and stop their own cluster)
 	$(PY) -m pytest tests/cluster $(PYTEST_ARGS)
+
+test-e2e: install toolchain ## the operator and end-to-end tests on the test control plane
+	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
+e2e-kind: install ## end-to-end tests on kind (docker, kind, kubectl, helm); KEEP_CLUSTER=1 keeps it
+	e2e/kind/run.sh $(PYTEST_ARGS)
 
 test: lint toolchain ## everything CI runs: lint, types, unit, integration, cluster and e2e tests
 	$(PY) -m pytest $(PYTEST_ARGS)

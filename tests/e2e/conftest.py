@@ -141,7 +141,8 @@ def e2e_operator(e2e_cluster: Any, request: pytest.FixtureRequest) -> OperatorPr
     the test control plane a subprocess with the chart's identity."""
     if TARGET == "kind":
         ns = os.environ.get("SPOTRL_E2E_OPERATOR_NAMESPACE", "spotrl-system")
-        e2e_cluster.kubectl("rollout", "status", "deployment", "-n", ns, "--timeout=120s")
+        release = os.environ.get("SPOTRL_E2E_OPERATOR_RELEASE", "spotrl")
+        e2e_cluster.kubectl("rollout", "status", f"deployment/{release}", "-n", ns, "--timeout=120s")
         return None
     start: Callable[..., OperatorProcess] = request.getfixturevalue("start_operator")
     return start()
