@@ -59,6 +59,9 @@ e2e-kind: install ## end-to-end tests on kind (docker, kind, kubectl, helm); KEE
 test: lint toolchain ## everything CI runs: lint, types, unit, integration, cluster and e2e tests
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+bench: install ## run every benchmark in bench/ (each prints a small table; S3 ones start their own versitygw)
+	@set -e; for f in bench/[!_]*.py; do echo "== $$f"; PYTHONPATH=e2e $(PY) $$f; done
+
 test-fast: install ## the quick subset for local work: unit tests only
 	$(PY) -m pytest tests/unit -m "not slow" $(PYTEST_ARGS)
 
