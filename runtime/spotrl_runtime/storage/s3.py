@@ -347,7 +347,7 @@ class _StreamUpload(io.RawIOBase):
         while len(self.pending) >= self.storage.parallelism:
             self.parts.append(self.pending.pop(0).result())
         number = len(self.parts) + len(self.pending) + 1
-        body = bytes(chunk)
+        body = chunk  # never touched again: the stream starts a new buffer after each part
         upload_id = self.upload_id
 
         def send() -> dict[str, Any]:

@@ -255,3 +255,53 @@ def test_big_weights_go_up_in_parallel_parts_and_come_back_exactly(s3_bucket: An
     assert state is not None
     assert torch.equal(state["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
     assert list(tmp_path.iterdir()) == [], "downloaded copies are removed after the restore"
+
+
+def test_audit_trail_survives_an_abrupt_loss_and_gives_the_effective_stream(tmp_path: Path) -> None:
+    """Steps trained after the last cut are trained again by the next attempt, on the same prompts."""
+    from spotrl_runtime.checkpoint import AuditTrail
+
+    storage = LocalStorage(tmp_path)
+    trail = AuditTrail(storage)
+    run = example_b_before_cut(storage)
+    run.cut()
+    run.drain(2)  # steps 0 and 1, then the controller is lost (no cut after them)
+    for record in run.audit:
+        trail.append(record)
+    again = Run.restore(EXAMPLE_B, DATASET, storage)
+    again.drain(3)
+    for record in again.audit:
+        trail.append(record)
+    assert [(r.step, r.attempt) for r in trail.records()] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 1)]
+    stream = trail.effective_stream()
+    assert {s: (r.attempt, r.idxs) for s, r in stream.items()} == {
+        0: (1, (0, 2, 9)),
+        1: (1, (6, 7, 8)),
+        2: (1, (3, 10, 11)),
+    }
+    assert [r.idxs for r in run.audit] == [stream[0].idxs, stream[1].idxs], "retrained on the same prompts"
+
+
+def test_start_or_restore_starts_fresh_then_restores(tmp_path: Path) -> None:
+    from spotrl_runtime.checkpoint import RestoredRun, start_or_restore
+    from spotrl_runtime.core.owners import Owners
+
+    storage = LocalStorage(tmp_path)
+
+    def start() -> Owners | RestoredRun:
+        return start_or_restore(
+            storage,
+            config=EXAMPLE_B,
+            dataset=DATASET,
+            collate=PromptCollate(),
+            source=loader_for(EXAMPLE_B, DATASET),
+            expect_job="default/scenario",
+        )
+
+    fresh = start()
+    assert isinstance(fresh, Owners)
+    assert fresh.trainer_step == 0
+    example_b_before_cut(storage).cut()
+    restored = start()
+    assert isinstance(restored, RestoredRun)
+    assert restored.owners.counters.finished_found == 8

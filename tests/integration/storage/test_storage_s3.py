@@ -146,11 +146,18 @@ def test_credentials_from_a_mounted_secret_folder(
 def test_endpoint_and_credentials_from_the_environment(s3_bucket: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     for k, v in s3_bucket.env().items():
         monkeypatch.setenv(k, v)
+    from spotrl_runtime.api.rljob import Dataset as DatasetSpec
+    from spotrl_runtime.data import open_dataset
     from spotrl_runtime.storage import open_storage
 
     s = open_storage(f"s3://{s3_bucket.bucket}/from-env")
     s.put_bytes("x", b"1")
     assert s3_bucket.client().get_object(Bucket=s3_bucket.bucket, Key="from-env/x")["Body"].read() == b"1"
+    # A JSONL dataset read from S3 through the same storage interface.
+    s.put_bytes("data/train.jsonl", b'{"prompt": "1+1=", "answer": "2", "task_name": "add"}\n')
+    dataset = open_dataset(DatasetSpec(uri=f"s3://{s3_bucket.bucket}/from-env/data/train.jsonl"))
+    assert len(dataset) == 1
+    assert dataset[0]["prompt"] == "1+1="
 
 
 # ------------------------------------------------------------- fault injection

@@ -291,3 +291,23 @@ def test_concurrent_completions_and_cuts_always_see_one_owner_per_prompt() -> No
         for e in snap.replay:
             assert e.target_step >= snap.trainer_step
             assert len(e.group.rollouts) == 4
+
+
+def test_recovery_config_from_an_rljob_spec() -> None:
+    from spotrl_runtime.api.rljob import parse_spec
+
+    spec = parse_spec(
+        {
+            "policy": {"model": "builtin:tiny-arith"},
+            "dataset": {"uri": "builtin:arithmetic"},
+            "reward": {"name": "arithmetic_exact"},
+            "training": {"totalSteps": 10},
+            "generation": {"groupSize": 3, "promptsPerStep": 5, "lookahead": 2},
+            "preemption": {"onDroppedPrompt": "replace", "sparePoolBatches": 2, "minStepFraction": 0.6},
+        }
+    )
+    config = RecoveryConfig.from_spec(spec)
+    assert (config.group_size, config.prompts_per_step, config.lookahead) == (3, 5, 2)
+    assert (config.on_dropped_prompt, config.spare_pool_batches, config.min_step_fraction) == ("replace", 2, 0.6)
+    assert config.min_groups_per_step == 3
+    assert RecoveryConfig.from_json(config.to_json()) == config
