@@ -1,6 +1,5 @@
 """Cuts: the one writer (periodic and barrier), the layout in a store, and the restore."""
 
-from spotrl_runtime.checkpoint.audit_trail import AuditTrail
 from spotrl_runtime.checkpoint.layout import list_cut_folders, newest_committed, read_pointer
 from spotrl_runtime.checkpoint.restore import (
     DatasetLookup,
@@ -27,7 +26,6 @@ from spotrl_runtime.checkpoint.writer import (
 )
 
 __all__ = [
-    "AuditTrail",
     "BarrierDeadlineMissedError",
     "CommittedCut",
     "CutConflictError",

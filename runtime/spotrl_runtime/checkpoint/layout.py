@@ -7,7 +7,8 @@
                                           only after that cut's manifest exists)
       cuts/0000000007/manifest.json       the commit: written last, create-only
       cuts/0000000007/w3-1a2b3c4d/...     the cut's files, under its writer's fresh folder
-      audit/0000000012.0003.json          one audit record per trained step and attempt
+      audit/...                           the controller's audit records, one per trained
+                                          step and attempt (spotrl_runtime.controller)
 
 Cut ids are zero-padded sequence numbers, so key order is commit order. A folder under
 ``cuts/`` without a manifest is a torn cut: it does not exist as a cut.
@@ -25,6 +26,7 @@ from spotrl_runtime.storage import ObjectNotFoundError, Storage
 CUTS = "cuts"
 POINTER = "LATEST.json"
 AUDIT = "audit"
+"""Prefix of the controller's audit records (one object per trained step and attempt)."""
 
 
 def cut_id_of(seq: int) -> str:

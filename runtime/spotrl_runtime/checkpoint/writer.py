@@ -58,7 +58,7 @@ from spotrl_runtime.core.cut_format import (
     encode_owner_files,
     snapshot_counts,
 )
-from spotrl_runtime.core.owners import Owners, OwnersSnapshot
+from spotrl_runtime.core.owners import CutTimeoutError, Owners, OwnersSnapshot
 from spotrl_runtime.storage import ObjectExistsError, Storage, StorageError
 
 log = logging.getLogger(__name__)
@@ -150,10 +150,20 @@ class CutWriter:
         request: CutRequest,
         state_fn: Callable[[], TrainerSnapshot | None] | None = None,
     ) -> CommittedCut:
-        """Captures the owners (and ``state_fn()``'s trainer state) and commits them as a new cut."""
+        """Captures the owners (and ``state_fn()``'s trainer state) and commits them as a new cut.
+
+        Blocking: run it in a background thread (periodic cuts then write their big files
+        asynchronously while training goes on; only the capture pauses ownership moves).
+        Raises :class:`BarrierDeadlineMissedError` when the deadline passes first (also while
+        waiting for a running optimizer step), :class:`CutConflictError` when another
+        controller owns the job's cuts; the previous committed cut stands either way.
+        """
         t0 = time.perf_counter()
         with self._lock:
-            snapshot = owners.capture(state_fn, timeout=request.remaining())
+            try:
+                snapshot = owners.capture(state_fn, timeout=request.remaining())
+            except CutTimeoutError as err:
+                raise BarrierDeadlineMissedError(f"{request.kind} cut not taken: {err}") from None
             self._phase("captured")
             return self._commit(snapshot, request, t0)
 

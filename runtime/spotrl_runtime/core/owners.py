@@ -7,36 +7,45 @@ them all behind one lock. Each method below is one ownership move and runs entir
 inside the lock, so a cut (:meth:`Owners.capture`) sees every prompt exactly once.
 Generation never takes the lock: only handing its results over does.
 
-How a controller drives it (threads or an asyncio loop; every method is thread-safe and
-holds the lock for microseconds, except ``capture``, which holds it for the in-memory
-copy of the state)::
+How a controller drives it. Every method is thread-safe and holds the lock for
+microseconds; the exceptions are ``capture`` (the in-memory copy, which a cut makes) and
+the waiting calls. From an asyncio loop, call the short methods directly and run
+``wait_step_ready``, the optimizer step and ``CutWriter.write`` with ``asyncio.to_thread``::
 
-    owners = Owners(config, loader)                  # a new run, or:
-    owners = restore_cut(...).owners                 # spotrl_runtime.checkpoint.restore
+    # start (spotrl_runtime.checkpoint): restore the newest committed cut, or begin
+    loader = PromptLoader(dataset, collate, batch_size=B, shuffle=..., seed=...)
+    run = start_or_restore(storage, config=config, dataset=dataset, collate=collate,
+                           source=loader, expect_job=job)
+    owners = run if isinstance(run, Owners) else run.owners   # run.trainer: weights,
+                                                              #   optimizer, RNG to load
+    writer = CutWriter(storage, job=job, dataset=describe_dataset(spec.dataset, dataset),
+                       keep=spec.checkpoint.keep)
 
-    # generation side (any thread, any number of concurrent completions)
-    for d in owners.pump():                          # restored ADMITTED groups first, then
-        send_to_generation(d)                        #   batches admitted through the gate
+    # generation side (any thread; many completions at once)
+    for d in owners.pump():                          # after a restore: the ADMITTED groups
+        send_to_generation(d)                        #   first (relaunch=True), then batches
+                                                     #   admitted through the gate
     owners.add_rollout(group_id, rollout)            # one finished rollout; returns the
                                                      #   FinishedGroup when it was the last
     owners.finish_group(group_id, rollouts)          # or the group's missing rollouts at once
-    for d in owners.drop_group(group_id, reason):    # given up on after retries; with
-        send_to_generation(d)                        #   'replace' a spare is dispatched
+    for d in owners.drop_group(group_id, reason):    # given up on after retries; 'replace'
+        send_to_generation(d)                        #   dispatches a spare
+    owners.in_flight()                               # resend a lost worker's groups
 
     # trainer side (one thread)
     owners.wait_step_ready(timeout)                  # every group of the next step finished
-    groups = owners.begin_step()                     # the step's FinishedGroups, in order
+    groups = owners.begin_step()                     # its FinishedGroups, in loader order
     ...optimizer step...
-    record = owners.commit_step(weight_version)      # groups -> trained; AuditRecord
-    (or owners.abort_step() if the step failed: the groups stay in the buffer)
-    owners.pump()                                    # the gate may have opened
+    record = owners.commit_step(weight_version)      # groups -> trained; an AuditRecord
+    audit_store.write(record)                        # (owners.abort_step() if it failed)
+    for d in owners.pump(): send_to_generation(d)    # the gate may have opened
 
-    # cut side (any thread; periodic or barrier)
-    snapshot = owners.capture(state_fn, timeout=s)   # waits for a running optimizer step to
-                                                     #   commit, then copies every owner and
-                                                     #   calls state_fn() (weights, optimizer,
-                                                     #   RNG) under the lock; write it out with
-                                                     #   spotrl_runtime.checkpoint.CutWriter
+    # cut side (any thread; periodic every N steps / T seconds, or a barrier)
+    writer.write(owners, CutRequest.barrier(deadline_s), state_fn)
+        # -> owners.capture(state_fn): waits for a running optimizer step to commit, copies
+        #    every owner and calls state_fn() (snapshot_trainer(model.state_dict(),
+        #    optimizer.state_dict())) under the lock; the files, the manifest (the commit)
+        #    and the pointer are written after the lock is released.
 
 Errors never half-apply: each method checks everything before it changes anything.
 Nothing here discards a prompt; every path that would raises instead.

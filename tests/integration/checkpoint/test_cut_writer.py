@@ -257,23 +257,20 @@ def test_big_weights_go_up_in_parallel_parts_and_come_back_exactly(s3_bucket: An
     assert list(tmp_path.iterdir()) == [], "downloaded copies are removed after the restore"
 
 
-def test_audit_trail_survives_an_abrupt_loss_and_gives_the_effective_stream(tmp_path: Path) -> None:
-    """Steps trained after the last cut are trained again by the next attempt, on the same prompts."""
-    from spotrl_runtime.checkpoint import AuditTrail
+def test_steps_lost_with_the_controller_are_trained_again_on_the_same_prompts(tmp_path: Path) -> None:
+    """After an abrupt loss the next attempt trains the steps after the last cut again; the
+    effective stream (last attempt per step) equals what was trained the first time."""
+    from spotrl_runtime.core.audit import effective_stream
 
     storage = LocalStorage(tmp_path)
-    trail = AuditTrail(storage)
     run = example_b_before_cut(storage)
     run.cut()
     run.drain(2)  # steps 0 and 1, then the controller is lost (no cut after them)
-    for record in run.audit:
-        trail.append(record)
     again = Run.restore(EXAMPLE_B, DATASET, storage)
     again.drain(3)
-    for record in again.audit:
-        trail.append(record)
-    assert [(r.step, r.attempt) for r in trail.records()] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 1)]
-    stream = trail.effective_stream()
+    records = run.audit + again.audit
+    assert [(r.step, r.attempt) for r in records] == [(0, 0), (1, 0), (0, 1), (1, 1), (2, 1)]
+    stream = effective_stream(records)
     assert {s: (r.attempt, r.idxs) for s, r in stream.items()} == {
         0: (1, (0, 2, 9)),
         1: (1, (6, 7, 8)),
@@ -305,3 +302,14 @@ def test_start_or_restore_starts_fresh_then_restores(tmp_path: Path) -> None:
     restored = start()
     assert isinstance(restored, RestoredRun)
     assert restored.owners.counters.finished_found == 8
+
+
+def test_a_barrier_that_cannot_capture_before_its_deadline_is_missed(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    run = example_b_before_cut(storage)
+    assert run.writer is not None
+    run.owners.begin_step()  # a long optimizer step is running
+    with pytest.raises(BarrierDeadlineMissedError, match="step 0 was still training"):
+        run.writer.write(run.owners, CutRequest.barrier(0.1), run.state_fn)
+    run.owners.abort_step()
+    assert list_cut_folders(storage) == []
