@@ -252,6 +252,7 @@ def proxy(s3_bucket: Any) -> Iterator[FaultProxy]:
     p.close()
 
 
+@pytest.mark.slow  # botocore's backoff between the retries: a few seconds
 @pytest.mark.parametrize(("status", "code"), [(503, "SlowDown"), (500, "InternalError"), (429, "TooManyRequests")])
 def test_throttling_and_5xx_are_retried_with_backoff(s3_bucket: Any, proxy: FaultProxy, status: int, code: str) -> None:
     s = store(s3_bucket, endpoint_url=proxy.endpoint, max_attempts=5)
