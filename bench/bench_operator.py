@@ -1,0 +1,317 @@
+"""Operator latencies on the test control plane (real API server, controllers, node agent).
+
+    PYTHONPATH=e2e python bench/bench_operator.py [--jobs 1,10,100] [--extra-nodes 0,20]
+                                                  [--rounds 5] [--preemptions 5]
+
+1. **signal → barrier request**, and how it grows with the number of RLJobs and of nodes
+   the operator watches. N RLJobs whose controller pods idle on node spot-a: the bench
+   places a ``sleep`` pod with each job's controller name and labels there before the job
+   exists, so the operator adopts it as the job's running controller. (They never answer:
+   only request latency is measured here.) At t0 the bench taints spot-a with
+   ``karpenter.sh/disrupted``; for each job, the latency is when a watch on the RLJobs
+   shows ``status.barrier.state == Requested``. Extra nodes come from the node agent and
+   heartbeat like the others (each heartbeat is an event the operator handles).
+2. **repeated preemptions with the real controller** (needs ``spotrl controller``): the
+   tiny job on the spot nodes, a notice + drain of the controller's node, K times:
+   signal → request, request → committed cut, eviction (the old controller's deletion)
+   → the fresh controller's first trained step.
+
+The operator runs as ``python -m spotrl_operator`` (admin kubeconfig, no leader election,
+reconcile interval 2 s), so the figures include its real watch and write paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from spotrl_e2e.cluster import Cluster
+from spotrl_e2e.kube import KubeClient, path
+from spotrl_e2e.nodeagent.config import NodeSpec
+from spotrl_e2e.procs import Process, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+RLJOBS = "spotrl.dev/v1alpha1"
+TAINT = "karpenter.sh/disrupted"
+Obj = dict[str, Any]
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def fmt(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    return f"{statistics.median(values) * 1000:7.0f} {pct(values, 0.95) * 1000:7.0f} {max(values) * 1000:7.0f}"
+
+
+class Watcher:
+    """Records, per RLJob of a namespace, when a watch first shows ``predicate(status)``."""
+
+    def __init__(self, admin: KubeClient, namespace: str, predicate: Callable[[Obj], bool]):
+        self.admin, self.ns, self.predicate = admin, namespace, predicate
+        self.seen: dict[str, float] = {}
+        self.stop = False
+        listing = admin.get(path(RLJOBS, "rljobs", namespace))
+        self.rv = listing["metadata"]["resourceVersion"]
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop:
+            for event in self.admin.watch(
+                path(RLJOBS, "rljobs", self.ns), self.rv, timeout_seconds=30, stop=lambda: self.stop
+            ):
+                obj = event["object"]
+                self.rv = obj["metadata"]["resourceVersion"]
+                name = obj["metadata"]["name"]
+                if name not in self.seen and self.predicate(obj.get("status") or {}):
+                    self.seen[name] = time.monotonic()
+
+    def close(self) -> None:
+        self.stop = True
+
+
+def idle_pod(job: str, node: str) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{job}-controller-1",
+            "labels": {"spotrl.dev/job": job, "spotrl.dev/role": "controller", "spotrl.dev/attempt": "1"},
+        },
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "controller", "image": "idle", "command": ["sleep", "86400"]}],
+        },
+    }
+
+
+def rljob(name: str, **spec: Any) -> Obj:
+    base = {
+        "policy": {"model": "builtin:tiny-arith"},
+        "dataset": {"uri": "builtin:arithmetic"},
+        "reward": {"name": "arithmetic_exact"},
+        "training": {"totalSteps": 1000, "microBatchSize": 8},
+        "checkpoint": {"storage": f"s3://bench-bucket/{name}"},
+    }
+    base.update(spec)
+    return {"apiVersion": RLJOBS, "kind": "RLJob", "metadata": {"name": name}, "spec": base}
+
+
+def start_operator(cluster: Cluster, workdir: Path) -> Process:
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "spotrl_operator", "--kubeconfig", str(cluster.kubeconfig), "--no-leader-election",
+        "--metrics-address", "127.0.0.1", "--metrics-port", str(port), "--reconcile-interval", "2",
+    ]  # fmt: skip
+    op = Process("operator", argv, workdir).start()
+    op.wait_ready(lambda: "ready: running RLJobs" in op.log.read_text(), 60, "ready")
+    return op
+
+
+def signal_round(cluster: Cluster, n: int) -> list[float]:
+    """One round: n jobs with idle controllers on spot-a, a notice taint, the request latencies."""
+    admin = cluster.admin()
+    ns = cluster.create_namespace(f"bench-{n}")
+    names = [f"j{i:03d}" for i in range(n)]
+    for name in names:
+        admin.create(path("v1", "pods", ns), idle_pod(name, "spot-a"))
+    for name in names:
+        admin.create(path(RLJOBS, "rljobs", ns), rljob(name))
+    deadline = time.monotonic() + 60 + n
+    while True:
+        items = admin.get(path(RLJOBS, "rljobs", ns))["items"]
+        running = [j for j in items if (j.get("status") or {}).get("phase") == "Running"]
+        if len(running) == n:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(running)} of {n} jobs Running")
+        time.sleep(0.5)
+    time.sleep(2)  # let the operator settle (its periodic passes find nothing to do)
+    watcher = Watcher(admin, ns, lambda st: (st.get("barrier") or {}).get("state") == "Requested")
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    cluster.taint("spot-a", TAINT, "true")
+    deadline = time.monotonic() + 30 + n
+    while len(watcher.seen) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    watcher.close()
+    latencies = [watcher.seen[name] - t0 for name in names if name in watcher.seen]
+    if len(latencies) < n:
+        print(f"  warning: {n - len(latencies)} of {n} jobs got no barrier request within the wait", file=sys.stderr)
+    cluster.untaint("spot-a", TAINT)
+    for name in names:
+        admin.delete(path(RLJOBS, "rljobs", ns, name))
+    deadline = time.monotonic() + 60 + n
+    while admin.get(path(RLJOBS, "rljobs", ns))["items"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    cluster.delete_namespace(ns)
+    return latencies
+
+
+def bench_signals(cluster: Cluster, jobs: list[int], extra_nodes: list[int], rounds: int) -> list[tuple[str, ...]]:
+    rows = []
+    added = 0
+    for extra in extra_nodes:
+        while added < extra:
+            cluster.add_node(NodeSpec(f"extra-{added:02d}", capacity_type="on-demand"))
+            added += 1
+        for n in jobs:
+            all_samples: list[float] = []
+            firsts, lasts = [], []
+            for _ in range(rounds if n < 100 else max(1, rounds // 2)):
+                lat = signal_round(cluster, n)
+                all_samples += lat
+                if lat:
+                    firsts.append(min(lat))
+                    lasts.append(max(lat))
+            nodes = 3 + extra
+            rows.append(
+                (f"{n:4d} jobs, {nodes:3d} nodes", fmt(all_samples), fmt(firsts), fmt(lasts), str(len(all_samples)))
+            )
+            print("  ", " | ".join(rows[-1]), flush=True)
+    return rows
+
+
+# --------------------------------------------------------------------------- with the real controller
+
+
+def controller_exists() -> bool:
+    out = subprocess.run([sys.executable, "-m", "spotrl_runtime.cli", "--help"], capture_output=True, text=True)
+    return " controller " in out.stdout
+
+
+def bench_preemptions(cluster: Cluster, s3: Any, preemptions: int) -> dict[str, list[float]]:
+    """The tiny job preempted K times (notice taint + drain); the three latencies per preemption."""
+    admin = cluster.admin()
+    ns = cluster.create_namespace("bench-preempt")
+    admin.create(
+        path("v1", "secrets", ns),
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "s3"},
+            "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key},
+        },
+    )
+    job = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
+    job["spec"]["training"]["totalSteps"] = 10_000
+    job["spec"]["checkpoint"].update(
+        {"storage": f"s3://{s3.bucket}/tiny", "s3Endpoint": s3.endpoint, "credentialsSecret": "s3"}
+    )
+    job["spec"]["scheduling"]["nodeSelector"] = {"karpenter.sh/capacity-type": "spot"}
+    admin.create(path(RLJOBS, "rljobs", ns), job)
+    url = path(RLJOBS, "rljobs", ns, "tiny-arith")
+
+    def status() -> Obj:
+        return dict(admin.get(url).get("status") or {})
+
+    def wait(check: Callable[[Obj], bool], timeout: float) -> tuple[Obj, float]:
+        deadline = time.monotonic() + timeout
+        while True:
+            st = status()
+            if check(st):
+                return st, time.monotonic()
+            if time.monotonic() > deadline:
+                raise TimeoutError(json.dumps(st)[:2000])
+            time.sleep(0.05)
+
+    out: dict[str, list[float]] = {"signal → request": [], "request → committed cut": [], "eviction → first step": []}
+    for k in range(preemptions):
+        attempt = k + 1
+        st, _ = wait(lambda s, a=attempt: s.get("stepAttempt") == a and (s.get("step") or 0) >= 1, 600)
+        node = st["controllerNode"]
+        t0 = time.monotonic()
+        cluster.taint(node, TAINT, "true")
+        _, t_req = wait(lambda s: (s.get("barrier") or {}).get("state") in ("Requested", "Committed"), 60)
+        drain = cluster.drain(node, timeout=300)
+        _, t_commit = wait(lambda s: (s.get("barrier") or {}).get("state") == "Committed", 120)
+        old = f"{st['controllerPod']}"
+        pod_url = path("v1", "pods", ns, old)
+        t_evict = None
+        while t_evict is None:
+            pod = admin.get_or_none(pod_url)
+            if pod is None or pod["metadata"].get("deletionTimestamp"):
+                t_evict = time.monotonic()
+            time.sleep(0.02)
+        _, t_step = wait(lambda s, a=attempt + 1: s.get("stepAttempt") == a, 600)
+        drain.wait(300)
+        cluster.untaint(node, TAINT)
+        cluster.uncordon(node)
+        out["signal → request"].append(t_req - t0)
+        out["request → committed cut"].append(t_commit - t_req)
+        out["eviction → first step"].append(t_step - t_evict)
+        print(f"  preemption {attempt}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in out.items()), flush=True)
+    admin.delete(url)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", default="1,10,100", help="numbers of RLJobs (comma-separated)")
+    p.add_argument("--extra-nodes", default="0,20", help="extra nodes watched (comma-separated, increasing)")
+    p.add_argument("--rounds", type=int, default=5, help="notice rounds per configuration")
+    p.add_argument("--preemptions", type=int, default=5, help="preemptions of the tiny job (needs the controller)")
+    args = p.parse_args(argv)
+    jobs = [int(x) for x in args.jobs.split(",") if x]
+    extra_nodes = [int(x) for x in args.extra_nodes.split(",") if x]
+
+    from spotrl_e2e.s3 import S3Server
+
+    with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp:
+        workdir = Path(tmp)
+        cluster = Cluster(workdir / "cluster").start()
+        s3 = None
+        op = None
+        try:
+            cluster.kubectl("apply", "-f", str(REPO / "crds" / "rljobs.spotrl.dev.yaml"))
+            cluster.kubectl("wait", "--for=condition=Established", "crd/rljobs.spotrl.dev", "--timeout=30s")
+            op = start_operator(cluster, workdir)
+            print("signal → barrier request (ms: median p95 max)", flush=True)
+            rows = bench_signals(cluster, jobs, extra_nodes, args.rounds)
+            preempt: dict[str, list[float]] = {}
+            if args.preemptions and controller_exists():
+                s3 = S3Server(workdir / "s3").start()
+                bucket = s3.create_bucket("bench")
+                print("repeated preemptions of the tiny job", flush=True)
+                preempt = bench_preemptions(cluster, bucket, args.preemptions)
+        finally:
+            if op is not None:
+                op.stop()
+            if s3 is not None:
+                s3.stop()
+            cluster.stop()
+
+    print()
+    print("signal → barrier request, all jobs of a round (ms)")
+    print(f"{'':>22} | {'all: med   p95   max':>23} | {'first job of a round':>23} | {'last job of a round':>23} | n")
+    for row in rows:
+        print(" | ".join(row))
+    print()
+    if preempt:
+        print("repeated preemptions with the real controller (s: median, p95)")
+        for what, values in preempt.items():
+            print(f"  {what:<26} {statistics.median(values):6.2f} {pct(values, 0.95):6.2f}  (n={len(values)})")
+    else:
+        print("repeated preemptions with the real controller: n/a (`spotrl controller` is not there yet)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
