@@ -524,7 +524,8 @@ def decode_rollouts(blob: bytes) -> dict[str, tuple[Rollout, ...]]:
         pos = end
     if pos != len(blob):
         raise OwnerFileError("rollouts", f"has {len(blob) - pos} bytes after its last row")
-    prompt_ids, completion_ids, logprobs = arrays
+    # Plain lists slice into tuples several times faster than arrays do.
+    prompt_ids, completion_ids, logprobs = (a.tolist() for a in arrays)
     out: dict[str, list[Rollout]] = {}
     p = c = lp = 0
     for group_id, index, reward, version, text, finish, np_, nc, nl in table:
