@@ -14,6 +14,9 @@ import sys
 # One line per subcommand module; each module defines `register(subparsers)`.
 COMMAND_MODULES = (
     "spotrl_runtime.commands.validate",
+    "spotrl_runtime.commands.run",
+    "spotrl_runtime.commands.audit",
+    "spotrl_runtime.commands.controller",
     "spotrl_runtime.commands.ckpt",
     "spotrl_runtime.commands.operator",
 )

@@ -284,6 +284,18 @@ class Owners:
         with self._cond:
             return [self._dispatch(r) for r in self._ledger.records() if r.phase is Phase.ADMITTED]
 
+    def census(self) -> dict[str, int]:
+        """Groups per owner right now (the loader's unread rows are not counted)."""
+        with self._cond:
+            records = self._ledger.records()
+            reserved = sum(1 for r in records if r.phase is Phase.RESERVED)
+            return {
+                "spare_pool": len(self._spares),
+                "ledger_reserved": reserved,
+                "ledger_admitted": len(records) - reserved,
+                "replay_buffer": len(self._buffer),
+            }
+
     def step_ready(self) -> bool:
         """Whether :meth:`begin_step` would succeed now."""
         with self._cond:

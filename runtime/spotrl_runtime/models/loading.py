@@ -39,8 +39,11 @@ class PolicyError(ValueError):
 class PolicyLike(Protocol):
     """What :func:`load_policy` reads from ``spec.policy`` (the RLJob ``Policy`` model fits)."""
 
-    model: str
-    dtype: str
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def dtype(self) -> str: ...
 
 
 class _ObjectInfoLike(Protocol):

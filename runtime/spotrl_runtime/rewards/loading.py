@@ -32,8 +32,11 @@ class RewardError(ValueError):
 class RewardSpecLike(Protocol):
     """What :func:`load_reward` reads from ``spec.reward`` (the RLJob ``Reward`` model fits)."""
 
-    name: str | None
-    import_path: str | None
+    @property
+    def name(self) -> str | None: ...
+
+    @property
+    def import_path(self) -> str | None: ...
 
 
 @dataclass(frozen=True)

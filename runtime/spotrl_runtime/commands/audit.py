@@ -1,0 +1,44 @@
+"""`spotrl audit URI`: the effective stream of a run — which prompts each step trained on.
+
+One JSON line per step, ``{"step": N, "prompts": [idx, ...], ...}``, the last record of each
+step winning (a step retrained after an abrupt loss shows its later attempt). Two runs
+trained on the same prompts exactly when their effective streams are equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("audit", help="print a run's effective stream (prompts per trained step)", description=__doc__)
+    p.add_argument("uri", help="the job's storage root: a path or s3://bucket/prefix")
+    p.add_argument("--all", action="store_true", help="every record, retrained steps included")
+    p.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from spotrl_runtime.controller.audit_store import AuditStore
+    from spotrl_runtime.storage import open_storage
+
+    store = AuditStore(open_storage(args.uri, endpoint_url=args.endpoint_url))
+    docs = store.documents() if args.all else store.effective()
+    if not docs:
+        print(f"spotrl audit: {args.uri} holds no audit records (audit/step-*/attempt-*.json)", file=sys.stderr)
+        return 1
+    for d in docs:
+        line = {
+            "step": d["step"],
+            "prompts": d["idxs"],
+            "attempt": d["attempt"],
+            "weight_version": d["weight_version"],
+            "reward": d.get("reward"),
+        }
+        if d.get("dropped"):
+            line["dropped"] = [x["idx"] for x in d["dropped"]]
+        print(json.dumps(line))
+    return 0

@@ -1,0 +1,62 @@
+"""`spotrl controller`: the job's controller inside its pod (the operator starts it).
+
+Reads who it is from the environment the operator sets (``SPOTRL_JOB``, ``SPOTRL_NAMESPACE``,
+``SPOTRL_ATTEMPT``, ``SPOTRL_STORAGE``, ``SPOTRL_POD_IP``), reads its RLJob from the API
+server, and runs it with the Kubernetes bridge: barrier requests arrive through the RLJob's
+status, and steps and cuts are reported there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("controller", help="run a job's controller in its pod (started by the operator)")
+    p.add_argument("--resume", default="auto", help="auto (default), never, or a cut id")
+    p.add_argument("--http-port", type=int, default=8080, help="/metrics, /status and POST /barrier (default 8080)")
+    p.add_argument("--sigterm-deadline", type=float, help="seconds a SIGTERM barrier cut may take")
+    p.set_defaults(func=run)
+
+
+def _required(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise SystemExit(f"spotrl controller: {name} is not set; the operator sets it in the controller pod")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    from spotrl_runtime.api.rljob import SpecError, parse_rljob
+    from spotrl_runtime.commands.run import run_controller
+    from spotrl_runtime.controller.kube_bridge import KubeBridge
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    job_name, namespace = _required("SPOTRL_JOB"), os.environ.get("SPOTRL_NAMESPACE", "default")
+    storage, attempt = _required("SPOTRL_STORAGE"), int(_required("SPOTRL_ATTEMPT"))
+    bridge = KubeBridge(job_name, namespace, attempt)
+    try:
+        job = parse_rljob(_read_rljob(namespace, job_name))
+    except SpecError as err:
+        print(f"RLJob {namespace}/{job_name}: {err}", file=sys.stderr)
+        return 2
+    args.attempt = attempt
+    args.http_host = os.environ.get("SPOTRL_POD_IP") or "127.0.0.1"
+    args.on_ready = [bridge.start]
+    try:
+        return run_controller(job, storage, args, sinks=[bridge])
+    finally:
+        bridge.stop()
+
+
+def _read_rljob(namespace: str, name: str) -> Any:
+    from kubernetes import client, config
+
+    from spotrl_runtime.api import rljob as api
+
+    config.load_config()
+    return client.CustomObjectsApi().get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)

@@ -1,0 +1,110 @@
+"""`spotrl run -f RLJOB.yaml`: run a job in this process tree, no cluster needed.
+
+Cuts go to ``--storage`` (default: ``spec.checkpoint.storage``, else ``./spotrl-runs/<name>``).
+SIGTERM takes a barrier cut and exits 143; run the same command again (``--resume auto``)
+to carry on from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("run", help="run an RLJob locally (no cluster)", description=__doc__)
+    p.add_argument("-f", "--filename", required=True, help="the RLJob YAML")
+    p.add_argument("--storage", help="where cuts and the audit go: a path or s3://bucket/prefix")
+    p.add_argument("--max-steps", type=int, help="stop after this many trained steps")
+    p.add_argument("--resume", default="auto", help="auto (default), never, or a cut id")
+    p.add_argument("--sigterm-deadline", type=float, help="seconds a SIGTERM barrier cut may take")
+    p.add_argument("--http-port", type=int, help="serve /metrics, /status and POST /barrier on 127.0.0.1")
+    p.add_argument("--workers", type=int, help="override spec.generation.workers")
+    p.add_argument("--summary-json", help="write a summary of this process's run here")
+    p.add_argument("-q", "--quiet", action="store_true", help="no per-step progress")
+    p.set_defaults(func=run)
+
+
+def load_job(path: str) -> Any:
+    from spotrl_runtime.api.rljob import parse_rljob
+
+    with open(path) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d is not None]
+    if len(docs) != 1:
+        raise SystemExit(f"{path}: expected one RLJob document, found {len(docs)}")
+    return parse_rljob(docs[0])
+
+
+def run(args: argparse.Namespace) -> int:
+    from spotrl_runtime.api.rljob import SpecError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        job = load_job(args.filename)
+    except SpecError as err:
+        print(f"{args.filename}: {err}", file=sys.stderr)
+        return 2
+    if args.workers:
+        gen = job.spec.generation.model_copy(update={"workers": args.workers})
+        job = job.model_copy(update={"spec": job.spec.model_copy(update={"generation": gen})})
+    storage = args.storage or job.spec.checkpoint.storage or str(Path("spotrl-runs") / (job.name or "job"))
+    return run_controller(job, storage, args)
+
+
+def run_controller(job: Any, storage: str, args: argparse.Namespace, sinks: list[Any] | None = None) -> int:
+    """Builds and runs a Controller with the terminal's sinks; shared by `run` and `controller`."""
+    from spotrl_runtime.checkpoint.restore import NoCommittedCutError
+    from spotrl_runtime.controller.http import ControlServer
+    from spotrl_runtime.controller.loop import Controller, ControllerError, ControllerOptions
+    from spotrl_runtime.controller.metrics import registry_for
+    from spotrl_runtime.controller.progress import TerminalProgress
+    from spotrl_runtime.core.validation import CutCheckError
+
+    sinks = list(sinks or [])
+    if not getattr(args, "quiet", False):
+        sinks.append(TerminalProgress(job.spec.training.total_steps))
+    grace = job.spec.scheduling.termination_grace_period_seconds
+    options = ControllerOptions(
+        storage_uri=storage,
+        resume=args.resume,
+        attempt=getattr(args, "attempt", None),
+        max_steps=getattr(args, "max_steps", None),
+        sigterm_deadline=args.sigterm_deadline or max(2.0, grace - 5.0),
+        http_host=getattr(args, "http_host", None) or "127.0.0.1",
+        http_port=getattr(args, "http_port", None),
+        sinks=sinks,
+        on_ready=list(getattr(args, "on_ready", [])),
+    )
+    controller = Controller(job, options)
+    controller.install_signal_handlers()
+    server = None
+    if options.http_port is not None:
+        server = ControlServer(controller, registry_for(controller), options.http_host, options.http_port).start()
+        print(f"controller endpoint: {server.address} (/metrics, /status, POST /barrier)", flush=True)
+    try:
+        rc = controller.run()
+    except (CutCheckError, NoCommittedCutError, ControllerError) as err:
+        print(f"spotrl: {err}", file=sys.stderr)
+        return 3
+    finally:
+        if server is not None:
+            server.stop()
+    summary = {
+        "exit_code": rc,
+        "attempt": controller.owners.attempt if hasattr(controller, "owners") else None,
+        "resumed_from": controller.resumed_from.__dict__ if controller.resumed_from else None,
+        "steps_trained": [h["step"] for h in controller.history],
+        "rewards": [h["reward"] for h in controller.history],
+        "cuts": [c.__dict__ for c in controller.cuts],
+        "counters": controller.owners.counters.__dict__ if hasattr(controller, "owners") else {},
+        "stats": controller.stats,
+    }
+    if getattr(args, "summary_json", None):
+        Path(args.summary_json).write_text(json.dumps(summary, indent=2))
+    return rc

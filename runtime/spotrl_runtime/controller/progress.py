@@ -1,0 +1,40 @@
+"""Progress on the terminal for a person running a job locally (a :class:`StatusSink`)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from spotrl_runtime.controller.control import CutInfo
+
+
+class TerminalProgress:
+    """One line per trained step and per cut."""
+
+    def __init__(self, total_steps: int, stream: TextIO | None = None):
+        self.total = total_steps
+        self.stream = stream or sys.stdout
+        self.t0 = time.monotonic()
+
+    def _say(self, text: str) -> None:
+        self.stream.write(f"[{time.monotonic() - self.t0:7.1f}s] {text}\n")
+        self.stream.flush()
+
+    def on_started(self, resumed_from: CutInfo | None) -> None:
+        if resumed_from is None:
+            self._say("starting a new run")
+        else:
+            self._say(f"resumed from cut {resumed_from.cut_id} ({resumed_from.kind}) at step {resumed_from.step}")
+
+    def on_step(self, step: int, metrics: dict[str, Any]) -> None:
+        self._say(
+            f"step {step:>4}/{self.total}  reward {metrics['reward']:.3f}  loss {metrics['loss']:+.4f}  "
+            f"{metrics['seconds']:.2f} s  (attempt {metrics['attempt']})"
+        )
+
+    def on_cut(self, cut: CutInfo) -> None:
+        self._say(f"cut {cut.cut_id} committed ({cut.kind}, step {cut.step}, {cut.seconds:.2f} s)")
+
+    def on_finished(self, steps: int) -> None:
+        self._say(f"done: {steps} steps trained")
