@@ -8,11 +8,12 @@ reaches the same plan from the same world and neither loses nor repeats a barrie
 
 The barrier, step by step (a node hosting the controller gets a notice):
 
-1. :class:`RequestBarrier` writes ``status.barrier`` (state ``Requested``, an id, a
-   deadline). The PodDisruptionBudget stays closed, so a drain waits at 429.
+1. :class:`RequestBarrier` writes ``status.barrier`` (state ``Requested``, an id, the
+   controller ``attempt`` it is for, a deadline). The PodDisruptionBudget stays closed, so
+   a drain waits at 429.
 2. The controller, watching its RLJob, takes a barrier cut and patches
-   ``status.barrier.state = Committed`` for that id; from then on it makes no ownership
-   moves.
+   ``status.barrier.state = Committed`` for that id (or ``Failed`` with a message); from
+   then on it makes no ownership moves.
 3. :class:`OpenDisruptionBudget` and :class:`DeletePod`: the drain may proceed, and the
    controller (SIGTERM; nothing left to write) leaves the node.
 4. When the pod is gone: :class:`CreateControllerPod` with the next attempt number on a
@@ -22,6 +23,12 @@ The barrier, step by step (a node hosting the controller gets a notice):
 If the deadline passes first, the barrier is ``Missed`` (a condition and an Event) and the
 job falls back to its newest committed cut, usually the last periodic one. A node that
 stopped answering gets no barrier at all: nobody is left to cut.
+
+Attempts: ``status.attempt`` is written before the pod of that attempt is created, and
+``status.controllerPod`` only once the pod has been seen. An attempt whose pod was never
+seen (the operator stopped in between, or its cache lags) is created again under the same
+deterministic name instead of counting a new attempt, so a restart neither loses nor
+repeats a controller.
 """
 
 from __future__ import annotations
