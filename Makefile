@@ -60,10 +60,13 @@ test: lint toolchain ## everything CI runs: lint, types, unit, integration, clus
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: install ## run every benchmark in bench/ (each prints a small table; S3 ones start their own versitygw)
-	@set -e; for f in bench/[!_]*.py; do echo "== $$f"; PYTHONPATH=e2e $(PY) $$f; done
+	@set -e; for f in bench/bench_*.py; do echo "== $$f"; PYTHONPATH=e2e $(PY) $$f; done
 
 test-fast: install ## the quick subset for local work: unit tests only
 	$(PY) -m pytest tests/unit -m "not slow" $(PYTEST_ARGS)
+
+demo: install ## the main job: train the tiny example, preempt it with SIGTERM, resume, show what survived
+	$(PY) examples/demo.py
 
 clean: ## remove the virtualenv and caches in the work tree
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -20,6 +20,7 @@ def register(sub: Any) -> None:
     p.add_argument("--resume", default="auto", help="auto (default), never, or a cut id")
     p.add_argument("--http-port", type=int, default=8080, help="/metrics, /status and POST /barrier (default 8080)")
     p.add_argument("--sigterm-deadline", type=float, help="seconds a SIGTERM barrier cut may take")
+    p.add_argument("--device", default="auto", help="auto (cuda when a GPU is visible), cpu, or cuda[:N]")
     p.set_defaults(func=run)
 
 

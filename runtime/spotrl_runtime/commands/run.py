@@ -26,6 +26,7 @@ def register(sub: Any) -> None:
     p.add_argument("--sigterm-deadline", type=float, help="seconds a SIGTERM barrier cut may take")
     p.add_argument("--http-port", type=int, help="serve /metrics, /status and POST /barrier on 127.0.0.1")
     p.add_argument("--workers", type=int, help="override spec.generation.workers")
+    p.add_argument("--device", default="auto", help="auto (cuda when a GPU is visible), cpu, or cuda[:N]")
     p.add_argument("--summary-json", help="write a summary of this process's run here")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-step progress")
     p.set_defaults(func=run)
@@ -78,6 +79,7 @@ def run_controller(job: Any, storage: str, args: argparse.Namespace, sinks: list
         sigterm_deadline=args.sigterm_deadline or max(2.0, grace - 5.0),
         http_host=getattr(args, "http_host", None) or "127.0.0.1",
         http_port=getattr(args, "http_port", None),
+        device=_device(getattr(args, "device", "auto")),
         sinks=sinks,
         on_ready=list(getattr(args, "on_ready", [])),
     )
@@ -108,3 +110,11 @@ def run_controller(job: Any, storage: str, args: argparse.Namespace, sinks: list
     if getattr(args, "summary_json", None):
         Path(args.summary_json).write_text(json.dumps(summary, indent=2))
     return rc
+
+
+def _device(choice: str) -> str:
+    if choice != "auto":
+        return choice
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

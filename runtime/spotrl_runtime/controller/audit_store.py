@@ -32,6 +32,15 @@ class AuditStore:
         doc = {**record.to_json(), **extra}
         self.storage.put_bytes(record_key(record), json.dumps(doc, sort_keys=True).encode())
 
+    def latest_attempt(self) -> int | None:
+        """The highest attempt that trained a step (from the keys alone), or None."""
+        attempts = [
+            int(o.key.rsplit("attempt-", 1)[1].removesuffix(".json"))
+            for o in self.storage.list(PREFIX)
+            if "attempt-" in o.key and o.key.endswith(".json")
+        ]
+        return max(attempts, default=None)
+
     def documents(self) -> list[dict[str, Any]]:
         """Every stored record, oldest step and attempt first."""
         keys = sorted(o.key for o in self.storage.list(PREFIX) if o.key.endswith(".json"))

@@ -27,7 +27,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -350,14 +349,3 @@ def _message(err: Any) -> str:
 
 def _add(path: str, value: Any) -> Obj:
     return {"op": "add", "path": path, "value": value}
-
-
-def attach(controllable: Controllable, register: Callable[[KubeBridge], None] | None = None) -> KubeBridge | None:
-    """In a pod: the started bridge for this controller (None outside a cluster).
-    ``register`` hands it to the controller as a status sink before it starts watching."""
-    bridge = KubeBridge.from_env()
-    if bridge is None:
-        return None
-    if register is not None:
-        register(bridge)
-    return bridge.start(controllable)

@@ -39,6 +39,7 @@ from typing import Any
 from spotrl_runtime.api.rljob import RLJob
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.controller.control import BarrierFailed, CutInfo, StatusSink
+from spotrl_runtime.controller.failpoints import failpoint
 from spotrl_runtime.core.owners import (
     Dispatch,
     Owners,
@@ -169,6 +170,17 @@ class Controller:
                 "resume it with --resume auto, or give a fresh --storage"
             )
         cut_id = None if opts.resume in ("auto", "never") else opts.resume
+        attempt = opts.attempt
+        if attempt is None and newest is not None:
+            # Locally nobody numbers the incarnations: one past every attempt that left a
+            # trace (an incarnation killed before its first cut still audited its steps).
+            import json
+
+            from spotrl_runtime.checkpoint.layout import manifest_key
+
+            cut_attempt = json.loads(self.storage.get_bytes(manifest_key(newest))).get("attempt")
+            seen = [a for a in (self.audit.latest_attempt(), cut_attempt) if isinstance(a, int)]
+            attempt = max(seen) + 1 if seen else None
         if cut_id is not None or (opts.resume == "auto" and newest is not None):
             restored = restore_cut(
                 self.storage,
@@ -177,7 +189,7 @@ class Controller:
                 source=loader,
                 cut_id=cut_id,
                 expect=Expectations(job=self.job.name, config=config),
-                attempt=opts.attempt,
+                attempt=attempt,
             )
             self.owners = restored.owners
             if restored.trainer is not None:
@@ -199,7 +211,11 @@ class Controller:
         else:
             self.owners = Owners(config, loader, attempt=opts.attempt or 0)
         self.writer = CutWriter(
-            self.storage, job=self.job.name, dataset=describe_dataset(spec.dataset, dataset), keep=spec.checkpoint.keep
+            self.storage,
+            job=self.job.name,
+            dataset=describe_dataset(spec.dataset, dataset),
+            keep=spec.checkpoint.keep,
+            progress=lambda phase: failpoint(f"cut.{phase}"),
         )
         self.pool.update_weights(self.trainer.policy_state_dict(), self.trainer.step)
         self.pool.wait_ready()
@@ -226,7 +242,12 @@ class Controller:
             if self._signals_installed:
                 self.install_signal_handlers()  # ray.init installs its own SIGTERM handler
         backend = BackendSpec.from_rljob(self.spec, device=self.options.device)
-        self.pool = GenerationPool(backend, self.spec.generation.workers)
+        workers = self.spec.generation.workers
+        actor_options: dict[str, Any] = {}
+        if backend.kind == "transformers" and self.options.device.startswith("cuda"):
+            # Ray hides GPUs from actors that ask for none; the trainer keeps half of the GPU.
+            actor_options = {"num_gpus": round(0.5 / workers, 4)}
+        self.pool = GenerationPool(backend, workers, actor_options=actor_options)
 
     # ================================================================== run
 
@@ -285,6 +306,7 @@ class Controller:
             t0 = time.monotonic()
             groups = owners.begin_step()
             try:
+                failpoint("train.step", owners.trainer_step)
                 metrics = trainer.train_step(groups)
             except Exception:
                 owners.abort_step()
@@ -369,6 +391,7 @@ class Controller:
     def _finish(self, d: Dispatch, generated: Any) -> None:
         from spotrl_runtime.generation.rollouts import score_group
 
+        failpoint("dispatch.finish", d.target_step)
         scored = score_group(generated, d.prompt, self.reward, d.target_step)
         rollouts = [
             Rollout(**{**r.__dict__, "index": d.rollout_indexes[i]})
@@ -419,6 +442,13 @@ class Controller:
                 pending.append(nxt)
             barriers = [j for j in pending if j.kind == "barrier"]
             chosen = barriers[0] if barriers else pending[-1]
+            last_word = next((c for c in reversed(self.cuts) if c.kind == "barrier"), None)
+            if last_word is not None and chosen.kind != "barrier":
+                # A committed barrier is this controller's last word: a periodic snapshot
+                # captured before it must not become a newer (but older) cut.
+                for j in pending:
+                    j.done.set_result(last_word)
+                continue
             info = self._write_cut(chosen)
             for j in pending:
                 if j is chosen:

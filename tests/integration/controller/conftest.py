@@ -1,0 +1,22 @@
+"""Fixtures for the controller tests: one model cache and one uninterrupted baseline run."""
+
+from __future__ import annotations
+
+import pytest
+from controller_runs import Runs, stream
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture(scope="session")
+def baseline(runs: Runs) -> list[tuple[int, list[int]]]:
+    """The effective stream of the tiny job run once, never stopped."""
+    storage = runs.base / "baseline"
+    rc, log = runs.run(runs.job(), storage)
+    assert rc == 0, log
+    got = stream(storage)
+    assert [s for s, _ in got] == list(range(16))
+    return got

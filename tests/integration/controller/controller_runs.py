@@ -1,0 +1,138 @@
+"""Running the real controller (`spotrl run`) as a subprocess and reading its audit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from spotrl_runtime.checkpoint.layout import newest_committed
+from spotrl_runtime.storage import open_storage
+
+ROOT = Path(__file__).resolve().parents[3]
+
+TINY_JOB: dict[str, Any] = {
+    "apiVersion": "spotrl.dev/v1alpha1",
+    "kind": "RLJob",
+    "metadata": {"name": "tiny"},
+    "spec": {
+        "policy": {"model": "builtin:tiny-arith"},
+        "dataset": {"uri": "builtin:arithmetic"},
+        "reward": {"name": "arithmetic_exact"},
+        "generation": {"groupSize": 8, "promptsPerStep": 16, "lookahead": 1, "maxNewTokens": 8},
+        "training": {"totalSteps": 16, "learningRate": 0.0003, "microBatchSize": 64},
+        "checkpoint": {"everySteps": 4, "keep": 3},
+        "scheduling": {"terminationGracePeriodSeconds": 30},
+    },
+}
+
+
+class Runs:
+    """Starts `spotrl run` processes that share one model cache and short Ray folders."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.cache = base / "cache"
+        self.ray_tmp = Path(os.environ.get("SPOTRL_TEST_RAY_TMP", "/tmp"))
+        self.n = 0
+        self.logs: dict[int, Path] = {}
+
+    def job(self, overrides: dict[str, Any] | None = None) -> Path:
+        doc = json.loads(json.dumps(TINY_JOB))
+        for path, value in (overrides or {}).items():
+            node = doc["spec"]
+            *parents, leaf = path.split(".")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = value
+        self.n += 1
+        path = self.base / f"job-{self.n}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            SPOTRL_CACHE=str(self.cache),
+            SPOTRL_RAY_TMP=str(self.ray_tmp),
+            RAY_AUTH_MODE="disabled",
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(extra)
+        return env
+
+    def start(self, job: Path, storage: Path, *args: str, **env: str) -> subprocess.Popen[str]:
+        self.n += 1
+        path = self.base / f"run-{self.n}.log"
+        log = open(path, "w")  # noqa: SIM115 - the child writes it; closed when we drop it
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "spotrl_runtime.cli", "run", "-f", str(job), "--storage", str(storage), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env(**env),
+            cwd=self.base,
+        )
+        log.close()
+        self.logs[proc.pid] = path
+        return proc
+
+    def run(self, job: Path, storage: Path, *args: str, timeout: float = 420, **env: str) -> tuple[int, str]:
+        proc = self.start(job, storage, *args, **env)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        return rc, self.log_of(proc)
+
+    def log_of(self, proc: subprocess.Popen[str]) -> str:
+        return self.logs[proc.pid].read_text()
+
+
+def audit(storage: Path, *extra: str) -> list[dict[str, Any]]:
+    """`spotrl audit` of a run; [] before its first trained step."""
+    out = subprocess.run(
+        [sys.executable, "-m", "spotrl_runtime.cli", "audit", str(storage), *extra], capture_output=True, text=True
+    )
+    if out.returncode == 1 and "holds no audit records" in out.stderr:
+        return []
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def stream(storage: Path) -> list[tuple[int, list[int]]]:
+    """The effective stream: (step, prompt idxs) per step."""
+    return [(d["step"], d["prompts"]) for d in audit(storage)]
+
+
+def wait_for(predicate: Any, timeout: float, what: str, proc: subprocess.Popen[str] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the run exited ({proc.returncode}) before {what}")
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+    proc.send_signal(sig)
+    return proc.wait(timeout=timeout)
+
+
+def newest_cut(storage: Path) -> tuple[str, str, int]:
+    """(id, kind, trainer step) of the newest committed cut."""
+    store = open_storage(str(storage))
+    cut_id = newest_committed(store)
+    assert cut_id is not None
+    manifest = json.loads(store.get_bytes(f"cuts/{cut_id}/manifest.json"))
+    return cut_id, manifest["kind"], manifest["trainer_step"]

@@ -1,0 +1,174 @@
+"""The controller stopped at many points, then resumed: it trains on exactly the prompts it
+would have trained on had it never been stopped. Real torch, real Ray, real cuts on disk."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from controller_runs import Runs, audit, newest_cut, stop, stream, wait_for
+
+from spotrl_runtime.checkpoint.layout import list_cut_folders, newest_committed
+from spotrl_runtime.storage import open_storage
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("phase", "failpoint"),
+    [
+        ("mid-generation", "dispatch.finish@6=4"),
+        ("mid-train-step", "train.step@6=4"),
+        ("during-a-periodic-cut", "cut.files_written=4"),
+    ],
+)
+def test_sigterm_takes_a_barrier_cut_and_resume_trains_the_same_prompts(
+    runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path, phase: str, failpoint: str
+) -> None:
+    storage = tmp_path / "cuts"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    job = runs.job()
+    name = failpoint.split("=")[0].split("@")[0]
+    proc = runs.start(job, storage, SPOTRL_FAILPOINTS=failpoint, SPOTRL_FAILPOINT_DIR=str(marks))
+    wait_for(lambda: (marks / name).exists(), 300, f"the run to reach {name}", proc)
+    trained_before = len(audit(storage, "--all"))
+    rc = stop(proc, signal.SIGTERM)
+    log = runs.log_of(proc)
+    assert rc == 143, log
+    assert "barrier cut" in log, log
+
+    cut_id, kind, cut_step = newest_cut(storage)
+    assert kind == "barrier"
+    # Nothing trained is lost: the barrier cut holds every step this attempt trained.
+    first = audit(storage, "--all")
+    assert len(first) >= trained_before
+    assert cut_step == len(first), (cut_step, [d["step"] for d in first])
+
+    rc, log = runs.run(job, storage)
+    assert rc == 0, log
+    assert f"resumed from cut {cut_id} (barrier) at step {cut_step}" in log
+    everything = audit(storage, "--all")
+    retrained = [d["step"] for d in everything if d["attempt"] > 0 and d["step"] < cut_step]
+    assert retrained == [], "a graceful preemption retrains nothing"
+    assert stream(storage) == baseline
+
+
+def test_sigkill_at_random_points_then_resume_from_the_last_periodic_cut(
+    runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path
+) -> None:
+    storage = tmp_path / "cuts"
+    job = runs.job()
+    rng = random.Random(20261130)
+    kills = 0
+    for i, target in enumerate(sorted(rng.sample(range(5, 14), 2))):
+        marks = tmp_path / f"marks-{i}"
+        marks.mkdir()
+        proc = runs.start(job, storage, SPOTRL_FAILPOINTS=f"train.step@{target}=0.2", SPOTRL_FAILPOINT_DIR=str(marks))
+        wait_for(lambda m=marks: (m / "train.step").exists(), 300, f"step {target}", proc)
+        time.sleep(rng.uniform(0, 0.3))
+        assert stop(proc, signal.SIGKILL) == -signal.SIGKILL
+        kills += 1
+        _, kind, cut_step = newest_cut(storage)
+        assert kind == "periodic"
+        trained = max(d["step"] for d in audit(storage, "--all")) + 1
+        assert cut_step <= trained
+    rc, log = runs.run(job, storage)
+    assert rc == 0, log
+    assert stream(storage) == baseline
+    everything = audit(storage, "--all")
+    attempts = {d["attempt"] for d in everything}
+    assert attempts == set(range(kills + 1)), attempts
+    # Steps after the last cut before a kill were trained again by a later attempt, on the same prompts.
+    by_step: dict[int, list[dict]] = {}
+    for d in everything:
+        by_step.setdefault(d["step"], []).append(d)
+    again = {s: ds for s, ds in by_step.items() if len(ds) > 1}
+    assert again, "an abrupt loss retrains the steps after the last periodic cut"
+    for ds in again.values():
+        assert len({tuple(d["prompts"]) for d in ds}) == 1
+
+
+def test_a_dead_generation_worker_is_replaced_without_a_restore(
+    runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path
+) -> None:
+    storage = tmp_path / "cuts"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    summary = tmp_path / "summary.json"
+    job = runs.job({"generation.workers": 2})
+    proc = runs.start(
+        job,
+        storage,
+        "--summary-json",
+        str(summary),
+        SPOTRL_FAILPOINTS="train.step@5=2",
+        SPOTRL_FAILPOINT_DIR=str(marks),
+    )
+    wait_for(lambda: (marks / "train.step").exists(), 300, "step 5", proc)
+    workers = subprocess.run(["pgrep", "-f", "GenerationWorker"], capture_output=True, text=True).stdout.split()
+    mine = [pid for pid in workers if _is_descendant(int(pid), proc.pid)]
+    assert len(mine) == 2, (workers, mine)
+    subprocess.run(["kill", "-9", mine[0]], check=True)
+    rc = proc.wait(timeout=300)
+    log = runs.log_of(proc)
+    assert rc == 0, log
+    import json
+
+    s = json.loads(summary.read_text())
+    assert s["resumed_from"] is None
+    assert s["stats"]["groups_lost_redispatched"] >= 1, s["stats"]
+    assert {d["attempt"] for d in audit(storage, "--all")} == {0}
+    assert stream(storage) == baseline
+
+
+def _is_descendant(pid: int, ancestor: int) -> bool:
+    seen = 0
+    while pid > 1 and seen < 64:
+        if pid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except FileNotFoundError:
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+        seen += 1
+    return False
+
+
+def test_a_corrupted_or_foreign_cut_stops_resume_with_the_named_check(runs: Runs, tmp_path: Path) -> None:
+    storage = tmp_path / "cuts"
+    job = runs.job({"training.totalSteps": 4, "checkpoint.everySteps": 2})
+    rc, log = runs.run(job, storage)
+    assert rc == 0, log
+
+    store = open_storage(str(storage))
+    cut_id = newest_committed(store)
+    assert cut_id is not None
+    folder = next(f for f in list_cut_folders(store) if f.cut_id == cut_id)
+    victim = next(o.key for o in store.list(f"cuts/{cut_id}/") if o.key.endswith("ledger.json"))
+    data = bytearray(store.get_bytes(victim))
+    data[len(data) // 2] ^= 0x01
+    (storage / victim).write_bytes(bytes(data))
+    more = runs.job({"training.totalSteps": 6, "checkpoint.everySteps": 2})
+    rc, log = runs.run(more, storage)
+    assert rc == 3, log
+    assert "sha256" in log
+    assert victim.rsplit("/", 1)[-1] in log
+    assert folder.cut_id == cut_id
+
+    # A cut of another job (same storage, another name) is refused, not resumed.
+    foreign = tmp_path / "foreign"
+    rc, log = runs.run(runs.job({"training.totalSteps": 2, "checkpoint.everySteps": 2}), foreign)
+    assert rc == 0, log
+    other = runs.job({"training.totalSteps": 4})
+    doc = other.read_text().replace("name: tiny", "name: someone-else")
+    other.write_text(doc)
+    rc, log = runs.run(other, foreign)
+    assert rc == 3, log
+    assert "someone-else" in log or "tiny" in log
+    assert "job" in log.lower()
