@@ -1,0 +1,108 @@
+"""Barrier time: SIGTERM to a committed cut, for the demo model and a ~100M-parameter policy.
+
+For each policy, `spotrl run` trains until its first steps are done, gets SIGTERM, and takes
+its barrier cut. The baseline, measured in the same run on the same disk, is a plain
+``torch.save`` of the very trainer state the cut holds, plus an fsync: what any checkpoint
+of that state must at least cost. The ratio says what the cut adds (the owners, digests, the manifest).
+
+    python bench/bench_barrier.py [--policies tiny,100m]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICIES = {"tiny": "builtin:tiny-arith", "100m": "builtin:random-100m"}
+
+
+def job(model: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "spotrl.dev/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "bench"},
+        "spec": {
+            "policy": {"model": model},
+            "dataset": {"uri": "builtin:arithmetic"},
+            "reward": {"name": "arithmetic_exact"},
+            "generation": {"groupSize": 4, "promptsPerStep": 4, "lookahead": 1, "maxNewTokens": 4},
+            "training": {"totalSteps": 1000, "learningRate": 1e-5, "microBatchSize": 16},
+            "checkpoint": {"everySteps": 1000},
+            "scheduling": {"terminationGracePeriodSeconds": 300},
+        },
+    }
+
+
+def barrier_seconds(model: str, work: Path) -> tuple[float, int]:
+    """SIGTERM → committed barrier manifest, in seconds, and the cut's size in bytes."""
+    spec = work / "job.yaml"
+    spec.write_text(yaml.safe_dump(job(model)))
+    storage = work / "cuts"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spotrl_runtime.cli", "run", "-f", str(spec), "--storage", str(storage), "-q"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
+    audit = storage / "audit"
+    deadline = time.monotonic() + 900
+    while not (audit.exists() and len(list(audit.iterdir())) >= 2):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"{model}: the run ended or stalled before its second step")
+        time.sleep(0.05)
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    if proc.wait(timeout=600) != 143:
+        raise SystemExit(f"{model}: SIGTERM did not end with a barrier cut (exit {proc.returncode})")
+    manifests = sorted((storage / "cuts").glob("*/manifest.json"))
+    manifest = json.loads(manifests[-1].read_text())
+    assert manifest["kind"] == "barrier", manifest["kind"]
+    committed = manifests[-1].stat().st_mtime
+    return committed - t0, sum(f["size"] for f in manifest["files"])
+
+
+def plain_save_seconds(work: Path) -> tuple[float, int]:
+    """torch.save of the very trainer state the barrier cut holds (weights, optimizer, RNG), fsynced."""
+    import torch
+
+    cut = sorted((work / "cuts" / "cuts").glob("*/manifest.json"))[-1].parent
+    state = {p.stem: torch.load(p, weights_only=False) for p in sorted(cut.glob("*/trainer/*.pt"))}
+    path = work / "plain.pt"
+    t0 = time.perf_counter()
+    with open(path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    return time.perf_counter() - t0, path.stat().st_size
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--policies", default="tiny,100m")
+    args = ap.parse_args()
+    rows = []
+    for name in args.policies.split(","):
+        with tempfile.TemporaryDirectory(prefix=f"bench-barrier-{name}-") as tmp:
+            work = Path(tmp)
+            cut_s, cut_bytes = barrier_seconds(POLICIES[name], work)
+            plain_s, plain_bytes = plain_save_seconds(work)
+        rows.append((name, cut_s, cut_bytes, plain_s, plain_bytes))
+    print(f"{'policy':8} {'SIGTERM→cut s':>14} {'cut MB':>8} {'torch.save s':>13} {'save MB':>8} {'ratio':>6}")
+    for name, cut_s, cut_b, plain_s, plain_b in rows:
+        print(f"{name:8} {cut_s:14.2f} {cut_b / 1e6:8.1f} {plain_s:13.2f} {plain_b / 1e6:8.1f} {cut_s / plain_s:6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
