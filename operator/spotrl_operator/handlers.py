@@ -36,7 +36,7 @@ from spotrl_operator.reconcile import CreateControllerPod, Plan, RequestBarrier,
 from spotrl_operator.resources import JOB_LABEL, ROLE_LABEL
 from spotrl_operator.retention import Outcome, RetentionError, apply_retention
 from spotrl_operator.settings import Settings
-from spotrl_operator.signals import node_signals, pod_signals
+from spotrl_operator.signals import Signal, node_signals, pod_signals
 from spotrl_runtime.api import rljob as api
 from spotrl_runtime.api.rljob import SpecError
 
@@ -287,7 +287,8 @@ def _count(ctx: Context, namespace: str, name: str, before: api.RLJobStatus, pla
     for action in plan.actions:
         if isinstance(action, RequestBarrier):
             b = action.barrier
-            provider = b.reason.split(":", 1)[0] if b.reason else "unknown"
+            kind, _, detail = b.reason.partition(": ")
+            provider = Signal(kind, b.node or "", detail).provider if kind != "suspend" else "suspend"  # type: ignore[arg-type]
             m.barrier_requested(b.request_id, b.node, b.reason, provider)
     after = plan.status or before
     for st in (before, after):

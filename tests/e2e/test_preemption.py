@@ -1,0 +1,299 @@
+"""End to end: the tiny example RLJob trains with the real `spotrl controller`, its node goes
+away in each of the ways spot nodes go, and the job still succeeds with the same effective
+prompt stream (``spotrl audit``) as the same job never preempted.
+
+Runs on the test control plane (the operator as a subprocess with the chart's identity) or,
+with ``SPOTRL_E2E_TARGET=kind`` (``make e2e-kind``), on a kind cluster with the chart
+installed. Real parts only: API server, controllers, node agent or kubelet, S3 server,
+operator, controller.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from operator_harness import TARGET, Jobs, JobStorage, wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "tiny-cpu.yaml"
+STEPS = 12
+SPOT = {"karpenter.sh/capacity-type": "spot"}
+ON_DEMAND = {"karpenter.sh/capacity-type": "on-demand"}
+TRAIN_TIMEOUT = 900
+AWS_NOTICE = "aws-node-termination-handler/spot-itn"
+KARPENTER = "karpenter.sh/disrupted"
+
+
+def runtime_commands() -> str:
+    out = subprocess.run([sys.executable, "-m", "spotrl_runtime.cli", "--help"], capture_output=True, text=True)
+    return out.stdout
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _needs_the_real_controller() -> None:
+    """These tests run the real `spotrl controller` (and `spotrl run`, `spotrl audit`); they
+    fail, loudly, where the runtime does not have them."""
+    missing = [c for c in ("controller", "run", "audit") if f" {c} " not in runtime_commands()]
+    if missing:
+        pytest.fail(f"the runtime lacks `spotrl {'`, `spotrl '.join(missing)}`: the end-to-end tests need them")
+
+
+def tiny_job(name: str, storage: JobStorage, node_selector: dict[str, str]) -> dict[str, Any]:
+    """examples/tiny-cpu.yaml, shortened, with its cuts in the test's bucket."""
+    job = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
+    job["metadata"] = {"name": name}
+    spec = job["spec"]
+    spec["training"]["totalSteps"] = STEPS
+    spec["checkpoint"].update(
+        {
+            "storage": storage.uri(name),
+            "s3Endpoint": storage.pod_endpoint,
+            "credentialsSecret": "s3",
+            "everySteps": 3,
+        }
+    )
+    spec["scheduling"]["nodeSelector"] = node_selector
+    return job
+
+
+def effective_stream(storage: JobStorage, name: str) -> dict[int, list[int]]:
+    """`spotrl audit` of the job's storage, as a user runs it: for each trained step, the
+    prompts of its last record (the effective stream)."""
+    return {int(d["step"]): list(d["prompts"]) for d in audit(storage, name)}
+
+
+def audit(storage: JobStorage, name: str, *flags: str) -> list[dict[str, Any]]:
+    """The JSON lines `spotrl audit URI [flags]` prints."""
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": storage.access_key,
+        "AWS_SECRET_ACCESS_KEY": storage.secret_key,
+        "AWS_DEFAULT_REGION": storage.region,
+    }
+    argv = [sys.executable, "-m", "spotrl_runtime.cli", "audit", storage.uri(name)]
+    out = subprocess.run(
+        [*argv, "--endpoint-url", storage.host_endpoint, *flags],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, f"spotrl audit {storage.uri(name)} failed:\n{out.stdout}{out.stderr}"
+    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+
+
+def start(cluster: Any, jobs: Jobs, storage: JobStorage, name: str, nodes: dict[str, str]) -> None:
+    if cluster.admin().get_or_none(f"/api/v1/namespaces/{jobs.ns}/secrets/s3") is None:
+        cluster.admin().create(f"/api/v1/namespaces/{jobs.ns}/secrets", storage.secret())
+    jobs.create(tiny_job(name, storage, nodes))
+
+
+def succeeded(jobs: Jobs, name: str) -> dict[str, Any]:
+    st = jobs.wait(name, lambda s: s.get("phase") in ("Succeeded", "Failed"), TRAIN_TIMEOUT, f"{name} to finish")
+    assert st["phase"] == "Succeeded", json.dumps(st, indent=1)
+    assert st["step"] == STEPS
+    return st
+
+
+def training(jobs: Jobs, name: str, min_step: int, attempt: int = 1) -> dict[str, Any]:
+    return jobs.wait(
+        name,
+        lambda s: s.get("stepAttempt") == attempt and (s.get("step") or 0) >= min_step,
+        TRAIN_TIMEOUT,
+        f"{name} attempt {attempt} to train {min_step} steps",
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(e2e_module_storage: JobStorage, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Any]:
+    """The effective stream of the same job never preempted: `spotrl run` of the same spec
+    (its cuts and audit in the module's bucket), once per module."""
+    storage = e2e_module_storage
+    job = tiny_job("reference", storage, ON_DEMAND)
+    job["spec"]["checkpoint"]["s3Endpoint"] = storage.host_endpoint
+    file = tmp_path_factory.mktemp("reference") / "reference.yaml"
+    file.write_text(yaml.safe_dump(job))
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": storage.access_key,
+        "AWS_SECRET_ACCESS_KEY": storage.secret_key,
+        "AWS_DEFAULT_REGION": storage.region,
+        "AWS_ENDPOINT_URL": storage.host_endpoint,
+    }
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spotrl_runtime.cli",
+            "run",
+            "-f",
+            str(file),
+            "--storage",
+            storage.uri("reference"),
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=TRAIN_TIMEOUT,
+        check=False,
+        cwd=file.parent,
+    )
+    assert out.returncode == 0, f"spotrl run of the reference job failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}"
+    stream = effective_stream(storage, "reference")
+    assert len(stream) == STEPS, sorted(stream)
+    return stream
+
+
+def assert_same_stream(reference: dict[int, Any], storage: JobStorage, name: str) -> None:
+    got = effective_stream(storage, name)
+    assert sorted(got) == list(range(STEPS)), f"steps trained: {sorted(got)}"
+    if got != reference:
+        differ = [step for step in sorted(got) if got[step] != reference.get(step)]
+        records = "\n".join(
+            f"  step {d['step']} attempt {d['attempt']}: {d['prompts']}" for d in audit(storage, name, "--all")
+        )
+        pytest.fail(
+            f"the preempted job trained other prompts than the job never preempted at steps {differ}\n"
+            f"reference: {[reference[s] for s in differ]}\nevery record of the preempted job:\n{records}"
+        )
+
+
+def other_node(jobs: Jobs, name: str, than: str, attempt: int = 2) -> str:
+    st = training(jobs, name, 1, attempt=attempt)
+    assert st["attempt"] == attempt
+    assert st["controllerNode"] != than, f"the fresh controller landed on the node that went away ({than})"
+    return str(st["controllerNode"])
+
+
+@pytest.mark.parametrize("taint", [AWS_NOTICE, KARPENTER], ids=["aws-notice", "karpenter"])
+def test_a_drain_after_a_notice_waits_for_the_barrier_cut_then_resumes_elsewhere(
+    e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage, reference: dict[int, Any], taint: str
+) -> None:
+    jobs = e2e_jobs
+    start(e2e_cluster, jobs, e2e_storage, "tiny", SPOT)
+    st = training(jobs, "tiny", 2)
+    node, pod = st["controllerNode"], st["controllerPod"]
+
+    e2e_cluster.taint(node, taint, "true")
+    code, message = e2e_cluster.evict(jobs.ns, pod)
+    barrier = jobs.status("tiny").get("barrier") or {}
+    assert code == 429, f"an eviction went through before the cut committed: {code} {message}"
+    assert barrier.get("state") != "Committed" or code == 429
+
+    drain = e2e_cluster.drain(node, timeout=300)
+    try:
+        st = jobs.wait("tiny", lambda s: (s.get("barrier") or {}).get("state") == "Committed", 120, "the barrier cut")
+        assert int(st["lastCut"]["id"]) >= int(st["barrier"]["cutId"])
+        committed_at = st["barrier"]["committedAt"]
+        assert drain.wait(300) == 0, drain.output()
+    finally:
+        drain.stop()
+    # The old controller was stopped (evicted, or deleted by the operator) only after the commit.
+    killed = [
+        e.get("lastTimestamp") or e.get("eventTime") or ""
+        for e in e2e_cluster.admin().get(
+            f"/api/v1/namespaces/{jobs.ns}/events", fieldSelector=f"involvedObject.name={pod},reason=Killing"
+        )["items"]
+    ]
+    assert killed, f"no Killing event for {pod}"
+    assert min(killed)[:19] >= committed_at[:19], (
+        f"{pod} was stopped at {min(killed)}, the cut committed at {committed_at}"
+    )
+    other_node(jobs, "tiny", node)
+
+    st = succeeded(jobs, "tiny")
+    assert (st["preemptions"], st["restarts"]) == (1, 0)
+    assert st["secondsLost"] > 0
+    reasons = set(jobs.reasons("tiny"))
+    assert {"PreemptionNotice", "BarrierCommitted", "Resumed"} <= reasons
+    assert "BarrierMissed" not in reasons
+    assert_same_stream(reference, e2e_storage, "tiny")
+
+
+def test_a_disruption_target_eviction_resumes_elsewhere(
+    e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage, reference: dict[int, Any]
+) -> None:
+    """A NoExecute taint: the taint manager evicts the controller (DisruptionTarget,
+    DeletionByTaintManager) without asking the PDB; the controller cuts on SIGTERM."""
+    jobs = e2e_jobs
+    start(e2e_cluster, jobs, e2e_storage, "tiny", SPOT)
+    st = training(jobs, "tiny", 2)
+    node = st["controllerNode"]
+    e2e_cluster.taint(node, "spotrl.test/evict-now", "true", effect="NoExecute")
+    other_node(jobs, "tiny", node)
+    st = succeeded(jobs, "tiny")
+    assert (st["preemptions"], st["restarts"]) == (1, 0)
+    assert_same_stream(reference, e2e_storage, "tiny")
+
+
+def test_an_abrupt_node_loss_resumes_from_the_last_periodic_cut(
+    e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage, reference: dict[int, Any]
+) -> None:
+    jobs = e2e_jobs
+    start(e2e_cluster, jobs, e2e_storage, "tiny", SPOT)
+    st = jobs.wait(
+        "tiny",
+        lambda s: (s.get("lastCut") or {}).get("kind") == "periodic" and (s.get("step") or 0) >= 4,
+        TRAIN_TIMEOUT,
+        "a periodic cut and a step past it",
+    )
+    node, cut = st["controllerNode"], st["lastCut"]
+    e2e_cluster.lose_node(node)
+    other_node(jobs, "tiny", node)
+    st = jobs.status("tiny")
+    assert "barrier" not in st or st["barrier"].get("state") != "Committed", "nobody was left to cut"
+    st = succeeded(jobs, "tiny")
+    assert (st["preemptions"], st["restarts"]) == (1, 0)
+    assert "NodeLost" in jobs.reasons("tiny")
+    assert int(st["lastCut"]["id"]) > int(cut["id"])
+    assert_same_stream(reference, e2e_storage, "tiny")
+
+
+def test_a_graceful_shutdown_that_ignores_the_pdb_resumes(
+    e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage, reference: dict[int, Any]
+) -> None:
+    """GKE-style: the node shuts down with pods getting about 15 s (no PDB asked); the
+    controller cuts on SIGTERM if it can, otherwise the last periodic cut bounds the loss."""
+    if TARGET == "kind":
+        pytest.skip(e2e_cluster.graceful_shutdown_reason)
+    jobs = e2e_jobs
+    start(e2e_cluster, jobs, e2e_storage, "tiny", SPOT)
+    st = training(jobs, "tiny", 2)
+    node = st["controllerNode"]
+    e2e_cluster.graceful_shutdown(node, grace_seconds=15, wait=False)
+    other_node(jobs, "tiny", node)
+    st = succeeded(jobs, "tiny")
+    assert (st["preemptions"], st["restarts"]) == (1, 0)
+    assert_same_stream(reference, e2e_storage, "tiny")
+
+
+def test_suspend_takes_a_barrier_cut_and_resume_continues_from_it(
+    e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage, reference: dict[int, Any]
+) -> None:
+    jobs = e2e_jobs
+    start(e2e_cluster, jobs, e2e_storage, "tiny", SPOT)
+    training(jobs, "tiny", 2)
+    jobs.patch_spec("tiny", {"suspend": True})
+    st = jobs.wait("tiny", lambda s: s.get("phase") == "Suspended", 180, "Suspended")
+    assert st["barrier"]["state"] == "Committed"
+    assert int(st["lastCut"]["id"]) >= int(st["barrier"]["cutId"])
+    assert st["step"] == st["lastCut"]["step"], "trained past the barrier cut"
+    wait_until(lambda: jobs.pods("tiny") == [], 60, "no pods while suspended")
+    time.sleep(2)
+    jobs.patch_spec("tiny", {"suspend": False})
+    training(jobs, "tiny", st["lastCut"]["step"] + 1, attempt=2)
+    st = succeeded(jobs, "tiny")
+    assert (st["preemptions"], st["restarts"]) == (0, 0)
+    assert_same_stream(reference, e2e_storage, "tiny")
