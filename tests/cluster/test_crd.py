@@ -92,7 +92,8 @@ def test_cel_rule_replace_without_spare_pool_is_rejected(cluster: Cluster, crd: 
 def test_cross_field_rule_on_the_spec_is_rejected(cluster: Cluster, crd: dict[str, Any], namespace: str) -> None:
     job = copy.deepcopy(example_job())
     job["metadata"]["name"] = "bad-micro-batch"
-    job["spec"]["training"]["microBatchSize"] = 65  # > promptsPerStep 8 * groupSize 8
+    gen = job["spec"]["generation"]
+    job["spec"]["training"]["microBatchSize"] = gen["promptsPerStep"] * gen["groupSize"] + 1  # one step's rollouts + 1
     err = _create(cluster, namespace, job)
     assert "spec.training.microBatchSize" in err.message
     assert "must not exceed generation.promptsPerStep * generation.groupSize" in err.message
