@@ -89,10 +89,21 @@ class Generation(ApiObject):
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling threshold.")
     max_retries: int = Field(default=2, ge=0, le=100, description="Generation attempts per group before it is dropped.")
     workers: int = Field(default=1, ge=1, le=1024, description="Generation workers (Ray actors).")
+    worker_pods: bool = Field(
+        default=False,
+        strict=True,
+        description=(
+            "true: each worker runs in a pod of its own (generation.resources), joining the controller's "
+            "Ray cluster, and a lost worker pod is replaced without a restore; false: the workers run as "
+            "Ray actors in the controller pod."
+        ),
+    )
     gpu_memory_utilization: float = Field(
         default=0.85, gt=0, le=1, description="vLLM: fraction of GPU memory the engine may take."
     )
-    resources: Resources = Field(default_factory=Resources, description="Per generation worker.")
+    resources: Resources = Field(
+        default_factory=Resources, description="Per generation worker: its pod's requests with workerPods."
+    )
 
     rules = (
         Rule(
@@ -302,6 +313,13 @@ class CutRef(ApiObject):
     kind: Literal["periodic", "barrier"] = "periodic"
 
 
+class RayHead(ApiObject):
+    """Where a controller's Ray cluster accepts worker nodes (``generation.workerPods``)."""
+
+    address: str = Field(min_length=1, max_length=253, description="host:port of the Ray head's GCS.")
+    attempt: int = Field(ge=1, description="The controller attempt that runs this head.")
+
+
 class BarrierStatus(ApiObject):
     """The barrier the operator asked for (request) and what the controller did (answer)."""
 
@@ -348,6 +366,12 @@ class RLJobStatus(ApiObject):
         default=None, ge=0, description="The attempt that was interrupted; a later attempt's first step ends it."
     )
     retry_after: str | None = Field(default=None, description="Crash backoff: no new controller before this time.")
+    ray_head: RayHead | None = Field(
+        default=None, description="The current controller's Ray head, for worker pods (set by the controller)."
+    )
+    workers_ready: int | None = Field(
+        default=None, ge=0, description="Worker pods of the current attempt that run (generation.workerPods)."
+    )
     message: str | None = None
 
 

@@ -64,6 +64,9 @@ GOOD = {
         "spec.scheduling", {"tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]}
     ),
     "explicit-null-optional": with_("spec.checkpoint", {"storage": None}),
+    "worker-pods": with_(
+        "spec.generation", {"workers": 2, "workerPods": True, "resources": {"cpu": "2", "memory": "4Gi"}}
+    ),
     "quantities": with_("spec.training.resources", {"cpu": "500m", "memory": "1.5Gi"}),
 }
 
@@ -110,6 +113,10 @@ BAD = {
     "bad-toleration-operator": (
         with_("spec.scheduling", {"tolerations": [{"key": "k", "operator": "In"}]}),
         "spec.scheduling.tolerations[0].operator",
+    ),
+    "worker-pods-as-a-string": (
+        with_("spec.generation", {"workerPods": "true"}),
+        "spec.generation.workerPods",
     ),
     "unknown-algorithm": (with_("spec.training", {"totalSteps": 3, "algorithm": "ppo"}), "spec.training.algorithm"),
 }
