@@ -31,6 +31,7 @@ from spotrl_operator.observe import STATUS_FIELDS, Snapshot, job_ref, rljob_path
 from spotrl_operator.reconcile import (
     CloseDisruptionBudget,
     CreateControllerPod,
+    CreateWorkerPod,
     DeletePod,
     Event,
     OpenDisruptionBudget,
@@ -159,6 +160,16 @@ class Actuator:
             spec = api.parse_spec(job["spec"])
             pod = resources.controller_pod(ref, spec, self.settings, action.attempt, action.avoid_nodes)
             self.ensure_children(job)
+            try:
+                self.kube.create(path("v1", "pods", ns), pod)
+            except KubeError as err:
+                if err.status != 409:
+                    raise
+        elif isinstance(action, CreateWorkerPod):
+            spec = api.parse_spec(job["spec"])
+            pod = resources.worker_pod(
+                ref, spec, self.settings, action.attempt, action.index, action.address, action.avoid_nodes
+            )
             try:
                 self.kube.create(path("v1", "pods", ns), pod)
             except KubeError as err:

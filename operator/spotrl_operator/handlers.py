@@ -4,8 +4,9 @@
   every ``--reconcile-interval`` seconds, and at once when something wakes it: a change of
   the RLJob, of one of its pods, or of a Node under them (so a notice becomes a barrier
   request within one pass, not one period).
-- **Indexes** (Kopf's watch caches) hold the job's controller pods, its PDB and every Node,
-  trimmed; a pass reads them and sends no request unless it has something to write.
+- **Indexes** (Kopf's watch caches) hold the job's pods (controllers and generation
+  workers), its PDB and every Node, trimmed; a pass reads them and sends no request unless
+  it has something to write.
 - **create/resume** make the job's ServiceAccount, Role, RoleBinding, Service and PDB
   (retried with :class:`kopf.TemporaryError`); **delete** (a finalizer) stops the pods and
   applies ``spec.checkpoint.retentionPolicy``.
@@ -118,12 +119,12 @@ async def nodes_index(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return {name: trim_node(dict(body))}
 
 
-@kopf.index("v1", "pods", labels={JOB_LABEL: kopf.PRESENT, ROLE_LABEL: "controller"})
+@kopf.index("v1", "pods", labels={JOB_LABEL: kopf.PRESENT, ROLE_LABEL: kopf.PRESENT})
 async def job_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return {(namespace, labels[JOB_LABEL]): trim_pod(dict(body))}
 
 
-@kopf.index("v1", "pods", labels={JOB_LABEL: kopf.PRESENT, ROLE_LABEL: "controller"})
+@kopf.index("v1", "pods", labels={JOB_LABEL: kopf.PRESENT, ROLE_LABEL: kopf.PRESENT})
 async def pods_by_node(namespace: str | None, labels: kopf.Labels, spec: kopf.Spec, **_: Any) -> dict[Any, Any] | None:
     node = spec.get("nodeName")
     return {node: (namespace, labels[JOB_LABEL])} if node else None
@@ -147,8 +148,8 @@ def cached_nodes(nodes_index: Mapping[str, Iterable[Obj]]) -> dict[str, Obj]:
 
 @kopf.on.event("v1", "nodes")
 async def node_changed(type: str, name: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
-    """A Node changed: wake the jobs whose controller runs there (only if what the signals
-    read changed, not on every heartbeat)."""
+    """A Node changed: wake the jobs whose controller or workers run there (only if what the
+    signals read changed, not on every heartbeat)."""
     ctx = ctx_of(memo)
     pods_by_node: kopf.Index[str, tuple[str, str]] = kwargs["pods_by_node"]
     trimmed = None if type == "DELETED" else trim_node(dict(body))

@@ -25,7 +25,15 @@ from typing import Any
 
 from spotrl_operator.kube import Kube, path
 from spotrl_operator.reconcile import PodView, World, parse_time
-from spotrl_operator.resources import ATTEMPT_LABEL, JOB_LABEL, ROLE_LABEL, JobRef, names, storage_uri
+from spotrl_operator.resources import (
+    ATTEMPT_LABEL,
+    JOB_LABEL,
+    ROLE_LABEL,
+    WORKER_INDEX_LABEL,
+    JobRef,
+    names,
+    storage_uri,
+)
 from spotrl_operator.settings import Settings
 from spotrl_operator.signals import Signal, node_signals, pod_signals
 from spotrl_runtime.api import rljob as api
@@ -40,7 +48,7 @@ class Snapshot:
     job: Obj
     """The RLJob (its metadata.resourceVersion guards the status write)."""
     pods: tuple[Obj, ...] = ()
-    """The job's controller pods."""
+    """The job's pods: controllers and generation workers (told apart by their role label)."""
     nodes: Mapping[str, Obj] = field(default_factory=dict)
     """Every Node the operator knows, by name (trimmed by :func:`trim_node`)."""
     pdb: Obj | None = None
@@ -68,7 +76,7 @@ def trim_node(node: Obj) -> Obj:
 
 
 def trim_pod(pod: Obj) -> Obj:
-    """The parts of a controller Pod the lifecycle reads; what the pod cache keeps."""
+    """The parts of a job's Pod the lifecycle reads; what the pod cache keeps."""
     meta, spec, st = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     return {
         "metadata": {
@@ -87,6 +95,11 @@ def trim_pod(pod: Obj) -> Obj:
 def is_controller_pod(pod: Obj) -> bool:
     labels = (pod.get("metadata") or {}).get("labels") or {}
     return JOB_LABEL in labels and labels.get(ROLE_LABEL) == "controller"
+
+
+def is_worker_pod(pod: Obj) -> bool:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return JOB_LABEL in labels and labels.get(ROLE_LABEL) == "worker"
 
 
 # --------------------------------------------------------------------- pods
@@ -109,13 +122,17 @@ def deleting_since(pod: Obj) -> datetime | None:
     return deadline - timedelta(seconds=int(meta.get("deletionGracePeriodSeconds") or 0))
 
 
+def _int_label(labels: Mapping[str, str], key: str) -> int | None:
+    try:
+        return int(labels[key])
+    except (KeyError, ValueError):
+        return None
+
+
 def pod_view(pod: Obj) -> PodView:
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
-    try:
-        attempt = int(labels.get(ATTEMPT_LABEL, "0"))
-    except ValueError:
-        attempt = 0
+    attempt = _int_label(labels, ATTEMPT_LABEL) or 0
     disruption = next((s.detail or "DisruptionTarget" for s in pod_signals(pod)), None)
     return PodView(
         name=str(meta.get("name")),
@@ -125,6 +142,7 @@ def pod_view(pod: Obj) -> PodView:
         deleting_since=deleting_since(pod),
         exit_code=_exit_code(pod),
         disruption=disruption,
+        index=_int_label(labels, WORKER_INDEX_LABEL),
     )
 
 
@@ -150,6 +168,7 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
     extra = (*settings.extra_taint_keys, *spec.preemption.extra_taint_keys)
 
     pods = [p for p in snap.pods if is_controller_pod(p)]
+    workers = [p for p in snap.pods if is_worker_pod(p)]
     signals: list[Signal] = []
     lost: set[str] = set()
     unusable: set[str] = set()
@@ -158,6 +177,11 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
             unusable.add(name)
         if node_lost(node):
             lost.add(name)
+    for pod in workers:  # a worker's node that is gone is lost; it raises no signal for the job
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        if node_name and node_name not in snap.nodes:
+            lost.add(node_name)
+            unusable.add(node_name)
     for pod in pods:
         node_name = (pod.get("spec") or {}).get("nodeName")
         if node_name:
@@ -182,6 +206,7 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
         spec=spec,
         status=status,
         pods=tuple(pod_view(p) for p in pods),
+        workers=tuple(pod_view(p) for p in workers),
         signals=tuple(signals),
         unusable_nodes=frozenset(unusable),
         lost_nodes=frozenset(lost),
@@ -209,7 +234,7 @@ def fetch(kube: Kube, namespace: str, name: str, nodes: Mapping[str, Obj] | None
     job = kube.get_or_none(rljob_path(namespace, name))
     if job is None:
         return None
-    selector = f"{JOB_LABEL}={name},{ROLE_LABEL}=controller"
+    selector = f"{JOB_LABEL}={name},{ROLE_LABEL} in (controller,worker)"
     pods = kube.get(path("v1", "pods", namespace), labelSelector=selector).get("items") or []
     pdb = kube.get_or_none(path("policy/v1", "poddisruptionbudgets", namespace, names(name)["pdb"]))
     if nodes is None:

@@ -29,6 +29,17 @@ Attempts: ``status.attempt`` is written before the pod of that attempt is create
 seen (the operator stopped in between, or its cache lags) is created again under the same
 deterministic name instead of counting a new attempt, so a restart neither loses nor
 repeats a controller.
+
+Worker pods (``spec.generation.workerPods``): a controller that wants its generation
+workers in pods of their own publishes its Ray head in ``status.rayHead`` (address,
+attempt, how many workers). While that controller runs, :func:`_tend_workers` keeps one
+pod per worker index of its attempt: it creates a missing one (:class:`CreateWorkerPod`,
+deterministic name, so a second create is a no-op), deletes one that ended so that it is
+created again, and force-deletes one whose node stopped answering (a worker holds nothing
+to save). Losing a worker is **not** a preemption of the job: no barrier, no new
+controller, nothing counted against the failure budget; the controller sends the lost
+worker's groups to the other workers. Workers of any other attempt, and every worker once
+the controller stops, suspends, finishes or fails, are deleted.
 """
 
 from __future__ import annotations
@@ -60,6 +71,8 @@ class PodView:
     exit_code: int | None = None
     disruption: str | None = None
     """Reason of a DisruptionTarget=True condition (EvictionByEvictionAPI, TerminationByKubelet...)."""
+    index: int | None = None
+    """Worker pods: the worker index within the attempt."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,9 @@ class World:
     spec: RLJobSpec
     status: RLJobStatus
     pods: tuple[PodView, ...] = ()
+    """The job's controller pods."""
+    workers: tuple[PodView, ...] = ()
+    """The job's generation worker pods (``spec.generation.workerPods``), of every attempt."""
     signals: tuple[Signal, ...] = ()
     """Signals on the nodes of this job's pods, and DisruptionTarget on its pods."""
     unusable_nodes: frozenset[str] = frozenset()
@@ -90,6 +106,15 @@ class World:
 @dataclass(frozen=True)
 class CreateControllerPod:
     attempt: int
+    avoid_nodes: frozenset[str]
+
+
+@dataclass(frozen=True)
+class CreateWorkerPod:
+    attempt: int
+    index: int
+    address: str
+    """The Ray head the worker joins (``status.rayHead.address``)."""
     avoid_nodes: frozenset[str]
 
 
@@ -122,7 +147,15 @@ class Event:
     message: str
 
 
-Action = CreateControllerPod | DeletePod | RequestBarrier | OpenDisruptionBudget | CloseDisruptionBudget | Event
+Action = (
+    CreateControllerPod
+    | CreateWorkerPod
+    | DeletePod
+    | RequestBarrier
+    | OpenDisruptionBudget
+    | CloseDisruptionBudget
+    | Event
+)
 
 
 @dataclass
@@ -231,6 +264,15 @@ class _Builder:
 def reconcile(world: World) -> Plan:
     """The next step of the job's lifecycle. Pure: the same world gives the same plan."""
     b = _Builder(world)
+    plan = _lifecycle(b)
+    _tend_workers(b, plan)
+    plan.status = b.st
+    return plan
+
+
+def _lifecycle(b: _Builder) -> Plan:
+    """The controller's lifecycle (the worker pods follow it in :func:`_tend_workers`)."""
+    world = b.world
     if b.st.phase in ("Succeeded", "Failed"):
         return b.done()
 
@@ -375,7 +417,7 @@ def _start(b: _Builder) -> Plan:
         b.interrupted()  # it vanished: evicted, drained, moved by us, or its node was lost
         b.update(preemptions=st.preemptions + 1)
     attempt = st.attempt + 1
-    b.update(attempt=attempt, barrier=None, retry_after=None, controller_pod=None, controller_node=None)
+    b.update(attempt=attempt, barrier=None, retry_after=None, controller_pod=None, controller_node=None, ray_head=None)
     b.act(CreateControllerPod(attempt, world.unusable_nodes))
     if world.pdb_open:
         b.act(CloseDisruptionBudget())
@@ -508,3 +550,76 @@ def _missed(b: _Builder, barrier: BarrierStatus) -> None:
         f"barrier {barrier.request_id} did not commit by {barrier.deadline}; "
         f"falling back to the newest committed cut ({last})",
     )
+
+
+# ----------------------------------------------------------------------------- worker pods
+
+
+def _tend_workers(b: _Builder, plan: Plan) -> None:
+    """Worker pods follow the controller whose Ray head they join; see the module docstring."""
+    world = b.world
+    head = b.st.ray_head
+    live = sorted((p for p in world.pods if p.deleting_since is None), key=lambda p: p.attempt)
+    current = live[-1] if live else None
+    stopping = {a.name for a in plan.actions if isinstance(a, DeletePod)}
+    serving = (
+        current is not None
+        and current.phase == "Running"
+        and current.name not in stopping
+        and current.node not in world.lost_nodes
+        and head is not None
+        and head.attempt == current.attempt
+        and not world.spec.suspend
+        and b.st.phase not in ("Succeeded", "Failed", "Suspended")
+    )
+    if head is None and not world.workers and not world.spec.generation.worker_pods:
+        return  # a job without worker pods: nothing to tend, nothing to report
+
+    acted = False
+    lost: list[str] = []
+    ready = 0
+    by_index: dict[int, list[PodView]] = {}
+    attempt = current.attempt if serving and current is not None else None
+    count = head.workers if head is not None else 0
+    for w in world.workers:
+        wanted = w.attempt == attempt and w.index is not None and 0 <= w.index < count
+        if w.node is not None and w.node in world.lost_nodes:
+            # Nothing to save on a worker, and its deterministic name must be free for the
+            # replacement: no waiting for a node that may never confirm anything.
+            b.act(DeletePod(w.name, force=True))
+            acted = True
+            if wanted:
+                lost.append(f"{w.name}: node {w.node} stopped answering")
+        elif not wanted:
+            if w.deleting_since is None:
+                b.act(DeletePod(w.name))
+                acted = True
+        elif w.phase in ("Succeeded", "Failed"):
+            if w.deleting_since is None:
+                b.act(DeletePod(w.name))
+                acted = True
+            code = f" with exit code {w.exit_code}" if w.exit_code is not None else ""
+            lost.append(f"{w.name}: ended {w.phase}{code}")
+        elif w.deleting_since is not None:
+            lost.append(f"{w.name}: being deleted")
+        elif w.phase == "Running":
+            ready += 1
+        if wanted and w.index is not None:
+            by_index.setdefault(w.index, []).append(w)
+
+    if attempt is not None and head is not None:
+        for index in range(count):
+            if not by_index.get(index):
+                b.act(CreateWorkerPod(attempt, index, head.address, world.unusable_nodes))
+                acted = True
+    before = world.status.workers_ready or 0
+    b.update(workers_ready=ready)
+    if serving and lost and ready < before:
+        b.event(
+            "Warning",
+            "WorkerLost",
+            f"{'; '.join(lost)}. Its groups go back to the other workers; a replacement pod is created "
+            "(not a preemption: no barrier, no restore)",
+        )
+    if acted:
+        plan.requeue_after = min(plan.requeue_after if plan.requeue_after is not None else 1.0, 1.0)

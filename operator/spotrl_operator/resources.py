@@ -7,6 +7,7 @@ runtime's ServiceAccount may read its own RLJob and patch its status, nothing mo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,9 @@ from spotrl_runtime.api import rljob as api
 JOB_LABEL = "spotrl.dev/job"
 ROLE_LABEL = "spotrl.dev/role"
 ATTEMPT_LABEL = "spotrl.dev/attempt"
+WORKER_INDEX_LABEL = "spotrl.dev/worker-index"
+WORKER_GRACE_SECONDS = 15
+"""A worker has nothing to save: its grace period only covers stopping Ray."""
 METRICS_PORT = 9400
 HTTP_PORT = 8080
 
@@ -43,6 +47,10 @@ def names(job: str) -> dict[str, str]:
 
 def controller_pod_name(job: str, attempt: int) -> str:
     return f"{job}-controller-{attempt}"
+
+
+def worker_pod_name(job: str, attempt: int, index: int) -> str:
+    return f"{job}-worker-{attempt}-{index}"
 
 
 def labels(job: str, role: str | None = None) -> dict[str, str]:
@@ -172,12 +180,11 @@ def _quantities(res: api.Resources) -> dict[str, Any]:
     return out
 
 
-def controller_pod(
-    ref: JobRef, spec: api.RLJobSpec, settings: Settings, attempt: int, avoid_nodes: Iterable[str] = ()
-) -> dict[str, Any]:
-    """The job's controller (trainer, recovery core, generation workers as Ray actors)."""
-    n = names(ref.name)
-    sched = spec.scheduling
+def _runtime_env(
+    ref: JobRef, spec: api.RLJobSpec, settings: Settings, attempt: int, storage: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(env, envFrom) of a runtime container: who it is, and how it reaches the job's S3
+    (the storage, and models or datasets on s3://)."""
     env: list[dict[str, Any]] = [
         {"name": "SPOTRL_JOB", "value": ref.name},
         {"name": "SPOTRL_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -185,9 +192,10 @@ def controller_pod(
         {"name": "SPOTRL_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "SPOTRL_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "SPOTRL_ATTEMPT", "value": str(attempt)},
-        {"name": "SPOTRL_STORAGE", "value": storage_uri(ref, spec, settings)},
-        {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
+    if storage:
+        env.append({"name": "SPOTRL_STORAGE", "value": storage_uri(ref, spec, settings)})
+    env.append({"name": "PYTHONUNBUFFERED", "value": "1"})
     endpoint = spec.checkpoint.s3_endpoint or settings.default_s3_endpoint
     if endpoint:
         env.append({"name": "AWS_ENDPOINT_URL", "value": endpoint})
@@ -196,25 +204,51 @@ def controller_pod(
     env += [{"name": k, "value": v} for k, v in sorted(settings.extra_env.items())]
     secret = spec.checkpoint.credentials_secret or settings.default_credentials_secret
     env_from = [{"secretRef": {"name": secret}}] if secret else []
+    return env, env_from
 
-    affinity: dict[str, Any] = {}
+
+def _avoiding(avoid_nodes: Iterable[str]) -> dict[str, Any]:
+    """Node affinity that keeps a pod off the named nodes (none: {})."""
     avoid = sorted(set(avoid_nodes))
-    if avoid:
-        affinity = {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [
-                        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": avoid}]}
-                    ]
-                }
+    if not avoid:
+        return {}
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": avoid}]}]
             }
         }
+    }
+
+
+def _placement(spec: api.RLJobSpec, avoid_nodes: Iterable[str]) -> dict[str, Any]:
+    """The job's scheduling constraints, for every pod of the job."""
+    sched = spec.scheduling
+    out: dict[str, Any] = {
+        "nodeSelector": dict(sched.node_selector),
+        "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in sched.tolerations],
+    }
+    affinity = _avoiding(avoid_nodes)
+    if affinity:
+        out["affinity"] = affinity
+    if sched.priority_class_name:
+        out["priorityClassName"] = sched.priority_class_name
+    return out
+
+
+def controller_pod(
+    ref: JobRef, spec: api.RLJobSpec, settings: Settings, attempt: int, avoid_nodes: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The job's controller (trainer, recovery core; generation workers as Ray actors unless
+    ``generation.workerPods``)."""
+    n = names(ref.name)
+    sched = spec.scheduling
+    env, env_from = _runtime_env(ref, spec, settings, attempt, storage=True)
     pod_spec: dict[str, Any] = {
         "serviceAccountName": n["service_account"],
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": sched.termination_grace_period_seconds,
-        "nodeSelector": dict(sched.node_selector),
-        "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in sched.tolerations],
+        **_placement(spec, avoid_nodes),
         "containers": [
             {
                 "name": "controller",
@@ -232,13 +266,75 @@ def controller_pod(
             }
         ],
     }
-    if affinity:
-        pod_spec["affinity"] = affinity
-    if sched.priority_class_name:
-        pod_spec["priorityClassName"] = sched.priority_class_name
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _meta(ref, controller_pod_name(ref.name, attempt), "controller", {ATTEMPT_LABEL: str(attempt)}),
+        "spec": pod_spec,
+    }
+
+
+_SUFFIXES = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+_SUFFIXES.update({"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50})
+
+
+def _ray_cpus(quantity: str | None) -> int | None:
+    """A CPU request (a Kubernetes quantity) as the whole CPUs a Ray node offers: rounded
+    up, at least 1. None when there is no request (Ray counts the CPUs it sees)."""
+    if not quantity:
+        return None
+    number, scale = quantity, 1.0
+    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
+        if quantity.endswith(suffix):
+            number, scale = quantity[: -len(suffix)], _SUFFIXES[suffix]
+            break
+    return max(1, math.ceil(float(number) * scale - 1e-9))
+
+
+def worker_pod(
+    ref: JobRef,
+    spec: api.RLJobSpec,
+    settings: Settings,
+    attempt: int,
+    index: int,
+    address: str,
+    avoid_nodes: Iterable[str] = (),
+) -> dict[str, Any]:
+    """Generation worker ``index`` of controller attempt ``attempt`` (``generation.workerPods``):
+    ``spotrl worker`` joins the controller's Ray cluster at ``address`` as a node that offers
+    one worker slot, with ``generation.resources``. It needs no Kubernetes API access, so it
+    gets no token; it is not covered by the PodDisruptionBudget (that selects the controller)."""
+    sched = spec.scheduling
+    env, env_from = _runtime_env(ref, spec, settings, attempt, storage=False)
+    res = spec.generation.resources
+    args = ["--address", address]
+    cpus = _ray_cpus(res.cpu)
+    if cpus is not None:
+        args += ["--num-cpus", str(cpus)]
+    if res.gpu:
+        args += ["--num-gpus", str(res.gpu)]
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": min(WORKER_GRACE_SECONDS, sched.termination_grace_period_seconds),
+        **_placement(spec, avoid_nodes),
+        "containers": [
+            {
+                "name": "worker",
+                "image": sched.image or settings.runtime_image,
+                "imagePullPolicy": settings.image_pull_policy,
+                "command": ["spotrl", "worker"],
+                "args": args,
+                "env": env,
+                "envFrom": env_from,
+                "resources": _quantities(res),
+            }
+        ],
+    }
+    extra = {ATTEMPT_LABEL: str(attempt), WORKER_INDEX_LABEL: str(index)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _meta(ref, worker_pod_name(ref.name, attempt, index), "worker", extra),
         "spec": pod_spec,
     }

@@ -318,6 +318,7 @@ class RayHead(ApiObject):
 
     address: str = Field(min_length=1, max_length=253, description="host:port of the Ray head's GCS.")
     attempt: int = Field(ge=1, description="The controller attempt that runs this head.")
+    workers: int = Field(ge=1, le=1024, description="Worker pods this controller waits for.")
 
 
 class BarrierStatus(ApiObject):

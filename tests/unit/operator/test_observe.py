@@ -109,14 +109,40 @@ def test_disruption_target_exit_code_and_deletion_start() -> None:
     assert deleting_since(pod("x", 1)) is None
 
 
-def test_only_controller_pods_count_and_the_pdb_state_is_read() -> None:
-    worker = pod("j-worker-0", 1)
-    worker["metadata"]["labels"]["spotrl.dev/role"] = "worker"
-    snap = Snapshot(job=job(), pods=(worker,), pdb={"spec": {"minAvailable": 0}})
+def worker_pod(name: str, attempt: int, index: str, node_name: str | None = "spot-b", **extra: Any) -> dict[str, Any]:
+    p = pod(name, attempt, node_name, **extra)
+    p["metadata"]["labels"].update({"spotrl.dev/role": "worker", "spotrl.dev/worker-index": index})
+    return p
+
+
+def test_workers_are_told_apart_from_controllers_and_the_pdb_state_is_read() -> None:
+    snap = Snapshot(
+        job=job(),
+        pods=(worker_pod("j-worker-1-0", 1, "0"), worker_pod("j-worker-1-1", 1, "x")),
+        pdb={"spec": {"minAvailable": 0}},
+    )
     w = world_of(snap, SETTINGS, NOW)
     assert w.pods == ()
+    assert [(v.name, v.attempt, v.index) for v in w.workers] == [("j-worker-1-0", 1, 0), ("j-worker-1-1", 1, None)]
     assert w.pdb_open is True
     assert world_of(Snapshot(job=job(), pdb={"spec": {"minAvailable": 1}}), SETTINGS, NOW).pdb_open is False
+
+
+def test_a_worker_node_raises_no_signal_but_can_be_lost() -> None:
+    snap = Snapshot(
+        job=job(rayHead={"address": "127.0.1.2:4000", "attempt": 1, "workers": 2}, workersReady=2),
+        pods=(
+            pod("j-controller-1", 1, "spot-a"),
+            worker_pod("j-worker-1-0", 1, "0", "spot-b"),
+            worker_pod("j-worker-1-1", 1, "1", "gone"),
+        ),
+        nodes=nodes(node("spot-a"), node("spot-b", ready="Unknown", unschedulable=True)),
+    )
+    w = world_of(snap, SETTINGS, NOW)
+    assert w.signals == (), "a worker's node going away is no notice for the job"
+    assert w.lost_nodes == {"spot-b", "gone"}
+    assert w.status.ray_head is not None
+    assert (w.status.ray_head.address, w.status.ray_head.attempt, w.status.workers_ready) == ("127.0.1.2:4000", 1, 2)
 
 
 def test_no_storage_anywhere_is_a_configuration_error_naming_the_field() -> None:

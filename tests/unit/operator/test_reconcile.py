@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from spotrl_operator.reconcile import (
     CloseDisruptionBudget,
     CreateControllerPod,
+    CreateWorkerPod,
     DeletePod,
     Event,
     OpenDisruptionBudget,
@@ -20,7 +21,7 @@ from spotrl_operator.reconcile import (
     reconcile,
 )
 from spotrl_operator.signals import Signal
-from spotrl_runtime.api.rljob import CutRef, RLJobStatus, parse_spec
+from spotrl_runtime.api.rljob import CutRef, RayHead, RLJobStatus, parse_spec
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 SPEC = parse_spec(
@@ -394,3 +395,189 @@ def test_a_missed_suspend_barrier_seen_again_stays_missed() -> None:
     assert p3.status is not None
     assert "BarrierCommitted" not in events(p3)
     assert {c.type: c.status for c in p3.status.conditions}["BarrierMissed"] == "True"
+
+
+# ----------------------------------------------------------------------------- worker pods
+
+WORKER_SPEC = SPEC.model_copy(
+    update={"generation": SPEC.generation.model_copy(update={"worker_pods": True, "workers": 2})}
+)
+HEAD = RayHead(address="127.0.1.2:40001", attempt=1, workers=2)
+
+
+def worker(index: int, attempt: int = 1, node: str = "spot-b", phase: str = "Running", **kw: object) -> PodView:
+    return replace(
+        PodView(name=f"j-worker-{attempt}-{index}", attempt=attempt, phase=phase, node=node, index=index),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def serving(**kw: object) -> World:
+    """The controller of attempt 1 runs and has published its Ray head."""
+    base = world(
+        spec=WORKER_SPEC,
+        status=RLJobStatus(phase="Running", attempt=1, step=3, step_attempt=1, ray_head=HEAD),
+        pods=(running(),),
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def test_worker_pods_wait_for_the_controller_to_publish_its_ray_head() -> None:
+    plan = reconcile(world(spec=WORKER_SPEC, status=RLJobStatus(phase="Pending", attempt=1), pods=(running(),)))
+    assert of(plan, CreateWorkerPod) == []
+    assert plan.status is not None
+    assert plan.status.workers_ready == 0
+    # A head of an older attempt is no head for this controller.
+    old = RLJobStatus(phase="Running", attempt=2, ray_head=HEAD)
+    plan = reconcile(world(spec=WORKER_SPEC, status=old, pods=(running(2),)))
+    assert of(plan, CreateWorkerPod) == []
+
+
+def test_a_published_head_gets_one_worker_pod_per_index_and_nothing_else_changes() -> None:
+    plan = reconcile(serving(unusable_nodes=frozenset({"spot-c"})))
+    assert of(plan, CreateWorkerPod) == [
+        CreateWorkerPod(1, 0, "127.0.1.2:40001", frozenset({"spot-c"})),
+        CreateWorkerPod(1, 1, "127.0.1.2:40001", frozenset({"spot-c"})),
+    ]
+    assert of(plan, CreateControllerPod) == []
+    assert of(plan, DeletePod) == []
+    assert plan.requeue_after == 1.0
+    # Both run: nothing to do, and the status says so.
+    plan = reconcile(serving(workers=(worker(0), worker(1, node="ondemand-a"))))
+    assert [a for a in plan.actions if not isinstance(a, Event)] == []
+    assert plan.status is not None
+    assert plan.status.workers_ready == 2
+    # The controller's head asks for the count; the spec changing meanwhile does not add pods.
+    three = WORKER_SPEC.model_copy(update={"generation": WORKER_SPEC.generation.model_copy(update={"workers": 3})})
+    plan = reconcile(serving(spec=three, workers=(worker(0), worker(1))))
+    assert of(plan, CreateWorkerPod) == []
+
+
+def test_a_failed_worker_is_replaced_without_a_preemption() -> None:
+    before = serving(workers=(worker(0), worker(1)))
+    st = reconcile(before).status
+    assert st is not None
+    failed = worker(1, phase="Failed", exit_code=1)
+    p1 = reconcile(serving(status=st, workers=(worker(0), failed)))
+    assert of(p1, DeletePod) == [DeletePod("j-worker-1-1")]
+    assert of(p1, CreateWorkerPod) == [], "the name is still taken: create once the old pod is gone"
+    assert of(p1, RequestBarrier) == []
+    assert of(p1, CreateControllerPod) == []
+    assert "WorkerLost" in events(p1)
+    assert p1.status is not None
+    assert p1.status.workers_ready == 1
+    assert (p1.status.attempt, p1.status.preemptions, p1.status.restarts) == (1, 0, 0)
+    assert p1.status.phase == "Running"
+    assert p1.status.interrupted_at is None
+
+    # Seen again (a stale cache, or the delete still under way): no second event.
+    p2 = reconcile(serving(status=p1.status, workers=(worker(0), failed)))
+    assert "WorkerLost" not in events(p2)
+    # Gone: the replacement, same index and attempt.
+    p3 = reconcile(serving(status=p1.status, workers=(worker(0),)))
+    assert of(p3, CreateWorkerPod) == [CreateWorkerPod(1, 1, HEAD.address, frozenset())]
+    assert p3.status is not None
+    assert p3.status.attempt == 1
+
+
+def test_a_deleted_worker_is_waited_for_then_recreated() -> None:
+    st = reconcile(serving(workers=(worker(0), worker(1)))).status
+    terminating = worker(0, deleting_since=T0)
+    p1 = reconcile(serving(status=st, workers=(terminating, worker(1))))
+    assert of(p1, CreateWorkerPod) == []
+    assert of(p1, DeletePod) == []
+    assert "WorkerLost" in events(p1)
+    p2 = reconcile(serving(status=p1.status, workers=(worker(1),)))
+    assert of(p2, CreateWorkerPod) == [CreateWorkerPod(1, 0, HEAD.address, frozenset())]
+
+
+def test_a_worker_on_a_lost_node_is_force_deleted_at_once_and_replaced_elsewhere() -> None:
+    st = reconcile(serving(workers=(worker(0, node="spot-a"), worker(1)))).status
+    lost = frozenset({"spot-b"})
+    p1 = reconcile(serving(status=st, workers=(worker(0, node="spot-a"), worker(1)), lost_nodes=lost))
+    assert of(p1, DeletePod) == [DeletePod("j-worker-1-1", force=True)]
+    assert of(p1, RequestBarrier) == []
+    assert "NodeLost" not in events(p1)
+    assert "WorkerLost" in events(p1)
+    assert p1.status is not None
+    assert p1.status.workers_ready == 1
+    # Evicted by the taint manager meanwhile: still forced, no grace to wait out.
+    evicted = worker(1, deleting_since=T0)
+    p2 = reconcile(serving(status=p1.status, workers=(worker(0, node="spot-a"), evicted), lost_nodes=lost))
+    assert of(p2, DeletePod) == [DeletePod("j-worker-1-1", force=True)]
+    p3 = reconcile(serving(status=p1.status, workers=(worker(0, node="spot-a"),), lost_nodes=lost, unusable_nodes=lost))
+    assert of(p3, CreateWorkerPod) == [CreateWorkerPod(1, 1, HEAD.address, lost)]
+
+
+def test_workers_of_an_older_attempt_or_out_of_range_are_deleted() -> None:
+    head2 = RayHead(address="127.0.2.5:40100", attempt=2, workers=1)
+    st = RLJobStatus(phase="Running", attempt=2, ray_head=head2)
+    plan = reconcile(
+        world(
+            spec=WORKER_SPEC,
+            status=st,
+            pods=(running(2),),
+            workers=(worker(0, attempt=1), worker(1, attempt=2), worker(0, attempt=2)),
+        )
+    )
+    assert sorted(a.name for a in of(plan, DeletePod)) == ["j-worker-1-0", "j-worker-2-1"]
+    assert of(plan, CreateWorkerPod) == []
+    assert plan.status is not None
+    assert plan.status.workers_ready == 1
+
+
+def test_workers_go_when_the_controller_goes() -> None:
+    both = (worker(0), worker(1))
+    # Preempted: the barrier committed, the controller moves, its workers with it.
+    notice = Signal("cordon", "spot-a", "spec.unschedulable")
+    p1 = reconcile(serving(workers=both, signals=(notice,)))
+    assert of(p1, RequestBarrier)
+    assert of(p1, DeletePod) == [], "the workers keep generating while the controller cuts"
+    assert p1.status is not None
+    assert p1.status.barrier is not None
+    committed = p1.status.model_copy(
+        update={"barrier": p1.status.barrier.model_copy(update={"state": "Committed", "cut_id": "c"})}
+    )
+    p2 = reconcile(serving(status=committed, workers=both, signals=(notice,)))
+    assert sorted(a.name for a in of(p2, DeletePod)) == ["j-controller-1", "j-worker-1-0", "j-worker-1-1"]
+
+    # The controller's node is lost.
+    p3 = reconcile(serving(workers=both, lost_nodes=frozenset({"spot-a"})))
+    assert DeletePod("j-worker-1-0") in of(p3, DeletePod)
+    assert of(p3, CreateWorkerPod) == []
+
+    # Suspended, finished, crashed.
+    suspend = WORKER_SPEC.model_copy(update={"suspend": True})
+    p4 = reconcile(serving(spec=suspend, workers=both))
+    assert {DeletePod("j-worker-1-0"), DeletePod("j-worker-1-1")} <= set(of(p4, DeletePod))
+    assert of(p4, CreateWorkerPod) == []
+    done = replace(running(), phase="Succeeded", exit_code=0)
+    p5 = reconcile(
+        serving(status=RLJobStatus(phase="Running", attempt=1, step=30, ray_head=HEAD), pods=(done,), workers=both)
+    )
+    assert p5.status is not None
+    assert p5.status.phase == "Succeeded"
+    assert {DeletePod("j-worker-1-0"), DeletePod("j-worker-1-1")} <= set(of(p5, DeletePod))
+    crashed = replace(running(), phase="Failed", exit_code=1)
+    p6 = reconcile(serving(pods=(crashed,), workers=both))
+    assert {DeletePod("j-worker-1-0"), DeletePod("j-worker-1-1")} <= set(of(p6, DeletePod))
+    # Leftovers of a finished job are cleaned up on any later pass.
+    p7 = reconcile(serving(status=p5.status, pods=(done,), workers=(worker(1),)))
+    assert of(p7, DeletePod) == [DeletePod("j-worker-1-1")]
+
+
+def test_a_new_attempt_forgets_the_old_head() -> None:
+    st = RLJobStatus(phase="Rescheduling", attempt=1, controller_pod="j-controller-1", ray_head=HEAD)
+    plan = reconcile(world(spec=WORKER_SPEC, status=st, workers=(worker(0),)))
+    assert of(plan, CreateControllerPod) == [CreateControllerPod(2, frozenset())]
+    assert plan.status is not None
+    assert plan.status.ray_head is None
+    assert of(plan, DeletePod) == [DeletePod("j-worker-1-0")]
+    assert of(plan, CreateWorkerPod) == []
+
+
+def test_a_job_without_worker_pods_reports_none() -> None:
+    plan = reconcile(world(status=RLJobStatus(phase="Running", attempt=1), pods=(running(),)))
+    assert plan.status is not None
+    assert plan.status.workers_ready is None
+    assert of(plan, CreateWorkerPod) == []

@@ -96,3 +96,73 @@ def test_the_controller_pod() -> None:
 def test_no_storage_is_an_error_naming_the_field_and_the_chart_value() -> None:
     with pytest.raises(ValueError, match=r"spec\.checkpoint\.storage.*storage\.default"):
         resources.storage_uri(REF, SPEC, Settings())
+
+
+WORKER_SPEC = parse_spec(
+    {
+        "policy": {"model": "builtin:tiny-arith"},
+        "dataset": {"uri": "builtin:arithmetic"},
+        "reward": {"name": "arithmetic_exact"},
+        "training": {"totalSteps": 10, "resources": {"cpu": "4"}},
+        "generation": {
+            "workers": 2,
+            "workerPods": True,
+            "backend": "vllm",
+            "resources": {"cpu": "1500m", "memory": "8Gi", "gpu": 1},
+        },
+        "checkpoint": {"credentialsSecret": "s3-keys", "s3Region": "eu-west-1"},
+        "scheduling": {
+            "nodeSelector": {"pool": "gpu"},
+            "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+            "priorityClassName": "batch",
+        },
+    }
+)
+
+
+def test_the_worker_pod() -> None:
+    pod = resources.worker_pod(REF, WORKER_SPEC, SETTINGS, 2, 1, "127.0.1.2:40001", avoid_nodes=["spot-a"])
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["name"] == "tiny-worker-2-1"
+    assert meta["labels"]["spotrl.dev/role"] == "worker"
+    assert meta["labels"]["spotrl.dev/attempt"] == "2"
+    assert meta["labels"]["spotrl.dev/worker-index"] == "1"
+    (owner,) = meta["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("RLJob", "tiny", "uid-1")
+    (c,) = spec["containers"]
+    assert c["command"] == ["spotrl", "worker"]
+    assert c["args"] == ["--address", "127.0.1.2:40001", "--num-cpus", "2", "--num-gpus", "1"]
+    assert c["resources"] == {
+        "requests": {"cpu": "1500m", "memory": "8Gi", "nvidia.com/gpu": "1"},
+        "limits": {"nvidia.com/gpu": "1"},
+    }
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+    assert env["SPOTRL_POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["AWS_ENDPOINT_URL"] == "http://s3:9000"
+    assert env["AWS_DEFAULT_REGION"] == "eu-west-1"
+    assert "SPOTRL_STORAGE" not in env, "a worker writes no cuts"
+    assert c["envFrom"] == [{"secretRef": {"name": "s3-keys"}}], "models on s3:// need the keys"
+    assert spec["restartPolicy"] == "Never"
+    assert spec["automountServiceAccountToken"] is False, "a worker needs no Kubernetes API"
+    assert "serviceAccountName" not in spec
+    assert spec["terminationGracePeriodSeconds"] == 15
+    assert spec["nodeSelector"] == {"pool": "gpu"}
+    assert spec["tolerations"] == [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]
+    assert spec["priorityClassName"] == "batch"
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["spot-a"]}]}]
+    # The PDB holds the controller only: a worker is never waited for.
+    selector = resources.disruption_budget(REF, open_=False)["spec"]["selector"]["matchLabels"]
+    assert selector["spotrl.dev/role"] == "controller"
+
+
+def test_a_worker_without_requests_lets_ray_count_what_it_sees() -> None:
+    plain = parse_spec({**WORKER_SPEC.model_dump(by_alias=True), "generation": {"workerPods": True}})
+    (c,) = resources.worker_pod(REF, plain, SETTINGS, 1, 0, "10.0.0.1:6379")["spec"]["containers"]
+    assert c["args"] == ["--address", "10.0.0.1:6379"]
+    assert c["resources"] == {}
+
+
+@pytest.mark.parametrize(("quantity", "cpus"), [("500m", 1), ("1", 1), ("1.5", 2), ("2000m", 2), ("3", 3)])
+def test_cpu_requests_round_up_to_whole_ray_cpus(quantity: str, cpus: int) -> None:
+    assert resources._ray_cpus(quantity) == cpus
