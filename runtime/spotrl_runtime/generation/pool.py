@@ -5,9 +5,15 @@ dispatched group from :meth:`GenerationPool.poll`, as the groups complete:
 
 - :class:`GroupGenerated`: all ``n`` samples, stamped with the weight version and worker;
 - :class:`GroupFailed`: the backend raised for this group (retry it or drop it);
-- :class:`GroupLost`: its worker died first (``ray.kill``, a crash, a lost node). Redispatch
-  it with the same ``group_id``; nothing else needs restoring. The dead worker is replaced
-  (up to ``max_restarts`` times each) and the replacement loads the newest weights first.
+- :class:`GroupLost`: its worker died first (``ray.kill``, a crash, a lost node or worker
+  pod). Redispatch it with the same ``group_id``; nothing else needs restoring. The dead
+  worker is replaced (up to ``max_restarts`` times each) and the replacement loads the
+  newest weights first.
+
+Workers may come up late: an actor whose node has not joined yet (``generation.workerPods``:
+its pod is still starting) is simply pending. A worker gets groups only once it answered
+its first probe (its backend is built), so groups never wait behind a worker that is not
+there; :meth:`GenerationPool.wait_ready` waits for as many workers as the caller needs.
 
 Weight sync (:meth:`GenerationPool.update_weights`): the state dict is put in the Ray object
 store once and every live worker loads it from there. Ray runs one caller's calls to an actor
@@ -20,6 +26,7 @@ controller's loop.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -34,6 +41,8 @@ from spotrl_runtime.generation.worker import GenerationWorker
 if TYPE_CHECKING:
     import torch
 
+log = logging.getLogger("spotrl.generation")
+
 
 class GenerationPoolError(RuntimeError):
     """The pool can make no progress (every worker is dead and may not be restarted)."""
@@ -41,7 +50,7 @@ class GenerationPoolError(RuntimeError):
 
 @dataclass
 class _Call:
-    kind: Literal["generate", "load"]
+    kind: Literal["generate", "load", "probe"]
     worker_id: str
     group_ids: tuple[str, ...] = ()
     version: int = 0
@@ -52,6 +61,10 @@ class _Worker:
     worker_id: str
     actor: Any
     alive: bool = True
+    ready: bool = False
+    """The actor answered its probe: its backend is built and it takes groups."""
+    start_failures: int = 0
+    """Starts in a row whose constructor raised (reset by a probe that answers)."""
     weight_version: int = 0
     restarts: int = 0
     generated: int = 0
@@ -59,6 +72,8 @@ class _Worker:
     calls: set[Any] = field(default_factory=set)
     """ObjectRefs of this worker's calls in flight."""
     last_error: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+    """What the worker's probe answered (host, pid ...)."""
 
 
 class GenerationPool:
@@ -71,13 +86,17 @@ class GenerationPool:
         *,
         groups_per_call: int = 8,
         calls_per_worker: int = 2,
-        max_restarts: int = 3,
+        max_restarts: int | None = 3,
+        max_start_failures: int = 3,
         actor_options: Mapping[str, Any] | None = None,
         name: str = "gen",
     ) -> None:
         """``groups_per_call`` groups travel in one actor call (vLLM batches them together);
         ``calls_per_worker`` calls may be queued at a worker so it never idles between them;
-        ``actor_options`` go to ``ray.remote(...).options`` (default: 1 GPU for vLLM, 1 CPU else)."""
+        ``max_restarts``: replacements of each worker (None: no limit, for workers whose pods
+        come and go), but a worker whose actor fails to start ``max_start_failures`` times in
+        a row is given up; ``actor_options`` go to ``ray.remote(...).options`` (default: 1 GPU
+        for vLLM, 1 CPU else; e.g. a custom resource that only worker nodes offer)."""
         import ray
 
         if num_workers < 1:
@@ -88,6 +107,7 @@ class GenerationPool:
         self.groups_per_call = max(1, groups_per_call)
         self.calls_per_worker = max(1, calls_per_worker)
         self.max_restarts = max_restarts
+        self.max_start_failures = max(1, max_start_failures)
         default_options: dict[str, Any] = {"num_gpus": 1} if spec.kind == "vllm" else {"num_cpus": 1}
         self._actor_options = {**default_options, "max_restarts": 0, **(actor_options or {})}
         self._actor_class = ray.remote(GenerationWorker)
@@ -99,9 +119,11 @@ class GenerationPool:
         self._outbox: list[GroupOutcome] = []
         self._latest_weights: tuple[Any, int] | None = None
         self._workers: dict[str, _Worker] = {}
-        for i in range(num_workers):
-            worker_id = f"{name}-{i}"
-            self._workers[worker_id] = _Worker(worker_id, self._start_actor(worker_id))
+        with self._lock:
+            for i in range(num_workers):
+                worker = _Worker(f"{name}-{i}", None)
+                self._workers[worker.worker_id] = worker
+                self._launch(worker)
 
     # ------------------------------------------------------------------ requests
 
@@ -150,18 +172,20 @@ class GenerationPool:
         """Sends new policy weights to every live worker (one ``ray.put``, each worker loads it).
 
         Groups already sent to a worker are generated with the old weights; groups sent after this
-        call with the new ones. ``wait=True`` returns once every live worker has loaded them
-        (which includes finishing what was queued before); outcomes that complete meanwhile are
-        kept for the next :meth:`poll`.
+        call with the new ones. ``wait=True`` returns once every ready worker has loaded them
+        (which includes finishing what was queued before; a worker still starting loads them
+        before its first group); outcomes that complete meanwhile are kept for the next
+        :meth:`poll`.
         """
         import ray
 
         ref = ray.put(dict(state_dict))
         with self._lock:
             self._latest_weights = (ref, version)
-            load_refs = [self._send_load(w) for w in self._workers.values() if w.alive]
+            # A worker still starting loads them too, before any group (its calls run in order).
+            load_refs = [(w.ready, self._send_load(w)) for w in self._workers.values() if w.alive]
         if wait:
-            pending = [r for r in load_refs if r is not None]
+            pending = [r for ready, r in load_refs if ready and r is not None]
             while pending:
                 ready, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
                 with self._lock:
@@ -171,20 +195,38 @@ class GenerationPool:
 
     # ------------------------------------------------------------------ introspection
 
-    def wait_ready(self, timeout: float = 300.0) -> None:
-        """Blocks until every live worker has built its backend (for benchmarks and tests)."""
+    def wait_ready(self, timeout: float = 300.0, min_ready: int | None = None) -> None:
+        """Blocks until ``min_ready`` workers (default: every live one) have built their backend.
+        Raises :class:`GenerationPoolError` when they have not within ``timeout`` seconds, or
+        when every worker is dead and out of restarts."""
         import ray
 
-        with self._lock:
-            probes = {w.worker_id: w.actor.info.remote() for w in self._workers.values() if w.alive}
-        for worker_id, probe in probes.items():
-            try:
-                ray.get(probe, timeout=timeout)
-            except ray.exceptions.RayActorError as err:
-                with self._lock:
-                    self._worker_lost(self._workers[worker_id], f"failed to start: {err}")
-                    self._dispatch()
-        self._raise_if_all_dead()
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                live = [w for w in self._workers.values() if w.alive]
+                ready = [w for w in live if w.ready]
+                need = len(live) if min_ready is None else min_ready
+                probes = [ref for ref, call in self._calls.items() if call.kind == "probe"]
+            self._raise_if_all_dead()
+            if len(ready) >= max(1, need):
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                waiting = ", ".join(w.worker_id for w in live if not w.ready)
+                raise GenerationPoolError(
+                    f"{len(ready)} of {len(self._workers)} generation workers started within {timeout:.0f} s "
+                    f"({need} needed; still starting: {waiting or 'none'}); the workers' nodes may not have "
+                    "joined the Ray cluster, or their resources are not there"
+                )
+            if not probes:
+                time.sleep(min(left, 0.1))
+                continue
+            done, _ = ray.wait(probes, num_returns=1, timeout=min(left, 1.0))
+            with self._lock:
+                for ref in done:
+                    self._complete(ref)
+                self._dispatch()
 
     def assignments(self) -> dict[str, str]:
         """group_id → worker_id of every group in flight."""
@@ -202,12 +244,16 @@ class GenerationPool:
             return len(self._queue)
 
     def workers(self) -> list[dict[str, Any]]:
-        """Per worker: id, alive, confirmed weight version, restarts, groups generated and lost."""
+        """Per worker: id, alive, ready, host, confirmed weight version, restarts, groups
+        generated and lost."""
         with self._lock:
             return [
                 {
                     "worker": w.worker_id,
                     "alive": w.alive,
+                    "ready": w.ready,
+                    "host": w.info.get("host"),
+                    "node_ip": w.info.get("node_ip"),
                     "weight_version": w.weight_version,
                     "restarts": w.restarts,
                     "generated": w.generated,
@@ -238,11 +284,18 @@ class GenerationPool:
 
     # ------------------------------------------------------------------ internals (lock held)
 
-    def _start_actor(self, worker_id: str) -> Any:
-        return self._actor_class.options(**self._actor_options).remote(self.spec, worker_id)
+    def _launch(self, worker: _Worker) -> None:
+        """Starts the worker's actor and probes it: it takes groups once the probe answers."""
+        worker.actor = self._actor_class.options(**self._actor_options).remote(self.spec, worker.worker_id)
+        worker.alive = True
+        worker.ready = False
+        worker.weight_version = 0
+        probe = worker.actor.info.remote()
+        self._calls[probe] = _Call("probe", worker.worker_id)
+        worker.calls.add(probe)
 
     def _dispatch(self) -> None:
-        live = [w for w in self._workers.values() if w.alive]
+        live = [w for w in self._workers.values() if w.alive and w.ready]
         while self._queue and live:
             worker = min(live, key=lambda w: len(w.calls))
             if len(worker.calls) >= self.calls_per_worker:
@@ -274,7 +327,12 @@ class GenerationPool:
         try:
             value = ray.get(ref)
         except ray.exceptions.RayActorError as err:
-            self._worker_lost(worker, f"{type(err).__name__}: {err}")
+            if call.kind == "probe":
+                # Its constructor raised (a node that went away while it started is no fault of it).
+                worker.start_failures += 1 if err.actor_init_failed else 0
+                self._worker_lost(worker, f"failed to start: {err}")
+            else:
+                self._worker_lost(worker, f"{type(err).__name__}: {err}")
             return
         except Exception as err:
             self._settle(ref)
@@ -283,10 +341,22 @@ class GenerationPool:
                     GroupFailed(gid, f"{type(err).__name__}: {err}", worker.worker_id) for gid in call.group_ids
                 )
             else:
-                worker.last_error = f"load_weights failed: {err}"
+                worker.last_error = f"{'load_weights' if call.kind == 'load' else 'info'} failed: {err}"
                 self._worker_lost(worker, worker.last_error)
             return
         self._settle(ref)
+        if call.kind == "probe":
+            worker.ready = True
+            worker.start_failures = 0
+            worker.info = dict(value)
+            log.info(
+                "generation worker %s is up on node %s (pid %s, restarts %d)",
+                worker.worker_id,
+                worker.info.get("node_ip") or worker.info.get("host"),
+                worker.info.get("pid"),
+                worker.restarts,
+            )
+            return
         if call.kind == "load":
             worker.weight_version = int(value)
             return
@@ -315,12 +385,19 @@ class GenerationPool:
             if call.kind == "generate":
                 worker.lost += len(call.group_ids)
                 self._outbox.extend(GroupLost(gid, worker.worker_id, reason) for gid in call.group_ids)
+        worker.ready = False
         ray.kill(worker.actor, no_restart=True)
-        if worker.restarts < self.max_restarts:
-            worker.actor = self._start_actor(worker.worker_id)
-            worker.alive = True
+        restarts_left = self.max_restarts is None or worker.restarts < self.max_restarts
+        again = restarts_left and worker.start_failures < self.max_start_failures
+        log.warning(
+            "generation worker %s lost (%s); its groups go back for redispatch; %s",
+            worker.worker_id,
+            reason.splitlines()[0][:300],
+            "starting it again" if again else "out of restarts",
+        )
+        if again:
+            self._launch(worker)
             worker.restarts += 1
-            worker.weight_version = 0
             self._send_load(worker)
 
     def _raise_if_all_dead(self) -> None:

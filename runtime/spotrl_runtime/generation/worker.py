@@ -58,6 +58,7 @@ class GenerationWorker:
             "worker": self.worker_id,
             "kind": self.spec.kind,
             "host": socket.gethostname(),
+            "node_ip": _node_ip(),
             "pid": os.getpid(),
             "weight_version": self.backend.weight_version,
         }
@@ -69,3 +70,13 @@ class GenerationWorker:
         from dataclasses import replace
 
         return replace(result, worker=self.worker_id)
+
+
+def _node_ip() -> str | None:
+    """The address of the Ray node this runs on (a worker pod's IP with workerPods)."""
+    try:
+        import ray
+
+        return str(ray.util.get_node_ip_address()) if ray.is_initialized() else None
+    except Exception:
+        return None

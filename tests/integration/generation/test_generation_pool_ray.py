@@ -224,3 +224,21 @@ def test_a_worker_that_cannot_start_is_reported(ray_session: Any) -> None:
             pool.wait_ready(timeout=60)
     finally:
         pool.shutdown()
+
+
+def test_a_worker_whose_node_has_not_joined_gets_no_groups_and_is_waited_for(ray_session: Any) -> None:
+    """An actor that asks for a resource no node offers yet (a worker pod still starting) is
+    pending: groups stay queued instead of waiting behind it, and wait_ready says who is missing."""
+    pool = GenerationPool(
+        SPEC, num_workers=1, max_restarts=0, actor_options={**OPTIONS, "resources": {"spotrl.test/absent": 1}}
+    )
+    try:
+        pool.submit(requests(0, 3))
+        assert pool.poll(timeout=1.0) == []
+        assert (pool.queued(), pool.in_flight()) == (3, 0)
+        with pytest.raises(GenerationPoolError, match=r"0 of 1 generation workers started within 2 s.*gen-0"):
+            pool.wait_ready(timeout=2, min_ready=1)
+        (state,) = pool.workers()
+        assert (state["alive"], state["ready"]) == (True, False)
+    finally:
+        pool.shutdown()
