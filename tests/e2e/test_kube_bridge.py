@@ -1,7 +1,7 @@
 """The controller's Kubernetes bridge in a pod, with the job's runtime ServiceAccount and its
 Role (as the operator makes them), against the real API server: barrier requests answered
 with test-guarded JSON patches, stale answers refused, other attempts ignored, status writes
-guarded by the attempt. No operator runs here: the test writes the requests itself."""
+(and the Ray head of worker pods) guarded by the attempt. No operator runs here: the test writes the requests itself."""
 
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ class Cuts:
             time.sleep(0.05)
         return CutInfo(f"{n:010d}", 10 + n, f"s3://bucket-x/j/cuts/{n:010d}", "barrier", time.time(), 0.1)
 bridge = KubeBridge.from_env()
+assert bridge.publish_ray_head("127.0.1.9:4321", 2)  # before start: the controller waits for workers
 bridge.start(Cuts())
 for step in (1, 2, 3):
     bridge.on_step(step, {})
@@ -46,6 +47,7 @@ assert bridge.flush(10)
 (out / "ready").write_text("1")
 while not (out / "stop").exists():
     time.sleep(0.1)
+(out / "late-head").write_text(str(bridge.publish_ray_head("127.0.1.9:9999", 2)))
 bridge.on_finished(20)
 bridge.stop()
 print("bridge stopped", flush=True)
@@ -118,6 +120,7 @@ def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identit
         st = status()
         assert (st["step"], st["stepAttempt"]) == (3, 1)
         assert (st["lastCut"]["id"], st["lastCut"]["kind"]) == ("0000000000", "periodic")
+        assert st["rayHead"] == {"address": "127.0.1.9:4321", "attempt": 1, "workers": 2}
 
         # 1. A request is answered: the cut commits, then Committed + cutId + lastCut.
         request("r1", "cordon: spec.unschedulable")
@@ -162,6 +165,8 @@ def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identit
         cluster.wait_pod(namespace, "controller", "Succeeded", timeout=40)
         st = status()
         assert st["step"] == 3, "a replaced controller wrote its final step over its successor's status"
+        assert (data / "late-head").read_text() == "False"
+        assert st["rayHead"]["address"] == "127.0.1.9:4321", "a replaced controller published its head"
         assert "not written: the RLJob's status moved on" in cluster.pod_log(namespace, "controller")
     finally:
         (data / "stop").touch()

@@ -3,7 +3,8 @@
 Reads who it is from the environment the operator sets (``SPOTRL_JOB``, ``SPOTRL_NAMESPACE``,
 ``SPOTRL_ATTEMPT``, ``SPOTRL_STORAGE``, ``SPOTRL_POD_IP``), reads its RLJob from the API
 server, and runs it with the Kubernetes bridge: barrier requests arrive through the RLJob's
-status, and steps and cuts are reported there.
+status, and steps and cuts are reported there. With ``spec.generation.workerPods`` its Ray
+head listens on the pod's IP and its address goes to ``status.rayHead`` for the worker pods.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
     args.attempt = attempt
     args.http_host = os.environ.get("SPOTRL_POD_IP") or "127.0.0.1"
     args.on_ready = [bridge.start]
+    # spec.generation.workerPods: the workers are pods of their own that join this pod's Ray.
+    args.remote_workers = job.spec.generation.worker_pods
+    args.on_ray_head = [bridge.publish_ray_head]
     try:
         return run_controller(job, storage, args, sinks=[bridge])
     finally:

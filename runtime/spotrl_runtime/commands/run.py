@@ -26,6 +26,13 @@ def register(sub: Any) -> None:
     p.add_argument("--sigterm-deadline", type=float, help="seconds a SIGTERM barrier cut may take")
     p.add_argument("--http-port", type=int, help="serve /metrics, /status and POST /barrier on 127.0.0.1")
     p.add_argument("--workers", type=int, help="override spec.generation.workers")
+    p.add_argument(
+        "--worker-nodes",
+        action="store_true",
+        help="generation workers join from other processes or machines (`spotrl worker --address`, printed) "
+        "instead of running here, as spec.generation.workerPods does on Kubernetes",
+    )
+    p.add_argument("--host", help="with --worker-nodes: the address workers reach this machine at (default 127.0.0.1)")
     p.add_argument("--device", default="auto", help="auto (cuda when a GPU is visible), cpu, or cuda[:N]")
     p.add_argument("--summary-json", help="write a summary of this process's run here")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-step progress")
@@ -55,7 +62,15 @@ def run(args: argparse.Namespace) -> int:
         gen = job.spec.generation.model_copy(update={"workers": args.workers})
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"generation": gen})})
     storage = args.storage or job.spec.checkpoint.storage or str(Path("spotrl-runs") / (job.name or "job"))
+    if args.worker_nodes:
+        args.remote_workers = True
+        args.http_host = args.host or "127.0.0.1"
+        args.on_ray_head = [_print_join_command]
     return run_controller(job, storage, args)
+
+
+def _print_join_command(address: str, workers: int) -> None:
+    print(f"waiting for {workers} generation worker(s); start each with: spotrl worker --address {address}", flush=True)
 
 
 def run_controller(job: Any, storage: str, args: argparse.Namespace, sinks: list[Any] | None = None) -> int:
@@ -80,6 +95,8 @@ def run_controller(job: Any, storage: str, args: argparse.Namespace, sinks: list
         http_host=getattr(args, "http_host", None) or "127.0.0.1",
         http_port=getattr(args, "http_port", None),
         device=_device(getattr(args, "device", "auto")),
+        remote_workers=bool(getattr(args, "remote_workers", False)),
+        on_ray_head=list(getattr(args, "on_ray_head", [])),
         sinks=sinks,
         on_ready=list(getattr(args, "on_ready", [])),
     )

@@ -15,6 +15,15 @@ workers (Ray actors) and the GRPO trainer, with three threads:
   :class:`~spotrl_runtime.checkpoint.writer.CutWriter`. Only the in-memory capture holds
   the ownership lock; generation keeps running while the files are written.
 
+Generation workers run as Ray actors in this process's Ray instance, or, with
+``remote_workers`` (``spec.generation.workerPods`` on Kubernetes), on Ray nodes that join it
+(``spotrl worker --address``, one per worker pod): Ray starts as a head that other nodes can
+reach on this pod's address, the controller announces the head's address (``on_ray_head``:
+the RLJob's ``status.rayHead``), and each worker actor asks for the custom resource
+:data:`WORKER_RESOURCE` that only those nodes offer. Training starts once one worker is up;
+the others join when they come. A lost worker (its pod went away) only sends its groups back
+for redispatch; the operator replaces the pod and the pool the actor.
+
 A barrier (:meth:`Controller.request_barrier`, from SIGTERM, the HTTP endpoint or the
 Kubernetes bridge) parks the controller: nothing more is admitted or trained, the cut is
 taken, and the process waits to be stopped. Exit codes: 0 every step trained, 143 stopped
@@ -49,12 +58,16 @@ from spotrl_runtime.core.owners import (
     UnknownGroupError,
 )
 from spotrl_runtime.core.types import Rollout
+from spotrl_runtime.generation.pool import GenerationPoolError
 
 log = logging.getLogger("spotrl.controller")
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_TERMINATED = 143
+
+WORKER_RESOURCE = "spotrl.dev/worker"
+"""The Ray resource a worker node offers (one unit) and each worker actor asks for."""
 
 
 class ControllerError(RuntimeError):
@@ -79,6 +92,14 @@ class ControllerOptions:
     http_port: int | None = None
     """Serve /metrics, /status and POST /barrier here (0: any free port; None: off)."""
     ray_num_cpus: int | None = None
+    remote_workers: bool = False
+    """Generation workers on Ray nodes that join this controller's Ray head (worker pods),
+    not in this process's Ray; the head listens on ``http_host``."""
+    worker_wait_seconds: float = 900.0
+    """With remote workers: how long to wait for the first one to join before giving up."""
+    on_ray_head: list[Callable[[str, int], object]] = field(default_factory=list)
+    """With remote workers: called with the head's address and the number of workers once
+    Ray runs, before the controller waits for them (e.g. to write ``status.rayHead``)."""
     device: str = "cpu"
     sinks: list[StatusSink] = field(default_factory=list)
     on_ready: list[Callable[[Controller], object]] = field(default_factory=list)
@@ -218,7 +239,17 @@ class Controller:
             progress=lambda phase: failpoint(f"cut.{phase}"),
         )
         self.pool.update_weights(self.trainer.policy_state_dict(), self.trainer.step)
-        self.pool.wait_ready()
+        if opts.remote_workers:
+            try:
+                self.pool.wait_ready(timeout=opts.worker_wait_seconds, min_ready=1)
+            except GenerationPoolError as err:
+                raise ControllerError(
+                    f"no generation worker joined: {err}. With spec.generation.workerPods the operator starts "
+                    f"one pod per worker ({self.job.name}-worker-<attempt>-<i>); see why they do not run "
+                    "(kubectl describe pod), e.g. generation.resources that no node offers"
+                ) from None
+        else:
+            self.pool.wait_ready()
 
     def _start_generation(self) -> None:
         import ray
@@ -226,28 +257,54 @@ class Controller:
         from spotrl_runtime.generation import BackendSpec
         from spotrl_runtime.generation.pool import GenerationPool
 
+        opts = self.options
+        remote = opts.remote_workers
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         if not ray.is_initialized():
             # A short private folder: Ray's unix sockets must fit in 107 bytes.
             self._ray_dir = tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("SPOTRL_RAY_TMP", "/tmp"))
+            host = opts.http_host if opts.http_host not in ("0.0.0.0", "") else None
+            if remote and host is None:
+                raise ControllerError(
+                    "remote generation workers need an address the workers can reach: set SPOTRL_POD_IP "
+                    "(the operator sets it from status.podIP)"
+                )
             ray.init(
-                num_cpus=self.options.ray_num_cpus or max(1, os.cpu_count() or 1),
+                # The head runs no generation actor when the workers are remote.
+                num_cpus=0 if remote else opts.ray_num_cpus or max(1, os.cpu_count() or 1),
                 include_dashboard=False,
                 _temp_dir=self._ray_dir,
-                _node_ip_address=self.options.http_host if self.options.http_host not in ("0.0.0.0", "") else None,
+                _node_ip_address=host,
                 log_to_driver=False,
                 configure_logging=False,
                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
             )
             if self._signals_installed:
                 self.install_signal_handlers()  # ray.init installs its own SIGTERM handler
-        backend = BackendSpec.from_rljob(self.spec, device=self.options.device)
         workers = self.spec.generation.workers
         actor_options: dict[str, Any] = {}
-        if backend.kind == "transformers" and self.options.device.startswith("cuda"):
-            # Ray hides GPUs from actors that ask for none; the trainer keeps half of the GPU.
-            actor_options = {"num_gpus": round(0.5 / workers, 4)}
-        self.pool = GenerationPool(backend, workers, actor_options=actor_options)
+        max_restarts: int | None = 3
+        if remote:
+            # Only worker nodes offer the resource, so no actor lands on the controller. A worker
+            # node's GPU (vLLM, or transformers when generation.resources asks for one) is its own.
+            gen = self.spec.generation
+            device = "cuda" if gen.backend == "vllm" or gen.resources.gpu > 0 else "cpu"
+            backend = BackendSpec.from_rljob(self.spec, device=device)
+            actor_options = {"resources": {WORKER_RESOURCE: 1}}
+            if backend.kind == "transformers" and device == "cuda":
+                actor_options["num_gpus"] = gen.resources.gpu
+            max_restarts = None  # pods come and go; the operator replaces them, the pool their actors
+        else:
+            backend = BackendSpec.from_rljob(self.spec, device=opts.device)
+            if backend.kind == "transformers" and opts.device.startswith("cuda"):
+                # Ray hides GPUs from actors that ask for none; the trainer keeps half of the GPU.
+                actor_options = {"num_gpus": round(0.5 / workers, 4)}
+        self.pool = GenerationPool(backend, workers, actor_options=actor_options, max_restarts=max_restarts)
+        if remote:
+            address = ray.get_runtime_context().gcs_address
+            log.info("Ray head at %s: waiting for %d generation worker node(s) to join", address, workers)
+            for hook in opts.on_ray_head:
+                hook(address, workers)
 
     # ================================================================== run
 
