@@ -129,6 +129,8 @@ class Controller:
         self._parked = threading.Event()
         """Set by a barrier: no more admissions and no more optimizer steps."""
         self._stop = threading.Event()
+        self._training = threading.Event()
+        """Set when the dispatcher and cut writer start: from then on a SIGTERM cuts."""
         self._failure: BaseException | None = None
         self._terminated = False
         self._barrier_lock = threading.Lock()
@@ -241,7 +243,8 @@ class Controller:
         self.pool.update_weights(self.trainer.policy_state_dict(), self.trainer.step)
         if opts.remote_workers:
             try:
-                self.pool.wait_ready(timeout=opts.worker_wait_seconds, min_ready=1)
+                # A SIGTERM while waiting ends the wait (run() then stops without training).
+                self.pool.wait_ready(timeout=opts.worker_wait_seconds, min_ready=1, stop=self._stop)
             except GenerationPoolError as err:
                 raise ControllerError(
                     f"no generation worker joined: {err}. With spec.generation.workerPods the operator starts "
@@ -324,6 +327,7 @@ class Controller:
             threading.Thread(target=self._guard(self._dispatch_loop), name="dispatcher", daemon=True),
             threading.Thread(target=self._guard(self._cut_loop), name="cut-writer", daemon=True),
         ]
+        self._training.set()
         for t in threads:
             t.start()
         try:
@@ -574,8 +578,10 @@ class Controller:
 
         def cut_then_stop() -> None:
             try:
-                if not hasattr(self, "writer"):
-                    return  # still starting: nothing happened since the cut it restores from
+                if not self._training.is_set():
+                    # Still starting (restoring, waiting for workers): nothing happened since
+                    # the cut it restores from, and no cut writer runs yet.
+                    return
                 if not (self.owners.trainer_step >= self.target_steps and not self._parked.is_set()):
                     self.request_barrier("SIGTERM", time.time() + self.options.sigterm_deadline)
             except Exception as err:

@@ -195,14 +195,16 @@ class GenerationPool:
 
     # ------------------------------------------------------------------ introspection
 
-    def wait_ready(self, timeout: float = 300.0, min_ready: int | None = None) -> None:
-        """Blocks until ``min_ready`` workers (default: every live one) have built their backend.
-        Raises :class:`GenerationPoolError` when they have not within ``timeout`` seconds, or
-        when every worker is dead and out of restarts."""
+    def wait_ready(
+        self, timeout: float = 300.0, min_ready: int | None = None, stop: threading.Event | None = None
+    ) -> None:
+        """Blocks until ``min_ready`` workers (default: every live one) have built their backend,
+        or ``stop`` is set. Raises :class:`GenerationPoolError` when they have not within
+        ``timeout`` seconds, or when every worker is dead and out of restarts."""
         import ray
 
         deadline = time.monotonic() + timeout
-        while True:
+        while stop is None or not stop.is_set():
             with self._lock:
                 live = [w for w in self._workers.values() if w.alive]
                 ready = [w for w in live if w.ready]

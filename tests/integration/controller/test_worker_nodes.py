@@ -144,3 +144,24 @@ def test_worker_nodes_join_late_and_a_lost_one_costs_no_restore(
             # Whatever state it ended in, no Ray process of a worker node survives it.
             wait_for(lambda w=w: ray_processes_on(w.ip) == [], 30, f"nothing left of {w.ip}")
         wait_for(lambda: ray_processes_on(HEAD_IP) == [], 30, f"nothing left of the head {HEAD_IP}")
+
+
+def test_sigterm_while_waiting_for_worker_nodes_stops_at_once_without_a_cut(runs: Runs, tmp_path: Path) -> None:
+    """Nothing happened since the start, so there is nothing to cut: the wait ends and the run
+    exits 143 within moments, not at the end of its wait for workers."""
+    storage = tmp_path / "cuts"
+    job = runs.job({"generation.workers": 2, "generation.workerPods": True})
+    proc = runs.start(job, storage, "--worker-nodes", "--host", "127.0.77.9")
+    try:
+        wait_for(lambda: "spotrl worker --address" in runs.log_of(proc), 180, "the head's address", proc)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=20)
+        log = runs.log_of(proc)
+        assert rc == 143, log[-3000:]
+        assert "barrier" not in log, log[-3000:]
+        assert not (storage / "cuts").exists() or not any((storage / "cuts").iterdir())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    wait_for(lambda: ray_processes_on("127.0.77.9") == [], 30, "nothing left of the head")
