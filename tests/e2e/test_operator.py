@@ -85,10 +85,12 @@ def test_children_are_owned_named_deterministically_and_collected(
     assert header.split() == ["NAME", "PHASE", "STEP", "TOTAL", "LAST-CUT", "PREEMPTIONS", "AGE"]
     assert row.split()[:3] == ["tiny", "Pending", "20"]
 
-    # Deleting the job: the finalizer stops the pod; garbage collection takes the rest.
+    # Deleting the job: the finalizer stops the pod; garbage collection takes the rest. The
+    # collector learns a new CRD's kind from discovery, which it refreshes every 30 s, so a
+    # CRD applied moments ago can take up to that long before its children are collected.
     jobs.delete("tiny")
     for url, kind in children.items():
-        admin.wait_for(url, lambda o: o is None, 30, f"{kind} garbage-collected")
+        admin.wait_for(url, lambda o: o is None, 90, f"{kind} garbage-collected")
 
 
 def test_the_runtime_service_account_reads_its_rljob_and_patches_its_status_only(
