@@ -12,8 +12,9 @@ From a shell (``make cluster-up`` / ``make cluster-down``)::
     python -m spotrl_e2e.cluster up --dir /tmp/spotrl-cluster     # prints export KUBECONFIG=...
     python -m spotrl_e2e.cluster down --dir /tmp/spotrl-cluster
 
-The helpers' names and signatures are the contract a kind-based implementation would
-also provide, so that end-to-end tests run on either.
+What talks only to the API server or runs kubectl (clients, namespaces, pods, cordon,
+taint, evict, drain ...) is in :class:`spotrl_e2e.kubecluster.KubeCluster`, shared with
+the kind harness; ``Cluster`` adds how this cluster starts and how its nodes fail.
 """
 
 from __future__ import annotations
@@ -21,23 +22,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import urllib3
-import yaml
 
 from spotrl_e2e.controlplane import ControlPlane, Timings
-from spotrl_e2e.kube import ApiError, KubeClient, path
-from spotrl_e2e.nodeagent.config import AgentConfig, NodeSpec, Taint
+from spotrl_e2e.kube import Credentials
+from spotrl_e2e.kubecluster import KubeCluster
+from spotrl_e2e.nodeagent.config import AgentConfig, NodeSpec
 from spotrl_e2e.procs import Process, StartupError, free_port, stop_pidfile
-from spotrl_e2e.tools import find_tools
+from spotrl_e2e.tools import Tools, find_tools
 
 Obj = dict[str, Any]
 
@@ -47,8 +46,6 @@ DEFAULT_NODES = (
     NodeSpec("spot-b", capacity_type="spot", gpus=1),
     NodeSpec("ondemand-a", capacity_type="on-demand", gpus=1),
 )
-# Taints the control plane puts on and takes off by itself.
-_CONTROLLER_TAINT_PREFIX = "node.kubernetes.io/"
 _STOP_ORDER = (
     ("nodeagent", "spotrl_e2e.nodeagent"),
     ("kube-scheduler", "kube-scheduler"),
@@ -59,35 +56,10 @@ _STOP_ORDER = (
 )
 
 
-class Drain:
-    """A ``kubectl drain`` running in the background."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], output: Path):
-        self.proc = proc
-        self.output_file = output
-
-    def output(self) -> str:
-        """What kubectl printed so far (stdout and stderr)."""
-        return self.output_file.read_text(errors="replace")
-
-    def running(self) -> bool:
-        return self.proc.poll() is None
-
-    def wait(self, timeout: float) -> int:
-        """Waits for kubectl to finish; returns its exit code. TimeoutError shows its output."""
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise TimeoutError(f"kubectl drain still running after {timeout:.0f} s; output:\n{self.output()}") from None
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-
-
-class Cluster:
+class Cluster(KubeCluster):
     """A running test cluster. Every file lives under ``workdir``."""
+
+    tools: Tools
 
     def __init__(
         self,
@@ -95,7 +67,7 @@ class Cluster:
         nodes: Sequence[NodeSpec] = DEFAULT_NODES,
         timings: Timings | None = None,
     ):
-        self.workdir = workdir.resolve()
+        super().__init__(workdir.resolve())
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.tools = find_tools()
         self.controlplane = ControlPlane(self.workdir, self.tools, timings or Timings())
@@ -104,13 +76,11 @@ class Cluster:
         self.agent: Process | None = None
         self.control_port = 0
         self.startup_seconds: dict[str, float] = {}
-        self._admin: KubeClient | None = None
         self._http = urllib3.PoolManager(retries=False)
 
     # ------------------------------------------------------------------ start / stop
     @property
     def kubeconfig(self) -> Path:
-        """An admin kubeconfig (group system:masters) for kubectl and clients."""
         return self.controlplane.admin_kubeconfig
 
     @property
@@ -199,42 +169,8 @@ class Cluster:
         self.controlplane.stop()
 
     # ------------------------------------------------------------------ clients
-    def admin(self) -> KubeClient:
-        """A dict-based client with cluster-admin rights (see :mod:`spotrl_e2e.kube`)."""
-        if self._admin is None:
-            self._admin = self.controlplane.admin()
-        return self._admin
-
-    def api_client(self) -> Any:
-        """The official client (``kubernetes.client.ApiClient``) with the admin kubeconfig."""
-        from kubernetes import config
-
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
-
-    def kubectl(
-        self, *args: str, check: bool = True, timeout: float = 60, input: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        """Runs the pinned kubectl as admin. ``check``: a non-zero exit raises with its output."""
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        out = subprocess.run(
-            [str(self.tools.kubectl), *args],
-            env=env,
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-        if check and out.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args)} exited {out.returncode}:\n{out.stdout}{out.stderr}")
-        return out
-
-    def apply(self, manifest: Obj | str | Path) -> str:
-        """``kubectl apply`` of a dict, YAML text or a file; returns kubectl's output."""
-        if isinstance(manifest, Path):
-            return self.kubectl("apply", "-f", str(manifest)).stdout
-        text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest)
-        return self.kubectl("apply", "-f", "-", input=text).stdout
+    def _admin_credentials(self) -> Credentials:
+        return self.controlplane.admin_credentials()
 
     def _control(self, method: str, url_path: str, body: Obj | None = None, timeout: float = 60) -> Any:
         resp = self._http.request(
@@ -250,34 +186,6 @@ class Cluster:
         return data
 
     # ------------------------------------------------------------------ namespaces & pods
-    def create_namespace(self, prefix: str = "test") -> str:
-        """A fresh namespace (waits for its default ServiceAccount, as pods need it)."""
-        name = f"{prefix[:40].rstrip('-')}-{uuid.uuid4().hex[:6]}".lower()
-        self.admin().create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-        self.admin().wait_for(
-            f"/api/v1/namespaces/{name}/serviceaccounts/default", lambda o: o is not None, 30, "ServiceAccount default"
-        )
-        return name
-
-    def delete_namespace(self, name: str, wait: bool = False, timeout: float = 60) -> None:
-        self.admin().delete(f"/api/v1/namespaces/{name}")
-        if wait:
-            self.admin().wait_for(f"/api/v1/namespaces/{name}", lambda o: o is None, timeout, f"namespace {name} gone")
-
-    def wait_pod(
-        self, namespace: str, name: str, until: str | Callable[[Obj | None], bool], timeout: float = 30
-    ) -> Obj | None:
-        """Waits for a pod to reach a phase (``until="Running"``), or for ``until(pod)`` to hold
-        (``pod`` is None once the pod is gone)."""
-        check: Callable[[Obj | None], bool]
-        if isinstance(until, str):
-            phase = until
-            check = lambda p: p is not None and p.get("status", {}).get("phase") == phase  # noqa: E731
-            what = f"pod {namespace}/{name} phase {phase}"
-        else:
-            check, what = until, f"pod {namespace}/{name} condition"
-        return self.admin().wait_for(path("v1", "pods", namespace, name), check, timeout, what)
-
     def pod_dir(self, namespace: str, name: str) -> Path:
         """The folder of a pod's latest incarnation on its node (``root/`` is its working
         directory, ``volumes/<name>`` its volumes, ``logs/`` its output). Kept after the pod
@@ -304,9 +212,6 @@ class Cluster:
         return {}
 
     # ------------------------------------------------------------------ nodes
-    def node(self, name: str) -> Obj:
-        return self.admin().get(f"/api/v1/nodes/{name}")
-
     def node_state(self, name: str) -> str:
         """What the agent says about the machine: running, shutting-down, shutdown, lost."""
         return str(self._control_node(name)["state"])
@@ -317,113 +222,7 @@ class Cluster:
                 return dict(n)
         raise KeyError(f"the node agent plays no node {name!r}")
 
-    @staticmethod
-    def node_ready(node: Obj | None) -> str | None:
-        """The status of a Node's Ready condition: "True", "False", "Unknown" or None."""
-        for c in (node or {}).get("status", {}).get("conditions", []):
-            if c["type"] == "Ready":
-                return str(c["status"])
-        return None
-
-    def wait_node_ready(self, name: str, timeout: float = 30) -> Obj:
-        """Ready, and the control plane has lifted its not-ready/unreachable taints."""
-
-        def ready(n: Obj | None) -> bool:
-            taints = (n or {}).get("spec", {}).get("taints", [])
-            controller = [
-                t for t in taints if t["key"] in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
-            ]
-            return self.node_ready(n) == "True" and not controller
-
-        node = self.admin().wait_for(f"/api/v1/nodes/{name}", ready, timeout, f"node {name} Ready")
-        assert node is not None
-        return node
-
-    def wait_node_condition(self, name: str, status: str, timeout: float = 60) -> Obj:
-        """Waits until the node's Ready condition is ``status`` ("False" or "Unknown" ...)."""
-        node = self.admin().wait_for(
-            f"/api/v1/nodes/{name}", lambda n: self.node_ready(n) == status, timeout, f"node {name} Ready={status}"
-        )
-        assert node is not None
-        return node
-
-    def _update_node(self, name: str, change: Callable[[Obj], None]) -> Obj:
-        for _ in range(10):
-            node = self.node(name)
-            change(node)
-            try:
-                return self.admin().replace(f"/api/v1/nodes/{name}", node)
-            except ApiError as err:
-                if err.status != 409:
-                    raise
-        raise RuntimeError(f"node {name}: kept conflicting with other writers")
-
-    def cordon(self, name: str) -> None:
-        """spec.unschedulable = true (what ``kubectl cordon`` and every drain start with)."""
-        self._update_node(name, lambda n: n["spec"].__setitem__("unschedulable", True))
-
-    def uncordon(self, name: str) -> None:
-        self._update_node(name, lambda n: n["spec"].pop("unschedulable", None))
-
-    def taint(self, name: str, key: str, value: str | None = None, effect: str = "NoSchedule") -> None:
-        """Adds (or replaces) a taint, as a termination handler does (e.g. ``karpenter.sh/disrupted``)."""
-        new = Taint(key, value, effect).to_api()
-
-        def change(n: Obj) -> None:
-            taints = [t for t in n["spec"].get("taints", []) if (t["key"], t["effect"]) != (key, effect)]
-            n["spec"]["taints"] = [*taints, new]
-
-        self._update_node(name, change)
-
-    def untaint(self, name: str, key: str, effect: str | None = None) -> None:
-        """Removes the taints with ``key`` (and ``effect``, if given)."""
-
-        def change(n: Obj) -> None:
-            keep = [t for t in n["spec"].get("taints", []) if t["key"] != key or (effect and t["effect"] != effect)]
-            n["spec"]["taints"] = keep
-
-        self._update_node(name, change)
-
-    def evict(self, namespace: str, pod: str, grace_seconds: int | None = None) -> tuple[int, str]:
-        """One call of the Eviction API: (HTTP status, message). 201: evicted; 429: a
-        PodDisruptionBudget forbids it now."""
-        body: Obj = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}}
-        if grace_seconds is not None:
-            body["deleteOptions"] = {"gracePeriodSeconds": grace_seconds}
-        try:
-            self.admin().create(path("v1", "pods", namespace, pod, "eviction"), body)
-        except ApiError as err:
-            return err.status, err.message
-        return 201, "evicted"
-
-    def drain(self, name: str, timeout: float = 120, extra_args: Sequence[str] = ()) -> Drain:
-        """Starts ``kubectl drain`` (cordon, then evictions that honour PDBs and retry on 429
-        every 5 s) in the background."""
-        out = self.workdir / f"drain-{name}-{uuid.uuid4().hex[:6]}.log"
-        args = [
-            str(self.tools.kubectl),
-            "drain",
-            name,
-            "--ignore-daemonsets",
-            "--delete-emptydir-data",
-            "--force",
-            f"--timeout={int(timeout)}s",
-            *extra_args,
-        ]
-        with open(out, "wb") as f:
-            proc = subprocess.Popen(
-                args,
-                env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        return Drain(proc, out)
-
     def graceful_shutdown(self, name: str, grace_seconds: float = 15, wait: bool = True) -> None:
-        """The node shuts down gracefully with a capped grace period (GKE spot: pods get about
-        15 s): NotReady, SIGTERM to every pod, at most ``grace_seconds`` each, PDBs ignored, pods
-        marked Failed with DisruptionTarget; then its heartbeats stop."""
         self._control("POST", f"/nodes/{name}/shutdown", {"grace_seconds": grace_seconds})
         if wait:
             deadline = time.monotonic() + grace_seconds + 30
@@ -433,20 +232,15 @@ class Cluster:
                 time.sleep(0.2)
 
     def lose_node(self, name: str) -> None:
-        """Abrupt loss: every process of the node is SIGKILLed and its Lease and status stop
-        being renewed; the node controller marks it Unknown after the grace period and the
-        taint manager evicts its pods."""
+        """The node agent SIGKILLs every process of the node and stops renewing its Lease and status."""
         self._control("POST", f"/nodes/{name}/lose")
 
     def restore_node(self, name: str, wait: bool = True) -> None:
-        """The node boots again: it re-registers; pods it had are run anew (restartPolicy Never:
-        failed)."""
         self._control("POST", f"/nodes/{name}/restore")
         if wait:
             self.wait_node_ready(name, timeout=60)
 
     def delete_node(self, name: str) -> None:
-        """The machine is gone and the cloud removes its Node object (then pod GC removes its pods)."""
         if self.node_state(name) == "running":
             self.lose_node(name)
         self.admin().delete(f"/api/v1/nodes/{name}")
@@ -464,22 +258,13 @@ class Cluster:
             self.wait_node_ready(spec.name)
 
     def reset_nodes(self, timeout: float = 60) -> None:
-        """Puts the nodes back as the cluster started: lost or shut-down nodes booted again,
-        uncordoned, with their configured taints only. The fixtures call it after each test."""
         initial = {s.name: s for s in self.node_specs if s.name in self._initial_nodes}
         for n in self._control("GET", "/nodes"):
             if n["name"] in initial and n["state"] != "running":
                 self._control("POST", f"/nodes/{n['name']}/restore")
         for name, spec in initial.items():
             self.wait_node_ready(name, timeout)
-            wanted = [t.to_api() for t in spec.taints]
-
-            def change(node: Obj, wanted: list[dict[str, str]] = wanted) -> None:
-                own = [t for t in node["spec"].get("taints", []) if t["key"].startswith(_CONTROLLER_TAINT_PREFIX)]
-                node["spec"]["taints"] = own + wanted
-                node["spec"].pop("unschedulable", None)
-
-            self._update_node(name, change)
+            self._reset_node_object(name, [t.to_api() for t in spec.taints])
 
     # ------------------------------------------------------------------ info
     def describe(self) -> str:
