@@ -6,6 +6,8 @@ sends and receives plain dicts through :meth:`ApiClient.call_api` instead. Error
 back as :class:`KubeError` with the API server's status code and message.
 """
 
+# Not spotrl_e2e.kube: the operator needs kubeconfig/in-cluster auth with token refresh, and ships without test code.
+
 from __future__ import annotations
 
 import json
