@@ -48,7 +48,7 @@ from typing import Any
 from spotrl_runtime.api.rljob import RLJob
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.controller.control import BarrierFailed, CutInfo, StatusSink
-from spotrl_runtime.controller.failpoints import failpoint
+from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.core.owners import (
     Dispatch,
     Owners,

@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation.backend import BackendSpec, GenerationBackend, build_backend
 from spotrl_runtime.generation.types import GenerationRequest, GroupFailed, GroupGenerated
 
@@ -34,6 +35,7 @@ class GenerationWorker:
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GroupGenerated | GroupFailed]:
         """One outcome per request, in order. If the batch raises, each group is retried alone so
         that one bad group fails by itself and the others still come back generated."""
+        failpoint("worker.generate", self.backend.weight_version)
         try:
             return [self._stamp(r) for r in self.backend.generate(requests)]
         except Exception:

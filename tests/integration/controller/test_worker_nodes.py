@@ -39,7 +39,7 @@ def ray_processes_on(ip: str) -> list[str]:
 class WorkerNode:
     """`spotrl worker --address ...` bound to its own loopback address."""
 
-    def __init__(self, runs: Runs, address: str, ip: str):
+    def __init__(self, runs: Runs, address: str, ip: str, **env: str):
         self.ip = ip
         self.log = runs.base / f"worker-{ip}.log"
         with open(self.log, "w") as out:
@@ -58,7 +58,7 @@ class WorkerNode:
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=runs.env(),
+                env={**runs.env(), **env},
                 start_new_session=True,  # as a pod: a process group of its own
             )
 
@@ -93,7 +93,9 @@ def test_worker_nodes_join_late_and_a_lost_one_costs_no_restore(
         HEAD_IP,
         "--summary-json",
         str(summary),
-        SPOTRL_FAILPOINTS="train.step@5=2",
+        # The dispatch of step 10 holds until the replacement has joined, so that a fast
+        # machine cannot finish the run before it.
+        SPOTRL_FAILPOINTS="dispatch.finish@10+=300",
         SPOTRL_FAILPOINT_DIR=str(marks),
     )
     workers: list[WorkerNode] = []
@@ -103,8 +105,21 @@ def test_worker_nodes_join_late_and_a_lost_one_costs_no_restore(
         assert address.startswith(f"{HEAD_IP}:"), address
         # Nothing trains before a worker joins: the pool waits for them.
         assert audit(storage, "--all") == []
-        workers = [WorkerNode(runs, address, "127.0.77.2"), WorkerNode(runs, address, "127.0.77.3")]
-        wait_for(lambda: (marks / "train.step").exists(), 300, "step 5", proc)
+        # The first worker node holds a batch it was given once it has the weights of step 5
+        # or later: when it is lost, it certainly holds groups.
+        held = tmp_path / "held"
+        held.mkdir()
+        workers = [
+            WorkerNode(
+                runs,
+                address,
+                "127.0.77.2",
+                SPOTRL_FAILPOINTS="worker.generate@5+=300",
+                SPOTRL_FAILPOINT_DIR=str(held),
+            ),
+            WorkerNode(runs, address, "127.0.77.3"),
+        ]
+        wait_for(lambda: (held / "worker.generate").exists(), 300, "a batch on weights of step 5", proc)
         log = runs.log_of(proc)
         assert "generation worker gen-0 is up on node 127.0.77." in log, log[-3000:]
         assert "generation worker gen-1 is up on node 127.0.77." in log, log[-3000:]
@@ -118,6 +133,7 @@ def test_worker_nodes_join_late_and_a_lost_one_costs_no_restore(
         replacement = WorkerNode(runs, address, "127.0.77.4")  # the replacement "pod" joins mid-run
         workers.append(replacement)
         wait_for(lambda: "Ray runtime started" in replacement.output(), 120, "the replacement to join", proc)
+        (marks / "dispatch.finish.release").touch()
 
         rc = proc.wait(timeout=420)
         log = runs.log_of(proc)

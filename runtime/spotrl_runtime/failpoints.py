@@ -1,0 +1,58 @@
+"""Named points where a test can hold the controller or a generation worker in a known phase.
+
+``SPOTRL_FAILPOINTS="train.step@5=3,cut.files_written=2"`` makes the controller sleep 3 s
+inside optimizer step 5 and 2 s before the next cut's manifest (``@5+``: the first step from
+5 on); on arrival it creates
+``$SPOTRL_FAILPOINT_DIR/<name>`` so the test knows where the process is before it sends a
+signal. A test that must do something while the point holds (a node joining, say) creates
+``$SPOTRL_FAILPOINT_DIR/<name>.release`` to end the sleep early. Each point fires once.
+Unset (production), a point costs one dictionary lookup.
+
+Points: ``train.step`` (between taking a step's groups and committing it), ``dispatch.finish``
+(a generated group of step N not yet handed to the replay buffer), ``cut.captured`` (a barrier
+cut's in-memory capture is done) and ``cut.files_written`` (a cut's files are in storage,
+its manifest is not), and in a generation worker ``worker.generate`` (a batch of groups
+about to be generated; its step is the weight version the worker holds). A worker reads the
+variables from its Ray node's environment.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+_spec: dict[str, tuple[int | None, bool, float]] | None = None
+
+
+def _parse() -> dict[str, tuple[int | None, bool, float]]:
+    """``name[@step[+]]=seconds``: ``@5`` fires at step 5 only, ``@5+`` at the first step >= 5."""
+    out: dict[str, tuple[int | None, bool, float]] = {}
+    for item in filter(None, (os.environ.get("SPOTRL_FAILPOINTS") or "").split(",")):
+        name, _, seconds = item.partition("=")
+        name, _, at = name.partition("@")
+        onward = at.endswith("+")
+        out[name.strip()] = (int(at.rstrip("+")) if at else None, onward, float(seconds or 0))
+    return out
+
+
+def failpoint(name: str, step: int | None = None) -> None:
+    """Sleeps here if the environment asks for it (once per point), until released."""
+    global _spec
+    if _spec is None:
+        _spec = _parse()
+    if name not in _spec:
+        return
+    at, onward, seconds = _spec[name]
+    if at is not None and (step is None or (step < at if onward else step != at)):
+        return
+    del _spec[name]
+    folder = os.environ.get("SPOTRL_FAILPOINT_DIR")
+    if not folder:
+        time.sleep(seconds)
+        return
+    Path(folder, name).write_text(str(step if step is not None else ""))
+    release = Path(folder, f"{name}.release")
+    deadline = time.monotonic() + seconds
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
