@@ -11,7 +11,7 @@ import pytest
 from spotrl_runtime import failpoints
 
 
-@pytest.fixture()
+@pytest.fixture
 def points(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setattr(failpoints, "_spec", None)
     monkeypatch.setenv("SPOTRL_FAILPOINT_DIR", str(tmp_path))

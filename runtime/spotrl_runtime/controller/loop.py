@@ -48,7 +48,6 @@ from typing import Any
 from spotrl_runtime.api.rljob import RLJob
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.controller.control import BarrierFailed, CutInfo, StatusSink
-from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.core.owners import (
     Dispatch,
     Owners,
@@ -58,6 +57,7 @@ from spotrl_runtime.core.owners import (
     UnknownGroupError,
 )
 from spotrl_runtime.core.types import Rollout
+from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation.pool import GenerationPoolError
 
 log = logging.getLogger("spotrl.controller")
