@@ -35,10 +35,13 @@ workers in pods of their own publishes its Ray head in ``status.rayHead`` (addre
 attempt, how many workers). While that controller runs, :func:`_tend_workers` keeps one
 pod per worker index of its attempt: it creates a missing one (:class:`CreateWorkerPod`,
 deterministic name, so a second create is a no-op), deletes one that ended so that it is
-created again, and force-deletes one whose node stopped answering (a worker holds nothing
-to save). Losing a worker is **not** a preemption of the job: no barrier, no new
-controller, nothing counted against the failure budget; the controller sends the lost
-worker's groups to the other workers. Workers of any other attempt, and every worker once
+created again after a backoff (``failureBudget``'s doubling wait, counted in
+``status.workerRestarts`` for the attempt, so a worker that crashes at once is not
+recreated in a hot loop), and force-deletes one whose node stopped answering at once and
+without a backoff (a worker holds nothing to save, and its node is no fault of it).
+Losing a worker is **not** a preemption of the job: no barrier, no new controller, nothing
+counted against the failure budget's crashes; the controller sends the lost worker's
+groups to the other workers. Workers of any other attempt, and every worker once
 the controller stops, suspends, finishes or fails, are deleted.
 """
 
@@ -417,7 +420,16 @@ def _start(b: _Builder) -> Plan:
         b.interrupted()  # it vanished: evicted, drained, moved by us, or its node was lost
         b.update(preemptions=st.preemptions + 1)
     attempt = st.attempt + 1
-    b.update(attempt=attempt, barrier=None, retry_after=None, controller_pod=None, controller_node=None, ray_head=None)
+    b.update(
+        attempt=attempt,
+        barrier=None,
+        retry_after=None,
+        controller_pod=None,
+        controller_node=None,
+        ray_head=None,
+        worker_restarts=0,
+        worker_retry_after=None,
+    )
     b.act(CreateControllerPod(attempt, world.unusable_nodes))
     if world.pdb_open:
         b.act(CloseDisruptionBudget())
@@ -577,6 +589,7 @@ def _tend_workers(b: _Builder, plan: Plan) -> None:
 
     acted = False
     lost: list[str] = []
+    ended = 0
     ready = 0
     by_index: dict[int, list[PodView]] = {}
     attempt = current.attempt if serving and current is not None else None
@@ -600,6 +613,7 @@ def _tend_workers(b: _Builder, plan: Plan) -> None:
                 acted = True
             code = f" with exit code {w.exit_code}" if w.exit_code is not None else ""
             lost.append(f"{w.name}: ended {w.phase}{code}")
+            ended += 1
         elif w.deleting_since is not None:
             lost.append(f"{w.name}: being deleted")
         elif w.phase == "Running":
@@ -607,18 +621,35 @@ def _tend_workers(b: _Builder, plan: Plan) -> None:
         if wanted and w.index is not None:
             by_index.setdefault(w.index, []).append(w)
 
+    # A worker that ended by itself backs off before its replacement. One backoff covers every
+    # worker that ends within it; the ended pod seen again (a stale cache) is not counted twice.
+    retry_after = parse_time(b.st.worker_retry_after)
+    backing_off = retry_after is not None and world.now < retry_after
+    new_backoff = serving and ended > 0 and not backing_off
+    if new_backoff:
+        restarts = b.st.worker_restarts + 1
+        retry_after = world.now + timedelta(seconds=crash_backoff(world.spec, restarts))
+        backing_off = True
+        b.update(worker_restarts=restarts, worker_retry_after=iso(retry_after))
     if attempt is not None and head is not None:
         for index in range(count):
-            if not by_index.get(index):
-                b.act(CreateWorkerPod(attempt, index, head.address, world.unusable_nodes))
-                acted = True
+            if by_index.get(index):
+                continue
+            if backing_off:
+                assert retry_after is not None
+                wait = (retry_after - world.now).total_seconds()
+                plan.requeue_after = min(plan.requeue_after if plan.requeue_after is not None else wait, wait)
+                continue
+            b.act(CreateWorkerPod(attempt, index, head.address, world.unusable_nodes))
+            acted = True
     before = world.status.workers_ready or 0
     b.update(workers_ready=ready)
-    if serving and lost and ready < before:
+    if serving and lost and (ready < before or new_backoff):
+        when = f"in {(retry_after - world.now).total_seconds():.0f} s" if backing_off and retry_after else "now"
         b.event(
             "Warning",
             "WorkerLost",
-            f"{'; '.join(lost)}. Its groups go back to the other workers; a replacement pod is created "
+            f"{'; '.join(lost)}. Its groups go back to the other workers; a replacement pod is created {when} "
             "(not a preemption: no barrier, no restore)",
         )
     if acted:

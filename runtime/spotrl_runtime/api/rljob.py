@@ -373,6 +373,12 @@ class RLJobStatus(ApiObject):
     workers_ready: int | None = Field(
         default=None, ge=0, description="Worker pods of the current attempt that run (generation.workerPods)."
     )
+    worker_restarts: int = Field(
+        default=0, ge=0, description="Worker pods of the current attempt that ended by themselves and were replaced."
+    )
+    worker_retry_after: str | None = Field(
+        default=None, description="Worker backoff: no replacement worker pod before this time."
+    )
     message: str | None = None
 
 

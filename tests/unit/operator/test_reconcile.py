@@ -473,11 +473,49 @@ def test_a_failed_worker_is_replaced_without_a_preemption() -> None:
     # Seen again (a stale cache, or the delete still under way): no second event.
     p2 = reconcile(serving(status=p1.status, workers=(worker(0), failed)))
     assert "WorkerLost" not in events(p2)
-    # Gone: the replacement, same index and attempt.
+    # Gone: the replacement, same index and attempt, once the first backoff (10 s) is over.
+    assert (p1.status.worker_restarts, p1.status.worker_retry_after) == (1, "2026-11-30T12:00:10Z")
     p3 = reconcile(serving(status=p1.status, workers=(worker(0),)))
-    assert of(p3, CreateWorkerPod) == [CreateWorkerPod(1, 1, HEAD.address, frozenset())]
-    assert p3.status is not None
-    assert p3.status.attempt == 1
+    assert of(p3, CreateWorkerPod) == []
+    assert p3.requeue_after == 10.0
+    p4 = reconcile(serving(status=p1.status, workers=(worker(0),), now=T0 + timedelta(seconds=10)))
+    assert of(p4, CreateWorkerPod) == [CreateWorkerPod(1, 1, HEAD.address, frozenset())]
+    assert p4.status is not None
+    assert (p4.status.attempt, p4.status.worker_restarts) == (1, 1)
+
+
+def test_a_worker_that_keeps_failing_backs_off_doubling_and_the_next_attempt_starts_afresh() -> None:
+    """A worker pod that fails as soon as it starts (a bad image, say) is no hot loop."""
+    st = reconcile(serving(workers=(worker(0), worker(1)))).status
+    now, waits = T0, []
+    for _ in range(4):
+        failed = worker(1, phase="Failed", exit_code=1)
+        p = reconcile(serving(status=st, workers=(worker(0), failed), now=now))
+        assert p.status is not None
+        assert "WorkerLost" in events(p), "each failure after a backoff is reported"
+        retry = datetime.fromisoformat(p.status.worker_retry_after or "")
+        waits.append((retry - now).total_seconds())
+        # Within the backoff the slot stays empty; a second worker ending then adds no wait.
+        also = worker(0, phase="Failed", exit_code=1)
+        q = reconcile(serving(status=p.status, workers=(also,), now=now + timedelta(seconds=1)))
+        assert q.status is not None
+        assert of(q, CreateWorkerPod) == []
+        assert (q.status.worker_restarts, q.status.worker_retry_after) == (
+            p.status.worker_restarts,
+            p.status.worker_retry_after,
+        )
+        now = retry
+        created = reconcile(serving(status=q.status, workers=(), now=now))
+        assert [a.index for a in of(created, CreateWorkerPod)] == [0, 1]
+        st = created.status
+    assert waits == [10.0, 20.0, 40.0, 80.0]
+    assert st is not None
+    assert st.worker_restarts == 4
+    assert (st.attempt, st.restarts, st.preemptions) == (1, 0, 0), "not the controller's failure budget"
+    # A new controller attempt starts counting again.
+    gone = reconcile(world(spec=WORKER_SPEC, status=st, pods=(), now=now))
+    assert gone.status is not None
+    assert (gone.status.attempt, gone.status.worker_restarts, gone.status.worker_retry_after) == (2, 0, None)
 
 
 def test_a_deleted_worker_is_waited_for_then_recreated() -> None:
@@ -507,6 +545,8 @@ def test_a_worker_on_a_lost_node_is_force_deleted_at_once_and_replaced_elsewhere
     assert of(p2, DeletePod) == [DeletePod("j-worker-1-1", force=True)]
     p3 = reconcile(serving(status=p1.status, workers=(worker(0, node="spot-a"),), lost_nodes=lost, unusable_nodes=lost))
     assert of(p3, CreateWorkerPod) == [CreateWorkerPod(1, 1, HEAD.address, lost)]
+    assert p3.status is not None
+    assert (p3.status.worker_restarts, p3.status.worker_retry_after) == (0, None), "a lost node is no worker fault"
 
 
 def test_workers_of_an_older_attempt_or_out_of_range_are_deleted() -> None:
