@@ -56,8 +56,8 @@ test-e2e: install toolchain ## the operator and end-to-end tests on the test con
 e2e-kind: install ## end-to-end tests on kind (docker, kind, kubectl, helm); KEEP_CLUSTER=1 keeps it
 	e2e/kind/run.sh $(PYTEST_ARGS)
 
-test: lint toolchain ## everything CI runs: lint, types, unit, integration, cluster and e2e tests
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: lint toolchain ## everything CI runs: lint, types, unit, integration, cluster and e2e tests (and the 20 slowest)
+	$(PY) -m pytest --durations=20 $(PYTEST_ARGS)
 
 bench: install ## run every benchmark in bench/ (each prints a small table; S3 ones start their own versitygw)
 	@set -e; for f in bench/bench_*.py; do echo "== $$f"; PYTHONPATH=e2e $(PY) $$f; done
