@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -137,6 +138,17 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def ray_processes_on(ip: str) -> list[str]:
+    """Live processes of the Ray node bound to ``ip`` ("pid: command line"). Pods and worker
+    nodes share this host, each on a loopback address of its own: this is what is left of one."""
+    bound = re.compile(rf"--node[-_]ip[-_]address[= ]{re.escape(ip)}(\s|$)")
+    out = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and bound.search(cmd := _cmdline(int(proc.name))):
+            out.append(f"{proc.name}: {cmd[:160]}")
+    return out
 
 
 def stop_pidfile(pidfile: Path, expect_in_cmdline: str, timeout: float = 10.0) -> bool:

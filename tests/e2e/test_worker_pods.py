@@ -20,12 +20,13 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 from operator_harness import TARGET, Jobs, JobStorage, OperatorProcess, wait_until
 from test_preemption import STEPS, TRAIN_TIMEOUT, assert_same_stream, reference, tiny_job, training
+
+from spotrl_e2e.procs import ray_processes_on
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 HELD_STEP, HOLD_SECONDS = 6, 30
@@ -65,21 +66,6 @@ class PodWatch:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
-
-
-def ray_processes_on(ip: str) -> list[str]:
-    """Live processes of a Ray node bound to ``ip`` (pods share this host on the test cluster)."""
-    out = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if f"--node_ip_address={ip} " in cmd or f"--node-ip-address={ip} " in cmd or f"--node-ip-address {ip} " in cmd:
-            out.append(f"{proc.name}: {cmd[:160]}")
-    return out
 
 
 def test_worker_pods_train_and_a_lost_worker_node_costs_no_restore(

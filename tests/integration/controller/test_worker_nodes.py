@@ -17,23 +17,10 @@ from pathlib import Path
 import pytest
 from controller_runs import Runs, audit, stream, wait_for
 
+from spotrl_e2e.procs import ray_processes_on
+
 pytestmark = pytest.mark.slow
 HEAD_IP = "127.0.77.1"
-
-
-def ray_processes_on(ip: str) -> list[str]:
-    """Command lines of live processes of the Ray node bound to ``ip``."""
-    out = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if f"--node_ip_address={ip}" in cmd or f"--node-ip-address={ip}" in cmd or f"--node-ip-address {ip}" in cmd:
-            out.append(f"{proc.name}: {cmd[:160]}")
-    return out
 
 
 class WorkerNode:
