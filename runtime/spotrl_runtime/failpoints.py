@@ -2,22 +2,23 @@
 
 ``SPOTRL_FAILPOINTS="train.step@5=3,cut.files_written=2"`` makes the controller sleep 3 s
 inside optimizer step 5 and 2 s before the next cut's manifest (``@5+``: the first step from
-5 on); on arrival it creates
-``$SPOTRL_FAILPOINT_DIR/<name>`` so the test knows where the process is before it sends a
-signal. A test that must do something while the point holds (a node joining, say) creates
+5 on); on arrival it writes ``$SPOTRL_FAILPOINT_DIR/<name>`` (JSON: ``step`` and the ``pid``
+that arrived) so the test knows where, and which, process is there before it sends a signal.
+A test that must do something while the point holds (a node joining, say) creates
 ``$SPOTRL_FAILPOINT_DIR/<name>.release`` to end the sleep early. Each point fires once.
 Unset (production), a point costs one dictionary lookup.
 
-Points: ``train.step`` (between taking a step's groups and committing it), ``dispatch.finish``
-(a generated group of step N not yet handed to the replay buffer), ``cut.captured`` (a barrier
-cut's in-memory capture is done) and ``cut.files_written`` (a cut's files are in storage,
-its manifest is not), and in a generation worker ``worker.generate`` (a batch of groups
-about to be generated; its step is the weight version the worker holds). A worker reads the
-variables from its Ray node's environment.
+Points: ``train.step`` (between taking a step's groups and committing it),
+``dispatch.finish`` (a generated group of step N not yet handed to the replay buffer),
+``cut.captured`` (a barrier cut's in-memory capture is done) and ``cut.files_written`` (a
+cut's files are in storage, its manifest is not), and in a generation worker
+``worker.generate`` (a batch of groups about to be generated; its step is the weight version
+the worker holds). A worker reads the variables from its Ray node's environment.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -51,7 +52,10 @@ def failpoint(name: str, step: int | None = None) -> None:
     if not folder:
         time.sleep(seconds)
         return
-    Path(folder, name).write_text(str(step if step is not None else ""))
+    mark = Path(folder, name)
+    tmp = mark.with_name(f".{name}.{os.getpid()}")
+    tmp.write_text(json.dumps({"step": step, "pid": os.getpid()}))
+    tmp.replace(mark)  # whole or absent, even when two processes arrive at once
     release = Path(folder, f"{name}.release")
     deadline = time.monotonic() + seconds
     while not release.exists() and time.monotonic() < deadline:

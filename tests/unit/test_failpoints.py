@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -23,7 +25,7 @@ def test_fires_once_at_its_step_and_marks_arrival(points: Path, monkeypatch: pyt
     failpoints.failpoint("train.step", 2)
     assert not (points / "train.step").exists()
     failpoints.failpoint("train.step", 3)
-    assert (points / "train.step").read_text() == "3"
+    assert json.loads((points / "train.step").read_text()) == {"step": 3, "pid": os.getpid()}
     (points / "train.step").unlink()
     failpoints.failpoint("train.step", 3)
     assert not (points / "train.step").exists(), "a point fires once"
@@ -35,7 +37,7 @@ def test_onward_fires_at_the_first_step_from_n_on(points: Path, monkeypatch: pyt
     failpoints.failpoint("worker.generate", None)
     assert not (points / "worker.generate").exists()
     failpoints.failpoint("worker.generate", 7)
-    assert (points / "worker.generate").read_text() == "7"
+    assert json.loads((points / "worker.generate").read_text())["step"] == 7
 
 
 def test_release_file_ends_the_hold_early(points: Path, monkeypatch: pytest.MonkeyPatch) -> None:

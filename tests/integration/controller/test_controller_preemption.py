@@ -3,6 +3,7 @@ would have trained on had it never been stopped. Real torch, real Ray, real cuts
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import subprocess
@@ -106,19 +107,22 @@ def test_a_dead_generation_worker_is_replaced_without_a_restore(
         storage,
         "--summary-json",
         str(summary),
-        SPOTRL_FAILPOINTS="train.step@5=2",
+        # Each worker holds the first batch it gets on weights of step 5 or later: the one
+        # killed certainly holds groups (an idle one would lose nothing to redispatch).
+        SPOTRL_FAILPOINTS="worker.generate@5+=300",
         SPOTRL_FAILPOINT_DIR=str(marks),
     )
-    wait_for(lambda: (marks / "train.step").exists(), 300, "step 5", proc)
+    wait_for(lambda: (marks / "worker.generate").exists(), 300, "a worker holding a batch of step 5", proc)
+    holder = json.loads((marks / "worker.generate").read_text())["pid"]
     workers = subprocess.run(["pgrep", "-f", "GenerationWorker"], capture_output=True, text=True).stdout.split()
-    mine = [pid for pid in workers if _is_descendant(int(pid), proc.pid)]
+    mine = [int(pid) for pid in workers if _is_descendant(int(pid), proc.pid)]
     assert len(mine) == 2, (workers, mine)
-    subprocess.run(["kill", "-9", mine[0]], check=True)
+    assert holder in mine, (holder, mine)
+    subprocess.run(["kill", "-9", str(holder)], check=True)
+    (marks / "worker.generate.release").touch()  # the other worker, and the restarted one, go on
     rc = proc.wait(timeout=300)
     log = runs.log_of(proc)
     assert rc == 0, log
-    import json
-
     s = json.loads(summary.read_text())
     assert s["resumed_from"] is None
     assert s["stats"]["groups_lost_redispatched"] >= 1, s["stats"]
