@@ -44,20 +44,34 @@ def test_the_chart_lints_and_its_objects_pass_a_server_side_dry_run(cluster: Clu
         "storage.credentialsSecret=s3",
         "signals.extraTaintKeys[0]=example.com/going-away",
         "signals.deadlineCaps.karpenter=60",
-        "watchNamespaces[0]=team-a",
+        f"watchNamespaces[0]={namespace}",
         "runtimeEnv.HF_HOME=/cache",
     )
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == [
+        "ClusterRole",
         "ClusterRole",
         "ClusterRoleBinding",
         "CustomResourceDefinition",
         "Deployment",
         "Role",
         "RoleBinding",
+        "RoleBinding",
         "Service",
         "ServiceAccount",
     ]
+    # With watchNamespaces the operator's rights hold in those namespaces only; Nodes alone are
+    # read cluster-wide.
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    (cluster_binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert cluster_binding["roleRef"]["name"].endswith("-nodes")
+    assert roles[cluster_binding["roleRef"]["name"]]["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    ]
+    (jobs_binding,) = [d for d in docs if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole"]
+    assert jobs_binding["metadata"]["namespace"] == namespace
+    assert not jobs_binding["roleRef"]["name"].endswith("-nodes")
+    assert "nodes" not in str(roles[jobs_binding["roleRef"]["name"]]["rules"])
     args = operator_args(docs)
     for flag in (
         "--default-storage=s3://bucket-x/root",
@@ -66,7 +80,7 @@ def test_the_chart_lints_and_its_objects_pass_a_server_side_dry_run(cluster: Clu
         "--extra-taint-key=example.com/going-away",
         "--deadline-cap=karpenter=60",
         "--deadline-cap=gke=20",
-        "--namespace=team-a",
+        f"--namespace={namespace}",
         "--runtime-env=HF_HOME=/cache",
         f"--lease-name={RELEASE}",
     ):
@@ -77,8 +91,12 @@ def test_the_chart_lints_and_its_objects_pass_a_server_side_dry_run(cluster: Clu
 
     # Switches: no Secrets without readSecrets, no Lease RBAC without leader election.
     docs = render(cluster, namespace, "rbac.readSecrets=false", "leaderElection.enabled=false", "replicas=1")
-    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
-    assert all("secrets" not in r["resources"] for r in role["rules"])
+    assert all("secrets" not in r["resources"] for d in docs if d["kind"] == "ClusterRole" for r in d["rules"])
+    # Every namespace: both roles bound cluster-wide.
+    assert sorted(d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding") == [
+        f"{RELEASE}",
+        f"{RELEASE}-nodes",
+    ]
     assert "Role" not in [d["kind"] for d in docs]
     assert "--no-leader-election" in operator_args(docs)
 
@@ -103,6 +121,8 @@ def test_the_installed_chart_runs_an_rljob(cluster: Cluster, namespace: str) -> 
             "nodeSelector.karpenter\\.sh/capacity-type=on-demand",
             "--set",
             "storage.default=s3://bucket-x/root",
+            "--set",
+            f"watchNamespaces[0]={namespace}",
             "--wait",
             "--timeout",
             "90s",
@@ -111,6 +131,19 @@ def test_the_installed_chart_runs_an_rljob(cluster: Cluster, namespace: str) -> 
         assert len(pods) == 2
         assert {p["spec"]["nodeName"] for p in pods} == {"ondemand-a"}
         names = {p["metadata"]["name"] for p in pods}
+        # watchNamespaces: the operator may act in the job's namespace and nowhere else.
+        account = f"system:serviceaccount:{release_ns}:{pods[0]['spec']['serviceAccountName']}"
+
+        def can(verb: str, resource: str, ns: str | None) -> bool:
+            where = ["-n", ns] if ns else []
+            out = cluster.kubectl("auth", "can-i", verb, resource, *where, f"--as={account}", check=False)
+            return out.stdout.strip() == "yes"
+
+        assert can("create", "pods", namespace)
+        assert can("patch", "rljobs.spotrl.dev/status", namespace)
+        assert not can("create", "pods", "default")
+        assert not can("get", "secrets", "default")
+        assert can("watch", "nodes", None)
 
         def holder() -> str | None:
             lease = admin.get_or_none(path("coordination.k8s.io/v1", "leases", release_ns, RELEASE))
