@@ -93,11 +93,20 @@ def service_account_client(cluster: Cluster, namespace: str, service_account: st
 
 
 def install_operator_identity(cluster: Cluster, namespace: str, workdir: Path) -> Path:
-    """The chart's ServiceAccount, ClusterRole(Binding) and leader Role(Binding) in
-    ``namespace``; returns a kubeconfig that authenticates as that ServiceAccount."""
+    """The chart's ServiceAccount, its two ClusterRoles (the jobs' namespaces, and Nodes) bound
+    cluster-wide, and the leader Role(Binding) in ``namespace``; returns a kubeconfig that
+    authenticates as that ServiceAccount."""
     docs = render_chart(cluster, namespace, only=("templates/serviceaccount.yaml", "templates/rbac.yaml"))
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"], kinds
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+    ], kinds
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
     return token_kubeconfig(cluster, namespace, RELEASE, workdir / f"operator-{namespace}.kubeconfig")
 
