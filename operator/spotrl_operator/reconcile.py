@@ -622,7 +622,8 @@ def _tend_workers(b: _Builder, plan: Plan) -> None:
             by_index.setdefault(w.index, []).append(w)
 
     # A worker that ended by itself backs off before its replacement. One backoff covers every
-    # worker that ends within it; the ended pod seen again (a stale cache) is not counted twice.
+    # worker that ends within it (and holds any other missing pod back until it is over); the
+    # ended pod seen again (a stale cache) is not counted twice.
     retry_after = parse_time(b.st.worker_retry_after)
     backing_off = retry_after is not None and world.now < retry_after
     new_backoff = serving and ended > 0 and not backing_off
