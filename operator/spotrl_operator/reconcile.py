@@ -179,9 +179,11 @@ def iso(t: datetime) -> str:
 
 
 def parse_time(t: str | None) -> datetime | None:
+    """RFC 3339 (any precision, ``Z`` or an offset); a time without a zone is UTC."""
     if not t:
         return None
-    return datetime.strptime(t, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    parsed = datetime.fromisoformat(t)
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
 def barrier_id(reason: str, pod: str) -> str:
@@ -254,9 +256,16 @@ class _Builder:
             self.condition("Suspended", False, "Resumed", "spec.suspend is false")
 
     def interrupted(self) -> None:
-        """The running controller's work stops now (once per interruption)."""
-        if self.st.interrupted_at is None:
-            self.update(interrupted_at=iso(self.world.now), interrupted_attempt=self.st.attempt)
+        """The running controller's work stops (once per interruption). What is lost starts at
+        the newest safe progress: the newest committed cut (a barrier cut: just now; after an
+        abrupt loss, the periodic cut whose later steps are trained again), or when this
+        controller began training if it has cut nothing since."""
+        if self.st.interrupted_at is not None:
+            return
+        cut = parse_time(self.st.last_cut.time) if self.st.last_cut else None
+        safe = [t for t in (cut, parse_time(self.st.training_since)) if t is not None]
+        since = min(self.world.now, max(safe)) if safe else self.world.now
+        self.update(interrupted_at=iso(since), interrupted_attempt=self.st.attempt)
 
     def done(self, requeue_after: float | None = None) -> Plan:
         self.plan.status = self.st
@@ -316,7 +325,12 @@ def _account_time_lost(b: _Builder) -> None:
     later = st.step_attempt is not None and st.step_attempt == st.attempt > (st.interrupted_attempt or 0)
     if interrupted is not None and later:
         lost = (b.world.now - interrupted).total_seconds()
-        b.update(seconds_lost=round(st.seconds_lost + max(0.0, lost), 3), interrupted_at=None, interrupted_attempt=None)
+        b.update(
+            seconds_lost=round(st.seconds_lost + max(0.0, lost), 3),
+            interrupted_at=None,
+            interrupted_attempt=None,
+            training_since=iso(b.world.now),
+        )
         b.event("Normal", "Resumed", f"training again after {lost:.0f} s; {st.preemptions} preemption(s) survived")
 
 
@@ -434,6 +448,7 @@ def _start(b: _Builder) -> Plan:
     if world.pdb_open:
         b.act(CloseDisruptionBudget())
     if first:
+        b.update(training_since=iso(world.now))
         b.event("Normal", "ControllerCreated", "controller attempt 1")
         b.phase("Pending", "starting the controller")
     else:

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -252,10 +253,15 @@ def test_an_abrupt_node_loss_resumes_from_the_last_periodic_cut(
     node, cut = st["controllerNode"], st["lastCut"]
     e2e_cluster.lose_node(node)
     other_node(jobs, "tiny", node)
+    resumed = time.time()  # just after the fresh controller's first step
     st = jobs.status("tiny")
     assert "barrier" not in st or st["barrier"].get("state") != "Committed", "nobody was left to cut"
     st = succeeded(jobs, "tiny")
     assert (st["preemptions"], st["restarts"]) == (1, 0)
+    # The time lost runs from the periodic cut (the steps after it are trained again), not from
+    # when the loss was noticed: within the time the test saw, give or take polling and rounding.
+    since_cut = resumed - datetime.fromisoformat(cut["time"]).timestamp()
+    assert since_cut - 5 <= st["secondsLost"] <= since_cut + 30, (st["secondsLost"], since_cut)
     assert "NodeLost" in jobs.reasons("tiny")
     assert int(st["lastCut"]["id"]) > int(cut["id"])
     assert_same_stream(reference, e2e_storage, "tiny")

@@ -353,7 +353,7 @@ class RLJobStatus(ApiObject):
     barrier: BarrierStatus | None = None
     preemptions: int = Field(default=0, ge=0, description="Preemptions survived.")
     restarts: int = Field(default=0, ge=0, description="Controller restarts after crashes.")
-    seconds_lost: float = Field(default=0.0, ge=0, description="Wall time spent away from training by preemptions.")
+    seconds_lost: float = Field(default=0.0, ge=0, description="Wall time preemptions cost, retraining included.")
     controller_pod: str | None = None
     controller_node: str | None = None
     attempt: int = Field(default=0, ge=0, description="Controller incarnation; grows with every restart.")
@@ -361,10 +361,15 @@ class RLJobStatus(ApiObject):
         default=None, ge=0, description="The controller attempt that reported `step` (set by the controller)."
     )
     interrupted_at: str | None = Field(
-        default=None, description="When the running controller was interrupted; cleared at the next trained step."
+        default=None,
+        description="Where the work lost to the current interruption starts (the newest cut, or when the "
+        "controller began training if later); cleared at the next trained step.",
     )
     interrupted_attempt: int | None = Field(
         default=None, ge=0, description="The attempt that was interrupted; a later attempt's first step ends it."
+    )
+    training_since: str | None = Field(
+        default=None, description="When the current controller was created (attempt 1) or trained its first step."
     )
     retry_after: str | None = Field(default=None, description="Crash backoff: no new controller before this time.")
     ray_head: RayHead | None = Field(

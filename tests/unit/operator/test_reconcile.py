@@ -95,17 +95,18 @@ def test_a_graceful_preemption_end_to_end() -> None:
     assert of(p2, OpenDisruptionBudget) == []
 
     # The controller commits: the PDB opens and the controller leaves the node.
+    t0c = t1 - timedelta(seconds=1)
     committed = p1.status.model_copy(
         update={
             "barrier": req.barrier.model_copy(update={"state": "Committed", "cut_id": "c-8"}),
-            "last_cut": CutRef(id="c-8", step=7, uri="s3://b/j/cuts/c-8", kind="barrier"),
+            "last_cut": CutRef(id="c-8", step=7, uri="s3://b/j/cuts/c-8", kind="barrier", time=iso(t0c)),
         }
     )
     p3 = reconcile(world(now=t1, status=committed, pods=(running(),), signals=(notice,)))
     assert of(p3, OpenDisruptionBudget) == [OpenDisruptionBudget()]
     assert of(p3, DeletePod) == [DeletePod("j-controller-1")]
     assert p3.status is not None
-    assert p3.status.interrupted_at == iso(t1)
+    assert p3.status.interrupted_at == iso(t0c), "training stopped at the barrier cut's commit"
 
     # The old pod is terminating: wait for it (its SIGTERM path may still write).
     terminating = replace(running(), deleting_since=t1)
@@ -127,7 +128,7 @@ def test_a_graceful_preemption_end_to_end() -> None:
     back = p5.status.model_copy(update={"step": 8, "step_attempt": 2})
     p6 = reconcile(world(now=t3, status=back, pods=(running(2, "spot-b"),)))
     assert p6.status is not None
-    assert p6.status.seconds_lost == (t3 - t1).total_seconds()
+    assert p6.status.seconds_lost == (t3 - t0c).total_seconds()
     assert p6.status.interrupted_at is None
     assert p6.status.phase == "Running"
     p7 = reconcile(world(now=t3 + timedelta(seconds=9), status=p6.status, pods=(running(2, "spot-b"),)))
@@ -177,6 +178,45 @@ def test_an_abrupt_node_loss_gets_no_barrier_and_a_forced_delete() -> None:
         world(now=T0 + timedelta(seconds=6), status=plan.status, pods=(stuck,), lost_nodes=frozenset({"spot-a"}))
     )
     assert DeletePod("j-controller-1", force=True) in of(later, DeletePod)
+
+
+def test_time_lost_counts_from_the_newest_safe_progress_and_never_twice() -> None:
+    """An abrupt loss loses the steps after the newest periodic cut: secondsLost counts from that
+    cut's commit, or from when the controller resumed if it has cut nothing since."""
+    p0 = reconcile(world(status=RLJobStatus()))
+    assert p0.status is not None
+    assert p0.status.training_since == iso(T0), "attempt 1 trains from its creation"
+    cut = CutRef(id="c-4", step=4, uri="s3://b/j/cuts/c-4", time=iso(T0 + timedelta(seconds=100)))
+    st = p0.status.model_copy(update={"phase": "Running", "step": 6, "step_attempt": 1, "last_cut": cut})
+    gone = frozenset({"spot-a"})
+
+    # The node is lost at +160 s: the work since the cut at +100 s is lost with it.
+    t1 = T0 + timedelta(seconds=160)
+    p1 = reconcile(world(now=t1, status=st, pods=(running(),), lost_nodes=gone))
+    assert p1.status is not None
+    assert p1.status.interrupted_at == iso(T0 + timedelta(seconds=100))
+    p2 = reconcile(world(now=t1, status=p1.status, unusable_nodes=gone))
+    assert of(p2, CreateControllerPod) == [CreateControllerPod(2, gone)]
+    assert p2.status is not None
+    t2 = T0 + timedelta(seconds=220)  # attempt 2 trains step 5 again, from the cut
+    p3 = reconcile(
+        world(now=t2, status=p2.status.model_copy(update={"step": 5, "step_attempt": 2}), pods=(running(2),))
+    )
+    assert p3.status is not None
+    assert p3.status.seconds_lost == 120.0
+    assert p3.status.training_since == iso(t2)
+
+    # Lost again at +250 s before attempt 2 cut anything: from its resume, not from the old cut.
+    t3 = T0 + timedelta(seconds=250)
+    p4 = reconcile(world(now=t3, status=p3.status, pods=(running(2),), lost_nodes=gone))
+    assert p4.status is not None
+    assert p4.status.interrupted_at == iso(t2)
+
+    # A cut stamped ahead of the operator's clock (skew) counts from now, never from the future.
+    ahead = st.model_copy(update={"last_cut": cut.model_copy(update={"time": iso(t1 + timedelta(seconds=30))})})
+    p5 = reconcile(world(now=t1, status=ahead, pods=(running(),), lost_nodes=gone))
+    assert p5.status is not None
+    assert p5.status.interrupted_at == iso(t1)
 
 
 def test_crashes_back_off_count_against_the_budget_and_finally_fail() -> None:
