@@ -258,7 +258,12 @@ class FailureBudget(ApiObject):
     """Crashes a job may have before it fails. Preemptions never count."""
 
     max_crashes: int = Field(default=3, ge=0, le=1000, description="Controller crashes (non-zero exits) allowed.")
-    backoff_seconds: int = Field(default=10, ge=0, le=3600, description="Wait before the first retry; doubles.")
+    backoff_seconds: int = Field(
+        default=10,
+        ge=0,
+        le=3600,
+        description="Wait before the first retry (a crashed controller; a worker pod that ended); doubles.",
+    )
     max_backoff_seconds: int = Field(default=300, ge=0, le=86400, description="Upper bound of the retry wait.")
 
 
