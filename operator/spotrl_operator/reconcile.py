@@ -169,6 +169,10 @@ class Plan:
     status: RLJobStatus | None = None
     requeue_after: float | None = None
 
+    def requeue_within(self, seconds: float) -> None:
+        """Look again after at most ``seconds`` (an earlier wish stands)."""
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -640,28 +644,23 @@ def _tend_workers(b: _Builder, plan: Plan) -> None:
     # worker that ends within it (and holds any other missing pod back until it is over); the
     # ended pod seen again (a stale cache) is not counted twice.
     retry_after = parse_time(b.st.worker_retry_after)
-    backing_off = retry_after is not None and world.now < retry_after
-    new_backoff = serving and ended > 0 and not backing_off
+    wait = max(0.0, (retry_after - world.now).total_seconds()) if retry_after is not None else 0.0
+    new_backoff = serving and ended > 0 and wait == 0
     if new_backoff:
         restarts = b.st.worker_restarts + 1
-        retry_after = world.now + timedelta(seconds=crash_backoff(world.spec, restarts))
-        backing_off = True
-        b.update(worker_restarts=restarts, worker_retry_after=iso(retry_after))
+        wait = crash_backoff(world.spec, restarts)
+        b.update(worker_restarts=restarts, worker_retry_after=iso(world.now + timedelta(seconds=wait)))
     if attempt is not None and head is not None:
-        for index in range(count):
-            if by_index.get(index):
-                continue
-            if backing_off:
-                assert retry_after is not None
-                wait = (retry_after - world.now).total_seconds()
-                plan.requeue_after = min(plan.requeue_after if plan.requeue_after is not None else wait, wait)
-                continue
-            b.act(CreateWorkerPod(attempt, index, head.address, world.unusable_nodes))
+        missing = [i for i in range(count) if not by_index.get(i)]
+        if missing and wait > 0:
+            plan.requeue_within(wait)
+        elif missing:
+            b.act(*(CreateWorkerPod(attempt, i, head.address, world.unusable_nodes) for i in missing))
             acted = True
     before = world.status.workers_ready or 0
     b.update(workers_ready=ready)
     if serving and lost and (ready < before or new_backoff):
-        when = f"in {(retry_after - world.now).total_seconds():.0f} s" if backing_off and retry_after else "now"
+        when = f"in {wait:.0f} s" if wait > 0 else "now"
         b.event(
             "Warning",
             "WorkerLost",
@@ -669,4 +668,4 @@ def _tend_workers(b: _Builder, plan: Plan) -> None:
             "(not a preemption: no barrier, no restore)",
         )
     if acted:
-        plan.requeue_after = min(plan.requeue_after if plan.requeue_after is not None else 1.0, 1.0)
+        plan.requeue_within(1.0)
