@@ -107,9 +107,16 @@ def test_worker_nodes_join_late_and_a_lost_one_costs_no_restore(
             WorkerNode(runs, address, "127.0.77.3"),
         ]
         wait_for(lambda: (held / "worker.generate").exists(), 300, "a batch on weights of step 5", proc)
+        # Training starts once the first worker answers; the second may still be importing
+        # torch (the pool does not wait for it), so each is awaited rather than assumed.
+        for worker_id in ("gen-0", "gen-1"):
+            wait_for(
+                lambda w=worker_id: f"generation worker {w} is up on node 127.0.77." in runs.log_of(proc),
+                120,
+                f"{worker_id} to be up on a worker node",
+                proc,
+            )
         log = runs.log_of(proc)
-        assert "generation worker gen-0 is up on node 127.0.77." in log, log[-3000:]
-        assert "generation worker gen-1 is up on node 127.0.77." in log, log[-3000:]
         assert f"is up on node {HEAD_IP}" not in log, "a worker actor ran on the controller's node"
 
         # The worker node goes away abruptly (SIGKILL, as a lost pod): its Ray processes follow.
