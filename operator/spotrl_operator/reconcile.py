@@ -35,9 +35,9 @@ workers in pods of their own publishes its Ray head in ``status.rayHead`` (addre
 attempt, how many workers). While that controller runs, :func:`_tend_workers` keeps one
 pod per worker index of its attempt: it creates a missing one (:class:`CreateWorkerPod`,
 deterministic name, so a second create is a no-op), deletes one that ended so that it is
-created again after a backoff (``failureBudget``'s doubling wait, counted in
-``status.workerRestarts`` for the attempt, so a worker that crashes at once is not
-recreated in a hot loop), and force-deletes one whose node stopped answering at once and
+created again after a backoff (``failureBudget``'s doubling wait, see
+:func:`worker_backoff`; ``status.workerRestarts`` counts them for the attempt, so a worker
+that crashes at once is not recreated in a hot loop), and force-deletes one whose node stopped answering at once and
 without a backoff (a worker holds nothing to save, and its node is no fault of it).
 Losing a worker is **not** a preemption of the job: no barrier, no new controller, nothing
 counted against the failure budget's crashes; the controller sends the lost worker's
@@ -217,6 +217,18 @@ def crash_backoff(spec: RLJobSpec, restarts: int) -> float:
     """Seconds before retry number `restarts` (1-based): doubling, capped."""
     budget = spec.failure_budget
     return float(min(budget.max_backoff_seconds, budget.backoff_seconds * 2 ** max(0, restarts - 1)))
+
+
+def worker_backoff(spec: RLJobSpec, last: int | None, last_ended: datetime | None, now: datetime) -> int:
+    """Seconds before a worker pod that ended is replaced: the last backoff doubled, capped; or
+    the first backoff again once the workers ran for twice the cap since the last one ended (as
+    the kubelet forgets a container's crash loop), so a worker that fails once a day on a run
+    of weeks is not held at the cap for ever."""
+    budget = spec.failure_budget
+    calm = last_ended is None or (now - last_ended).total_seconds() >= 2 * budget.max_backoff_seconds
+    if last is None or calm:
+        return min(budget.max_backoff_seconds, budget.backoff_seconds)
+    return min(budget.max_backoff_seconds, max(last * 2, budget.backoff_seconds))
 
 
 # ----------------------------------------------------------------------------- reconcile
@@ -447,6 +459,7 @@ def _start(b: _Builder) -> Plan:
         ray_head=None,
         worker_restarts=0,
         worker_retry_after=None,
+        worker_backoff_seconds=None,
     )
     b.act(CreateControllerPod(attempt, world.unusable_nodes))
     if world.pdb_open:
@@ -647,9 +660,12 @@ def _tend_workers(b: _Builder, plan: Plan) -> None:
     wait = max(0.0, (retry_after - world.now).total_seconds()) if retry_after is not None else 0.0
     new_backoff = serving and ended > 0 and wait == 0
     if new_backoff:
-        restarts = b.st.worker_restarts + 1
-        wait = crash_backoff(world.spec, restarts)
-        b.update(worker_restarts=restarts, worker_retry_after=iso(world.now + timedelta(seconds=wait)))
+        wait = worker_backoff(world.spec, b.st.worker_backoff_seconds, retry_after, world.now)
+        b.update(
+            worker_restarts=b.st.worker_restarts + 1,
+            worker_retry_after=iso(world.now + timedelta(seconds=wait)),
+            worker_backoff_seconds=wait,
+        )
     if attempt is not None and head is not None:
         missing = [i for i in range(count) if not by_index.get(i)]
         if missing and wait > 0:

@@ -389,6 +389,12 @@ class RLJobStatus(ApiObject):
     worker_retry_after: str | None = Field(
         default=None, description="Worker backoff: no replacement worker pod before this time."
     )
+    worker_backoff_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="Length of the last worker backoff; the next doubles it unless the workers ran "
+        "for twice failureBudget.maxBackoffSeconds after it ended.",
+    )
     message: str | None = None
 
 

@@ -19,9 +19,10 @@ from spotrl_operator.reconcile import (
     barrier_id,
     iso,
     reconcile,
+    worker_backoff,
 )
 from spotrl_operator.signals import Signal
-from spotrl_runtime.api.rljob import CutRef, RayHead, RLJobStatus, parse_spec
+from spotrl_runtime.api.rljob import CutRef, FailureBudget, RayHead, RLJobStatus, parse_spec
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 SPEC = parse_spec(
@@ -556,6 +557,39 @@ def test_a_worker_that_keeps_failing_backs_off_doubling_and_the_next_attempt_sta
     gone = reconcile(world(spec=WORKER_SPEC, status=st, pods=(), now=now))
     assert gone.status is not None
     assert (gone.status.attempt, gone.status.worker_restarts, gone.status.worker_retry_after) == (2, 0, None)
+
+
+def test_the_worker_backoff_starts_over_once_the_workers_ran_calmly_for_twice_the_cap() -> None:
+    """A worker that fails now and then on a long run is not held at the cap for ever; the
+    count of restarts in the status keeps counting."""
+
+    def fail_at(st: RLJobStatus | None, now: datetime) -> tuple[RLJobStatus, float]:
+        p = reconcile(serving(status=st, workers=(worker(0), worker(1, phase="Failed", exit_code=1)), now=now))
+        assert p.status is not None
+        retry = datetime.fromisoformat(p.status.worker_retry_after or "")
+        assert p.status.worker_backoff_seconds == (retry - now).total_seconds()
+        return p.status, (retry - now).total_seconds()
+
+    st = reconcile(serving(workers=(worker(0), worker(1)))).status
+    st, first = fail_at(st, T0)
+    st, second = fail_at(st, T0 + timedelta(seconds=15))  # 5 s after the first wait ended
+    assert (first, second) == (10.0, 20.0)
+    # The cap is 300 s: a failure 599 s after the last wait ended still doubles ...
+    ended = T0 + timedelta(seconds=35)
+    doubled, third = fail_at(st, ended + timedelta(seconds=599))
+    assert third == 40.0
+    # ... one 600 s after it starts again from backoffSeconds.
+    st, again = fail_at(st, ended + timedelta(seconds=600))
+    assert again == 10.0
+    assert (st.worker_restarts, doubled.worker_restarts) == (3, 3)
+    # Doubling never passes the cap, nor falls below backoffSeconds if the spec raised it.
+    spec = WORKER_SPEC.model_copy(update={"failure_budget": FailureBudget(backoff_seconds=50, max_backoff_seconds=120)})
+    assert [worker_backoff(spec, last, T0, T0 + timedelta(seconds=1)) for last in (None, 10, 50, 100)] == [
+        50,
+        50,
+        100,
+        120,
+    ]
 
 
 def test_a_deleted_worker_is_waited_for_then_recreated() -> None:
