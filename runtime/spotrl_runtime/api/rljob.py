@@ -264,7 +264,13 @@ class FailureBudget(ApiObject):
         le=3600,
         description="Wait before the first retry (a crashed controller; a worker pod that ended); doubles.",
     )
-    max_backoff_seconds: int = Field(default=300, ge=0, le=86400, description="Upper bound of the retry wait.")
+    max_backoff_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=86400,
+        description="Upper bound of the retry wait. A worker pod's wait starts over from backoffSeconds "
+        "once the workers ran twice this long after the last wait.",
+    )
 
 
 class RLJobSpec(ApiObject):
