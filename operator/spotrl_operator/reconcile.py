@@ -37,8 +37,9 @@ pod per worker index of its attempt: it creates a missing one (:class:`CreateWor
 deterministic name, so a second create is a no-op), deletes one that ended so that it is
 created again after a backoff (``failureBudget``'s doubling wait, see
 :func:`worker_backoff`; ``status.workerRestarts`` counts them for the attempt, so a worker
-that crashes at once is not recreated in a hot loop), and force-deletes one whose node stopped answering at once and
-without a backoff (a worker holds nothing to save, and its node is no fault of it).
+that crashes at once is not recreated in a hot loop), and force-deletes one whose node
+stopped answering, at once and without a backoff (a worker holds nothing to save, and its
+node is no fault of it).
 Losing a worker is **not** a preemption of the job: no barrier, no new controller, nothing
 counted against the failure budget's crashes; the controller sends the lost worker's
 groups to the other workers. Workers of any other attempt, and every worker once
