@@ -9,7 +9,8 @@ decides on. Only this module knows the shape of Pods, Nodes and PDBs.
 Which nodes are which:
 
 - *unusable*: cordoned, with a notice taint, NotReady, being deleted, or gone. A fresh
-  controller avoids them.
+  controller avoids them: those of them the scheduler could still choose for the job's
+  pods are named in each new pod (:func:`~spotrl_operator.placement.avoid_list`).
 - *lost*: Ready Unknown (the kubelet stopped reporting) or the Node object is gone. A pod
   there is never confirmed terminated, so the operator may force-delete it. Ready False is
   *not* lost: a node in a graceful shutdown says False while its kubelet still runs the
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from spotrl_operator import placement
 from spotrl_operator.kube import Kube, path
 from spotrl_operator.reconcile import PodView, World, parse_time
 from spotrl_operator.resources import (
@@ -63,11 +65,15 @@ def job_ref(job: Obj) -> JobRef:
 
 
 def trim_node(node: Obj) -> Obj:
-    """The parts of a Node the signals read; what the node cache keeps."""
+    """The parts of a Node the signals and the placement read; what the node cache keeps."""
     meta, spec = node.get("metadata") or {}, node.get("spec") or {}
     ready = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"]
     return {
-        "metadata": {"name": meta.get("name"), "deletionTimestamp": meta.get("deletionTimestamp")},
+        "metadata": {
+            "name": meta.get("name"),
+            "labels": dict(meta.get("labels") or {}),
+            "deletionTimestamp": meta.get("deletionTimestamp"),
+        },
         "spec": {"unschedulable": bool(spec.get("unschedulable")), "taints": list(spec.get("taints") or [])},
         "status": {
             "conditions": [{"type": "Ready", "status": c.get("status"), "reason": c.get("reason")} for c in ready]
@@ -209,6 +215,7 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
         workers=tuple(pod_view(p) for p in workers),
         signals=tuple(signals),
         unusable_nodes=frozenset(unusable),
+        avoid_nodes=frozenset(placement.avoid_list(spec.scheduling, snap.nodes, unusable)),
         lost_nodes=frozenset(lost),
         pdb_open=snap.pdb is not None and min_available == 0,
         deadline_caps=dict(settings.deadline_caps),

@@ -94,7 +94,10 @@ class World:
     signals: tuple[Signal, ...] = ()
     """Signals on the nodes of this job's pods, and DisruptionTarget on its pods."""
     unusable_nodes: frozenset[str] = frozenset()
-    """Nodes a fresh controller must avoid: with a notice, cordoned, NotReady or deleted."""
+    """Nodes about to go or gone: with a notice, cordoned, NotReady or deleted."""
+    avoid_nodes: frozenset[str] = frozenset()
+    """The unusable nodes a new pod of this job must name to be kept off them (the others the
+    scheduler avoids by itself, or the job's placement never chooses)."""
     lost_nodes: frozenset[str] = frozenset()
     """Nodes whose kubelet confirms nothing any more: Ready Unknown, or deleted."""
     pdb_open: bool = False
@@ -441,7 +444,7 @@ def _start(b: _Builder) -> Plan:
         # writing the status and creating the pod, or the pod is not in its cache yet. Create
         # it (again: the name is deterministic, a second create is a no-op) without counting
         # anything a second time.
-        b.act(CreateControllerPod(st.attempt, world.unusable_nodes))
+        b.act(CreateControllerPod(st.attempt, world.avoid_nodes))
         return b.done(1.0)
 
     first = st.attempt == 0
@@ -462,7 +465,7 @@ def _start(b: _Builder) -> Plan:
         worker_retry_after=None,
         worker_backoff_seconds=None,
     )
-    b.act(CreateControllerPod(attempt, world.unusable_nodes))
+    b.act(CreateControllerPod(attempt, world.avoid_nodes))
     if world.pdb_open:
         b.act(CloseDisruptionBudget())
     if first:
@@ -672,7 +675,7 @@ def _tend_workers(b: _Builder, plan: Plan) -> None:
         if missing and wait > 0:
             plan.requeue_within(wait)
         elif missing:
-            b.act(*(CreateWorkerPod(attempt, i, head.address, world.unusable_nodes) for i in missing))
+            b.act(*(CreateWorkerPod(attempt, i, head.address, world.avoid_nodes) for i in missing))
             acted = True
     before = world.status.workers_ready or 0
     b.update(workers_ready=ready)

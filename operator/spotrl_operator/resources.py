@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from spotrl_operator import placement
 from spotrl_operator.settings import Settings
 from spotrl_runtime.api import rljob as api
 
@@ -207,30 +208,22 @@ def _runtime_env(
     return env, env_from
 
 
-def _avoiding(avoid_nodes: Iterable[str]) -> dict[str, Any]:
-    """Node affinity that keeps a pod off the named nodes (none: {})."""
-    avoid = sorted(set(avoid_nodes))
-    if not avoid:
-        return {}
-    return {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": avoid}]}]
-            }
-        }
-    }
-
-
 def _placement(spec: api.RLJobSpec, avoid_nodes: Iterable[str]) -> dict[str, Any]:
-    """The job's scheduling constraints, for every pod of the job."""
+    """The job's scheduling constraints, for every pod of the job, kept off ``avoid_nodes``."""
     sched = spec.scheduling
     out: dict[str, Any] = {
         "nodeSelector": dict(sched.node_selector),
         "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in sched.tolerations],
     }
-    affinity = _avoiding(avoid_nodes)
-    if affinity:
-        out["affinity"] = affinity
+    pod_affinity = placement.affinity(sched, avoid_nodes)
+    if pod_affinity:
+        out["affinity"] = pod_affinity
+    if sched.topology_spread_constraints:
+        out["topologySpreadConstraints"] = [
+            c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in sched.topology_spread_constraints
+        ]
+    if sched.scheduler_name:
+        out["schedulerName"] = sched.scheduler_name
     if sched.priority_class_name:
         out["priorityClassName"] = sched.priority_class_name
     return out

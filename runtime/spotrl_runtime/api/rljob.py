@@ -242,12 +242,164 @@ class Toleration(ApiObject):
     toleration_seconds: int | None = Field(default=None, ge=0)
 
 
+# ------------------------------------------------------------------ placement (Pod API mirrors)
+# The Pod API's own shapes, field for field, so the CRD checks them as the API server checks a
+# pod; the operator hands them to every pod of the job unchanged, except that it ANDs its
+# list of unusable nodes into a required node affinity (spotrl_operator.placement).
+
+LABEL_KEY_MAX = 316  # a prefix of up to 253 characters, "/", a name of up to 63
+TERMS_MAX = 32
+REQUIREMENTS_MAX = 64
+VALUES_MAX = 256
+
+
+def _values_fit(operator: str, values: list[str]) -> bool:
+    if operator in ("Exists", "DoesNotExist"):
+        return not values
+    if operator in ("Gt", "Lt"):
+        return len(values) == 1
+    return len(values) >= 1
+
+
+_VALUES_RULE = Rule(
+    cel="self.operator in ['Exists', 'DoesNotExist'] ? (!has(self.values) || size(self.values) == 0) : "
+    "(has(self.values) && (self.operator in ['Gt', 'Lt'] ? size(self.values) == 1 : size(self.values) >= 1))",
+    check=lambda r: _values_fit(r.operator, r.values),
+    message="Exists and DoesNotExist take no values, In and NotIn at least one, Gt and Lt exactly one",
+    field="values",
+)
+
+
+class LabelSelectorRequirement(ApiObject):
+    """A label selector requirement (core/v1)."""
+
+    key: str = Field(min_length=1, max_length=LABEL_KEY_MAX)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = Field(default_factory=list, max_length=VALUES_MAX)
+
+    rules = (_VALUES_RULE,)
+
+
+class LabelSelector(ApiObject):
+    """A label selector (meta/v1 LabelSelector)."""
+
+    match_labels: dict[str, str] = Field(default_factory=dict)
+    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list, max_length=REQUIREMENTS_MAX)
+
+
+class NodeSelectorRequirement(ApiObject):
+    """A node selector requirement (core/v1): a label (``matchExpressions``) or a field
+    (``matchFields``: ``metadata.name`` only) against values."""
+
+    key: str = Field(min_length=1, max_length=LABEL_KEY_MAX)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: list[str] = Field(default_factory=list, max_length=VALUES_MAX)
+
+    rules = (_VALUES_RULE,)
+
+
+class NodeSelectorTerm(ApiObject):
+    """Requirements that all hold (core/v1 NodeSelectorTerm)."""
+
+    match_expressions: list[NodeSelectorRequirement] = Field(default_factory=list, max_length=REQUIREMENTS_MAX)
+    match_fields: list[NodeSelectorRequirement] = Field(default_factory=list, max_length=REQUIREMENTS_MAX)
+
+
+class NodeSelector(ApiObject):
+    """Terms of which one must hold (core/v1 NodeSelector)."""
+
+    node_selector_terms: list[NodeSelectorTerm] = Field(min_length=1, max_length=TERMS_MAX)
+
+
+class PreferredSchedulingTerm(ApiObject):
+    """A weighted node preference (core/v1)."""
+
+    weight: int = Field(ge=1, le=100)
+    preference: NodeSelectorTerm
+
+
+class NodeAffinity(ApiObject):
+    """Node affinity (core/v1 NodeAffinity)."""
+
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = None
+    preferred_during_scheduling_ignored_during_execution: list[PreferredSchedulingTerm] = Field(
+        default_factory=list, max_length=TERMS_MAX
+    )
+
+
+class PodAffinityTerm(ApiObject):
+    """Pods, by labels, in a topology domain (core/v1 PodAffinityTerm)."""
+
+    label_selector: LabelSelector | None = None
+    namespace_selector: LabelSelector | None = None
+    namespaces: list[str] = Field(default_factory=list, max_length=VALUES_MAX)
+    topology_key: str = Field(min_length=1, max_length=LABEL_KEY_MAX)
+    match_label_keys: list[str] = Field(default_factory=list, max_length=REQUIREMENTS_MAX)
+    mismatch_label_keys: list[str] = Field(default_factory=list, max_length=REQUIREMENTS_MAX)
+
+
+class WeightedPodAffinityTerm(ApiObject):
+    """A weighted pod (anti-)affinity preference (core/v1)."""
+
+    weight: int = Field(ge=1, le=100)
+    pod_affinity_term: PodAffinityTerm
+
+
+class PodAffinity(ApiObject):
+    """Pod affinity or anti-affinity (core/v1 PodAffinity, PodAntiAffinity)."""
+
+    required_during_scheduling_ignored_during_execution: list[PodAffinityTerm] = Field(
+        default_factory=list, max_length=TERMS_MAX
+    )
+    preferred_during_scheduling_ignored_during_execution: list[WeightedPodAffinityTerm] = Field(
+        default_factory=list, max_length=TERMS_MAX
+    )
+
+
+class Affinity(ApiObject):
+    """Affinity of the job's pods (core/v1 Affinity)."""
+
+    node_affinity: NodeAffinity | None = None
+    pod_affinity: PodAffinity | None = None
+    pod_anti_affinity: PodAffinity | None = None
+
+
+class TopologySpreadConstraint(ApiObject):
+    """How the job's pods spread over a topology (core/v1 TopologySpreadConstraint)."""
+
+    max_skew: int = Field(ge=1)
+    topology_key: str = Field(min_length=1, max_length=LABEL_KEY_MAX)
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"]
+    label_selector: LabelSelector | None = None
+    min_domains: int | None = Field(default=None, ge=1)
+    node_affinity_policy: Literal["Honor", "Ignore"] | None = None
+    node_taints_policy: Literal["Honor", "Ignore"] | None = None
+    match_label_keys: list[str] = Field(default_factory=list, max_length=REQUIREMENTS_MAX)
+
+
 class Scheduling(ApiObject):
     """Where the job's pods may run."""
 
     image: str | None = Field(default=None, max_length=1024, description="Runtime image; default: the operator's.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods require.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description="Pod tolerations.")
+    affinity: Affinity | None = Field(
+        default=None,
+        description="Pod affinity, as in the Pod API (core/v1 Affinity). The operator ANDs its list of nodes "
+        "to avoid (notice, cordon, NotReady) into each required node affinity term.",
+    )
+    topology_spread_constraints: list[TopologySpreadConstraint] = Field(
+        default_factory=list,
+        max_length=16,
+        description="How the pods spread over zones or nodes, as in the Pod API (core/v1 TopologySpreadConstraint).",
+    )
+    scheduler_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="The scheduler that places the pods (e.g. a Kueue, Volcano or KAI scheduler); default: the "
+        "cluster's.",
+    )
     priority_class_name: str | None = Field(default=None, max_length=253, description="Pod priority class.")
     termination_grace_period_seconds: int = Field(
         default=60, ge=1, le=3600, description="Grace period in which the controller cuts on SIGTERM."

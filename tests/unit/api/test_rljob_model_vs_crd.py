@@ -68,6 +68,46 @@ GOOD = {
         "spec.generation", {"workers": 2, "workerPods": True, "resources": {"cpu": "2", "memory": "4Gi"}}
     ),
     "quantities": with_("spec.training.resources", {"cpu": "500m", "memory": "1.5Gi"}),
+    "placement": with_(
+        "spec.scheduling",
+        {
+            "schedulerName": "kai-scheduler",
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}
+                                ]
+                            },
+                            {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]},
+                        ]
+                    },
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 50,
+                            "preference": {"matchExpressions": [{"key": "n", "operator": "Gt", "values": ["3"]}]},
+                        }
+                    ],
+                },
+                "podAntiAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 100,
+                            "podAffinityTerm": {
+                                "topologyKey": "kubernetes.io/hostname",
+                                "labelSelector": {"matchLabels": {"spotrl.dev/job": "t"}},
+                            },
+                        }
+                    ]
+                },
+            },
+            "topologySpreadConstraints": [
+                {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}
+            ],
+        },
+    ),
 }
 
 # name -> (document, field path both validators must name)
@@ -118,6 +158,51 @@ BAD = {
         with_("spec.generation", {"workerPods": "true"}),
         "spec.generation.workerPods",
     ),
+    "affinity-exists-with-values": (
+        with_(
+            "spec.scheduling.affinity",
+            {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "gpu", "operator": "Exists", "values": ["a"]}]}
+                        ]
+                    }
+                }
+            },
+        ),
+        "spec.scheduling.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0].values",
+    ),
+    "affinity-in-without-values": (
+        with_(
+            "spec.scheduling.affinity",
+            {
+                "podAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {"topologyKey": "zone", "labelSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}
+                    ]
+                }
+            },
+        ),
+        "spec.scheduling.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[0]"
+        ".labelSelector.matchExpressions[0].values",
+    ),
+    "affinity-without-terms": (
+        with_(
+            "spec.scheduling.affinity",
+            {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}},
+        ),
+        "spec.scheduling.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
+    ),
+    "spread-without-skew": (
+        with_(
+            "spec.scheduling.topologySpreadConstraints",
+            [{"maxSkew": 0, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}],
+        ),
+        "spec.scheduling.topologySpreadConstraints[0].maxSkew",
+    ),
+    "empty-scheduler-name": (with_("spec.scheduling", {"schedulerName": ""}), "spec.scheduling.schedulerName"),
     "unknown-algorithm": (with_("spec.training", {"totalSteps": 3, "algorithm": "ppo"}), "spec.training.algorithm"),
 }
 

@@ -80,6 +80,8 @@ def test_signals_come_from_the_controller_node_with_the_operator_and_job_taint_k
     w = world_of(snap, SETTINGS, NOW)
     assert [(s.kind, s.node, s.detail) for s in w.signals] == [("taint", "spot-a", "job.example/notice")]
     assert w.unusable_nodes == {"spot-a", "spot-b", "ondemand-a"}
+    # Each of them keeps pods off by itself (NoSchedule taints, a cordon): nothing to name.
+    assert w.avoid_nodes == frozenset()
 
 
 def test_ready_unknown_and_deleted_nodes_are_lost_ready_false_is_not() -> None:
@@ -91,6 +93,9 @@ def test_ready_unknown_and_deleted_nodes_are_lost_ready_false_is_not() -> None:
     w = world_of(snap, SETTINGS, NOW)
     assert w.lost_nodes == {"spot-a", "gone-node"}
     assert w.unusable_nodes == {"spot-a", "spot-b", "gone-node"}
+    # Not ready and not yet tainted by the node controller: only a name keeps a pod off them.
+    # A deleted node needs no name: nothing is scheduled onto it.
+    assert w.avoid_nodes == {"spot-a", "spot-b"}
     assert ("node-deleted", "gone-node") in [(s.kind, s.node) for s in w.signals]
 
 
@@ -161,4 +166,5 @@ def test_a_spec_the_model_rejects_raises_with_the_field() -> None:
 def test_trimmed_objects_keep_only_what_is_read() -> None:
     t = trim_node(node("spot-a", taints=[{"key": "k", "effect": "NoSchedule"}]))
     assert t["status"]["conditions"] == [{"type": "Ready", "status": "True", "reason": None}]
-    assert "labels" not in t["metadata"]
+    assert "resourceVersion" not in t["metadata"], "a heartbeat must not look like a change"
+    assert t["metadata"]["labels"] == {"x": "y"}, "the placement reads labels (nodeSelector, affinity)"

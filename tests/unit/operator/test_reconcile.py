@@ -116,7 +116,8 @@ def test_a_graceful_preemption_end_to_end() -> None:
 
     # It is gone: a fresh controller, away from the draining node, and the PDB closes.
     t2 = t1 + timedelta(seconds=5)
-    p5 = reconcile(world(now=t2, status=p3.status, pdb_open=True, unusable_nodes=frozenset({"spot-a"})))
+    spot_a = frozenset({"spot-a"})
+    p5 = reconcile(world(now=t2, status=p3.status, pdb_open=True, unusable_nodes=spot_a, avoid_nodes=spot_a))
     assert of(p5, CreateControllerPod) == [CreateControllerPod(2, frozenset({"spot-a"}))]
     assert of(p5, CloseDisruptionBudget) == [CloseDisruptionBudget()]
     assert p5.status is not None
@@ -196,7 +197,7 @@ def test_time_lost_counts_from_the_newest_safe_progress_and_never_twice() -> Non
     p1 = reconcile(world(now=t1, status=st, pods=(running(),), lost_nodes=gone))
     assert p1.status is not None
     assert p1.status.interrupted_at == iso(T0 + timedelta(seconds=100))
-    p2 = reconcile(world(now=t1, status=p1.status, unusable_nodes=gone))
+    p2 = reconcile(world(now=t1, status=p1.status, unusable_nodes=gone, avoid_nodes=gone))
     assert of(p2, CreateControllerPod) == [CreateControllerPod(2, gone)]
     assert p2.status is not None
     t2 = T0 + timedelta(seconds=220)  # attempt 2 trains step 5 again, from the cut
@@ -319,7 +320,7 @@ def test_an_attempt_whose_pod_was_never_seen_is_created_again_not_counted() -> N
     """The operator wrote attempt 2 to the status and stopped before creating the pod (or its
     cache has not seen the pod yet): the next pass creates attempt 2, not 3."""
     after_write = RLJobStatus(phase="Rescheduling", attempt=2, preemptions=1, controller_pod=None)
-    plan = reconcile(world(status=after_write, unusable_nodes=frozenset({"spot-a"})))
+    plan = reconcile(world(status=after_write, unusable_nodes=frozenset({"spot-a"}), avoid_nodes=frozenset({"spot-a"})))
     assert of(plan, CreateControllerPod) == [CreateControllerPod(2, frozenset({"spot-a"}))]
     assert plan.status is not None
     assert plan.status.attempt == 2
@@ -475,7 +476,7 @@ def test_worker_pods_wait_for_the_controller_to_publish_its_ray_head() -> None:
 
 
 def test_a_published_head_gets_one_worker_pod_per_index_and_nothing_else_changes() -> None:
-    plan = reconcile(serving(unusable_nodes=frozenset({"spot-c"})))
+    plan = reconcile(serving(unusable_nodes=frozenset({"spot-c"}), avoid_nodes=frozenset({"spot-c"})))
     assert of(plan, CreateWorkerPod) == [
         CreateWorkerPod(1, 0, "127.0.1.2:40001", frozenset({"spot-c"})),
         CreateWorkerPod(1, 1, "127.0.1.2:40001", frozenset({"spot-c"})),
@@ -617,7 +618,15 @@ def test_a_worker_on_a_lost_node_is_force_deleted_at_once_and_replaced_elsewhere
     evicted = worker(1, deleting_since=T0)
     p2 = reconcile(serving(status=p1.status, workers=(worker(0, node="spot-a"), evicted), lost_nodes=lost))
     assert of(p2, DeletePod) == [DeletePod("j-worker-1-1", force=True)]
-    p3 = reconcile(serving(status=p1.status, workers=(worker(0, node="spot-a"),), lost_nodes=lost, unusable_nodes=lost))
+    p3 = reconcile(
+        serving(
+            status=p1.status,
+            workers=(worker(0, node="spot-a"),),
+            lost_nodes=lost,
+            unusable_nodes=lost,
+            avoid_nodes=lost,
+        )
+    )
     assert of(p3, CreateWorkerPod) == [CreateWorkerPod(1, 1, HEAD.address, lost)]
     assert p3.status is not None
     assert (p3.status.worker_restarts, p3.status.worker_retry_after) == (0, None), "a lost node is no worker fault"

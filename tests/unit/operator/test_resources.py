@@ -89,7 +89,16 @@ def test_the_controller_pod() -> None:
     assert spec["restartPolicy"] == "Never"
     assert spec["terminationGracePeriodSeconds"] == 45
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["spot-a", "spot-b"]}]}]
+    # One requirement per node: a node field selector takes exactly one value (the API server
+    # refuses more; tests/cluster/test_dry_run.py sends these pods to it).
+    assert terms == [
+        {
+            "matchFields": [
+                {"key": "metadata.name", "operator": "NotIn", "values": ["spot-a"]},
+                {"key": "metadata.name", "operator": "NotIn", "values": ["spot-b"]},
+            ]
+        }
+    ]
     assert pod["metadata"]["labels"]["spotrl.dev/attempt"] == "3"
 
 
