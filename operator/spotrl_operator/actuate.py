@@ -12,17 +12,24 @@ reconcile (this replica's or another's) completes without losing or repeating an
 2. **Events**, only with a status change: a transition a user should see always changes
    the status, and a plan reached again from a stale cache must not repeat them.
 3. then the **actions**: every one is idempotent (create: 409 means done; delete: 404
-   means done), because a plan may be applied twice from a stale cache. One that fails
-   raises; the status already says what is wanted, so the next reconcile tries again.
+   means done), because a plan may be applied twice from a stale cache. Each stands alone:
+   one that fails does not stop the others, and is not sent again before its backoff ends
+   (:class:`Backoffs`: ``failureBudget``'s doubling wait, capped; in memory, like a work
+   queue's rate limiter, so a restarted operator tries at once).
+4. last, what failed is **reported** on the job (:meth:`Actuator.report`): the condition
+   ``ReconcileError`` (the API's answer, the tries, the next try) and a ``ReconcileFailed``
+   Event per failed try; both go once the action succeeds (a ``Reconciled`` Event).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from spotrl_operator import resources
@@ -37,7 +44,9 @@ from spotrl_operator.reconcile import (
     OpenDisruptionBudget,
     Plan,
     RequestBarrier,
+    crash_backoff,
     iso,
+    set_condition,
 )
 from spotrl_operator.settings import Settings
 from spotrl_runtime.api import rljob as api
@@ -50,14 +59,106 @@ class ConflictError(Exception):
     """The status changed since it was observed: observe again, reconcile again."""
 
 
+STUCK = "ReconcileError"
+"""The condition of a job whose objects the operator cannot write (True while it cannot)."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An action the API server refused (or did not answer), and when to try it again."""
+
+    what: str
+    """What was tried, for people: "creating pod tiny-controller-3"."""
+    error: KubeError
+    tries: int
+    """Failed tries in a row."""
+    not_before: datetime
+
+    @property
+    def permanent(self) -> bool:
+        """A 4xx that the same request will meet again (a retry needs something else to change)."""
+        return 400 <= self.error.status < 500 and self.error.status not in (408, 409, 429)
+
+
+def retry_delay(budget: api.FailureBudget, tries: int) -> float:
+    """``failureBudget``'s doubling wait before try ``tries + 1``, capped; at least a second."""
+    return max(1.0, crash_backoff(budget, tries))
+
+
+def failure_budget(job: Obj) -> api.FailureBudget:
+    """The job's failure budget (the default one if its spec does not parse)."""
+    try:
+        return api.parse_spec(job.get("spec") or {}).failure_budget
+    except api.SpecError:
+        return api.FailureBudget()
+
+
+class Backoffs:
+    """Failed actions by job (uid) and action, in memory. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._failures: dict[tuple[str, str], Failure] = {}
+
+    def held(self, uid: str, key: str, now: datetime) -> Failure | None:
+        """The failure that still holds this action back, if any."""
+        with self._lock:
+            f = self._failures.get((uid, key))
+        return f if f is not None and now < f.not_before else None
+
+    def failed(
+        self, uid: str, key: str, what: str, error: KubeError, budget: api.FailureBudget, now: datetime
+    ) -> Failure:
+        with self._lock:
+            before = self._failures.get((uid, key))
+            tries = before.tries + 1 if before is not None else 1
+            f = Failure(what, error, tries, now + timedelta(seconds=retry_delay(budget, tries)))
+            self._failures[(uid, key)] = f
+        return f
+
+    def succeeded(self, uid: str, key: str) -> None:
+        with self._lock:
+            self._failures.pop((uid, key), None)
+
+    def of_job(self, uid: str) -> list[Failure]:
+        """The job's failures not yet followed by a success, the newest last."""
+        with self._lock:
+            out = [f for (u, _), f in self._failures.items() if u == uid]
+        return sorted(out, key=lambda f: f.not_before)
+
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            for key in [k for k in self._failures if k[0] == uid]:
+                del self._failures[key]
+
+
+def action_key(job: str, action: object) -> tuple[str, str]:
+    """(backoff key, what it does for people) of an action on a job's objects."""
+    if isinstance(action, CreateControllerPod):
+        name = resources.controller_pod_name(job, action.attempt)
+        return f"create-pod/{name}", f"creating pod {name}"
+    if isinstance(action, CreateWorkerPod):
+        name = resources.worker_pod_name(job, action.attempt, action.index)
+        return f"create-pod/{name}", f"creating pod {name}"
+    if isinstance(action, DeletePod):
+        return f"delete-pod/{action.name}", f"deleting pod {action.name}"
+    if isinstance(action, OpenDisruptionBudget | CloseDisruptionBudget):
+        return "pdb", f"{'opening' if isinstance(action, OpenDisruptionBudget) else 'closing'} the PodDisruptionBudget"
+    return type(action).__name__, type(action).__name__
+
+
 @dataclass
 class Applied:
     """What one :meth:`Actuator.apply` did."""
 
     status_patch: Obj | None = None
     job: Obj | None = None
-    """The RLJob as the status write returned it (None when nothing was written)."""
+    """The RLJob as our last status write returned it (None when nothing was written)."""
     done: list[object] = field(default_factory=list)
+    failed: list[Failure] = field(default_factory=list)
+    """Actions the API server refused this time (they back off)."""
+    held: list[object] = field(default_factory=list)
+    """Actions not sent: an earlier failure's backoff is still running."""
 
 
 def merge_diff(old: Any, new: Any, known: frozenset[str] | None = None) -> Obj:
@@ -98,6 +199,7 @@ class Actuator:
         self.settings = settings
         self.on_action = on_action
         self.clock = clock
+        self.backoffs = Backoffs()
 
     # ---------------------------------------------------------------- children
     def ensure_children(self, job: Obj) -> list[str]:
@@ -121,8 +223,12 @@ class Actuator:
 
     # ---------------------------------------------------------------- plans
     def apply(self, snap: Snapshot, plan: Plan) -> Applied:
-        """Writes the plan's status (guarded), then does its actions. Raises :class:`ConflictError`."""
+        """Writes the plan's status (guarded), does its actions, and reports those that failed.
+        Raises :class:`ConflictError` (the status write) and :class:`KubeError` (the status write,
+        or an Event); an action's own failure is reported and backs off instead."""
         job = snap.job
+        uid = str(job["metadata"].get("uid", ""))
+        now = self.clock()
         out = Applied()
         if plan.status is not None:
             observed = {k: v for k, v in (job.get("status") or {}).items() if k in STATUS_FIELDS}
@@ -136,10 +242,62 @@ class Actuator:
                     self.post_event(job, action.type, action.reason, action.message)
                     out.done.append(action)
         for action in plan.actions:
-            if not isinstance(action, Event):
+            if isinstance(action, Event):
+                continue
+            key, what = action_key(job["metadata"]["name"], action)
+            if self.backoffs.held(uid, key, now) is not None:
+                out.held.append(action)
+                continue
+            try:
                 self._do(job, action)
-                out.done.append(action)
+            except KubeError as err:
+                failure = self.backoffs.failed(uid, key, what, err, failure_budget(job), now)
+                log.warning("%s: %s (try %d)", what, err, failure.tries)
+                out.failed.append(failure)
+                continue
+            self.backoffs.succeeded(uid, key)
+            out.done.append(action)
+        reported = self.report(out.job or job)
+        if reported is not None:
+            out.job = reported
         return out
+
+    def report(self, job: Obj) -> Obj | None:
+        """Puts the job's failed actions on its status (condition :data:`STUCK`) and in an Event
+        per failed try, or takes the condition away once they succeeded. Returns the job as
+        the write returned it (None: nothing to write, or a conflict that the next pass redoes)."""
+        meta = job["metadata"]
+        failures = self.backoffs.of_job(str(meta.get("uid", "")))
+        observed = {k: v for k, v in (job.get("status") or {}).items() if k in STATUS_FIELDS}
+        if not failures and not any(c.get("type") == STUCK for c in observed.get("conditions") or []):
+            return None  # the usual pass: nothing failed, nothing to take back
+        status = api.RLJobStatus.model_validate(observed)
+        current = next((c for c in status.conditions if c.type == STUCK), None)
+        if failures:
+            f = failures[-1]
+            err = f.error
+            kind = "cannot succeed until something changes" if f.permanent else "may be passing"
+            message = (
+                f"{f.what} failed {f.tries} time(s): HTTP {err.status} {err.reason}: {err.message} "
+                f"(an error that {kind}); next try at {iso(f.not_before)}"
+            )
+            if current is not None and current.status == "True" and current.message == message:
+                return None
+            reason = "".join(w[:1].upper() + w[1:] for w in re.split(r"[^A-Za-z0-9]+", err.reason)) or "Error"
+            status = set_condition(status, self.clock(), int(meta.get("generation") or 0), STUCK, True, reason, message)
+            event = ("Warning", "ReconcileFailed", f"{f.what}: HTTP {err.status} {err.reason}: {err.message}")
+        elif current is not None:
+            status = status.model_copy(update={"conditions": [c for c in status.conditions if c.type != STUCK]})
+            event = ("Normal", "Reconciled", f"the operator's writes succeed again (was: {current.message})")
+        else:
+            return None
+        diff = {"conditions": status_doc(status).get("conditions", [])}
+        try:
+            written = self.write_status(job, diff)
+        except ConflictError:
+            return None
+        self.post_event(job, *event)
+        return written
 
     def write_status(self, job: Obj, diff: Obj) -> Obj:
         """A merge patch of ``diff`` into the status, only if the job is still at the observed

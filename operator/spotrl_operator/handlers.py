@@ -29,7 +29,7 @@ from typing import Any
 
 import kopf
 
-from spotrl_operator.actuate import Actuator, ConflictError
+from spotrl_operator.actuate import Actuator, ConflictError, failure_budget
 from spotrl_operator.kube import Kube, KubeError, path
 from spotrl_operator.metrics import Metrics
 from spotrl_operator.observe import Snapshot, fetch, node_lost, trim_node, trim_pod, world_of
@@ -244,16 +244,18 @@ async def lifecycle(
                 await asyncio.wait_for(wake.wait(), timeout=delay)
     finally:
         ctx.wakeups.pop((namespace, name), None)
+        ctx.actuator.backoffs.forget(str(meta.get("uid", "")))
         ctx.metrics.job_phase(namespace, name, None)
 
 
 def pass_once(ctx: Context, snap: Snapshot, logger: kopf.Logger) -> tuple[float, Obj | None]:
     """One level-triggered pass (in a worker thread). Returns (seconds to the next pass, the
     job as our status write returned it, if we wrote). On a write conflict it observes
-    fresh from the API server and tries again."""
+    fresh from the API server and tries again, a few times; a pass that fails as a whole (the
+    API server refuses the status, or is unreachable) waits out a backoff like a failed action."""
     interval = ctx.settings.reconcile_interval
     meta = snap.job["metadata"]
-    ns, name = meta["namespace"], meta["name"]
+    ns, name, uid = meta["namespace"], meta["name"], str(meta.get("uid", ""))
     for _ in range(CONFLICT_RETRIES):
         try:
             world = world_of(snap, ctx.settings)
@@ -261,7 +263,10 @@ def pass_once(ctx: Context, snap: Snapshot, logger: kopf.Logger) -> tuple[float,
             applied = ctx.actuator.apply(snap, plan)
         except ConflictError:
             ctx.metrics.reconciles.labels("conflict").inc()
-            fresh = fetch(ctx.kube, ns, name, snap.nodes)
+            try:
+                fresh = fetch(ctx.kube, ns, name, snap.nodes)
+            except KubeError as err:
+                return _pass_failed(ctx, snap.job, err, logger), None
             if fresh is None:
                 return interval, None
             snap = fresh
@@ -271,15 +276,34 @@ def pass_once(ctx: Context, snap: Snapshot, logger: kopf.Logger) -> tuple[float,
             logger.error("the RLJob's spec does not parse (is the CRD older than the operator?): %s", err)
             return interval * 5, None
         except (KubeError, OSError) as err:
-            ctx.metrics.reconciles.labels("error").inc()
-            logger.warning("reconcile: %s", err)
-            ctx.actuator.post_event(snap.job, "Warning", "ReconcileFailed", str(err))
-            return interval, None
-        ctx.metrics.reconciles.labels("ok").inc()
+            return _pass_failed(ctx, snap.job, err, logger), None
+        ctx.actuator.backoffs.succeeded(uid, PASS_KEY)
+        ctx.metrics.reconciles.labels("error" if applied.failed else "ok").inc()
         _count(ctx, ns, name, world.status, plan)
         requeue = plan.requeue_after if plan.requeue_after is not None else interval
         return max(0.05, min(requeue, interval)), applied.job
-    return interval, None
+    conflicts = KubeError("PATCH", f"{ns}/{name}/status", 409, "Conflict", f"{CONFLICT_RETRIES} conflicts in a row")
+    return _pass_failed(ctx, snap.job, conflicts, logger), None
+
+
+PASS_KEY = "pass"
+"""The backoff key of a whole pass (observe, decide, write the status)."""
+
+
+def _pass_failed(ctx: Context, job: Obj, err: Exception, logger: kopf.Logger) -> float:
+    """Records a failed pass; returns the seconds to wait before the next (a watch event that
+    wakes the job still runs it sooner)."""
+    ctx.metrics.reconciles.labels("error").inc()
+    kerr = err if isinstance(err, KubeError) else KubeError("", "", 0, "Unreachable", str(err))
+    now = ctx.actuator.clock()
+    uid = str(job["metadata"].get("uid", ""))
+    failure = ctx.actuator.backoffs.failed(uid, PASS_KEY, "reconciling", kerr, failure_budget(job), now)
+    logger.warning("reconcile (try %d): %s", failure.tries, err)
+    try:
+        ctx.actuator.report(job)
+    except KubeError as report_err:
+        logger.warning("reporting the failure: %s", report_err)
+    return max(0.05, (failure.not_before - now).total_seconds())
 
 
 def _count(ctx: Context, namespace: str, name: str, before: api.RLJobStatus, plan: Plan) -> None:

@@ -55,7 +55,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from spotrl_operator.signals import Signal
-from spotrl_runtime.api.rljob import BarrierStatus, Condition, Phase, RLJobSpec, RLJobStatus
+from spotrl_runtime.api.rljob import BarrierStatus, Condition, FailureBudget, Phase, RLJobSpec, RLJobStatus
 
 # A pod stuck in Terminating on a node whose kubelet stopped answering is never confirmed
 # gone; after this long we force-delete it so a fresh controller can start.
@@ -217,9 +217,8 @@ def set_condition(
     return status.model_copy(update={"conditions": [*others, cond]})
 
 
-def crash_backoff(spec: RLJobSpec, restarts: int) -> float:
+def crash_backoff(budget: FailureBudget, restarts: int) -> float:
     """Seconds before retry number `restarts` (1-based): doubling, capped."""
-    budget = spec.failure_budget
     return float(min(budget.max_backoff_seconds, budget.backoff_seconds * 2 ** max(0, restarts - 1)))
 
 
@@ -378,7 +377,7 @@ def _finished(b: _Builder, pod: PodView) -> Plan:
         b.condition("Failed", True, "FailureBudgetExhausted", msg)
         b.phase("Failed", msg)
         return b.done()
-    wait = crash_backoff(spec, restarts)
+    wait = crash_backoff(spec.failure_budget, restarts)
     b.update(retry_after=iso(world.now + timedelta(seconds=wait)))
     b.event(
         "Warning",

@@ -178,7 +178,14 @@ def crd() -> dict[str, Any]:
                         {"name": "Total", "type": "integer", "jsonPath": ".spec.training.totalSteps"},
                         {"name": "Last-Cut", "type": "string", "jsonPath": ".status.lastCut.id"},
                         {"name": "Preemptions", "type": "integer", "jsonPath": ".status.preemptions"},
+                        # Set only while the operator cannot write the job's objects (actuate.STUCK).
+                        {
+                            "name": "Error",
+                            "type": "string",
+                            "jsonPath": '.status.conditions[?(@.type=="ReconcileError")].reason',
+                        },
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                        {"name": "Message", "type": "string", "priority": 1, "jsonPath": ".status.message"},
                     ],
                     "schema": {"openAPIV3Schema": openapi_schema()},
                 }

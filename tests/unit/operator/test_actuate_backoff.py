@@ -1,0 +1,154 @@
+"""A refused action backs off (failureBudget's doubling wait, capped), does not hold the other
+actions back, and is reported on the job: the ReconcileError condition and one Event per
+failed try, both gone once it succeeds. A narrow fake API server stands in here; the real
+one refuses a real pod in tests/e2e/test_operator.py."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from spotrl_operator.actuate import STUCK, Actuator, action_key
+from spotrl_operator.kube import KubeError
+from spotrl_operator.observe import Snapshot
+from spotrl_operator.reconcile import CloseDisruptionBudget, CreateControllerPod, Plan
+from spotrl_operator.settings import Settings
+
+Obj = dict[str, Any]
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class FakeKube:
+    """Pods refused with ``refuse`` while it is set; statuses patched in place; Events kept."""
+
+    def __init__(self, job: Obj):
+        self.job = job
+        self.refuse: KubeError | None = None
+        self.calls: list[tuple[str, str]] = []
+        self.events: dict[str, Obj] = {}
+
+    def create(self, url: str, obj: Obj) -> Obj:
+        self.calls.append(("POST", url))
+        if url.endswith("/pods") and self.refuse is not None:
+            raise self.refuse
+        if url.endswith("/events"):
+            if obj["metadata"]["name"] in self.events:
+                raise KubeError("POST", url, 409, "AlreadyExists", "")
+            self.events[obj["metadata"]["name"]] = obj
+        return obj
+
+    def create_or_get(self, url: str, obj: Obj) -> tuple[Obj, bool]:
+        return obj, False
+
+    def get(self, url: str, **_: Any) -> Obj:
+        return self.events[url.rsplit("/", 1)[-1]]
+
+    def patch(self, url: str, body: Obj, content_type: str = "") -> Obj:
+        self.calls.append(("PATCH", url))
+        if url.endswith("/status"):
+            self.job["status"].update(body["status"])
+            rv = int(self.job["metadata"]["resourceVersion"]) + 1
+            self.job["metadata"]["resourceVersion"] = str(rv)
+            return copy.deepcopy(self.job)
+        if "/events/" in url:
+            self.events[url.rsplit("/", 1)[-1]].update(body)
+        return {}
+
+
+def job() -> Obj:
+    return {
+        "apiVersion": "spotrl.dev/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "tiny", "namespace": "ns", "uid": "u1", "resourceVersion": "1", "generation": 1},
+        "spec": {
+            "policy": {"model": "builtin:tiny-arith"},
+            "dataset": {"uri": "builtin:arithmetic"},
+            "reward": {"name": "arithmetic_exact"},
+            "training": {"totalSteps": 10},
+            "checkpoint": {"storage": "s3://bucket/tiny"},
+            "failureBudget": {"backoffSeconds": 10, "maxBackoffSeconds": 30},
+        },
+        "status": {"phase": "Rescheduling", "attempt": 3},
+    }
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def condition(kube: FakeKube) -> Obj | None:
+    return next((c for c in kube.job["status"].get("conditions") or [] if c["type"] == STUCK), None)
+
+
+def pod_posts(kube: FakeKube) -> int:
+    return sum(1 for m, u in kube.calls if m == "POST" and u.endswith("/pods"))
+
+
+def test_a_refused_pod_backs_off_doubling_to_the_cap_and_is_reported_until_it_succeeds() -> None:
+    kube = FakeKube(job())
+    clock = Clock()
+    actuator = Actuator(kube, Settings(), clock=clock)  # type: ignore[arg-type]
+    kube.refuse = KubeError("POST", "/api/v1/namespaces/ns/pods", 422, "Invalid", "must be only one value")
+    plan = Plan(actions=[CreateControllerPod(3, frozenset()), CloseDisruptionBudget()])
+
+    tried_at = []
+    for second in range(0, 200):
+        clock.now = T0 + timedelta(seconds=second)
+        before = pod_posts(kube)
+        applied = actuator.apply(Snapshot(job=copy.deepcopy(kube.job)), plan)
+        if pod_posts(kube) > before:
+            tried_at.append(second)
+            assert [f.tries for f in applied.failed] == [len(tried_at)]
+        else:
+            assert applied.held == [plan.actions[0]]
+        assert CloseDisruptionBudget() in applied.done, "a refused pod does not hold the PDB back"
+    # 10 s, 20 s, then the 30 s cap.
+    assert tried_at == [0, 10, 30, 60, 90, 120, 150, 180]
+
+    cond = condition(kube)
+    assert cond is not None
+    assert cond["status"] == "True"
+    assert cond["reason"] == "Invalid"
+    assert (
+        "creating pod tiny-controller-3 failed 8 time(s): HTTP 422 Invalid: must be only one value" in cond["message"]
+    )
+    assert "cannot succeed until something changes" in cond["message"]
+    (event,) = [e for e in kube.events.values() if e["reason"] == "ReconcileFailed"]
+    assert event["count"] == len(tried_at), "one Event, counted once per failed try"
+    assert event["type"] == "Warning"
+
+    # Whatever was wrong is fixed: the next try succeeds and the condition goes.
+    kube.refuse = None
+    clock.now = T0 + timedelta(seconds=400)
+    applied = actuator.apply(Snapshot(job=copy.deepcopy(kube.job)), plan)
+    assert applied.failed == []
+    assert applied.held == []
+    assert condition(kube) is None
+    assert any(e["reason"] == "Reconciled" for e in kube.events.values())
+    status_writes = sum(1 for m, u in kube.calls if m == "PATCH" and u.endswith("/status"))
+    actuator.apply(Snapshot(job=copy.deepcopy(kube.job)), plan)
+    assert sum(1 for m, u in kube.calls if m == "PATCH" and u.endswith("/status")) == status_writes, (
+        "a quiet pass writes nothing"
+    )
+
+
+def test_a_server_error_is_marked_as_one_that_may_pass_and_each_action_has_its_own_backoff() -> None:
+    kube = FakeKube(job())
+    clock = Clock()
+    actuator = Actuator(kube, Settings(), clock=clock)  # type: ignore[arg-type]
+    kube.refuse = KubeError("POST", "/pods", 503, "ServiceUnavailable", "etcd is slow")
+    actuator.apply(Snapshot(job=copy.deepcopy(kube.job)), Plan(actions=[CreateControllerPod(3, frozenset())]))
+    cond = condition(kube)
+    assert cond is not None
+    assert cond["reason"] == "ServiceUnavailable"
+    assert "may be passing" in cond["message"]
+    # Another pod (another key) is not held by the first one's backoff.
+    applied = actuator.apply(Snapshot(job=copy.deepcopy(kube.job)), Plan(actions=[CreateControllerPod(4, frozenset())]))
+    assert len(applied.failed) == 1
+    assert applied.held == []
+    assert action_key("tiny", CreateControllerPod(4, frozenset()))[1] == "creating pod tiny-controller-4"
