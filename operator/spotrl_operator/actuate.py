@@ -23,7 +23,6 @@ reconcile (this replica's or another's) completes without losing or repeating an
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 import threading
@@ -361,30 +360,9 @@ class Actuator:
         of the existing Event instead of adding one, as the kubelet's recorder does."""
         meta = job["metadata"]
         now = iso(self.clock())
-        digest = hashlib.sha256(f"{meta.get('uid')}|{type_}|{reason}|{message}".encode()).hexdigest()[:16]
-        name = f"{meta['name']}.{digest}"
+        event = resources.event(meta, type_, reason, message, now, self.settings.identity)
+        name = event["metadata"]["name"]
         url = path("v1", "events", meta["namespace"])
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": name, "namespace": meta["namespace"]},
-            "involvedObject": {
-                "apiVersion": api.API_VERSION,
-                "kind": api.KIND,
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta.get("uid"),
-            },
-            "type": type_,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": "spotrl-operator"},
-            "reportingComponent": "spotrl.dev/operator",
-            "reportingInstance": self.settings.identity[:128],
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
         try:
             self.kube.create(url, event)
         except KubeError as err:

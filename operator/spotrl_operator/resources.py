@@ -7,6 +7,7 @@ runtime's ServiceAccount may read its own RLJob and patch its status, nothing mo
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -330,4 +331,33 @@ def worker_pod(
         "kind": "Pod",
         "metadata": _meta(ref, worker_pod_name(ref.name, attempt, index), "worker", extra),
         "spec": pod_spec,
+    }
+
+
+def event(
+    job_meta: Mapping[str, Any], type_: str, reason: str, message: str, now: str, instance: str
+) -> dict[str, Any]:
+    """A core/v1 Event about the RLJob. Its name is a digest of what it says, so the same
+    Event again is found (and counted) instead of added."""
+    digest = hashlib.sha256(f"{job_meta.get('uid')}|{type_}|{reason}|{message}".encode()).hexdigest()[:16]
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{job_meta['name']}.{digest}", "namespace": job_meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
+            "name": job_meta["name"],
+            "namespace": job_meta["namespace"],
+            "uid": job_meta.get("uid"),
+        },
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": "spotrl-operator"},
+        "reportingComponent": "spotrl.dev/operator",
+        "reportingInstance": instance[:128],
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
     }
