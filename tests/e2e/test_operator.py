@@ -82,7 +82,7 @@ def test_children_are_owned_named_deterministically_and_collected(
     assert {"ControllerCreated", "Pending"} <= set(jobs.reasons("tiny"))
     table = cluster.kubectl("get", "rljobs", "-n", namespace).stdout
     header, row = table.splitlines()[:2]
-    assert header.split() == ["NAME", "PHASE", "STEP", "TOTAL", "LAST-CUT", "PREEMPTIONS", "AGE"]
+    assert header.split() == ["NAME", "PHASE", "STEP", "TOTAL", "LAST-CUT", "PREEMPTIONS", "ERROR", "AGE"]
     assert row.split()[:3] == ["tiny", "Pending", "20"]
 
     # Deleting the job: the finalizer stops the pod; garbage collection takes the rest. The
@@ -176,6 +176,76 @@ def keys(s3: S3Bucket) -> set[str]:
 
 
 @pytest.mark.parametrize("policy", ["Retain", "Delete"])
+def stuck(status: dict) -> dict | None:
+    return next((c for c in status.get("conditions") or [] if c["type"] == "ReconcileError"), None)
+
+
+def test_a_job_whose_pod_the_api_server_refuses_says_why_backs_off_and_recovers(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
+) -> None:
+    """A priority class that does not exist passes the CRD and fails the pod's admission (403),
+    a 4xx no retry of the same request fixes. The job says so at once (condition, Event,
+    `kubectl get`), retries on failureBudget's doubling backoff, and starts once the class exists."""
+    admin = cluster.admin()
+    classes = path("scheduling.k8s.io/v1", "priorityclasses")
+    missing = f"spotrl-e2e-{namespace[-6:]}"
+    jobs.create(
+        tiny_job(
+            "stuck",
+            checkpoint={"storage": "s3://bucket-x/stuck"},
+            failureBudget={"backoffSeconds": 2, "maxBackoffSeconds": 8},
+            scheduling={"nodeSelector": NOWHERE, "priorityClassName": missing},
+        )
+    )
+    created = time.monotonic()
+    # The first pass writes attempt 1, is refused the pod, and says so: one reconcile interval
+    # (1 s here), plus the requests.
+    st = jobs.wait("stuck", lambda s: stuck(s) is not None, 5, "the ReconcileError condition")
+    seen_after = time.monotonic() - created
+    cond = stuck(st)
+    assert cond is not None
+    assert (cond["status"], cond["reason"]) == ("True", "Forbidden")
+    assert "creating pod stuck-controller-1 failed 1 time(s): HTTP 403" in cond["message"], cond["message"]
+    assert missing in cond["message"], "the API server's own words"
+    assert "cannot succeed until something changes" in cond["message"]
+    assert st["attempt"] == 1, "the refused pod is tried again under the same attempt, not counted anew"
+
+    row = cluster.kubectl("get", "rljobs", "stuck", "-n", namespace, "--no-headers").stdout.split()
+    assert row[:2] == ["stuck", "Pending"]
+    assert "Forbidden" in row, row
+    described = cluster.kubectl("describe", "rljob", "stuck", "-n", namespace).stdout
+    assert "ReconcileError" in described
+    assert "ReconcileFailed" in described
+    assert missing in described
+
+    # Backoff: 2, 4, 8, 8 ... s between tries, not one a second.
+    time.sleep(20)
+    (event,) = [e for e in jobs.events("stuck") if e["reason"] == "ReconcileFailed"]
+    tries = int(event.get("count") or 1)
+    assert 3 <= tries <= 6, f"{tries} tries in {time.monotonic() - created:.0f} s"
+    cond = stuck(jobs.status("stuck"))
+    assert cond is not None
+    assert f"failed {tries} time(s)" in cond["message"], (tries, cond["message"])
+    assert "stuck-controller-1" not in [p["metadata"]["name"] for p in jobs.pods("stuck")]
+
+    # The cluster admin creates the class: the next try (at most 8 s on) succeeds.
+    admin.create(
+        classes,
+        {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": missing}, "value": 10},
+    )
+    try:
+        st = jobs.wait("stuck", lambda s: stuck(s) is None, 20, "the condition to go")
+        assert [p["metadata"]["name"] for p in jobs.pods("stuck")] == ["stuck-controller-1"]
+        assert "Reconciled" in jobs.reasons("stuck")
+        assert (st["attempt"], st["restarts"]) == (1, 0), "a refused create is no crash"
+        row = cluster.kubectl("get", "rljobs", "stuck", "-n", namespace, "--no-headers").stdout.split()
+        assert "Forbidden" not in row
+    finally:
+        jobs.delete("stuck")
+        admin.delete(f"{classes}/{missing}")
+    print(f"condition seen {seen_after:.1f} s after the create; {tries} tries in the first 20 s")
+
+
 def test_deletion_applies_the_retention_policy_to_the_cuts(
     cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs, s3_bucket: S3Bucket, policy: str
 ) -> None:
