@@ -13,6 +13,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import random
+import signal
 import subprocess
 import sys
 import time
@@ -303,3 +305,132 @@ def test_suspend_takes_a_barrier_cut_and_resume_continues_from_it(
     st = succeeded(jobs, "tiny")
     assert (st["preemptions"], st["restarts"]) == (0, 0)
     assert_same_stream(reference, e2e_storage, "tiny")
+
+
+# ----------------------------------------------------------------------------- many unusable nodes
+
+
+def local_only(cluster: Any, why: str) -> None:
+    if TARGET == "kind":
+        pytest.skip(f"{why}; the test control plane covers it")
+
+
+def controller_pid(cluster: Any, namespace: str, pod: str) -> int:
+    pids: dict[str, int] = {}
+    wait_until(lambda: bool(pids.update(cluster.pod_pids(namespace, pod)) or pids), 30, f"{pod}'s process")
+    return pids["controller"]
+
+
+def test_with_three_nodes_unusable_a_job_starts_restarts_and_resumes_on_the_healthy_one(
+    e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage, reference: dict[int, Any]
+) -> None:
+    """A reclaim wave: of four spot nodes one is cordoned, one tainted and one NotReady, and the
+    job tolerates every taint, so that only the operator's avoid-list keeps its pods off them
+    (the scheduler would not). The job starts, crash-restarts and is preempted, each time on
+    the one healthy node."""
+    local_only(e2e_cluster, "kind's node set is fixed at cluster creation and this needs four spot nodes")
+    from spotrl_e2e.nodeagent.config import NodeSpec
+
+    cluster, jobs = e2e_cluster, e2e_jobs
+    extra = ["wave-c", "wave-d"]
+    for name in extra:
+        cluster.add_node(NodeSpec(name, capacity_type="spot", gpus=1))
+    try:
+        cluster.cordon("spot-a")
+        cluster.taint("spot-b", KARPENTER, "true")
+        cluster.lose_node("wave-c")
+        cluster.wait_node_condition("wave-c", "Unknown", timeout=60)
+        if cluster.admin().get_or_none(f"/api/v1/namespaces/{jobs.ns}/secrets/s3") is None:
+            cluster.admin().create(f"/api/v1/namespaces/{jobs.ns}/secrets", e2e_storage.secret())
+        job = tiny_job("wave", e2e_storage, SPOT)
+        job["spec"]["scheduling"]["tolerations"] = [{"operator": "Exists"}]
+        job["spec"]["failureBudget"] = {"backoffSeconds": 1}
+        jobs.create(job)
+
+        # Start: on the healthy node. Then the controller crashes (SIGKILL, exit 137).
+        pod = "wave-controller-1"
+        os.kill(controller_pid(cluster, jobs.ns, pod), signal.SIGKILL)
+        assert cluster.admin().get(f"/api/v1/namespaces/{jobs.ns}/pods/{pod}")["spec"]["nodeName"] == "wave-d"
+
+        # The restart: on the healthy node again.
+        st = training(jobs, "wave", 2, attempt=2)
+        assert st["restarts"] == 1
+        assert st["controllerNode"] == "wave-d", f"attempt 2 landed on {st['controllerNode']}"
+
+        # A notice for the healthy node while spot-a is back: still three unusable (spot-b,
+        # wave-c, wave-d), and the preempted controller resumes on spot-a and nowhere else.
+        cluster.uncordon("spot-a")
+        cluster.taint("wave-d", AWS_NOTICE, "true")
+        drain = cluster.drain("wave-d", timeout=300)
+        try:
+            st = training(jobs, "wave", st["step"] + 1, attempt=3)
+            assert drain.wait(300) == 0, drain.output()
+        finally:
+            drain.stop()
+        assert st["controllerNode"] == "spot-a", f"attempt 3 landed on {st['controllerNode']}"
+        st = succeeded(jobs, "wave")
+        assert (st["preemptions"], st["restarts"]) == (1, 1)
+        assert not [c for c in st.get("conditions") or [] if c["type"] == "ReconcileError"]
+        assert "ReconcileFailed" not in jobs.reasons("wave")
+        assert_same_stream(reference, e2e_storage, "wave")
+    finally:
+        for name in extra:
+            cluster.delete_node(name)
+
+
+def test_a_double_preemption_with_the_operator_killed_in_each_ends_with_the_same_stream(
+    e2e_cluster: Any,
+    e2e_jobs: Jobs,
+    e2e_storage: JobStorage,
+    reference: dict[int, Any],
+    e2e_operator: Any,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A drain after a Karpenter notice, then the fresh controller's node lost abruptly while that
+    controller is still starting; the operator is SIGKILLed at a random moment of each and a new
+    one takes over."""
+    local_only(e2e_cluster, "on kind the operator is the chart's Deployment, not a process of the test")
+    start_operator = request.getfixturevalue("start_operator")
+    seed = int(os.environ.get("SPOTRL_TEST_SEED", time.time_ns() % 10_000))
+    rng = random.Random(seed)
+    print(f"seed {seed} (SPOTRL_TEST_SEED={seed} repeats it)")
+    cluster, jobs = e2e_cluster, e2e_jobs
+    operator = e2e_operator
+
+    def kill_operator_within(seconds: float) -> None:
+        nonlocal operator
+        time.sleep(rng.uniform(0, seconds))
+        operator.kill(signal.SIGKILL)
+        operator = start_operator()
+
+    start(cluster, jobs, e2e_storage, "twice", {})
+    st = training(jobs, "twice", 2)
+    first = st["controllerNode"]
+    cluster.taint(first, KARPENTER, "true")
+    drain = cluster.drain(first, timeout=300)
+    try:
+        kill_operator_within(3.0)
+        assert drain.wait(300) == 0, drain.output()
+    finally:
+        drain.stop()
+
+    # The fresh controller is up but has not trained (it is restoring): its node goes.
+    pod = "twice-controller-2"
+    wait_until(
+        lambda: any(p["metadata"]["name"] == pod and p["status"].get("phase") == "Running" for p in jobs.pods("twice")),
+        TRAIN_TIMEOUT,
+        f"{pod} running",
+    )
+    st = jobs.status("twice")
+    assert st.get("stepAttempt") != 2, "attempt 2 trained before its node could be lost"
+    second = next(p["spec"]["nodeName"] for p in jobs.pods("twice") if p["metadata"]["name"] == pod)
+    assert second != first
+    cluster.lose_node(second)
+    kill_operator_within(3.0)
+
+    st = training(jobs, "twice", 1, attempt=3)
+    assert st["controllerNode"] not in (first, second)
+    st = succeeded(jobs, "twice")
+    assert (st["preemptions"], st["restarts"]) == (2, 0), json.dumps(st, indent=1)
+    assert "NodeLost" in jobs.reasons("twice")
+    assert_same_stream(reference, e2e_storage, "twice")
