@@ -175,7 +175,6 @@ def keys(s3: S3Bucket) -> set[str]:
     return {o["Key"] for page in pages for o in page.get("Contents", [])}
 
 
-@pytest.mark.parametrize("policy", ["Retain", "Delete"])
 def stuck(status: dict) -> dict | None:
     return next((c for c in status.get("conditions") or [] if c["type"] == "ReconcileError"), None)
 
@@ -246,6 +245,7 @@ def test_a_job_whose_pod_the_api_server_refuses_says_why_backs_off_and_recovers(
     print(f"condition seen {seen_after:.1f} s after the create; {tries} tries in the first 20 s")
 
 
+@pytest.mark.parametrize("policy", ["Retain", "Delete"])
 def test_deletion_applies_the_retention_policy_to_the_cuts(
     cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs, s3_bucket: S3Bucket, policy: str
 ) -> None:

@@ -321,47 +321,53 @@ def controller_pid(cluster: Any, namespace: str, pod: str) -> int:
     return pids["controller"]
 
 
-def test_with_three_nodes_unusable_a_job_starts_restarts_and_resumes_on_the_healthy_one(
+def test_with_two_then_three_nodes_unusable_a_job_starts_restarts_and_resumes_on_the_healthy_ones(
     e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage, reference: dict[int, Any]
 ) -> None:
-    """A reclaim wave: of four spot nodes one is cordoned, one tainted and one NotReady, and the
-    job tolerates every taint, so that only the operator's avoid-list keeps its pods off them
-    (the scheduler would not). The job starts, crash-restarts and is preempted, each time on
-    the one healthy node."""
+    """A reclaim wave over four spot nodes: cordoned, tainted, then NotReady, and a job that
+    tolerates every taint, so that only the operator's avoid-list keeps its pods off them (the
+    scheduler would not). The job starts with two nodes unusable, crash-restarts with three,
+    and is preempted with three, each time on a healthy node."""
     local_only(e2e_cluster, "kind's node set is fixed at cluster creation and this needs four spot nodes")
     from spotrl_e2e.nodeagent.config import NodeSpec
 
     cluster, jobs = e2e_cluster, e2e_jobs
     extra = ["wave-c", "wave-d"]
+    backoff = 30  # the crash backoff: time for a lost node to go NotReady (10 s grace, here)
     for name in extra:
         cluster.add_node(NodeSpec(name, capacity_type="spot", gpus=1))
     try:
         cluster.cordon("spot-a")
         cluster.taint("spot-b", KARPENTER, "true")
-        cluster.lose_node("wave-c")
-        cluster.wait_node_condition("wave-c", "Unknown", timeout=60)
         if cluster.admin().get_or_none(f"/api/v1/namespaces/{jobs.ns}/secrets/s3") is None:
             cluster.admin().create(f"/api/v1/namespaces/{jobs.ns}/secrets", e2e_storage.secret())
         job = tiny_job("wave", e2e_storage, SPOT)
         job["spec"]["scheduling"]["tolerations"] = [{"operator": "Exists"}]
-        job["spec"]["failureBudget"] = {"backoffSeconds": 1}
+        job["spec"]["failureBudget"] = {"backoffSeconds": backoff}
         jobs.create(job)
 
-        # Start: on the healthy node. Then the controller crashes (SIGKILL, exit 137).
+        # Two unusable: the job starts on one of the two healthy nodes; then it crashes.
         pod = "wave-controller-1"
-        os.kill(controller_pid(cluster, jobs.ns, pod), signal.SIGKILL)
-        assert cluster.admin().get(f"/api/v1/namespaces/{jobs.ns}/pods/{pod}")["spec"]["nodeName"] == "wave-d"
+        pid = controller_pid(cluster, jobs.ns, pod)
+        home = cluster.admin().get(f"/api/v1/namespaces/{jobs.ns}/pods/{pod}")["spec"]["nodeName"]
+        assert home in extra, f"attempt 1 landed on {home}, which was unusable"
+        os.kill(pid, signal.SIGKILL)
 
-        # The restart: on the healthy node again.
+        # During the crash backoff the other healthy node stops answering: three unusable.
+        (lost,) = set(extra) - {home}
+        cluster.lose_node(lost)
+        cluster.wait_node_condition(lost, "Unknown", timeout=backoff)
+        st = jobs.status("wave")
+        assert st.get("attempt") == 1, "attempt 2 was created before the third node was unusable"
         st = training(jobs, "wave", 2, attempt=2)
         assert st["restarts"] == 1
-        assert st["controllerNode"] == "wave-d", f"attempt 2 landed on {st['controllerNode']}"
+        assert st["controllerNode"] == home, f"attempt 2 landed on {st['controllerNode']}, not the healthy {home}"
 
-        # A notice for the healthy node while spot-a is back: still three unusable (spot-b,
-        # wave-c, wave-d), and the preempted controller resumes on spot-a and nowhere else.
+        # A notice for that node while spot-a is back: still three unusable (spot-b, the lost
+        # node, the noticed one), and the preempted controller resumes on spot-a only.
         cluster.uncordon("spot-a")
-        cluster.taint("wave-d", AWS_NOTICE, "true")
-        drain = cluster.drain("wave-d", timeout=300)
+        cluster.taint(home, AWS_NOTICE, "true")
+        drain = cluster.drain(home, timeout=300)
         try:
             st = training(jobs, "wave", st["step"] + 1, attempt=3)
             assert drain.wait(300) == 0, drain.output()
