@@ -55,7 +55,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from spotrl_operator.signals import Signal
-from spotrl_runtime.api.rljob import BarrierStatus, Condition, FailureBudget, Phase, RLJobSpec, RLJobStatus
+from spotrl_runtime.api.rljob import BarrierStatus, Condition, FailureBudget, JobPhase, RLJobSpec, RLJobStatus
 
 # A pod stuck in Terminating on a node whose kubelet stopped answering is never confirmed
 # gone; after this long we force-delete it so a fresh controller can start.
@@ -262,7 +262,7 @@ class _Builder:
     def has_condition(self, ctype: str, status: str = "True") -> bool:
         return any(c.type == ctype and c.status == status for c in self.st.conditions)
 
-    def phase(self, phase: Phase, message: str) -> None:
+    def phase(self, phase: JobPhase, message: str) -> None:
         """Sets the phase (an Event when it changes) and keeps the conditions in step with it."""
         if self.st.phase != phase:
             self.event("Warning" if phase == "Failed" else "Normal", phase, message)

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-# Caps on the barrier deadline per notice provider (see signals.provider_of): how long the
+# Caps on the barrier deadline per notice provider (see signals.Signal.provider): how long the
 # platform's notice leaves the pods, minus a margin. spec.checkpoint.barrierDeadlineSeconds
 # (default 100 s, fitting AWS's 120 s) applies where no cap is set.
 DEFAULT_DEADLINE_CAPS: Mapping[str, int] = {"gke": 20, "aks": 25}

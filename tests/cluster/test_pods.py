@@ -224,4 +224,9 @@ def test_init_container_runs_first_and_crash_loops_back_off(cluster: Cluster, na
     assert init["state"]["terminated"]["exitCode"] == 0
     (main,) = status["containerStatuses"]
     assert main["lastState"]["terminated"]["exitCode"] == 1
-    assert "ready" in cluster.pod_log(namespace, "init-then-crash", "main")
+    # The newest run's log may be a restart that has not printed yet: wait for the line, as a
+    # person reading `kubectl logs` during a crash loop would (not `assert` at one instant).
+    deadline = time.monotonic() + 30
+    while "ready" not in cluster.pod_log(namespace, "init-then-crash", "main"):
+        assert time.monotonic() < deadline, "the main container never printed what the init container wrote"
+        time.sleep(0.2)

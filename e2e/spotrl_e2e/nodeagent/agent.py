@@ -49,7 +49,7 @@ class Agent:
             index = index or len(self.nodes) + 1
             if not 1 <= index <= 254 or index in {n.index for n in self.nodes.values()}:
                 raise ValueError(f"node index {index} is taken or outside 1..254")
-            node = Node(self, spec, index)
+            node = Node(self.config, spec, index)
             self.nodes[spec.name] = node
         node.start()
         return node

@@ -16,16 +16,13 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from spotrl_e2e.kube import STRATEGIC, ApiError, Credentials, KubeClient
-from spotrl_e2e.nodeagent.config import NodeSpec
+from spotrl_e2e.nodeagent.config import AgentConfig, NodeSpec
 from spotrl_e2e.nodeagent.pods import PodWorker, now_rfc3339
 from spotrl_e2e.pki import KeyPair
-
-if TYPE_CHECKING:
-    from spotrl_e2e.nodeagent.agent import Agent
 
 log = logging.getLogger("nodeagent.node")
 Obj = dict[str, Any]
@@ -42,17 +39,17 @@ class Node:
     """States: ``running``, ``shutting-down``, ``shutdown`` (graceful, heartbeats stopped),
     ``lost`` (abrupt: processes killed, heartbeats stopped)."""
 
-    def __init__(self, agent: Agent, spec: NodeSpec, index: int):
-        self.agent = agent
+    def __init__(self, config: AgentConfig, spec: NodeSpec, index: int):
+        self.config = config
         self.spec = spec
         self.name = spec.name
         self.index = index
         self.ip = f"127.0.{index}.1"
-        pki = Path(agent.config.pki_dir)
+        pki = Path(config.pki_dir)
         self.client = KubeClient(
             Credentials(
-                agent.server,
-                Path(agent.ca),
+                config.server,
+                Path(config.ca),
                 client=KeyPair(pki / f"node-{self.name}.crt", pki / f"node-{self.name}.key"),
             )
         )
@@ -220,7 +217,7 @@ class Node:
                 "kernelVersion": "spotrl-nodeagent",
                 "osImage": "SpotRL node agent (pods are local processes)",
                 "containerRuntimeVersion": "spotrl://0.1",
-                "kubeletVersion": self.agent.config.kubelet_version,
+                "kubeletVersion": self.config.kubelet_version,
                 "kubeProxyVersion": "",
                 "operatingSystem": "linux",
                 "architecture": "amd64",
@@ -245,7 +242,7 @@ class Node:
                     },
                     "spec": {
                         "holderIdentity": self.name,
-                        "leaseDurationSeconds": self.agent.config.lease_seconds,
+                        "leaseDurationSeconds": self.config.lease_seconds,
                         "renewTime": _micro_now(),
                     },
                 },
@@ -262,7 +259,7 @@ class Node:
                 raise
 
     def _heartbeats(self, stop: threading.Event) -> None:
-        cfg = self.agent.config
+        cfg = self.config
         last_status = time.monotonic()
         while not stop.wait(cfg.lease_renew_seconds):
             try:
@@ -415,7 +412,7 @@ class Node:
 
     # ------------------------------------------------------------------ kubelet API (logs)
     def _start_kubelet_api(self) -> None:
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=self.agent.ca)
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=self.config.ca)
         ctx.load_cert_chain(str(self.serving.cert), str(self.serving.key))
         ctx.verify_mode = ssl.CERT_REQUIRED
         node = self
@@ -457,7 +454,7 @@ class Node:
         self, handler: BaseHTTPRequestHandler, ns: str, pod: str, container: str, query: dict[str, list[str]]
     ) -> None:
         dirs = sorted(
-            (self.agent.workdir / "pods").glob(f"{ns}_{pod}_*"), key=lambda p: p.stat().st_mtime, reverse=True
+            (Path(self.config.workdir) / "pods").glob(f"{ns}_{pod}_*"), key=lambda p: p.stat().st_mtime, reverse=True
         )
         logs = (
             sorted(dirs[0].glob(f"logs/{container}.[0-9]*.log"), key=lambda p: int(p.name.split(".")[-2]))

@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from spotrl_e2e.kube import STRATEGIC, ApiError
 from spotrl_e2e.nodeagent import podspec
@@ -33,7 +33,22 @@ from spotrl_e2e.pki import write_kubeconfig
 from spotrl_e2e.procs import die_with_parent
 
 if TYPE_CHECKING:
-    from spotrl_e2e.nodeagent.node import Node
+    from spotrl_e2e.kube import KubeClient
+    from spotrl_e2e.nodeagent.config import AgentConfig
+
+
+class Node(Protocol):
+    """What a pod worker uses of the node that runs it (:class:`spotrl_e2e.nodeagent.node.Node`)."""
+
+    config: AgentConfig
+    client: KubeClient
+    ip: str
+
+    def allocate_ip(self) -> str: ...
+    def release_ip(self, ip: str) -> None: ...
+    def forget(self, uid: str, worker: PodWorker) -> None: ...
+    def event(self, pod: Obj, reason: str, message: str, kind: str = "Normal") -> None: ...
+
 
 log = logging.getLogger("nodeagent.pods")
 
@@ -87,7 +102,7 @@ class PodWorker(threading.Thread):
         self.ns: str = meta["namespace"]
         self.pod_name: str = meta["name"]
         self.after_reboot = after_reboot
-        self.dir = node.agent.workdir / "pods" / f"{self.ns}_{self.pod_name}_{self.uid[:8]}"
+        self.dir = Path(node.config.workdir) / "pods" / f"{self.ns}_{self.pod_name}_{self.uid[:8]}"
         self.root = self.dir / "root"
         self.ip = ""
         self.start_time = now_rfc3339()
@@ -338,15 +353,15 @@ class PodWorker(threading.Thread):
         return pod
 
     def _base_env(self, c: Container) -> dict[str, str]:
-        agent = self.node.agent
+        cfg = self.node.config
         env = {
-            "PATH": f"{agent.python_bin}:/usr/local/bin:/usr/bin:/bin",
+            "PATH": f"{cfg.python_bin}:/usr/local/bin:/usr/bin:/bin",
             "HOME": str(self.root),
             "HOSTNAME": self.pod_name,
             "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1",
             "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-            "KUBERNETES_SERVICE_PORT": agent.server.rsplit(":", 1)[1],
+            "KUBERNETES_SERVICE_PORT": cfg.server.rsplit(":", 1)[1],
         }
         token = self._api_token
         sa_mounted = any(mp.rstrip("/") == SERVICE_ACCOUNT_DIR for mp in self.mounts.get(c.name, {}))
@@ -355,8 +370,8 @@ class PodWorker(threading.Thread):
             kubeconfig = self.dir / "kubeconfig"
             if not kubeconfig.exists():
                 ca = self.dir / "ca.crt"
-                shutil.copyfile(agent.ca, ca)
-                write_kubeconfig(kubeconfig, agent.server, ca, "pod", token=token, namespace=self.ns)
+                shutil.copyfile(cfg.ca, ca)
+                write_kubeconfig(kubeconfig, cfg.server, ca, "pod", token=token, namespace=self.ns)
             env["KUBECONFIG"] = str(kubeconfig)
         return env
 
@@ -419,10 +434,8 @@ class PodWorker(threading.Thread):
             c.done = True
             return
         ran = time.monotonic() - c.started_at
-        agent = self.node.agent
-        c.backoff = (
-            agent.config.backoff_initial if ran > 60 or not c.backoff else min(c.backoff * 2, agent.config.backoff_max)
-        )
+        cfg = self.node.config
+        c.backoff = cfg.backoff_initial if ran > 60 or not c.backoff else min(c.backoff * 2, cfg.backoff_max)
         c.next_start = time.monotonic() + c.backoff
         c.last_state = {"terminated": term}
         c.state = {

@@ -501,13 +501,13 @@ class BarrierStatus(ApiObject):
     message: str | None = Field(default=None, description="Why the barrier failed (set by the controller).")
 
 
-Phase = Literal["Pending", "Running", "Checkpointing", "Rescheduling", "Suspended", "Succeeded", "Failed"]
+JobPhase = Literal["Pending", "Running", "Checkpointing", "Rescheduling", "Suspended", "Succeeded", "Failed"]
 
 
 class RLJobStatus(ApiObject):
     """What the operator and the job's controller report."""
 
-    phase: Phase | None = None
+    phase: JobPhase | None = None
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = Field(default=None, ge=0)
     step: int | None = Field(default=None, ge=0, description="Optimizer steps trained.")

@@ -308,21 +308,6 @@ class Owners:
 
     # ------------------------------------------------------------- loader side
 
-    def take_batch(self) -> list[str]:
-        """Loader -> ledger: takes the next batch as one RESERVED admission; returns its group ids."""
-        with self._cond:
-            return self._take_batch()
-
-    def top_up_spares(self) -> int:
-        """Loader -> spare pool: takes whole batches while a whole batch is missing ('replace' only)."""
-        with self._cond:
-            return self._top_up_spares()
-
-    def admit_next(self, weight_version: int | None = None) -> list[Dispatch]:
-        """RESERVED -> ADMITTED for the oldest waiting batch, if the gate is open."""
-        with self._cond:
-            return self._admit_next(weight_version)
-
     def pump(self, weight_version: int | None = None) -> list[Dispatch]:
         """Everything that may be dispatched now, in the order it must go.
 

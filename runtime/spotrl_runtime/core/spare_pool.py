@@ -66,10 +66,6 @@ class SparePool:
         """Appends one spare (the loader's batch order is kept)."""
         self._spares.append((spare, prompt))
 
-    def peek(self) -> tuple[Spare, Prompt] | None:
-        """The spare that :meth:`pop` would hand out next, or None."""
-        return self._spares[0] if self._spares else None
-
     def pop(self) -> tuple[Spare, Prompt]:
         """Hands out the oldest spare."""
         return self._spares.popleft()

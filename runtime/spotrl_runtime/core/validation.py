@@ -41,7 +41,7 @@ import json
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from spotrl_runtime.core.cut_format import (
     MANIFEST_NAME,
@@ -565,8 +565,3 @@ def check_prompts(loc: str, manifest: Manifest, docs: CutDocuments, lookup: Prom
 def _path_of(manifest: Manifest, role: str) -> str:
     f = manifest.file(role)
     return f.path if f is not None else role
-
-
-def describe_checks() -> list[dict[str, Any]]:
-    """Every check with its error class, for documentation and ``spotrl ckpt verify --list-checks``."""
-    return [{"check": e.check, "error": e.__name__} for e in ERRORS]

@@ -4,7 +4,7 @@ vLLM and Ray are imported only where they are used, so this package imports on a
 has neither (the GPU check script, the trainer process).
 """
 
-from spotrl_runtime.generation.backend import BackendSpec, GenerationBackend, build_backend
+from spotrl_runtime.generation.backend import BackendSpec, GenerationBackend
 from spotrl_runtime.generation.rollouts import encode_prompt, group_seed, make_request, score_group
 from spotrl_runtime.generation.sampling import sampling_logprobs
 from spotrl_runtime.generation.types import (
@@ -17,6 +17,7 @@ from spotrl_runtime.generation.types import (
     GroupOutcome,
     Sample,
 )
+from spotrl_runtime.generation.worker import build_backend
 
 __all__ = [
     "FINISH_LENGTH",

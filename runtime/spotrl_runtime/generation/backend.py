@@ -1,4 +1,5 @@
-"""The one generation interface, and how a worker builds its backend from a picklable spec."""
+"""The one generation interface, and the picklable spec a worker builds its backend from
+(:func:`~spotrl_runtime.generation.worker.build_backend`)."""
 
 from __future__ import annotations
 
@@ -70,16 +71,3 @@ class BackendSpec:
 def _vllm_dtype(trainer_dtype: str) -> str:
     # The trainer's float32 master weights are served in bfloat16 by vLLM.
     return "bfloat16" if trainer_dtype == "float32" else trainer_dtype
-
-
-def build_backend(spec: BackendSpec) -> GenerationBackend:
-    """Builds the backend ``spec`` names, loading the policy (vLLM is imported only here)."""
-    if spec.kind == "transformers":
-        from spotrl_runtime.generation.transformers_backend import TransformersBackend
-
-        return TransformersBackend.from_spec(spec)
-    if spec.kind == "vllm":
-        from spotrl_runtime.generation.vllm_backend import VLLMBackend
-
-        return VLLMBackend.from_spec(spec)
-    raise ValueError(f"generation.backend: {spec.kind!r} is not one of 'transformers', 'vllm'")

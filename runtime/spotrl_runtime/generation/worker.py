@@ -16,11 +16,24 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from spotrl_runtime.failpoints import failpoint
-from spotrl_runtime.generation.backend import BackendSpec, GenerationBackend, build_backend
+from spotrl_runtime.generation.backend import BackendSpec, GenerationBackend
 from spotrl_runtime.generation.types import GenerationRequest, GroupFailed, GroupGenerated
 
 if TYPE_CHECKING:
     import torch
+
+
+def build_backend(spec: BackendSpec) -> GenerationBackend:
+    """Builds the backend ``spec`` names, loading the policy (vLLM is imported only here)."""
+    if spec.kind == "transformers":
+        from spotrl_runtime.generation.transformers_backend import TransformersBackend
+
+        return TransformersBackend.from_spec(spec)
+    if spec.kind == "vllm":
+        from spotrl_runtime.generation.vllm_backend import VLLMBackend
+
+        return VLLMBackend.from_spec(spec)
+    raise ValueError(f"generation.backend: {spec.kind!r} is not one of 'transformers', 'vllm'")
 
 
 class GenerationWorker:
