@@ -1,4 +1,4 @@
-"""Carry out a :class:`~spotrl_operator.reconcile.Plan` against the API server, idempotently.
+"""Carry out a :class:`~spotrl_operator.world.Plan` against the API server, idempotently.
 
 Order matters, so that an operator that dies at any point leaves a state the next
 reconcile (this replica's or another's) completes without losing or repeating anything:
@@ -34,7 +34,9 @@ from typing import Any
 from spotrl_operator import resources
 from spotrl_operator.kube import Kube, KubeError, path
 from spotrl_operator.observe import STATUS_FIELDS, Snapshot, job_ref, rljob_path
-from spotrl_operator.reconcile import (
+from spotrl_operator.reconcile import crash_backoff
+from spotrl_operator.settings import Settings
+from spotrl_operator.world import (
     CloseDisruptionBudget,
     CreateControllerPod,
     CreateWorkerPod,
@@ -43,12 +45,10 @@ from spotrl_operator.reconcile import (
     OpenDisruptionBudget,
     Plan,
     RequestBarrier,
-    crash_backoff,
-    iso,
     set_condition,
 )
-from spotrl_operator.settings import Settings
 from spotrl_runtime.api import rljob as api
+from spotrl_runtime.api import times
 
 Obj = dict[str, Any]
 log = logging.getLogger("spotrl.operator")
@@ -278,7 +278,7 @@ class Actuator:
             kind = "cannot succeed until something changes" if f.permanent else "may be passing"
             message = (
                 f"{f.what} failed {f.tries} time(s): HTTP {err.status} {err.reason}: {err.message} "
-                f"(an error that {kind}); next try at {iso(f.not_before)}"
+                f"(an error that {kind}); next try at {times.rfc3339(f.not_before)}"
             )
             if current is not None and current.status == "True" and current.message == message:
                 return None
@@ -359,7 +359,7 @@ class Actuator:
         """A core/v1 Event about the RLJob. The same (reason, message) again raises the count
         of the existing Event instead of adding one, as the kubelet's recorder does."""
         meta = job["metadata"]
-        now = iso(self.clock())
+        now = times.rfc3339(self.clock())
         event = resources.event(meta, type_, reason, message, now, self.settings.identity)
         name = event["metadata"]["name"]
         url = path("v1", "events", meta["namespace"])

@@ -33,11 +33,12 @@ from spotrl_operator.actuate import Actuator, ConflictError, failure_budget
 from spotrl_operator.kube import Kube, KubeError, path
 from spotrl_operator.metrics import Metrics
 from spotrl_operator.observe import Snapshot, fetch, node_lost, trim_node, trim_pod, world_of
-from spotrl_operator.reconcile import CreateControllerPod, Plan, RequestBarrier, reconcile
+from spotrl_operator.reconcile import reconcile
 from spotrl_operator.resources import JOB_LABEL, ROLE_LABEL
 from spotrl_operator.retention import Outcome, RetentionError, apply_retention
 from spotrl_operator.settings import Settings
 from spotrl_operator.signals import Signal, node_signals, pod_signals
+from spotrl_operator.world import CreateControllerPod, Plan, RequestBarrier
 from spotrl_runtime.api import rljob as api
 from spotrl_runtime.api.rljob import SpecError
 

@@ -15,17 +15,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from spotrl_operator.kube import Kube, KubeError, path
+from spotrl_runtime.api import times
 
 log = logging.getLogger("spotrl.operator.leader")
 Obj = dict[str, Any]
-
-
-def micro_time(t: datetime | None = None) -> str:
-    return (t or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaderElector:
@@ -56,7 +52,7 @@ class LeaderElector:
         """The holder seen last."""
 
     def _record(self, transitions: int, acquire: str | None) -> Obj:
-        now = micro_time()
+        now = times.rfc3339_micro()
         return {
             "holderIdentity": self.identity,
             "leaseDurationSeconds": max(1, round(self.lease_seconds)),
@@ -145,7 +141,7 @@ class LeaderElector:
                 return
             lease["spec"]["holderIdentity"] = None
             lease["spec"]["leaseDurationSeconds"] = 1
-            lease["spec"]["renewTime"] = micro_time()
+            lease["spec"]["renewTime"] = times.rfc3339_micro()
             self.kube.update(self.url, lease)
             log.info("released the lease %s", self.name)
         except KubeError as err:

@@ -3,7 +3,7 @@
 Two ways to fill a snapshot: from the operator's watch caches (Kopf indexes, no requests:
 the normal path, cheap for many jobs) and from the API server (:func:`fetch`: after a write
 conflict proved the cache stale). :func:`world_of` turns either into the
-:class:`~spotrl_operator.reconcile.World` that :func:`~spotrl_operator.reconcile.reconcile`
+:class:`~spotrl_operator.world.World` that :func:`~spotrl_operator.reconcile.reconcile`
 decides on. Only this module knows the shape of Pods, Nodes and PDBs.
 
 Which nodes are which:
@@ -26,7 +26,6 @@ from typing import Any
 
 from spotrl_operator import placement
 from spotrl_operator.kube import Kube, path
-from spotrl_operator.reconcile import PodView, World, parse_time
 from spotrl_operator.resources import (
     ATTEMPT_LABEL,
     JOB_LABEL,
@@ -38,7 +37,9 @@ from spotrl_operator.resources import (
 )
 from spotrl_operator.settings import Settings
 from spotrl_operator.signals import Signal, node_signals, pod_signals
+from spotrl_operator.world import PodView, World
 from spotrl_runtime.api import rljob as api
+from spotrl_runtime.api import times
 
 Obj = dict[str, Any]
 
@@ -122,7 +123,7 @@ def _exit_code(pod: Obj) -> int | None:
 def deleting_since(pod: Obj) -> datetime | None:
     """When the pod's deletion began: deletionTimestamp is that moment plus the grace period."""
     meta = pod.get("metadata") or {}
-    deadline = parse_time(meta.get("deletionTimestamp"))
+    deadline = times.parse(meta.get("deletionTimestamp"))
     if deadline is None:
         return None
     return deadline - timedelta(seconds=int(meta.get("deletionGracePeriodSeconds") or 0))

@@ -22,10 +22,10 @@ from operator_harness import RLJOBS, service_account_client, tiny_job
 from spotrl_e2e.cluster import Cluster
 from spotrl_e2e.kube import ApiError, KubeClient, path
 from spotrl_operator import resources
-from spotrl_operator.reconcile import iso
 from spotrl_operator.resources import JobRef
 from spotrl_operator.settings import Settings
 from spotrl_runtime.api.rljob import parse_spec
+from spotrl_runtime.api.times import rfc3339
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
@@ -222,7 +222,7 @@ def test_the_api_server_accepts_the_other_objects_the_operator_builds(
                 "Warning",
                 "ReconcileFailed",
                 "x" * 2000,
-                iso(datetime.now(UTC)),
+                rfc3339(datetime.now(UTC)),
                 "operator-" + "y" * 200,
             ),
         ),

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from spotrl_operator.reconcile import (
+from spotrl_operator.reconcile import barrier_id, reconcile
+from spotrl_operator.signals import Signal
+from spotrl_operator.workers import worker_backoff
+from spotrl_operator.world import (
     CloseDisruptionBudget,
     CreateControllerPod,
     CreateWorkerPod,
@@ -16,13 +19,9 @@ from spotrl_operator.reconcile import (
     PodView,
     RequestBarrier,
     World,
-    barrier_id,
-    iso,
-    reconcile,
-    worker_backoff,
 )
-from spotrl_operator.signals import Signal
 from spotrl_runtime.api.rljob import CutRef, FailureBudget, RayHead, RLJobStatus, parse_spec
+from spotrl_runtime.api.times import rfc3339 as iso
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 SPEC = parse_spec(

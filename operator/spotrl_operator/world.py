@@ -1,0 +1,210 @@
+"""What :func:`~spotrl_operator.reconcile.reconcile` decides on and what it returns, pure.
+
+- :class:`World`: the job, its pods and the nodes under them, as :mod:`~spotrl_operator.observe`
+  saw them;
+- the actions (create or delete a pod, ask for a barrier, open or close the PDB, an Event)
+  and the :class:`Plan` that holds them with the status to write;
+- :class:`Builder`: the plan and the new status while the lifecycle
+  (:mod:`~spotrl_operator.reconcile`) and the worker pods (:mod:`~spotrl_operator.workers`)
+  walk their cases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from spotrl_operator.signals import Signal
+from spotrl_runtime.api import times
+from spotrl_runtime.api.rljob import BarrierStatus, Condition, JobPhase, RLJobSpec, RLJobStatus
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the lifecycle needs to know about one controller pod."""
+
+    name: str
+    attempt: int
+    phase: str
+    """Pending, Running, Succeeded, Failed or Unknown."""
+    node: str | None = None
+    deleting_since: datetime | None = None
+    exit_code: int | None = None
+    disruption: str | None = None
+    """Reason of a DisruptionTarget=True condition (EvictionByEvictionAPI, TerminationByKubelet...)."""
+    index: int | None = None
+    """Worker pods: the worker index within the attempt."""
+
+
+@dataclass(frozen=True)
+class World:
+    """Everything :func:`reconcile` looks at, observed at `now` (timezone-aware UTC)."""
+
+    now: datetime
+    generation: int
+    spec: RLJobSpec
+    status: RLJobStatus
+    pods: tuple[PodView, ...] = ()
+    """The job's controller pods."""
+    workers: tuple[PodView, ...] = ()
+    """The job's generation worker pods (``spec.generation.workerPods``), of every attempt."""
+    signals: tuple[Signal, ...] = ()
+    """Signals on the nodes of this job's pods, and DisruptionTarget on its pods."""
+    unusable_nodes: frozenset[str] = frozenset()
+    """Nodes about to go or gone: with a notice, cordoned, NotReady or deleted."""
+    avoid_nodes: frozenset[str] = frozenset()
+    """The unusable nodes a new pod of this job must name to be kept off them (the others the
+    scheduler avoids by itself, or the job's placement never chooses)."""
+    lost_nodes: frozenset[str] = frozenset()
+    """Nodes whose kubelet confirms nothing any more: Ready Unknown, or deleted."""
+    pdb_open: bool = False
+    deadline_caps: Mapping[str, int] = field(default_factory=dict)
+    """Barrier deadline caps in seconds by notice provider (:attr:`Signal.provider`)."""
+    config_error: str | None = None
+    """Why the job cannot run at all as configured (e.g. no storage anywhere); it fails."""
+
+
+@dataclass(frozen=True)
+class CreateControllerPod:
+    attempt: int
+    avoid_nodes: frozenset[str]
+
+
+@dataclass(frozen=True)
+class CreateWorkerPod:
+    attempt: int
+    index: int
+    address: str
+    """The Ray head the worker joins (``status.rayHead.address``)."""
+    avoid_nodes: frozenset[str]
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+    force: bool = False
+    """Grace period 0: only for a pod whose node stopped answering."""
+
+
+@dataclass(frozen=True)
+class RequestBarrier:
+    barrier: BarrierStatus
+
+
+@dataclass(frozen=True)
+class OpenDisruptionBudget:
+    pass
+
+
+@dataclass(frozen=True)
+class CloseDisruptionBudget:
+    pass
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+Action = (
+    CreateControllerPod
+    | CreateWorkerPod
+    | DeletePod
+    | RequestBarrier
+    | OpenDisruptionBudget
+    | CloseDisruptionBudget
+    | Event
+)
+
+
+@dataclass
+class Plan:
+    """What to do now, the status to write, and when to look again (seconds)."""
+
+    actions: list[Action] = field(default_factory=list)
+    status: RLJobStatus | None = None
+    requeue_after: float | None = None
+
+    def requeue_within(self, seconds: float) -> None:
+        """Look again after at most ``seconds`` (an earlier wish stands)."""
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+
+
+def set_condition(
+    status: RLJobStatus, now: datetime, generation: int, ctype: str, value: bool, reason: str, message: str
+) -> RLJobStatus:
+    """Sets one condition; lastTransitionTime moves only when its status value changes."""
+    new: Literal["True", "False"] = "True" if value else "False"
+    old = next((c for c in status.conditions if c.type == ctype), None)
+    cond = Condition(
+        type=ctype,
+        status=new,
+        reason=reason,
+        message=message,
+        last_transition_time=old.last_transition_time if old and old.status == new else times.rfc3339(now),
+        observed_generation=generation,
+    )
+    others = [c for c in status.conditions if c.type != ctype]
+    return status.model_copy(update={"conditions": [*others, cond]})
+
+
+# ----------------------------------------------------------------------------- the builder
+
+
+class Builder:
+    """Accumulates the plan and the new status while :func:`reconcile` walks the cases."""
+
+    def __init__(self, world: World):
+        self.world = world
+        self.plan = Plan()
+        self.st = world.status.model_copy(
+            update={"observed_generation": world.generation, "total_steps": world.spec.training.total_steps}
+        )
+
+    def act(self, *actions: Action) -> None:
+        self.plan.actions.extend(actions)
+
+    def event(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
+        self.plan.actions.append(Event(type_, reason, message))
+
+    def update(self, **fields: object) -> None:
+        self.st = self.st.model_copy(update=fields)
+
+    def condition(self, ctype: str, value: bool, reason: str, message: str) -> None:
+        self.st = set_condition(self.st, self.world.now, self.world.generation, ctype, value, reason, message)
+
+    def has_condition(self, ctype: str, status: str = "True") -> bool:
+        return any(c.type == ctype and c.status == status for c in self.st.conditions)
+
+    def phase(self, phase: JobPhase, message: str) -> None:
+        """Sets the phase (an Event when it changes) and keeps the conditions in step with it."""
+        if self.st.phase != phase:
+            self.event("Warning" if phase == "Failed" else "Normal", phase, message)
+        self.update(phase=phase, message=message)
+        if phase != "Running" and self.has_condition("Running"):
+            self.condition("Running", False, phase, message)
+        if phase == "Suspended":
+            self.condition("Suspended", True, "Suspended", message)
+        elif self.has_condition("Suspended"):
+            self.condition("Suspended", False, "Resumed", "spec.suspend is false")
+
+    def interrupted(self) -> None:
+        """The running controller's work stops (once per interruption). What is lost starts at
+        the newest safe progress: the newest committed cut (a barrier cut: just now; after an
+        abrupt loss, the periodic cut whose later steps are trained again), or when this
+        controller began training if it has cut nothing since."""
+        if self.st.interrupted_at is not None:
+            return
+        cut = times.parse(self.st.last_cut.time) if self.st.last_cut else None
+        safe = [t for t in (cut, times.parse(self.st.training_since)) if t is not None]
+        since = min(self.world.now, max(safe)) if safe else self.world.now
+        self.update(interrupted_at=times.rfc3339(since), interrupted_attempt=self.st.attempt)
+
+    def finish(self) -> Plan:
+        """The plan, with the status as the walk left it. The end: nothing changes it after."""
+        self.plan.status = self.st
+        return self.plan
