@@ -26,14 +26,14 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from spotrl_operator import resources
 from spotrl_operator.kube import Kube, KubeError, path
-from spotrl_operator.observe import STATUS_FIELDS, Snapshot, job_ref, rljob_path
+from spotrl_operator.observe import STATUS_FIELDS, Snapshot, job_ref, node_lost, rljob_path
 from spotrl_operator.reconcile import crash_backoff
 from spotrl_operator.settings import Settings
 from spotrl_operator.world import (
@@ -342,6 +342,20 @@ class Actuator:
             raise TypeError(f"unknown action {action!r}")
         if self.on_action is not None:
             self.on_action(job, action)
+
+    def stop_pods(self, job: Obj, nodes: Mapping[str, Obj]) -> int:
+        """Deletes every pod of the job (a pod on a lost node at once: nobody is left to run its
+        SIGTERM path); returns how many still exist, so the caller waits for their cuts."""
+        ref = job_ref(job)
+        pods = self.kube.get(path("v1", "pods", ref.namespace), labelSelector=f"{resources.JOB_LABEL}={ref.name}")
+        items = pods.get("items") or []
+        for pod in items:
+            node = (pod.get("spec") or {}).get("nodeName") or ""
+            lost = bool(node) and node_lost(nodes.get(node))
+            if lost or not pod["metadata"].get("deletionTimestamp"):
+                url = path("v1", "pods", ref.namespace, pod["metadata"]["name"])
+                self.kube.delete(url, grace_seconds=0 if lost else None)
+        return len(items)
 
     def set_disruption_budget(self, job: Obj, open_: bool) -> None:
         ref = job_ref(job)

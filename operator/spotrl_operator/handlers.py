@@ -30,14 +30,14 @@ from typing import Any
 import kopf
 
 from spotrl_operator.actuate import Actuator, ConflictError, failure_budget
-from spotrl_operator.kube import Kube, KubeError, path
+from spotrl_operator.kube import Kube, KubeError
 from spotrl_operator.metrics import Metrics
-from spotrl_operator.observe import Snapshot, fetch, node_lost, trim_node, trim_pod, world_of
+from spotrl_operator.observe import Snapshot, fetch, trim_node, trim_pod, world_of
 from spotrl_operator.reconcile import reconcile
 from spotrl_operator.resources import JOB_LABEL, ROLE_LABEL
 from spotrl_operator.retention import Outcome, RetentionError, apply_retention
 from spotrl_operator.settings import Settings
-from spotrl_operator.signals import Signal, node_signals, pod_signals
+from spotrl_operator.signals import node_signals, pod_signals
 from spotrl_operator.world import CreateControllerPod, Plan, RequestBarrier
 from spotrl_runtime.api import rljob as api
 from spotrl_runtime.api.rljob import SpecError
@@ -313,9 +313,7 @@ def _count(ctx: Context, namespace: str, name: str, before: api.RLJobStatus, pla
     for action in plan.actions:
         if isinstance(action, RequestBarrier):
             b = action.barrier
-            kind, _, detail = b.reason.partition(": ")
-            provider = Signal(kind, b.node or "", detail).provider if kind != "suspend" else "suspend"  # type: ignore[arg-type]
-            m.barrier_requested(b.request_id, b.node, b.reason, provider)
+            m.barrier_requested(b.request_id, b.node, b.reason, action.provider)
     after = plan.status or before
     for st in (before, after):
         if st.barrier is not None and st.barrier.state != "Requested":
@@ -341,19 +339,12 @@ def finalize(
     ctx = ctx_of(memo)
     namespace = namespace or ""
     job = copy.deepcopy(dict(body))
-    nodes = cached_nodes(kwargs["nodes_index"])
     try:
-        pods = ctx.kube.get(path("v1", "pods", namespace), labelSelector=f"{JOB_LABEL}={name}").get("items") or []
-        for pod in pods:
-            node = (pod.get("spec") or {}).get("nodeName") or ""
-            lost = bool(node) and node_lost(nodes.get(node))
-            if lost or not pod["metadata"].get("deletionTimestamp"):
-                url = path("v1", "pods", namespace, pod["metadata"]["name"])
-                ctx.kube.delete(url, grace_seconds=0 if lost else None)
+        left = ctx.actuator.stop_pods(job, cached_nodes(kwargs["nodes_index"]))
     except KubeError as err:
         raise kopf.TemporaryError(f"stopping the job's pods: {err}", delay=2) from err
-    if pods:
-        raise kopf.TemporaryError(f"waiting for {len(pods)} pod(s) of the job to exit", delay=2)
+    if left:
+        raise kopf.TemporaryError(f"waiting for {left} pod(s) of the job to exit", delay=2)
     try:
         outcome = apply_retention(ctx.kube, job, ctx.settings)
     except RetentionError as err:

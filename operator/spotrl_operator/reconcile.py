@@ -194,7 +194,7 @@ def _suspend(b: Builder, current: PodView | None) -> float | None:
     # too: asking again would make it cut twice.
     barrier = b.st.barrier
     if barrier is None:
-        req = _new_barrier(b, "suspend", current, node=None)
+        req = _new_barrier(b, "suspend", current, node=None, provider="suspend")
         b.event("Normal", "BarrierRequested", f"suspending: barrier {req.request_id} requested")
         b.phase("Checkpointing", "suspending: waiting for the barrier cut")
         return 1.0
@@ -206,9 +206,9 @@ def _suspend(b: Builder, current: PodView | None) -> float | None:
     elif barrier.state == "Failed":
         _failed(b, barrier)
     elif barrier.state == "Committed":
-        _committed(b, barrier, first=b.st.message != _SUSPEND_STOPPING)
+        _committed(b, barrier)
     b.act(DeletePod(current.name))
-    b.phase("Checkpointing", _SUSPEND_STOPPING)
+    b.phase("Checkpointing", "suspending: stopping the controller")
     return 1.0
 
 
@@ -286,7 +286,7 @@ def _running(b: Builder, current: PodView) -> float | None:
         if barrier.state == "Failed":
             _failed(b, barrier)
         elif barrier.state == "Committed":
-            _committed(b, barrier, first=b.st.phase != "Rescheduling")
+            _committed(b, barrier)
         if not world.pdb_open:
             b.act(OpenDisruptionBudget())
         b.act(DeletePod(current.name))
@@ -316,10 +316,11 @@ def _running(b: Builder, current: PodView) -> float | None:
     return 2.0
 
 
-def _new_barrier(b: Builder, reason: str, pod: PodView, node: str | None, provider: str | None = None) -> BarrierStatus:
+def _new_barrier(b: Builder, reason: str, pod: PodView, node: str | None, provider: str) -> BarrierStatus:
+    """Asks ``pod`` for a barrier cut; ``provider``: who sent the notice (its deadline cap)."""
     now = b.world.now
     seconds = b.world.spec.checkpoint.barrier_deadline_seconds
-    cap = b.world.deadline_caps.get(provider) if provider else None
+    cap = b.world.deadline_caps.get(provider)
     if cap is not None:
         seconds = min(seconds, cap)
     req = BarrierStatus(
@@ -331,7 +332,7 @@ def _new_barrier(b: Builder, reason: str, pod: PodView, node: str | None, provid
         deadline=times.rfc3339(now + timedelta(seconds=seconds)),
         state="Requested",
     )
-    b.act(RequestBarrier(req))
+    b.act(RequestBarrier(req, provider))
     b.update(barrier=req)
     return req
 
@@ -341,13 +342,12 @@ def _past_deadline(b: Builder, barrier: BarrierStatus) -> bool:
     return deadline is not None and b.world.now > deadline
 
 
-_SUSPEND_STOPPING = "suspending: stopping the controller"
-
-
-def _committed(b: Builder, barrier: BarrierStatus, first: bool) -> None:
-    """A barrier committed (`first`: seen for the first time): misses and failures are history."""
-    if first:
+def _committed(b: Builder, barrier: BarrierStatus) -> None:
+    """A barrier committed: misses and failures are history. The first pass that acts on the
+    answer says so and marks it ``handled``, so a pass from a stale cache does not say it again."""
+    if not barrier.handled:
         b.event("Normal", "BarrierCommitted", f"barrier {barrier.request_id} committed cut {barrier.cut_id}")
+        b.update(barrier=barrier.model_copy(update={"handled": True}))
     for ctype in ("BarrierMissed", "BarrierFailed"):
         if b.has_condition(ctype):
             b.condition(ctype, False, "Committed", f"barrier {barrier.request_id} committed cut {barrier.cut_id}")

@@ -91,6 +91,8 @@ class DeletePod:
 @dataclass(frozen=True)
 class RequestBarrier:
     barrier: BarrierStatus
+    provider: str
+    """Who sent the notice (:attr:`~spotrl_operator.signals.Signal.provider`, or ``suspend``)."""
 
 
 @dataclass(frozen=True)

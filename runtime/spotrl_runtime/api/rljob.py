@@ -499,6 +499,9 @@ class BarrierStatus(ApiObject):
     cut_id: str | None = None
     committed_at: str | None = None
     message: str | None = Field(default=None, description="Why the barrier failed (set by the controller).")
+    handled: bool | None = Field(
+        default=None, description="true once the operator has acted on the answer (set by the operator)."
+    )
 
 
 JobPhase = Literal["Pending", "Running", "Checkpointing", "Rescheduling", "Suspended", "Succeeded", "Failed"]

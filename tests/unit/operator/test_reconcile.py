@@ -80,6 +80,7 @@ def test_a_graceful_preemption_end_to_end() -> None:
 
     p1 = reconcile(world(status=st, pods=(running(),), signals=(notice,), unusable_nodes=frozenset({"spot-a"})))
     (req,) = of(p1, RequestBarrier)
+    assert req.provider == "aws-node-termination-handler", "the metrics count barriers by who sent the notice"
     assert req.barrier.request_id == barrier_id(notice.reason, "j-controller-1")
     assert req.barrier.deadline == iso(T0 + timedelta(seconds=20))
     assert of(p1, OpenDisruptionBudget) == []
@@ -107,6 +108,13 @@ def test_a_graceful_preemption_end_to_end() -> None:
     assert of(p3, DeletePod) == [DeletePod("j-controller-1")]
     assert p3.status is not None
     assert p3.status.interrupted_at == iso(t0c), "training stopped at the barrier cut's commit"
+    assert "BarrierCommitted" in events(p3)
+    assert p3.status.barrier is not None
+    assert p3.status.barrier.handled, "the answer is marked as acted on"
+    # A pass from a stale cache (the pod not yet seen deleting) acts again but says nothing new.
+    again = reconcile(world(now=t1, status=p3.status, pods=(running(),), signals=(notice,)))
+    assert of(again, DeletePod) == [DeletePod("j-controller-1")]
+    assert "BarrierCommitted" not in events(again)
 
     # The old pod is terminating: wait for it (its SIGTERM path may still write).
     terminating = replace(running(), deleting_since=t1)
