@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from _recovery_state import table
+from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.checkpoint import CutRequest, CutWriter, snapshot_trainer
 from spotrl_runtime.checkpoint.trainer_state import HashingWriter
 from spotrl_runtime.core.owners import Owners, RecoveryConfig
@@ -108,7 +109,9 @@ def main() -> None:
 
             def whole_cut() -> float:
                 t0 = time.perf_counter()
-                cut = writer.write(owners, CutRequest.barrier(120), lambda: snapshot_trainer(sd, None, with_rng=False))
+                cut = writer.write(
+                    owners, CutRequest.barrier(Deadline.after(120)), lambda: snapshot_trainer(sd, None, with_rng=False)
+                )
                 total = time.perf_counter() - t0
                 for k, v in cut.timings.items():
                     cut_parts.setdefault(k, []).append(v)

@@ -5,7 +5,7 @@ partial status patches; this one speaks JSON and raises :class:`ApiError` with t
 server's own message. Tests that want the official client use ``Cluster.api_client()``.
 """
 
-# Not spotrl_operator.kube: the harness needs watches, per-node client certs and none of the code under test.
+# Not spotrl_runtime.kube: the harness needs watches, per-node client certs and none of the code under test.
 
 from __future__ import annotations
 

@@ -32,7 +32,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from spotrl_operator import resources
-from spotrl_operator.kube import Kube, KubeError, path
 from spotrl_operator.observe import STATUS_FIELDS, Snapshot, job_ref, node_lost, rljob_path
 from spotrl_operator.reconcile import crash_backoff
 from spotrl_operator.settings import Settings
@@ -49,6 +48,7 @@ from spotrl_operator.world import (
 )
 from spotrl_runtime.api import rljob as api
 from spotrl_runtime.api import times
+from spotrl_runtime.kube import Kube, KubeError, path
 
 Obj = dict[str, Any]
 log = logging.getLogger("spotrl.operator")

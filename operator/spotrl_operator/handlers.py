@@ -30,7 +30,6 @@ from typing import Any
 import kopf
 
 from spotrl_operator.actuate import Actuator, ConflictError, failure_budget
-from spotrl_operator.kube import Kube, KubeError
 from spotrl_operator.metrics import Metrics
 from spotrl_operator.observe import Snapshot, fetch, trim_node, trim_pod, world_of
 from spotrl_operator.reconcile import reconcile
@@ -41,6 +40,7 @@ from spotrl_operator.signals import node_signals, pod_signals
 from spotrl_operator.world import CreateControllerPod, Plan, RequestBarrier
 from spotrl_runtime.api import rljob as api
 from spotrl_runtime.api.rljob import SpecError
+from spotrl_runtime.kube import Kube, KubeError
 
 log = logging.getLogger("spotrl.operator")
 Obj = dict[str, Any]

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from spotrl_operator.kube import Kube, KubeError, path
 from spotrl_runtime.api import times
+from spotrl_runtime.kube import Kube, KubeError, path
 
 log = logging.getLogger("spotrl.operator.leader")
 Obj = dict[str, Any]

@@ -33,9 +33,9 @@ def run(settings: Settings) -> int:
     if settings.kubeconfig:
         os.environ["KUBECONFIG"] = settings.kubeconfig  # Kopf's own login reads it
 
-    from spotrl_operator.kube import Kube
     from spotrl_operator.leader import LeaderElector
     from spotrl_operator.metrics import Metrics
+    from spotrl_runtime.kube import Kube
 
     kube = Kube.connect(settings.kubeconfig)
     metrics = Metrics()

@@ -25,7 +25,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from spotrl_operator import placement
-from spotrl_operator.kube import Kube, path
 from spotrl_operator.resources import (
     ATTEMPT_LABEL,
     JOB_LABEL,
@@ -40,6 +39,7 @@ from spotrl_operator.signals import Signal, node_signals, pod_signals
 from spotrl_operator.world import PodView, World
 from spotrl_runtime.api import rljob as api
 from spotrl_runtime.api import times
+from spotrl_runtime.kube import Kube, path
 
 Obj = dict[str, Any]
 

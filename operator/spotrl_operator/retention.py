@@ -14,11 +14,11 @@ import base64
 from dataclasses import dataclass
 from typing import Any
 
-from spotrl_operator.kube import Kube, KubeError, path
 from spotrl_operator.observe import job_ref
 from spotrl_operator.resources import storage_uri
 from spotrl_operator.settings import Settings
 from spotrl_runtime.api import rljob as api
+from spotrl_runtime.kube import Kube, KubeError, path
 
 Obj = dict[str, Any]
 JOB_PREFIXES = ("cuts/", "audit/")

@@ -32,10 +32,11 @@ from spotrl_e2e.cluster import Cluster
 from spotrl_e2e.kube import ApiError, path
 from spotrl_e2e.s3 import S3Bucket
 from spotrl_operator.actuate import Actuator, ConflictError
-from spotrl_operator.kube import Kube
 from spotrl_operator.settings import Settings
+from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.controller.control import CutInfo
 from spotrl_runtime.controller.kube_bridge import KubeBridge
+from spotrl_runtime.kube import Kube
 
 pytestmark = pytest.mark.cluster
 PENDING = {"scheduling": {"nodeSelector": NOWHERE}}
@@ -329,7 +330,7 @@ class HeldCut:
         self.release = threading.Event()
         self.calls: list[str] = []
 
-    def request_barrier(self, reason: str, deadline: float) -> CutInfo:
+    def request_barrier(self, reason: str, deadline: Deadline) -> CutInfo:
         self.calls.append(reason)
         self.asked.set()
         assert self.release.wait(60)

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal, cast
 
+from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.checkpoint.layout import (
     POINTER,
     cut_dir,
@@ -80,13 +81,10 @@ class CutConflictError(CutError):
 
 @dataclass(frozen=True)
 class CutRequest:
-    """What kind of cut to take, and (for a barrier) by when it must commit.
-
-    ``deadline`` is a ``time.monotonic()`` instant.
-    """
+    """What kind of cut to take, why, and (for a barrier) by when it must commit."""
 
     kind: CutKind = "periodic"
-    deadline: float | None = None
+    deadline: Deadline | None = None
     reason: str = ""
 
     @classmethod
@@ -95,13 +93,13 @@ class CutRequest:
         return cls("periodic", None, reason)
 
     @classmethod
-    def barrier(cls, within_seconds: float, reason: str = "") -> CutRequest:
-        """A barrier cut that must commit within ``within_seconds`` from now."""
-        return cls("barrier", time.monotonic() + within_seconds, reason)
+    def barrier(cls, deadline: Deadline, reason: str = "") -> CutRequest:
+        """A barrier cut that must commit before ``deadline``."""
+        return cls("barrier", deadline, reason)
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline (None: no deadline)."""
-        return None if self.deadline is None else self.deadline - time.monotonic()
+        return None if self.deadline is None else self.deadline.remaining()
 
 
 @dataclass(frozen=True)

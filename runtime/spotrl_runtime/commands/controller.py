@@ -34,7 +34,7 @@ def _required(name: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from spotrl_runtime.api.rljob import SpecError, parse_rljob
-    from spotrl_runtime.commands.run import run_controller
+    from spotrl_runtime.commands.run import controller_options, run_controller
     from spotrl_runtime.controller.kube_bridge import KubeBridge
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -42,26 +42,19 @@ def run(args: argparse.Namespace) -> int:
     storage, attempt = _required("SPOTRL_STORAGE"), int(_required("SPOTRL_ATTEMPT"))
     bridge = KubeBridge(job_name, namespace, attempt)
     try:
-        job = parse_rljob(_read_rljob(namespace, job_name))
+        job = parse_rljob(bridge.read_job())
     except SpecError as err:
         print(f"RLJob {namespace}/{job_name}: {err}", file=sys.stderr)
         return 2
-    args.attempt = attempt
-    args.http_host = os.environ.get("SPOTRL_POD_IP") or "127.0.0.1"
-    args.on_ready = [bridge.start]
+    options = controller_options(args, job, storage)
+    options.attempt = attempt
+    options.http_host = os.environ.get("SPOTRL_POD_IP") or "127.0.0.1"
+    options.on_ready.append(bridge.start)
     # spec.generation.workerPods: the workers are pods of their own that join this pod's Ray.
-    args.remote_workers = job.spec.generation.worker_pods
-    args.on_ray_head = [bridge.publish_ray_head]
+    options.remote_workers = job.spec.generation.worker_pods
+    options.on_ray_head.append(bridge.publish_ray_head)
+    options.sinks.insert(0, bridge)
     try:
-        return run_controller(job, storage, args, sinks=[bridge])
+        return run_controller(job, options)
     finally:
         bridge.stop()
-
-
-def _read_rljob(namespace: str, name: str) -> Any:
-    from kubernetes import client, config
-
-    from spotrl_runtime.api import rljob as api
-
-    config.load_config()
-    return client.CustomObjectsApi().get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)

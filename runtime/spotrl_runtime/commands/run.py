@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -62,70 +64,84 @@ def run(args: argparse.Namespace) -> int:
         gen = job.spec.generation.model_copy(update={"workers": args.workers})
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"generation": gen})})
     storage = args.storage or job.spec.checkpoint.storage or str(Path("spotrl-runs") / (job.name or "job"))
+    options = controller_options(args, job, storage)
     if args.worker_nodes:
-        args.remote_workers = True
-        args.http_host = args.host or "127.0.0.1"
-        args.on_ray_head = [_print_join_command]
-    return run_controller(job, storage, args)
+        options.remote_workers = True
+        options.http_host = args.host or "127.0.0.1"
+        options.on_ray_head.append(_print_join_command)
+    return run_controller(job, options, args.summary_json)
 
 
 def _print_join_command(address: str, workers: int) -> None:
     print(f"waiting for {workers} generation worker(s); start each with: spotrl worker --address {address}", flush=True)
 
 
-def run_controller(job: Any, storage: str, args: argparse.Namespace, sinks: list[Any] | None = None) -> int:
-    """Builds and runs a Controller with the terminal's sinks; shared by `run` and `controller`."""
-    from spotrl_runtime.checkpoint.restore import NoCommittedCutError
-    from spotrl_runtime.controller.http import ControlServer
-    from spotrl_runtime.controller.loop import Controller, ControllerError, ControllerOptions
-    from spotrl_runtime.controller.metrics import registry_for
+def controller_options(args: argparse.Namespace, job: Any, storage: str) -> Any:
+    """The :class:`ControllerOptions` the flags shared by `run` and `controller` ask for."""
+    from spotrl_runtime.controller.assemble import ControllerOptions
     from spotrl_runtime.controller.progress import TerminalProgress
-    from spotrl_runtime.core.validation import CutCheckError
 
-    sinks = list(sinks or [])
-    if not getattr(args, "quiet", False):
-        sinks.append(TerminalProgress(job.spec.training.total_steps))
     grace = job.spec.scheduling.termination_grace_period_seconds
-    options = ControllerOptions(
+    quiet = getattr(args, "quiet", False)
+    return ControllerOptions(
         storage_uri=storage,
         resume=args.resume,
-        attempt=getattr(args, "attempt", None),
         max_steps=getattr(args, "max_steps", None),
         sigterm_deadline=args.sigterm_deadline or max(2.0, grace - 5.0),
-        http_host=getattr(args, "http_host", None) or "127.0.0.1",
-        http_port=getattr(args, "http_port", None),
-        device=_device(getattr(args, "device", "auto")),
-        remote_workers=bool(getattr(args, "remote_workers", False)),
-        on_ray_head=list(getattr(args, "on_ray_head", [])),
-        sinks=sinks,
-        on_ready=list(getattr(args, "on_ready", [])),
+        http_port=args.http_port,
+        device=_device(args.device),
+        sinks=[] if quiet else [TerminalProgress(job.spec.training.total_steps)],
     )
-    controller = Controller(job, options)
-    controller.install_signal_handlers()
+
+
+def run_controller(job: Any, options: Any, summary_json: str | None = None) -> int:
+    """Assembles and runs a Controller; shared by `run` and `controller`. A SIGTERM before
+    training starts ends start-up (exit 143, no cut: nothing happened since the cut it
+    restores from); from then on it takes a barrier cut."""
+    # The controller's modules import torch (and Ray when it starts): only now, so that the
+    # CLI's other commands and --help stay quick.
+    from spotrl_runtime.checkpoint.restore import NoCommittedCutError
+    from spotrl_runtime.checkpoint.resume import ResumeError
+    from spotrl_runtime.controller.assemble import ControllerError, assemble
+    from spotrl_runtime.controller.http import ControlServer
+    from spotrl_runtime.controller.loop import EXIT_TERMINATED, Controller
+    from spotrl_runtime.controller.metrics import registry_for
+    from spotrl_runtime.core.validation import CutCheckError
+    from spotrl_runtime.generation.cluster import RayStartError
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        parts = assemble(job, options, stop)
+    except (CutCheckError, NoCommittedCutError, ControllerError, ResumeError, RayStartError) as err:
+        print(f"spotrl: {err}", file=sys.stderr)
+        return 3
+    controller = Controller(job, options, parts, stop)
+    signal.signal(signal.SIGTERM, lambda *_: controller.on_sigterm())
+    if stop.is_set():
+        parts.shutdown()
+        return EXIT_TERMINATED
     server = None
     if options.http_port is not None:
         server = ControlServer(controller, registry_for(controller), options.http_host, options.http_port).start()
         print(f"controller endpoint: {server.address} (/metrics, /status, POST /barrier)", flush=True)
     try:
         rc = controller.run()
-    except (CutCheckError, NoCommittedCutError, ControllerError) as err:
-        print(f"spotrl: {err}", file=sys.stderr)
-        return 3
     finally:
         if server is not None:
             server.stop()
     summary = {
         "exit_code": rc,
-        "attempt": controller.owners.attempt if hasattr(controller, "owners") else None,
+        "attempt": controller.owners.attempt,
         "resumed_from": controller.resumed_from.__dict__ if controller.resumed_from else None,
         "steps_trained": [h["step"] for h in controller.history],
         "rewards": [h["reward"] for h in controller.history],
         "cuts": [c.__dict__ for c in controller.cuts],
-        "counters": controller.owners.counters.__dict__ if hasattr(controller, "owners") else {},
+        "counters": controller.owners.counters.__dict__,
         "stats": controller.stats,
     }
-    if getattr(args, "summary_json", None):
-        Path(args.summary_json).write_text(json.dumps(summary, indent=2))
+    if summary_json:
+        Path(summary_json).write_text(json.dumps(summary, indent=2))
     return rc
 
 

@@ -46,7 +46,7 @@ def register(sub: Any) -> None:
 
 def ray_start_argv(address: str, node_ip: str, temp_dir: str, num_cpus: int | None, num_gpus: int | None) -> list[str]:
     """The `ray start` that joins ``address`` as a worker node (blocking until stopped)."""
-    from spotrl_runtime.controller.loop import WORKER_RESOURCE
+    from spotrl_runtime.generation.cluster import WORKER_RESOURCE
 
     argv = [
         sys.executable,

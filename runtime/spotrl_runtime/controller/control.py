@@ -12,10 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from spotrl_runtime.api import times
+from spotrl_runtime.api.rljob import CutRef
+from spotrl_runtime.api.times import Deadline
+
 
 @dataclass(frozen=True)
 class CutInfo:
-    """A committed cut, as a control surface reports it."""
+    """A committed cut, as the controller reports it to its control surfaces (the writer's
+    :class:`~spotrl_runtime.checkpoint.writer.CommittedCut` without the manifest; in the
+    RLJob's status it is a :class:`~spotrl_runtime.api.rljob.CutRef`, :meth:`ref`)."""
 
     cut_id: str
     step: int
@@ -27,6 +33,12 @@ class CutInfo:
     seconds: float
     """From the cut request to the committed manifest."""
 
+    def ref(self) -> CutRef:
+        """As ``status.lastCut``."""
+        return CutRef(
+            id=self.cut_id, step=self.step, uri=self.uri, time=times.rfc3339(self.committed_at), kind=self.kind
+        )
+
 
 class BarrierFailed(RuntimeError):  # noqa: N818 - reads as the event it is: "barrier failed"
     """A barrier cut that did not commit (deadline passed, storage error, run already over)."""
@@ -35,8 +47,8 @@ class BarrierFailed(RuntimeError):  # noqa: N818 - reads as the event it is: "ba
 class Controllable(Protocol):
     """The controller, as a control surface drives it. Every method is thread-safe."""
 
-    def request_barrier(self, reason: str, deadline: float) -> CutInfo:
-        """Takes a barrier cut that must commit before `deadline` (Unix time) and returns it.
+    def request_barrier(self, reason: str, deadline: Deadline) -> CutInfo:
+        """Takes a barrier cut that must commit before ``deadline`` and returns it.
 
         After it returns the controller makes no more ownership moves (generation may
         finish in-flight work, but nothing is admitted or trained): the cut is the last

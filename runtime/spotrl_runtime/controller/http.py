@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.controller.control import BarrierFailed
 
 
@@ -43,7 +43,7 @@ class ControlServer:
 
                     self._send(200, generate_latest(server.registry), CONTENT_TYPE_LATEST)
                 elif self.path == "/status":
-                    self._send(200, json.dumps(server.controller.status(), default=str).encode())
+                    self._send(200, json.dumps(status_of(server.controller), default=str).encode())
                 else:
                     self._send(404, b'{"error": "not found: use /metrics, /status or POST /barrier"}')
 
@@ -60,7 +60,7 @@ class ControlServer:
                     self._send(400, json.dumps({"error": f"body must be JSON with deadlineSeconds: {err}"}).encode())
                     return
                 try:
-                    cut = server.controller.request_barrier(reason, time.time() + seconds)
+                    cut = server.controller.request_barrier(reason, Deadline.after(seconds))
                 except BarrierFailed as err:
                     self._send(503, json.dumps({"error": str(err)}).encode())
                     return
@@ -78,3 +78,21 @@ class ControlServer:
     def stop(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
+
+
+def status_of(controller: Any) -> dict[str, Any]:
+    """What /status shows: where the run is and who owns what."""
+    owners = controller.owners
+    return {
+        "job": controller.job.name,
+        "attempt": owners.attempt,
+        "step": owners.trainer_step,
+        "target_steps": controller.target_steps,
+        "dispatch_index": owners.dispatch_index,
+        "parked": controller.parked,
+        "in_flight": len(owners.in_flight()),
+        "last_cut": controller.cuts[-1].__dict__ if controller.cuts else None,
+        "resumed_from": controller.resumed_from.__dict__ if controller.resumed_from else None,
+        "counters": owners.counters.__dict__,
+        "stats": dict(controller.stats),
+    }

@@ -32,11 +32,13 @@ import logging
 import os
 import threading
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 from spotrl_runtime.api import rljob as api
+from spotrl_runtime.api import times
+from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.controller.control import BarrierFailed, Controllable, CutInfo
+from spotrl_runtime.kube import JSON_PATCH, Kube, KubeError, path
 
 log = logging.getLogger("spotrl.kube_bridge")
 Obj = dict[str, Any]
@@ -50,74 +52,41 @@ class StaleError(Exception):
     """A JSON patch's test failed: the status moved on (a newer request or attempt)."""
 
 
-def rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_rfc3339(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def cut_ref(cut: CutInfo) -> Obj:
-    """A cut as ``status.lastCut``."""
-    return {"id": cut.cut_id, "step": cut.step, "uri": cut.uri, "time": rfc3339(cut.committed_at), "kind": cut.kind}
-
-
 class _Api:
-    """The few requests the bridge makes, through the official client's configuration."""
+    """The few requests the bridge makes: its own RLJob, read, watched and status-patched."""
 
-    def __init__(self, api_client: Any, namespace: str, name: str):
-        self.client = api_client
-        base = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{api.PLURAL}"
-        self.collection = base
-        self.status_url = f"{base}/{name}/status"
+    def __init__(self, kube: Kube, namespace: str, name: str):
+        self.kube = kube
+        self.collection = path(api.API_VERSION, api.PLURAL, namespace)
+        self.url = path(api.API_VERSION, api.PLURAL, namespace, name)
         self.selector = f"metadata.name={name}"
 
-    def call(self, method: str, url: str, params: list[tuple[str, str]], body: Any = None, **kw: Any) -> Any:
-        ctype = "application/json-patch+json" if method == "PATCH" else "application/json"
-        return self.client.call_api(
-            url,
-            method,
-            query_params=params,
-            header_params={"Accept": "application/json", "Content-Type": ctype},
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _return_http_data_only=True,
-            **kw,
-        )
+    def get_job(self) -> Obj:
+        return self.kube.get(self.url)
 
     def list_job(self) -> Obj:
-        resp = self.call("GET", self.collection, [("fieldSelector", self.selector)], _request_timeout=15)
-        out: Obj = json.loads(resp.data)
-        return out
+        return self.kube.get(self.collection, fieldSelector=self.selector)
 
     def watch(self, resource_version: str) -> Any:
-        params = [
-            ("fieldSelector", self.selector),
-            ("watch", "true"),
-            ("resourceVersion", resource_version),
-            ("allowWatchBookmarks", "true"),
-            ("timeoutSeconds", str(WATCH_SECONDS)),
-        ]
-        return self.call("GET", self.collection, params, _request_timeout=(10, WATCH_SECONDS + 15))
+        return self.kube.stream(
+            self.collection,
+            (10, WATCH_SECONDS + 15),
+            fieldSelector=self.selector,
+            watch="true",
+            resourceVersion=resource_version,
+            allowWatchBookmarks="true",
+            timeoutSeconds=str(WATCH_SECONDS),
+        )
 
     def json_patch(self, ops: list[Obj]) -> None:
-        from kubernetes.client.exceptions import ApiException
-
         try:
-            self.call("PATCH", self.status_url, [], body=ops, _request_timeout=15)
-        except ApiException as err:
+            self.kube.patch(f"{self.url}/status", ops, content_type=JSON_PATCH)
+        except KubeError as err:
             # A failed "test" op is a 422 with a generic message. Our patches are otherwise
             # well-formed, and a 422 would not pass on a retry anyway.
             if err.status == 422:
-                raise StaleError(_message(err)) from None
-            raise RuntimeError(f"HTTP {err.status} {err.reason}: {_message(err)}") from None
+                raise StaleError(err.message) from None
+            raise
 
 
 class KubeBridge:
@@ -125,15 +94,11 @@ class KubeBridge:
     progress back into it. Use :meth:`from_env` in a pod, then :meth:`start`."""
 
     def __init__(self, job: str, namespace: str, attempt: int, api_client: Any = None):
-        if api_client is None:
-            from kubernetes import client, config
-
-            config.load_config()
-            api_client = client.ApiClient()
+        """``api_client``: the official client's ApiClient (default: kubeconfig, else in-cluster)."""
         self.job = job
         self.namespace = namespace
         self.attempt = attempt
-        self._api = _Api(api_client, namespace, job)
+        self._api = _Api(Kube(api_client) if api_client is not None else Kube.connect(), namespace, job)
         self._controllable: Controllable | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -153,6 +118,10 @@ class KubeBridge:
         if not job or not attempt:
             return None
         return cls(job, env.get("SPOTRL_NAMESPACE") or "default", int(attempt))
+
+    def read_job(self) -> Obj:
+        """The RLJob this controller runs, as the API server has it."""
+        return self._api.get_job()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, controllable: Controllable) -> KubeBridge:
@@ -212,11 +181,15 @@ class KubeBridge:
         """Looks at one observed state of the RLJob; starts answering a new request addressed
         to this attempt. Returns True when it started one."""
         status = rljob.get("status") or {}
-        barrier = status.get("barrier") or {}
-        request_id = barrier.get("requestId")
-        if barrier.get("state") != "Requested" or not request_id or request_id in self._answered:
+        try:
+            barrier = api.BarrierStatus.model_validate(status["barrier"]) if status.get("barrier") else None
+        except ValueError as err:
+            log.warning("status.barrier does not parse, ignored: %s", err)
             return False
-        target = barrier.get("attempt", status.get("attempt"))
+        if barrier is None or barrier.state != "Requested" or barrier.request_id in self._answered:
+            return False
+        request_id = barrier.request_id
+        target = barrier.attempt if barrier.attempt is not None else status.get("attempt")
         if target != self.attempt or status.get("attempt") != self.attempt:
             log.info(
                 "barrier %s is for attempt %s, not for this controller (%d): ignored", request_id, target, self.attempt
@@ -224,8 +197,13 @@ class KubeBridge:
             self._answered.add(request_id)
             return False
         self._answered.add(request_id)
-        deadline = parse_rfc3339(barrier.get("deadline")) or time.time() + 60
-        reason = str(barrier.get("reason") or "operator request")
+        # The deadline enters the controller here, once, as a monotonic instant.
+        try:
+            when = times.unix(barrier.deadline)
+        except ValueError:
+            when = None
+        deadline = Deadline.at_unix(when) if when is not None else Deadline.after(60)
+        reason = barrier.reason or "operator request"
         t = threading.Thread(
             target=self._answer, args=(request_id, reason, deadline), name=f"barrier-{request_id}", daemon=True
         )
@@ -233,9 +211,9 @@ class KubeBridge:
         self._threads.append(t)
         return True
 
-    def _answer(self, request_id: str, reason: str, deadline: float) -> None:
+    def _answer(self, request_id: str, reason: str, deadline: Deadline) -> None:
         assert self._controllable is not None
-        log.info("barrier %s requested (%s), deadline %s", request_id, reason, rfc3339(deadline))
+        log.info("barrier %s requested (%s), deadline %s", request_id, reason, times.rfc3339(deadline.unix()))
         tests = [
             {"op": "test", "path": "/status/barrier/requestId", "value": request_id},
             {"op": "test", "path": "/status/barrier/state", "value": "Requested"},
@@ -253,8 +231,8 @@ class KubeBridge:
                 *tests,
                 _add("/status/barrier/state", "Committed"),
                 _add("/status/barrier/cutId", cut.cut_id),
-                _add("/status/barrier/committedAt", rfc3339(cut.committed_at)),
-                _add("/status/lastCut", cut_ref(cut)),
+                _add("/status/barrier/committedAt", times.rfc3339(cut.committed_at)),
+                _add("/status/lastCut", _doc(cut.ref())),
             ]
         self._patch_retrying(ops, f"answer to barrier {request_id}")
 
@@ -284,7 +262,7 @@ class KubeBridge:
         another attempt, or the write did not get through."""
         ops = [
             {"op": "test", "path": "/status/attempt", "value": self.attempt},
-            _add("/status/rayHead", {"address": address, "attempt": self.attempt, "workers": workers}),
+            _add("/status/rayHead", _doc(api.RayHead(address=address, attempt=self.attempt, workers=workers))),
         ]
         written = self._patch_retrying(ops, f"Ray head of attempt {self.attempt}")
         if written:
@@ -303,7 +281,7 @@ class KubeBridge:
 
     def on_cut(self, cut: CutInfo) -> None:
         if self._note_cut(cut):
-            self._set(lastCut=cut_ref(cut))
+            self._set(lastCut=_doc(cut.ref()))
 
     def on_finished(self, steps: int) -> None:
         """Writes the final step count before returning: the operator calls a job Succeeded
@@ -359,11 +337,10 @@ class KubeBridge:
             time.sleep(MIN_WRITE_INTERVAL)
 
 
-def _message(err: Any) -> str:
-    try:
-        return str(json.loads(err.body).get("message"))
-    except (TypeError, ValueError, AttributeError):
-        return str(err.body)
+def _doc(model: Any) -> Obj:
+    """An API model as the API server stores it (camelCase, unset fields absent)."""
+    out: Obj = model.model_dump(by_alias=True, exclude_none=True, mode="json")
+    return out
 
 
 def _add(path: str, value: Any) -> Obj:

@@ -41,7 +41,7 @@ the waiting calls. From an asyncio loop, call the short methods directly and run
     for d in owners.pump(): send_to_generation(d)    # the gate may have opened
 
     # cut side (any thread; periodic every N steps / T seconds, or a barrier)
-    writer.write(owners, CutRequest.barrier(deadline_s), state_fn)
+    writer.write(owners, CutRequest.barrier(Deadline.after(seconds)), state_fn)
         # -> owners.capture(state_fn): waits for a running optimizer step to commit, copies
         #    every owner and calls state_fn() (snapshot_trainer(model.state_dict(),
         #    optimizer.state_dict())) under the lock; the files, the manifest (the commit)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.checkpoint import (
     CommittedCut,
     CutRequest,
@@ -169,7 +170,7 @@ class Run:
 
     def cut(self, kind: str = "periodic") -> CommittedCut:
         assert self.writer is not None
-        request = CutRequest.barrier(60) if kind == "barrier" else CutRequest.periodic()
+        request = CutRequest.barrier(Deadline.after(60)) if kind == "barrier" else CutRequest.periodic()
         return self.writer.write(self.owners, request, self.state_fn)
 
     def drain(self, until_step: int) -> None:

@@ -16,6 +16,7 @@ import pytest
 import torch
 from cut_scenarios import DATASET, EXAMPLE_B, Run, example_b_before_cut, loader_for, rollout
 
+from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.checkpoint import (
     BarrierDeadlineMissedError,
     CutConflictError,
@@ -172,7 +173,7 @@ def test_barrier_past_its_deadline_commits_nothing(tmp_path: Path) -> None:
     assert run.writer is not None
     first = run.cut()
     with pytest.raises(BarrierDeadlineMissedError, match="not committed"):
-        run.writer.write(run.owners, CutRequest.barrier(0.0), run.state_fn)
+        run.writer.write(run.owners, CutRequest.barrier(Deadline.after(0.0)), run.state_fn)
     assert [(f.cut_id, f.committed) for f in list_cut_folders(storage)] == [(first.cut_id, True)]
     assert read_pointer(storage)["cut_id"] == first.cut_id  # type: ignore[index]
 
@@ -310,6 +311,6 @@ def test_a_barrier_that_cannot_capture_before_its_deadline_is_missed(tmp_path: P
     assert run.writer is not None
     run.owners.begin_step()  # a long optimizer step is running
     with pytest.raises(BarrierDeadlineMissedError, match="step 0 was still training"):
-        run.writer.write(run.owners, CutRequest.barrier(0.1), run.state_fn)
+        run.writer.write(run.owners, CutRequest.barrier(Deadline.after(0.1)), run.state_fn)
     run.owners.abort_step()
     assert list_cut_folders(storage) == []

@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from spotrl_operator.actuate import STUCK, Actuator, action_key
-from spotrl_operator.kube import KubeError
 from spotrl_operator.observe import Snapshot
 from spotrl_operator.settings import Settings
 from spotrl_operator.world import CloseDisruptionBudget, CreateControllerPod, Plan
+from spotrl_runtime.kube import KubeError
 
 Obj = dict[str, Any]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -1,12 +1,13 @@
-"""JSON requests to the API server through the official client's configuration.
+"""JSON requests to the API server through the official client's configuration: the one
+Kubernetes client of the product (the operator, and the controller's bridge to its RLJob).
 
 The official client brings authentication (kubeconfig, in-cluster token, token refresh)
-and TLS; its generated models are slow and lossy for custom resources, so the operator
-sends and receives plain dicts through :meth:`ApiClient.call_api` instead. Errors come
-back as :class:`KubeError` with the API server's status code and message.
+and TLS; its generated models are slow and lossy for custom resources, so we send and
+receive plain dicts through :meth:`ApiClient.call_api` instead. Errors come back as
+:class:`KubeError` with the API server's status code and message.
 """
 
-# Not spotrl_e2e.kube: the operator needs kubeconfig/in-cluster auth with token refresh, and ships without test code.
+# Not spotrl_e2e.kube: the product needs kubeconfig/in-cluster auth with token refresh, and ships without test code.
 
 from __future__ import annotations
 
@@ -73,12 +74,31 @@ class Kube:
         body: Any = None,
         params: dict[str, Any] | None = None,
         content_type: str = "application/json",
+        timeout: float | tuple[float, float] | None = None,
     ) -> Obj:
+        """One request; the answer's JSON (a list comes back as ``{"items": [...]}``)."""
+        data = self._call(method, url_path, body, params, content_type, timeout).data
+        decoded = json.loads(data) if data else {}
+        return decoded if isinstance(decoded, dict) else {"items": decoded}
+
+    def stream(self, url_path: str, timeout: float | tuple[float, float], **params: Any) -> Any:
+        """A GET whose answer is read as it comes (a watch): the urllib3 response; release it."""
+        return self._call("GET", url_path, None, params, "application/json", timeout)
+
+    def _call(
+        self,
+        method: str,
+        url_path: str,
+        body: Any,
+        params: dict[str, Any] | None,
+        content_type: str,
+        timeout: float | tuple[float, float] | None,
+    ) -> Any:
         from kubernetes.client.exceptions import ApiException
 
         headers = {"Accept": "application/json", "Content-Type": content_type}
         try:
-            resp = self.api_client.call_api(
+            return self.api_client.call_api(
                 url_path,
                 method,
                 query_params=list((params or {}).items()),
@@ -87,7 +107,7 @@ class Kube:
                 auth_settings=["BearerToken"],
                 _preload_content=False,
                 _return_http_data_only=True,
-                _request_timeout=self.timeout,
+                _request_timeout=self.timeout if timeout is None else timeout,
             )
         except ApiException as err:
             reason, message = err.reason or "", str(err.body or "")
@@ -99,9 +119,6 @@ class Kube:
             raise KubeError(method, url_path, int(err.status or 0), str(reason), str(message)) from None
         except OSError as err:  # connection refused, reset, TLS ...
             raise KubeError(method, url_path, 0, "Unreachable", str(err)) from None
-        data = resp.data
-        decoded = json.loads(data) if data else {}
-        return decoded if isinstance(decoded, dict) else {"items": decoded}
 
     def get(self, url_path: str, **params: Any) -> Obj:
         return self.request("GET", url_path, params=params or None)

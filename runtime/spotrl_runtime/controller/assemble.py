@@ -1,0 +1,181 @@
+"""The controller's composition root: everything a :class:`~spotrl_runtime.controller.loop.Controller`
+drives, built and restored before it exists (:func:`assemble`), so that the controller has
+every part from its first line on.
+
+Order matters for start-up time: Ray and the generation workers start first (a process each,
+importing torch and loading the policy) while this process opens the storage, loads the
+policy for training and restores the cut.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from spotrl_runtime.api import times
+from spotrl_runtime.api.rljob import RLJob
+from spotrl_runtime.checkpoint.resume import resume_or_start
+from spotrl_runtime.checkpoint.writer import CutWriter
+from spotrl_runtime.controller.audit_store import AuditStore
+from spotrl_runtime.controller.control import CutInfo, StatusSink
+from spotrl_runtime.core.owners import Owners, RecoveryConfig
+from spotrl_runtime.data import collate_for, describe_dataset, open_dataset
+from spotrl_runtime.data.loader import PromptLoader
+from spotrl_runtime.failpoints import failpoint
+from spotrl_runtime.generation.cluster import RayRuntime, generation_pool, start_ray
+from spotrl_runtime.generation.pool import GenerationPool, GenerationPoolError
+from spotrl_runtime.models import load_policy
+from spotrl_runtime.rewards import load_reward
+from spotrl_runtime.storage import Storage, open_storage
+from spotrl_runtime.training import Trainer, TrainerConfig
+
+if TYPE_CHECKING:
+    from spotrl_runtime.controller.loop import Controller
+
+log = logging.getLogger("spotrl.controller")
+
+
+class ControllerError(RuntimeError):
+    """The run cannot go on; the message says why and what to do."""
+
+
+@dataclass
+class ControllerOptions:
+    """How this process runs the job (the RLJob says what to train)."""
+
+    storage_uri: str
+    resume: str = "auto"
+    """``auto``: the newest committed cut if there is one; ``never``: a new run (the storage
+    must hold no cut); else the id of the cut to resume from."""
+    attempt: int | None = None
+    """This controller's incarnation; the operator numbers them. Default: the cut's + 1."""
+    max_steps: int | None = None
+    """Stop after this many trained steps (at most spec.training.totalSteps)."""
+    sigterm_deadline: float = 25.0
+    """Seconds a barrier cut on SIGTERM may take (keep it inside the pod's grace period)."""
+    http_host: str = "127.0.0.1"
+    http_port: int | None = None
+    """Serve /metrics, /status and POST /barrier here (0: any free port; None: off)."""
+    ray_num_cpus: int | None = None
+    remote_workers: bool = False
+    """Generation workers on Ray nodes that join this controller's Ray head (worker pods),
+    not in this process's Ray; the head listens on ``http_host``."""
+    worker_wait_seconds: float = 900.0
+    """With remote workers: how long to wait for the first one to join before giving up."""
+    on_ray_head: list[Callable[[str, int], object]] = field(default_factory=list)
+    """With remote workers: called with the head's address and the number of workers once
+    Ray runs, before the controller waits for them (e.g. to write ``status.rayHead``)."""
+    device: str = "cpu"
+    sinks: list[StatusSink] = field(default_factory=list)
+    on_ready: list[Callable[[Controller], object]] = field(default_factory=list)
+    """Called once the run is restored and generation is up, before training starts (e.g.
+    to start the Kubernetes bridge, which may ask for a barrier at once)."""
+
+
+@dataclass
+class Parts:
+    """What the controller drives, ready to train."""
+
+    storage: Storage
+    audit: AuditStore
+    tokenizer: Any
+    reward: Any
+    trainer: Trainer
+    owners: Owners
+    writer: CutWriter
+    pool: GenerationPool
+    ray: RayRuntime
+    resumed_from: CutInfo | None
+    """The cut this run resumed from (None: a new run)."""
+
+    def shutdown(self) -> None:
+        """Stops the generation workers and the Ray this process started."""
+        try:
+            self.pool.shutdown()
+        except Exception as err:
+            log.warning("generation pool shutdown: %s", err)
+        self.ray.shutdown()
+
+
+def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> Parts:
+    """Starts generation, restores or starts the run, and waits for the workers (``stop``, set
+    by a SIGTERM, ends that wait early). Stops what it started if anything fails."""
+    spec = job.spec
+    ray = start_ray(options.http_host, options.remote_workers, options.ray_num_cpus)
+    pool: GenerationPool | None = None
+    try:
+        pool = generation_pool(spec, options.device, options.remote_workers)
+        if options.remote_workers:
+            workers = spec.generation.workers
+            log.info("Ray head at %s: waiting for %d generation worker node(s) to join", ray.address, workers)
+            for hook in options.on_ray_head:
+                hook(ray.address, spec.generation.workers)
+        storage = open_storage(options.storage_uri)
+        audit = AuditStore(storage)
+        dataset, collate = open_dataset(spec.dataset), collate_for(spec.dataset)
+        loader = PromptLoader(
+            dataset,
+            collate,
+            batch_size=spec.generation.prompts_per_step,
+            shuffle=spec.dataset.shuffle,
+            seed=spec.dataset.seed,
+        )
+        model, tokenizer = load_policy(spec.policy, options.device)
+        trainer = Trainer(model, TrainerConfig.from_rljob(spec), pad_token_id=tokenizer.pad_token_id or 0)
+        reward = load_reward(spec.reward)
+        start = resume_or_start(
+            storage,
+            job=job.name,
+            config=RecoveryConfig.from_spec(spec),
+            dataset=dataset,
+            collate=collate,
+            loader=loader,
+            trainer=trainer,
+            resume=options.resume,
+            attempt=options.attempt,
+            latest_audited_attempt=audit.latest_attempt,
+        )
+        writer = CutWriter(
+            storage,
+            job=job.name,
+            dataset=describe_dataset(spec.dataset, dataset),
+            keep=spec.checkpoint.keep,
+            progress=lambda phase: failpoint(f"cut.{phase}"),
+        )
+        pool.update_weights(trainer.policy_state_dict(), trainer.step)
+        _wait_for_workers(job, options, pool, stop)
+    except BaseException:
+        if pool is not None:
+            pool.shutdown()
+        ray.shutdown()
+        raise
+    resumed_from = None
+    if start.restored is not None:
+        r = start.restored
+        resumed_from = CutInfo(
+            cut_id=r.cut_id,
+            step=start.owners.trainer_step,
+            uri=f"{storage.uri.rstrip('/')}/cuts/{r.cut_id}",
+            kind="barrier" if r.manifest.kind == "barrier" else "periodic",
+            committed_at=times.unix(r.manifest.created_at) or 0.0,
+            seconds=0.0,
+        )
+    return Parts(storage, audit, tokenizer, reward, trainer, start.owners, writer, pool, ray, resumed_from)
+
+
+def _wait_for_workers(job: RLJob, options: ControllerOptions, pool: GenerationPool, stop: threading.Event) -> None:
+    if not options.remote_workers:
+        pool.wait_ready()
+        return
+    try:
+        # A SIGTERM while waiting ends the wait (the controller then stops without training).
+        pool.wait_ready(timeout=options.worker_wait_seconds, min_ready=1, stop=stop)
+    except GenerationPoolError as err:
+        raise ControllerError(
+            f"no generation worker joined: {err}. With spec.generation.workerPods the operator starts "
+            f"one pod per worker ({job.name}-worker-<attempt>-<i>); see why they do not run "
+            "(kubectl describe pod), e.g. generation.resources that no node offers"
+        ) from None

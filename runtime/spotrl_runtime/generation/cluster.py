@@ -1,0 +1,111 @@
+"""Where the generation workers run: the controller's Ray instance and how the worker actors
+are placed in it.
+
+Workers run as Ray actors in the controller's own Ray, or, with remote workers
+(``spec.generation.workerPods`` on Kubernetes; ``spotrl run --worker-nodes``), on Ray nodes
+that join it (``spotrl worker --address``, one per worker pod): Ray then starts as a head that
+other nodes reach on this pod's address, and each worker actor asks for the custom resource
+:data:`WORKER_RESOURCE` that only those nodes offer, so no actor lands on the controller.
+
+Ray is imported inside the functions that use it: importing this module (for
+:data:`WORKER_RESOURCE`, say) must not cost Ray's import.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from spotrl_runtime.api.rljob import RLJobSpec
+from spotrl_runtime.generation.backend import BackendSpec
+from spotrl_runtime.generation.pool import GenerationPool
+
+WORKER_RESOURCE = "spotrl.dev/worker"
+"""The Ray resource a worker node offers (one unit) and each remote worker actor asks for."""
+
+
+class RayStartError(RuntimeError):
+    """Ray cannot start as asked; the message says what to set."""
+
+
+@dataclass
+class RayRuntime:
+    """The Ray instance this process started (its private folder), to stop at the end."""
+
+    folder: str | None
+    """None: Ray was already running (a test's), and is left alone."""
+
+    @property
+    def address(self) -> str:
+        """The head's GCS address, for worker nodes to join."""
+        import ray
+
+        return str(ray.get_runtime_context().gcs_address)
+
+    def shutdown(self) -> None:
+        if self.folder is None:
+            return
+        import ray
+
+        ray.shutdown()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder = None
+
+
+def start_ray(host: str | None, remote_workers: bool, num_cpus: int | None) -> RayRuntime:
+    """Starts Ray for the controller (unless it runs already). With remote workers it is a head
+    bound to ``host`` with no CPUs of its own (no generation actor runs beside the trainer).
+    Keeps the caller's SIGTERM handler: ``ray.init`` installs its own."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        return RayRuntime(None)
+    bind = host if host not in ("0.0.0.0", "", None) else None
+    if remote_workers and bind is None:
+        raise RayStartError(
+            "remote generation workers need an address the workers can reach: set SPOTRL_POD_IP "
+            "(the operator sets it from status.podIP)"
+        )
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGTERM) if main else None
+    # A short private folder: Ray's unix sockets must fit in 107 bytes.
+    folder = tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("SPOTRL_RAY_TMP", "/tmp"))
+    ray.init(
+        num_cpus=0 if remote_workers else num_cpus or max(1, os.cpu_count() or 1),
+        include_dashboard=False,
+        _temp_dir=folder,
+        _node_ip_address=bind,
+        log_to_driver=False,
+        configure_logging=False,
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
+    )
+    if main and handler is not None:
+        signal.signal(signal.SIGTERM, handler)
+    return RayRuntime(folder)
+
+
+def generation_pool(spec: RLJobSpec, device: str, remote_workers: bool) -> GenerationPool:
+    """The pool of ``spec.generation.workers`` worker actors, placed as the module docstring says."""
+    gen = spec.generation
+    actor_options: dict[str, Any] = {}
+    max_restarts: int | None = 3
+    if remote_workers:
+        # A worker node's GPU (vLLM, or transformers when generation.resources asks for one) is its own.
+        worker_device = "cuda" if gen.backend == "vllm" or gen.resources.gpu > 0 else "cpu"
+        backend = BackendSpec.from_rljob(spec, device=worker_device)
+        actor_options = {"resources": {WORKER_RESOURCE: 1}}
+        if backend.kind == "transformers" and worker_device == "cuda":
+            actor_options["num_gpus"] = gen.resources.gpu
+        max_restarts = None  # pods come and go; the operator replaces them, the pool their actors
+    else:
+        backend = BackendSpec.from_rljob(spec, device=device)
+        if backend.kind == "transformers" and device.startswith("cuda"):
+            # Ray hides GPUs from actors that ask for none; the trainer keeps half of the GPU.
+            actor_options = {"num_gpus": round(0.5 / gen.workers, 4)}
+    return GenerationPool(backend, gen.workers, actor_options=actor_options, max_restarts=max_restarts)
