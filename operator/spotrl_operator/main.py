@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 from types import FrameType
+from typing import Any
 
 from spotrl_operator.settings import Settings
 
@@ -22,18 +23,10 @@ log = logging.getLogger("spotrl.operator")
 
 def run(settings: Settings) -> int:
     """Blocks until the operator stops; returns the process's exit code."""
-    logging.basicConfig(
-        level=logging.DEBUG if settings.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
-    faulthandler.register(signal.SIGUSR1)  # `kill -USR1` prints every thread's stack
-    if not settings.verbose:
-        # Kopf logs every handler call at INFO; keep its warnings and errors, and our own lines.
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    _configure_logging(settings)
     if settings.kubeconfig:
         os.environ["KUBECONFIG"] = settings.kubeconfig  # Kopf's own login reads it
 
-    from spotrl_operator.leader import LeaderElector
     from spotrl_operator.metrics import Metrics
     from spotrl_runtime.kube import Kube
 
@@ -42,35 +35,72 @@ def run(settings: Settings) -> int:
     if settings.metrics_port:  # a standby serves its metrics too (spotrl_operator_leader 0)
         metrics.serve(settings.metrics_port, settings.metrics_address)
         log.info("metrics on http://%s:%d/metrics", settings.metrics_address, settings.metrics_port)
-    standby_stop = threading.Event()
     renewing = threading.Event()  # set: stop renewing
     lost = threading.Event()
+    elector = None
+    if settings.leader_election:
+        elector = _lead(settings, kube, renewing, lost)
+        if elector is None:
+            log.info("stopped while standing by")
+            return 0
+        metrics.leader.set(1)
+    try:
+        _run_kopf(settings, kube, metrics)
+    finally:
+        renewing.set()
+        metrics.leader.set(0)
+        if elector is not None and not lost.is_set():
+            elector.release()
+    if lost.is_set():
+        log.error("exiting: the leader Lease was lost")
+        return 1
+    return 0
+
+
+def _configure_logging(settings: Settings) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if settings.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1` prints every thread's stack
+    if not settings.verbose:
+        # Kopf logs every handler call at INFO; keep its warnings and errors, and our own lines.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+
+
+def _lead(settings: Settings, kube: Any, renewing: threading.Event, lost: threading.Event) -> Any:
+    """Stands by until this replica holds the Lease, then keeps renewing it (until ``renewing``
+    is set); the elector, or None if a signal ended the wait. Losing the Lease sets ``lost``
+    and stops the process."""
+    from spotrl_operator.leader import LeaderElector
+
+    standby_stop = threading.Event()
 
     def stop_standing_by(signum: int, frame: FrameType | None) -> None:
         standby_stop.set()
 
-    elector: LeaderElector | None = None
-    if settings.leader_election:
-        previous = {s: signal.signal(s, stop_standing_by) for s in (signal.SIGTERM, signal.SIGINT)}
-        elector = LeaderElector(
-            kube, settings.lease_namespace, settings.lease_name, settings.identity, settings.lease_seconds
-        )
-        leading = elector.acquire(standby_stop)
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        if not leading:
-            log.info("stopped while standing by")
-            return 0
-        metrics.leader.set(1)
+    previous = {s: signal.signal(s, stop_standing_by) for s in (signal.SIGTERM, signal.SIGINT)}
+    elector = LeaderElector(
+        kube, settings.lease_namespace, settings.lease_name, settings.identity, settings.lease_seconds
+    )
+    leading = elector.acquire(standby_stop)
+    for s, handler in previous.items():
+        signal.signal(s, handler)
+    if not leading:
+        return None
 
-        def on_lost() -> None:
-            # Kopf stops gracefully on SIGTERM (its own handler). A stop flag would leave a
-            # thread blocked in Kopf's flag waiter when it stops for a signal instead.
-            lost.set()
-            os.kill(os.getpid(), signal.SIGTERM)
+    def on_lost() -> None:
+        # Kopf stops gracefully on SIGTERM (its own handler). A stop flag would leave a
+        # thread blocked in Kopf's flag waiter when it stops for a signal instead.
+        lost.set()
+        os.kill(os.getpid(), signal.SIGTERM)
 
-        elector.keep(renewing, on_lost)
+    elector.keep(renewing, on_lost)
+    return elector
 
+
+def _run_kopf(settings: Settings, kube: Any, metrics: Any) -> None:
+    """Runs the handlers until Kopf stops (SIGTERM, or the Lease lost)."""
     import kopf
 
     import spotrl_operator.handlers as handlers  # registers the handlers with Kopf
@@ -84,20 +114,10 @@ def run(settings: Settings) -> int:
             log.info("ready: running RLJobs in %s as %s", where, settings.identity)
 
     threading.Thread(target=say_ready, name="ready-log", daemon=True).start()
-    try:
-        kopf.run(
-            standalone=True,
-            clusterwide=not settings.namespaces,
-            namespaces=settings.namespaces,
-            memo=memo,
-            ready_flag=ready,
-        )
-    finally:
-        renewing.set()
-        metrics.leader.set(0)
-        if elector is not None and not lost.is_set():
-            elector.release()
-    if lost.is_set():
-        log.error("exiting: the leader Lease was lost")
-        return 1
-    return 0
+    kopf.run(
+        standalone=True,
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        memo=memo,
+        ready_flag=ready,
+    )

@@ -1,28 +1,17 @@
 """The RLJob lifecycle as a pure function: what the world looks like → what to do next.
 
 The operator is level-triggered: on every event and on a short timer it observes the job,
-its controller pods and the nodes under them (:class:`World`), calls :func:`reconcile`,
-and applies the returned :class:`Plan`. Everything the decision needs to survive an
-operator restart is on the RLJob's status, never in memory, so a new operator replica
-reaches the same plan from the same world and neither loses nor repeats a barrier.
+its controller pods and the nodes under them (a :class:`~spotrl_operator.world.World`),
+calls :func:`reconcile`, and applies the returned :class:`~spotrl_operator.world.Plan`.
+Everything the decision needs to survive an operator restart is on the RLJob's status,
+never in memory, so a new operator replica reaches the same plan from the same world and
+neither loses nor repeats a barrier.
 
-The barrier, step by step (a node hosting the controller gets a notice):
-
-1. :class:`RequestBarrier` writes ``status.barrier`` (state ``Requested``, an id, the
-   controller ``attempt`` it is for, a deadline). The PodDisruptionBudget stays closed, so
-   a drain waits at 429.
-2. The controller, watching its RLJob, takes a barrier cut and patches
-   ``status.barrier.state = Committed`` for that id (or ``Failed`` with a message); from
-   then on it makes no ownership moves.
-3. :class:`OpenDisruptionBudget` and :class:`DeletePod`: the drain may proceed, and the
-   controller (SIGTERM; nothing left to write) leaves the node.
-4. When the pod is gone: :class:`CreateControllerPod` with the next attempt number on a
-   node without a notice, resuming from the newest committed cut (the barrier cut); and
-   :class:`CloseDisruptionBudget`.
-
-If the deadline passes first, the barrier is ``Missed`` (a condition and an Event) and the
-job falls back to its newest committed cut, usually the last periodic one. A node that
-stopped answering gets no barrier at all: nobody is left to cut.
+The barrier protocol (notice → ``Requested`` → the controller's ``Committed``, ``Failed``
+or the operator's ``Missed`` → let go → a fresh controller) is told once, in the operator
+README's "The barrier protocol"; here it is :func:`_running` and :func:`_suspend`, with
+:class:`~spotrl_operator.world.RequestBarrier`, ``OpenDisruptionBudget``, ``DeletePod``,
+``CreateControllerPod`` and ``CloseDisruptionBudget``.
 
 Attempts: ``status.attempt`` is written before the pod of that attempt is created, and
 ``status.controllerPod`` only once the pod has been seen. An attempt whose pod was never

@@ -185,47 +185,13 @@ class CutWriter:
         cut_id = cut_id_of(seq)
         writer = f"w{snapshot.attempt}-{uuid.uuid4().hex[:8]}"
         base = cut_dir(cut_id)
-        files: list[ManifestFile] = []
-        written = 0
         t = time.perf_counter()
         try:
-            for role, blob in encode_owner_files(snapshot).items():
-                path = f"{writer}/{OWNER_FILES[role]}"
-                self.storage.put_bytes(f"{base}/{path}", blob)
-                files.append(ManifestFile(path, role, len(blob), hashlib.sha256(blob).hexdigest()))
-                written += len(blob)
-                self._check_deadline(request, cut_id)
-            trainer = snapshot.extra
-            if trainer is not None:
-                if not isinstance(trainer, TrainerSnapshot):
-                    raise CutError(f"state_fn returned {type(trainer).__name__}, not a TrainerSnapshot")
-                for tf in self.trainer_format.files(trainer):
-                    entry = self._put_streamed(f"{base}/{writer}/{tf.name}", tf)
-                    files.append(ManifestFile(f"{writer}/{tf.name}", tf.role, entry[0], entry[1]))
-                    written += entry[0]
-                    self._check_deadline(request, cut_id)
+            files = self._write_files(snapshot, request, cut_id, f"{base}/{writer}", writer)
             timings["files"] = time.perf_counter() - t
             self._phase("files_written")
             self._check_deadline(request, cut_id)
-            manifest = Manifest(
-                schema_version=SCHEMA_VERSION,
-                cut_id=cut_id,
-                kind=request.kind,
-                job=self.job,
-                attempt=snapshot.attempt,
-                writer=writer,
-                data_dir=writer,
-                created_at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
-                trainer_step=snapshot.trainer_step,
-                dispatch_index=snapshot.dispatch_index,
-                group_counts=snapshot_counts(snapshot),
-                dataset=self.dataset,
-                config=snapshot.config.to_json(),
-                files=tuple(files),
-                trainer_format=self.trainer_format.name if trainer is not None else None,
-                capture_seconds=snapshot.capture_seconds,
-                extra={"reason": request.reason} if request.reason else {},
-            )
+            manifest = self._manifest(snapshot, request, cut_id, writer, files)
             t = time.perf_counter()
             manifest_bytes = manifest.to_bytes()
             try:
@@ -250,8 +216,52 @@ class CutWriter:
         self._apply_retention()
         timings["retention"] = time.perf_counter() - t
         timings["total"] = time.perf_counter() - t0
+        written = sum(f.size for f in files) + len(manifest_bytes)
         log.info("cut %s committed (%s, step %d, %d bytes)", cut_id, request.kind, snapshot.trainer_step, written)
-        return CommittedCut(cut_id, f"{self.storage.uri}/{base}", manifest, timings, written + len(manifest_bytes))
+        return CommittedCut(cut_id, f"{self.storage.uri}/{base}", manifest, timings, written)
+
+    def _write_files(
+        self, snapshot: OwnersSnapshot, request: CutRequest, cut_id: str, folder: str, writer: str
+    ) -> list[ManifestFile]:
+        """The owners' files and the trainer's, each with its size and sha256, into ``folder``."""
+        files: list[ManifestFile] = []
+        for role, blob in encode_owner_files(snapshot).items():
+            path = f"{writer}/{OWNER_FILES[role]}"
+            self.storage.put_bytes(f"{folder}/{OWNER_FILES[role]}", blob)
+            files.append(ManifestFile(path, role, len(blob), hashlib.sha256(blob).hexdigest()))
+            self._check_deadline(request, cut_id)
+        trainer = snapshot.extra
+        if trainer is not None:
+            if not isinstance(trainer, TrainerSnapshot):
+                raise CutError(f"state_fn returned {type(trainer).__name__}, not a TrainerSnapshot")
+            for tf in self.trainer_format.files(trainer):
+                size, digest = self._put_streamed(f"{folder}/{tf.name}", tf)
+                files.append(ManifestFile(f"{writer}/{tf.name}", tf.role, size, digest))
+                self._check_deadline(request, cut_id)
+        return files
+
+    def _manifest(
+        self, snapshot: OwnersSnapshot, request: CutRequest, cut_id: str, writer: str, files: list[ManifestFile]
+    ) -> Manifest:
+        return Manifest(
+            schema_version=SCHEMA_VERSION,
+            cut_id=cut_id,
+            kind=request.kind,
+            job=self.job,
+            attempt=snapshot.attempt,
+            writer=writer,
+            data_dir=writer,
+            created_at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+            trainer_step=snapshot.trainer_step,
+            dispatch_index=snapshot.dispatch_index,
+            group_counts=snapshot_counts(snapshot),
+            dataset=self.dataset,
+            config=snapshot.config.to_json(),
+            files=tuple(files),
+            trainer_format=self.trainer_format.name if snapshot.extra is not None else None,
+            capture_seconds=snapshot.capture_seconds,
+            extra={"reason": request.reason} if request.reason else {},
+        )
 
     def _fence(self, committed: list[Any], attempt: int) -> None:
         """Refuses to cut for a controller older than the one that wrote the newest cut."""

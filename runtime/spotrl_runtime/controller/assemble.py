@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from spotrl_runtime.api import times
 from spotrl_runtime.api.rljob import RLJob
+from spotrl_runtime.checkpoint.restore import RestoredRun
 from spotrl_runtime.checkpoint.resume import resume_or_start
 from spotrl_runtime.checkpoint.writer import CutWriter
 from spotrl_runtime.controller.audit_store import AuditStore
@@ -116,13 +117,8 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         storage = open_storage(options.storage_uri)
         audit = AuditStore(storage)
         dataset, collate = open_dataset(spec.dataset), collate_for(spec.dataset)
-        loader = PromptLoader(
-            dataset,
-            collate,
-            batch_size=spec.generation.prompts_per_step,
-            shuffle=spec.dataset.shuffle,
-            seed=spec.dataset.seed,
-        )
+        batch = spec.generation.prompts_per_step
+        loader = PromptLoader(dataset, collate, batch_size=batch, shuffle=spec.dataset.shuffle, seed=spec.dataset.seed)
         model, tokenizer = load_policy(spec.policy, options.device)
         trainer = Trainer(model, TrainerConfig.from_rljob(spec), pad_token_id=tokenizer.pad_token_id or 0)
         reward = load_reward(spec.reward)
@@ -152,18 +148,19 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             pool.shutdown()
         ray.shutdown()
         raise
-    resumed_from = None
-    if start.restored is not None:
-        r = start.restored
-        resumed_from = CutInfo(
-            cut_id=r.cut_id,
-            step=start.owners.trainer_step,
-            uri=f"{storage.uri.rstrip('/')}/cuts/{r.cut_id}",
-            kind="barrier" if r.manifest.kind == "barrier" else "periodic",
-            committed_at=times.unix(r.manifest.created_at) or 0.0,
-            seconds=0.0,
-        )
+    resumed_from = _resumed_from(start.restored, storage) if start.restored is not None else None
     return Parts(storage, audit, tokenizer, reward, trainer, start.owners, writer, pool, ray, resumed_from)
+
+
+def _resumed_from(restored: RestoredRun, storage: Storage) -> CutInfo:
+    return CutInfo(
+        cut_id=restored.cut_id,
+        step=restored.owners.trainer_step,
+        uri=f"{storage.uri.rstrip('/')}/cuts/{restored.cut_id}",
+        kind="barrier" if restored.manifest.kind == "barrier" else "periodic",
+        committed_at=times.unix(restored.manifest.created_at) or 0.0,
+        seconds=0.0,
+    )
 
 
 def _wait_for_workers(job: RLJob, options: ControllerOptions, pool: GenerationPool, stop: threading.Event) -> None:

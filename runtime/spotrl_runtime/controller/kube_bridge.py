@@ -1,13 +1,10 @@
 """The controller's link to its RLJob when it runs in a pod: barrier requests in, status out.
 
-In a cluster the operator asks for a barrier cut by writing ``status.barrier`` (state
-``Requested``, a ``requestId``, the ``attempt`` it is for, a ``deadline``). The bridge
-watches its own RLJob (a field selector on its name: the runtime's Role allows nothing
-else), calls :meth:`Controllable.request_barrier` on a thread for each request it has not
-answered, and answers with one JSON patch that first **tests** ``requestId`` and
-``state == Requested``, then sets ``Committed`` + ``cutId`` + ``committedAt`` (+ ``lastCut``),
-or ``Failed`` + ``message``. A test that fails means the request was replaced or given up
-(Missed) meanwhile: the stale answer does not land.
+The controller's half of the barrier protocol (told once, in the operator README's "The
+barrier protocol"): the bridge watches its own RLJob (a field selector on its name: the
+runtime's Role allows nothing else), calls :meth:`Controllable.request_barrier` on a thread
+for each ``Requested`` barrier it has not answered, and answers with one JSON patch that
+first **tests** ``requestId`` and ``state == Requested``, so a stale answer never lands.
 
 As a :class:`StatusSink` it reports ``step``/``stepAttempt`` and ``lastCut``; every one of
 those patches first tests ``status.attempt`` against this controller's attempt, so a

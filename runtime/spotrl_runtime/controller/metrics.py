@@ -26,65 +26,73 @@ class ControllerCollector(Collector):
         if owners is None:
             return
         job = c.job.name
-        labels = ["job"]
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=labels)
-            g.add_metric([job], value)
-            return g
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            m = CounterMetricFamily(name, doc, labels=labels)
-            m.add_metric([job], value)
-            return m
-
-        yield gauge("spotrl_step", "Optimizer steps trained.", owners.trainer_step)
-        yield gauge("spotrl_target_steps", "Steps this run trains.", c.target_steps)
-        yield gauge("spotrl_attempt", "Controller incarnation.", owners.attempt)
-        yield gauge("spotrl_dispatch_index", "The sampler cursor: the last step stamped.", owners.dispatch_index)
-        last = c.history[-1] if c.history else None
-        if last is not None:
-            yield gauge("spotrl_reward_mean", "Mean reward of the last trained step.", last["reward"])
-            yield gauge("spotrl_step_seconds", "Wall time of the last optimizer step.", last["seconds"])
-        window = c.history[-10:]
-        secs = sum(h["seconds"] for h in window)
-        if secs > 0:
-            yield gauge(
-                "spotrl_train_tokens_per_second",
-                "Trained tokens per second (last 10 steps).",
-                sum(h["tokens"] for h in window) / secs,
-            )
-        census = owners.census()
+        yield _gauge(job, "spotrl_step", "Optimizer steps trained.", owners.trainer_step)
+        yield _gauge(job, "spotrl_target_steps", "Steps this run trains.", c.target_steps)
+        yield _gauge(job, "spotrl_attempt", "Controller incarnation.", owners.attempt)
+        yield _gauge(job, "spotrl_dispatch_index", "The sampler cursor: the last step stamped.", owners.dispatch_index)
+        yield from _training(job, c.history)
         g = GaugeMetricFamily("spotrl_groups", "Groups (prompts) per owner.", labels=["job", "owner"])
-        for owner, n in census.items():
+        for owner, n in owners.census().items():
             g.add_metric([job, owner], n)
         yield g
-        yield counter("spotrl_generated_tokens", "Completion tokens generated.", c.stats["tokens_generated"])
-        yield counter("spotrl_groups_generated", "Groups whose rollouts all finished.", c.stats["groups_generated"])
-        yield counter("spotrl_groups_retried", "Group generations retried after a failure.", c.stats["groups_retried"])
-        yield counter(
-            "spotrl_groups_lost_redispatched",
-            "Groups redispatched after their worker died.",
-            c.stats["groups_lost_redispatched"],
-        )
-        rc = owners.counters
-        yield counter("spotrl_restore_groups_found", "Ledger groups found in the cut restored from.", rc.groups_found)
-        yield counter("spotrl_restore_groups_relaunched", "Restored groups dispatched again.", rc.groups_relaunched)
-        yield counter(
-            "spotrl_restore_groups_discarded", "Restored groups discarded (must stay 0).", rc.groups_discarded
-        )
-        yield counter("spotrl_prompts_dropped", "Prompts given up on (onDroppedPrompt).", rc.prompts_dropped)
-        cuts = GaugeMetricFamily(
-            "spotrl_last_cut_seconds", "Duration of the last cut of each kind.", labels=["job", "kind"]
-        )
-        count = CounterMetricFamily("spotrl_cuts", "Committed cuts.", labels=["job", "kind"])
-        for kind in ("periodic", "barrier"):
-            mine = [x for x in c.cuts if x.kind == kind]
-            count.add_metric([job, kind], len(mine))
-            if mine:
-                cuts.add_metric([job, kind], mine[-1].seconds)
-        yield cuts
-        yield count
+        yield from _counters(job, c.stats, owners.counters)
+        yield from _cuts(job, c.cuts)
+
+
+def _gauge(job: str, name: str, doc: str, value: float) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc, labels=["job"])
+    g.add_metric([job], value)
+    return g
+
+
+def _counter(job: str, name: str, doc: str, value: float) -> CounterMetricFamily:
+    m = CounterMetricFamily(name, doc, labels=["job"])
+    m.add_metric([job], value)
+    return m
+
+
+def _training(job: str, history: list[dict[str, Any]]) -> Iterator[Metric]:
+    last = history[-1] if history else None
+    if last is not None:
+        yield _gauge(job, "spotrl_reward_mean", "Mean reward of the last trained step.", last["reward"])
+        yield _gauge(job, "spotrl_step_seconds", "Wall time of the last optimizer step.", last["seconds"])
+    window = history[-10:]
+    secs = sum(h["seconds"] for h in window)
+    if secs > 0:
+        tokens = sum(h["tokens"] for h in window) / secs
+        yield _gauge(job, "spotrl_train_tokens_per_second", "Trained tokens per second (last 10 steps).", tokens)
+
+
+def _counters(job: str, stats: dict[str, float], rc: Any) -> Iterator[Metric]:
+    yield _counter(job, "spotrl_generated_tokens", "Completion tokens generated.", stats["tokens_generated"])
+    yield _counter(job, "spotrl_groups_generated", "Groups whose rollouts all finished.", stats["groups_generated"])
+    yield _counter(job, "spotrl_groups_retried", "Group generations retried after a failure.", stats["groups_retried"])
+    yield _counter(
+        job,
+        "spotrl_groups_lost_redispatched",
+        "Groups redispatched after their worker died.",
+        stats["groups_lost_redispatched"],
+    )
+    yield _counter(job, "spotrl_restore_groups_found", "Ledger groups found in the cut restored from.", rc.groups_found)
+    yield _counter(job, "spotrl_restore_groups_relaunched", "Restored groups dispatched again.", rc.groups_relaunched)
+    yield _counter(
+        job, "spotrl_restore_groups_discarded", "Restored groups discarded (must stay 0).", rc.groups_discarded
+    )
+    yield _counter(job, "spotrl_prompts_dropped", "Prompts given up on (onDroppedPrompt).", rc.prompts_dropped)
+
+
+def _cuts(job: str, all_cuts: list[Any]) -> Iterator[Metric]:
+    cuts = GaugeMetricFamily(
+        "spotrl_last_cut_seconds", "Duration of the last cut of each kind.", labels=["job", "kind"]
+    )
+    count = CounterMetricFamily("spotrl_cuts", "Committed cuts.", labels=["job", "kind"])
+    for kind in ("periodic", "barrier"):
+        mine = [x for x in all_cuts if x.kind == kind]
+        count.add_metric([job, kind], len(mine))
+        if mine:
+            cuts.add_metric([job, kind], mine[-1].seconds)
+    yield cuts
+    yield count
 
 
 def registry_for(controller: Any) -> CollectorRegistry:

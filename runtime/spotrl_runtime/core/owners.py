@@ -464,51 +464,59 @@ class Owners:
                 raise UnknownGroupError(f"cannot drop group {group_id}: it is not an ADMITTED ledger group")
             step = rec.target_step
             dropped = DroppedPrompt(group_id, rec.idx, rec.task_name, reason)
-            use_spare = self.config.on_dropped_prompt == "replace" and len(self._spares) > 0
-            if not use_spare:
-                remaining = self.config.prompts_per_step - self._shortfall.get(step, 0) - 1
-                if remaining < self.config.min_groups_per_step:
-                    raise StepTooSmallError(
-                        f"dropping group {group_id} (idx {rec.idx}, {reason}) would leave step {step} with "
-                        f"{remaining} of {self.config.prompts_per_step} groups, below minStepFraction "
-                        f"{self.config.min_step_fraction}; fix generation or lower spec.preemption.minStepFraction"
-                        + ("; the spare pool is empty" if self.config.on_dropped_prompt == "replace" else "")
-                    )
-                self._ledger.remove(group_id)
-                self._shortfall[step] = self._shortfall.get(step, 0) + 1
-                self._dropped.setdefault(step, []).append(dropped)
-                self.counters.prompts_dropped += 1
-                if self.config.on_dropped_prompt == "replace":
-                    self.counters.replace_fallbacks += 1
-                self._cond.notify_all()
-                return []
-            # replace: everything below is decided before anything changes.
-            lenders = [s for s in self._buffer.steps() if s > step]
-            lender_step = lenders[-1] if lenders else None
-            borrowed = self._buffer.groups(lender_step)[0] if lender_step is not None else None
-            spare_step = lender_step if lender_step is not None else step
-            spare, prompt = self._spares.pop()
-            self._ledger.remove(group_id)
-            if borrowed is not None:
-                self._buffer.restamp(borrowed.group_id, step)
-                self.counters.borrows += 1
-            record = LedgerRecord(
-                group_id=spare.group_id,
-                admission_id=self._new_admission_id(),
-                order=spare.order,
-                idx=spare.idx,
-                task_name=spare.task_name,
-                phase=Phase.ADMITTED,
-                target_step=spare_step,
-                expected_generations=self.config.group_size,
-                weight_version=self._trainer_step,
-                fingerprint=spare.fingerprint,
+            if self.config.on_dropped_prompt == "replace" and len(self._spares) > 0:
+                return [self._replace_dropped(rec, step, dropped)]
+            self._shrink_dropped(rec, step, dropped)
+            return []
+
+    def _shrink_dropped(self, rec: LedgerRecord, step: int, dropped: DroppedPrompt) -> None:
+        """``shrink`` (or ``replace`` with no spare left): the step trains on one group fewer."""
+        remaining = self.config.prompts_per_step - self._shortfall.get(step, 0) - 1
+        if remaining < self.config.min_groups_per_step:
+            raise StepTooSmallError(
+                f"dropping group {rec.group_id} (idx {rec.idx}, {dropped.reason}) would leave step {step} with "
+                f"{remaining} of {self.config.prompts_per_step} groups, below minStepFraction "
+                f"{self.config.min_step_fraction}; fix generation or lower spec.preemption.minStepFraction"
+                + ("; the spare pool is empty" if self.config.on_dropped_prompt == "replace" else "")
             )
-            self._ledger.put(record, prompt)
-            self._dropped.setdefault(step, []).append(dropped)
-            self.counters.prompts_dropped += 1
-            self._cond.notify_all()
-            return [self._dispatch(record)]
+        self._ledger.remove(rec.group_id)
+        self._shortfall[step] = self._shortfall.get(step, 0) + 1
+        self._dropped.setdefault(step, []).append(dropped)
+        self.counters.prompts_dropped += 1
+        if self.config.on_dropped_prompt == "replace":
+            self.counters.replace_fallbacks += 1
+        self._cond.notify_all()
+
+    def _replace_dropped(self, rec: LedgerRecord, step: int, dropped: DroppedPrompt) -> Dispatch:
+        """``replace``: the oldest spare takes the dropped group's place, after the furthest
+        later step lends the short step a finished group if one can. Everything is decided
+        before anything changes."""
+        lenders = [s for s in self._buffer.steps() if s > step]
+        lender_step = lenders[-1] if lenders else None
+        borrowed = self._buffer.groups(lender_step)[0] if lender_step is not None else None
+        spare_step = lender_step if lender_step is not None else step
+        spare, prompt = self._spares.pop()
+        self._ledger.remove(rec.group_id)
+        if borrowed is not None:
+            self._buffer.restamp(borrowed.group_id, step)
+            self.counters.borrows += 1
+        record = LedgerRecord(
+            group_id=spare.group_id,
+            admission_id=self._new_admission_id(),
+            order=spare.order,
+            idx=spare.idx,
+            task_name=spare.task_name,
+            phase=Phase.ADMITTED,
+            target_step=spare_step,
+            expected_generations=self.config.group_size,
+            weight_version=self._trainer_step,
+            fingerprint=spare.fingerprint,
+        )
+        self._ledger.put(record, prompt)
+        self._dropped.setdefault(step, []).append(dropped)
+        self.counters.prompts_dropped += 1
+        self._cond.notify_all()
+        return self._dispatch(record)
 
     # ------------------------------------------------------------ trainer side
 

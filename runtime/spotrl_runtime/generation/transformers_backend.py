@@ -75,23 +75,46 @@ class TransformersBackend(GenerationBackend):
     def _generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GroupGenerated]:
         started = time.monotonic()
         version = self.weight_version
-        device = self.device
         # One row per sample: group g's n rows are contiguous.
-        prompts = [r.prompt_token_ids for r in requests for _ in range(r.n)]
         spans: list[tuple[int, int]] = []
         for r in requests:
             start = spans[-1][1] if spans else 0
             spans.append((start, start + r.n))
-        num_rows = len(prompts)
+        token_grid, logprob_grid, lengths = self._sample(requests, spans)
+        seconds = time.monotonic() - started
+        results = []
+        for request, (lo, hi) in zip(requests, spans, strict=True):
+            samples = tuple(self._sample_of(token_grid[row], logprob_grid[row], lengths[row]) for row in range(lo, hi))
+            results.append(
+                GroupGenerated(
+                    group_id=request.group_id,
+                    prompt_token_ids=request.prompt_token_ids,
+                    samples=samples,
+                    weight_version=version,
+                    seconds=seconds,
+                )
+            )
+        return results
+
+    def _left_padded(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input ids, attention mask), left-padded: every prompt ends at the same column."""
         width = max(len(p) for p in prompts)
-        input_ids = torch.full((num_rows, width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((num_rows, width), dtype=torch.long)
-        for i, p in enumerate(prompts):  # left padding: every prompt ends at the same column
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
             input_ids[i, width - len(p) :] = torch.tensor(p)
             attention[i, width - len(p) :] = 1
-        input_ids, attention = input_ids.to(device), attention.to(device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        return input_ids.to(self.device), attention.to(self.device)
 
+    def _sample(
+        self, requests: Sequence[GenerationRequest], spans: Sequence[tuple[int, int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Decodes every sample of ``requests`` together (each group with its own seeded
+        generator); (tokens, logprobs, lengths) per row, on the CPU."""
+        device = self.device
+        input_ids, attention = self._left_padded([r.prompt_token_ids for r in requests for _ in range(r.n)])
+        num_rows = input_ids.shape[0]
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
         temperature = torch.tensor([r.temperature for r in requests for _ in range(r.n)], device=device)
         top_p = torch.tensor([r.top_p for r in requests for _ in range(r.n)], device=device)
         limit = torch.tensor([r.max_new_tokens for r in requests for _ in range(r.n)], device=device)
@@ -105,7 +128,7 @@ class TransformersBackend(GenerationBackend):
         out = self.model(
             input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
         )
-        for step in range(max(r.max_new_tokens for r in requests)):
+        for _ in range(max(r.max_new_tokens for r in requests)):
             dist = sampling_logprobs(out.logits[:, -1, :], temperature, top_p)
             probs = dist.exp()
             chosen = torch.empty(num_rows, dtype=torch.long, device=device)
@@ -128,37 +151,19 @@ class TransformersBackend(GenerationBackend):
                 use_cache=True,
                 logits_to_keep=1,
             )
-            del step
+        lengths_list: list[int] = lengths.cpu().tolist()
+        return torch.stack(tokens, dim=1).cpu(), torch.stack(logprobs, dim=1).float().cpu(), lengths_list
 
-        token_grid = torch.stack(tokens, dim=1).cpu()
-        logprob_grid = torch.stack(logprobs, dim=1).float().cpu()
-        lengths_list = lengths.cpu().tolist()
-        seconds = time.monotonic() - started
-        results = []
-        for request, (lo, hi) in zip(requests, spans, strict=True):
-            samples = []
-            for row in range(lo, hi):
-                n = lengths_list[row]
-                ids = tuple(int(t) for t in token_grid[row, :n].tolist())
-                stopped = bool(ids) and ids[-1] in self.eos_ids
-                samples.append(
-                    Sample(
-                        completion_token_ids=ids,
-                        logprobs=tuple(float(x) for x in logprob_grid[row, :n].tolist()),
-                        finish_reason=FINISH_STOP if stopped else FINISH_LENGTH,
-                        text=str(self.tokenizer.decode(list(ids), skip_special_tokens=True)),
-                    )
-                )
-            results.append(
-                GroupGenerated(
-                    group_id=request.group_id,
-                    prompt_token_ids=request.prompt_token_ids,
-                    samples=tuple(samples),
-                    weight_version=version,
-                    seconds=seconds,
-                )
-            )
-        return results
+    def _sample_of(self, tokens: torch.Tensor, logprobs: torch.Tensor, n: int) -> Sample:
+        """One row of the grids as a sample: its first ``n`` tokens."""
+        ids = tuple(int(t) for t in tokens[:n].tolist())
+        stopped = bool(ids) and ids[-1] in self.eos_ids
+        return Sample(
+            completion_token_ids=ids,
+            logprobs=tuple(float(x) for x in logprobs[:n].tolist()),
+            finish_reason=FINISH_STOP if stopped else FINISH_LENGTH,
+            text=str(self.tokenizer.decode(list(ids), skip_special_tokens=True)),
+        )
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
