@@ -31,7 +31,7 @@ class Cuts:
     def request_barrier(self, reason, deadline):
         Cuts.n += 1
         n = Cuts.n
-        (out / f"asked-{n}").write_text(f"{reason} {deadline:.0f}")
+        (out / f"asked-{n}").write_text(f"{reason} {deadline.unix():.0f}")
         if reason == "fail":
             raise BarrierFailed("storage unreachable")
         while not (out / f"go-{n}").exists():
@@ -88,7 +88,7 @@ def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identit
     def status() -> dict:
         return dict(admin.get(f"{jobs_url}/j").get("status") or {})
 
-    def request(request_id: str, reason: str, attempt: int = 1) -> None:
+    def request(request_id: str, reason: str, attempt: int = 1) -> datetime:
         now = datetime.now(UTC)
         barrier = {
             "requestId": request_id,
@@ -103,6 +103,7 @@ def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identit
             "message": None,
         }
         admin.patch(status_url, {"status": {"barrier": barrier}})
+        return now + timedelta(seconds=60)
 
     def wait_status(check: object, what: str, timeout: float = 15) -> dict:
         admin.wait_for(f"{jobs_url}/j", lambda o: check((o or {}).get("status") or {}), timeout, what)  # type: ignore[operator]
@@ -123,9 +124,12 @@ def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identit
         assert st["rayHead"] == {"address": "127.0.1.9:4321", "attempt": 1, "workers": 2}
 
         # 1. A request is answered: the cut commits, then Committed + cutId + lastCut.
-        request("r1", "cordon: spec.unschedulable")
+        deadline = request("r1", "cordon: spec.unschedulable")
         wait_until(asked(1).exists, 10, "the bridge to ask for a cut")
-        assert asked(1).read_text().startswith("cordon: spec.unschedulable ")
+        reason, _, when = asked(1).read_text().rpartition(" ")
+        assert reason == "cordon: spec.unschedulable"
+        # status.barrier.deadline (whole seconds) reached the controller as the same instant.
+        assert abs(float(when) - deadline.timestamp()) <= 2, (when, deadline)
         assert status()["barrier"]["state"] == "Requested", "no answer before the cut commits"
         (data / "go-1").touch()
         st = wait_status(lambda s: s["barrier"]["state"] == "Committed", "r1 committed")
