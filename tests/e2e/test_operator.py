@@ -210,10 +210,13 @@ def test_a_job_whose_pod_the_api_server_refuses_says_why_backs_off_and_recovers(
     assert "cannot succeed until something changes" in cond["message"]
     assert st["attempt"] == 1, "the refused pod is tried again under the same attempt, not counted anew"
 
-    row = cluster.kubectl("get", "rljobs", "stuck", "-n", namespace, "--no-headers").stdout.split()
+    table = cluster.kubectl("get", "rljobs", "stuck", "-n", namespace).stdout
+    print(table)
+    row = table.splitlines()[1].split()
     assert row[:2] == ["stuck", "Pending"]
     assert "Forbidden" in row, row
     described = cluster.kubectl("describe", "rljob", "stuck", "-n", namespace).stdout
+    print(described)
     assert "ReconcileError" in described
     assert "ReconcileFailed" in described
     assert missing in described
