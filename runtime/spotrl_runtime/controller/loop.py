@@ -92,14 +92,7 @@ class Controller:
         self._cuts: queue.Queue[_CutJob | None] = queue.Queue()
         self._weights: queue.Queue[tuple[dict[str, Any], int]] = queue.Queue()
         self._last_cut_time = time.monotonic()
-        counts = (
-            "groups_generated",
-            "groups_retried",
-            "groups_lost_redispatched",
-            "prompts_dropped",
-            "tokens_generated",
-        )
-        self.stats: dict[str, float] = dict.fromkeys(counts, 0.0)
+        self.stats: dict[str, float] = dict.fromkeys(STATS, 0.0)
         self.history: list[dict[str, Any]] = []
         """One entry per step this process trained: step, reward, seconds ..."""
         self.cuts: list[CutInfo] = []
@@ -317,7 +310,7 @@ class Controller:
             cut_id=committed.cut_id,
             step=committed.manifest.trainer_step,
             uri=committed.uri,
-            kind="barrier" if request.kind == "barrier" else "periodic",
+            kind=request.kind,
             committed_at=time.time(),
             seconds=time.monotonic() - t0 + (job.snapshot.capture_seconds if job.snapshot else 0.0),
         )
