@@ -110,7 +110,9 @@ def main() -> None:
             def whole_cut() -> float:
                 t0 = time.perf_counter()
                 cut = writer.write(
-                    owners, CutRequest.barrier(Deadline.after(120)), lambda: snapshot_trainer(sd, None, with_rng=False)
+                    owners,
+                    CutRequest.barrier(Deadline.after(120)),
+                    lambda: snapshot_trainer(sd, None, step=owners.trainer_step, with_rng=False),
                 )
                 total = time.perf_counter() - t0
                 for k, v in cut.timings.items():

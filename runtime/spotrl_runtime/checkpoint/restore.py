@@ -11,7 +11,7 @@ passes RESERVED batches through the gate again, in admission order, with the sav
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,9 +21,10 @@ from spotrl_runtime.checkpoint.trainer_state import TorchSaveFormat, TrainerSnap
 from spotrl_runtime.core.cut_format import Manifest, to_snapshot
 from spotrl_runtime.core.owners import Owners, PromptSource, RecoveryConfig
 from spotrl_runtime.core.types import Prompt
-from spotrl_runtime.core.validation import Expectations, ValidatedCut, validate_cut
+from spotrl_runtime.core.validation import Expectations, TrainerStateError, ValidatedCut, validate_cut
 from spotrl_runtime.data.collate import PromptCollate
 from spotrl_runtime.data.dataset import PromptDataset
+from spotrl_runtime.data.loader import epoch_order
 from spotrl_runtime.storage import Storage
 
 
@@ -43,6 +44,9 @@ class DatasetLookup:
 
     def rebuild(self, idx: int) -> Prompt:
         return self.collate(self.dataset[idx])
+
+    def epoch_order(self, epoch: int, *, shuffle: bool, seed: int) -> Sequence[int]:
+        return epoch_order(len(self.dataset), epoch, shuffle=shuffle, seed=seed)
 
 
 @dataclass
@@ -79,17 +83,20 @@ def restore_cut(
     trainer_format: TrainerStateFormat | None = None,
     load_trainer: bool = True,
     spool_dir: Path | None = None,
+    encode: Callable[[Prompt], Sequence[int]] | None = None,
 ) -> RestoredRun:
     """Validates a committed cut (the newest unless ``cut_id`` is given) and rebuilds the run.
 
     ``source`` is a fresh loader over ``dataset``; it resumes at the cut's position.
     ``attempt`` defaults to the cut's attempt + 1 (the audit tells attempts apart).
+    ``encode`` (a prompt's token ids, as generation makes them) runs check
+    ``rollout_prompt_tokens``. A trainer file that does not load is check ``trainer_state``.
     """
     chosen = cut_id or newest_committed(storage)
     if chosen is None:
         raise NoCommittedCutError(f"{storage.uri} holds no committed cut (no cuts/<id>/manifest.json)")
     with StorageCutSource(storage, chosen, spool_dir) as cut:
-        validated = validate_cut(cut, DatasetLookup(dataset, collate), expect)
+        validated = validate_cut(cut, DatasetLookup(dataset, collate), expect, encode)
         docs = validated.documents
         snapshot = to_snapshot(docs, validated.prompts)
         owners = Owners.restore(snapshot, source, attempt=docs.attempt + 1 if attempt is None else attempt)
@@ -97,16 +104,26 @@ def restore_cut(
         if load_trainer and validated.manifest.trainer_format is not None:
             fmt = trainer_format or TorchSaveFormat()
             if validated.manifest.trainer_format != fmt.name:
-                raise ValueError(
-                    f"cut {chosen} holds trainer state in format {validated.manifest.trainer_format!r}; "
-                    f"this restore reads {fmt.name!r}"
+                raise TrainerStateError(
+                    cut.location,
+                    None,
+                    f"the cut holds trainer state in format {validated.manifest.trainer_format!r}; "
+                    f"this restore reads {fmt.name!r}",
                 )
             paths: Mapping[str, Path] = {
                 f.role: cut.local_path(f.path)
                 for f in validated.manifest.files
                 if f.path.startswith(f"{validated.manifest.data_dir}/trainer/")
             }
-            trainer = fmt.load(paths)
+            try:
+                trainer = fmt.load(paths)
+            except Exception as err:
+                raise TrainerStateError(
+                    cut.location,
+                    f"{validated.manifest.data_dir}/trainer/",
+                    f"the trainer's files do not load as {fmt.name} ({type(err).__name__}: {err})",
+                    "restore from an older cut with --resume CUT",
+                ) from None
     return RestoredRun(owners, trainer, validated.manifest, chosen)
 
 

@@ -70,6 +70,7 @@ def snapshot_trainer(
     model_state: Mapping[str, Any],
     optimizer_state: Mapping[str, Any] | None = None,
     *,
+    step: int,
     meta: Mapping[str, Any] | None = None,
     with_rng: bool = True,
 ) -> TrainerSnapshot:
@@ -77,13 +78,14 @@ def snapshot_trainer(
 
     Call it under the cut's lock (inside the function passed to ``Owners.capture``), so the
     copy matches the trainer step the cut records; the files are written after the lock
-    is released.
+    is released. ``step`` is the trainer's own count of optimizer steps; it goes into
+    ``trainer/meta.json``, and check ``trainer_state`` compares it with the cut's.
     """
     return TrainerSnapshot(
         weights=cpu_copy(model_state),
         optimizer=cpu_copy(optimizer_state) if optimizer_state is not None else None,
         rng=capture_rng() if with_rng else None,
-        meta=dict(meta or {}),
+        meta={**(meta or {}), "trainer_step": step},
     )
 
 

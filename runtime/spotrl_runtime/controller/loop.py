@@ -250,7 +250,8 @@ class Controller:
         return snapshot_trainer(
             trainer.model.state_dict(),
             trainer.optimizer.state_dict(),
-            meta={"trainer_step": trainer.step, "model": self.spec.policy.model},
+            step=trainer.step,
+            meta={"model": self.spec.policy.model},
         )
 
     def _periodic_cut(self, reason: str) -> _CutJob:

@@ -1,4 +1,4 @@
-"""Schema version 1 of a cut: the manifest and the owner files, as bytes. Pure: no I/O.
+"""Schema version 2 of a cut: the manifest and the owner files, as bytes. Pure: no I/O.
 
 A cut is a folder ``cuts/<cut_id>/`` holding ``manifest.json`` (written last; its
 existence is the commit) and a data folder ``<writer>/`` with one file per owner:
@@ -7,7 +7,8 @@ existence is the commit) and a data folder ``<writer>/`` with one file per owner
 file                          role            content
 ============================  ==============  =============================================
 ``sampler.json``              sampler         cursor, trainer step, id counters, per-step
-                                              shortfall and dropped prompts, config
+                                              shortfall and dropped prompts, retired
+                                              orders (trained or dropped), config
 ``loader.json``               loader          the StatefulDataLoader state (its position)
 ``ledger.json``               ledger          unfinished groups, locators only
 ``spare_pool.json``           spare_pool      spare prompts, locators only
@@ -15,8 +16,12 @@ file                          role            content
 ``rollouts.bin``              rollouts        rollout rows of finished groups and the
                                               finished siblings of ADMITTED groups
 ``audit.json``                audit           the tail of the audit log
-``trainer/*``, ``rng.pt``     weights, ...    the trainer's state; opaque to this module
+``trainer/*``                 weights, ...    the trainer's state; opaque to this module
+                                              except ``trainer/meta.json`` (its step)
 ============================  ==============  =============================================
+
+Version 2 added ``retired`` to ``sampler.json``; version 1 cuts lack what check
+``coverage`` needs and are not read.
 
 ``rollouts.bin`` is ``SPOTRLR1`` + u64 little-endian length + a JSON row table, then three
 little-endian arrays: prompt token ids (int32), completion token ids (int32) and
@@ -36,13 +41,14 @@ from typing import Any
 from spotrl_runtime.core.audit import AuditRecord, DroppedPrompt
 from spotrl_runtime.core.fields import RecordFormatError, optional_int, require_int, require_str
 from spotrl_runtime.core.ledger import LedgerRecord, Phase
+from spotrl_runtime.core.orders import OrderSet
 from spotrl_runtime.core.owners import OwnersSnapshot, RecoveryConfig
 from spotrl_runtime.core.replay_buffer import ReplayEntry
 from spotrl_runtime.core.spare_pool import Spare
 from spotrl_runtime.core.types import FinishedGroup, Prompt, Rollout
 
-SCHEMA_VERSION = 1
-READABLE_SCHEMA_VERSIONS = (1,)
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (2,)
 MANIFEST_NAME = "manifest.json"
 CUT_KINDS = ("periodic", "barrier")
 
@@ -56,6 +62,10 @@ OWNER_FILES: dict[str, str] = {
     "audit": "audit.json",
 }
 """Role -> file name of the owner files every cut has."""
+
+TRAINER_FORMAT_ROLES: dict[str, tuple[str, ...]] = {"torch.save/v1": ("weights", "trainer_meta")}
+"""Trainer formats this code reads -> the file roles a cut in that format must list.
+``trainer_meta`` is a small JSON object holding at least ``trainer_step``."""
 
 _ROWS_MAGIC = b"SPOTRLR1"
 
@@ -227,6 +237,39 @@ def _counts(
     }
 
 
+# ----------------------------------------------------------------- loader state
+
+
+@dataclass(frozen=True)
+class LoaderPosition:
+    """Where the loader stands: the next row is ``epoch``'s order at ``offset``."""
+
+    epoch: int
+    offset: int
+    batches: int
+    """Batches yielded since the run began."""
+    size: int | None = None
+    """The dataset's row count the state was saved with (None in a state saved before any read)."""
+
+    def order(self, size: int) -> int:
+        """The loader order of the next row (rows handed out so far)."""
+        return self.epoch * size + self.offset
+
+
+def loader_position(state: Mapping[str, Any]) -> LoaderPosition:
+    """Reads the position out of a saved ``StatefulDataLoader`` state over the epoch sampler of
+    :mod:`spotrl_runtime.data.loader`; raises ``ValueError`` for a state of another shape."""
+    it = state.get("_sampler_iter_state") or {}
+    inner = (it.get("sampler_iter_state") if isinstance(it, dict) else None) or {"epoch": 0, "offset": 0}
+    if not isinstance(inner, dict):
+        raise ValueError("the loader state's sampler_iter_state is not an object")
+    values = [inner.get("epoch"), inner.get("offset"), state.get("_num_yielded", 0)]
+    if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
+        raise ValueError(f"the loader state's epoch, offset and _num_yielded must be integers >= 0, got {values}")
+    size = inner.get("size")
+    return LoaderPosition(values[0], values[1], values[2], size if isinstance(size, int) else None)
+
+
 # ------------------------------------------------------------------ owner files
 
 
@@ -279,11 +322,14 @@ class CutDocuments:
     """The owner files of a cut, decoded but not yet checked against each other or the dataset."""
 
     config: RecoveryConfig
+    config_raw: Mapping[str, Any]
+    """The config as ``sampler.json`` holds it (check ``one_config`` compares it with the manifest's)."""
     attempt: int
     trainer_step: int
     dispatch_index: int
     next_order: int
     next_admission: int
+    retired: OrderSet
     shortfall: Mapping[int, int]
     dropped: Mapping[int, tuple[DroppedPrompt, ...]]
     loader_state: dict[str, Any]
@@ -323,6 +369,7 @@ def encode_owner_files(snapshot: OwnersSnapshot) -> dict[str, bytes]:
         "next_admission": snapshot.next_admission,
         "shortfall": {str(k): v for k, v in sorted(snapshot.shortfall.items())},
         "dropped": {str(k): [d.to_json() for d in v] for k, v in sorted(snapshot.dropped.items())},
+        "retired": snapshot.retired.to_json(),
         "config": snapshot.config.to_json(),
     }
     replay = [
@@ -372,7 +419,14 @@ def decode_owner_files(blobs: Mapping[str, bytes]) -> CutDocuments:
     try:
         if not isinstance(sampler, dict):
             raise RecordFormatError("not a JSON object")
-        config = RecoveryConfig.from_json(sampler.get("config") or {})
+        config_raw = sampler.get("config")
+        if not isinstance(config_raw, dict):
+            raise RecordFormatError("config must be a JSON object")
+        config = RecoveryConfig.from_json(config_raw)
+        try:
+            retired = OrderSet.from_json(sampler.get("retired"))
+        except ValueError as err:
+            raise RecordFormatError(f"retired {err}") from None
         dispatch_index = sampler.get("dispatch_index")
         if not isinstance(dispatch_index, int) or dispatch_index < -1:
             raise RecordFormatError(f"dispatch_index must be an integer >= -1, got {dispatch_index!r}")
@@ -407,11 +461,13 @@ def decode_owner_files(blobs: Mapping[str, bytes]) -> CutDocuments:
     rollouts = decode_rollouts(blobs["rollouts"])
     return CutDocuments(
         config=config,
+        config_raw=config_raw,
         attempt=fields["attempt"],
         trainer_step=fields["trainer_step"],
         dispatch_index=dispatch_index,
         next_order=fields["next_order"],
         next_admission=fields["next_admission"],
+        retired=retired,
         shortfall=shortfall,
         dropped=dropped,
         loader_state=loader_state,
@@ -450,6 +506,7 @@ def to_snapshot(docs: CutDocuments, prompts: Mapping[str, Prompt]) -> OwnersSnap
         shortfall=docs.shortfall,
         dropped=docs.dropped,
         audit_tail=docs.audit_tail,
+        retired=docs.retired,
         prompts=prompts,
     )
 

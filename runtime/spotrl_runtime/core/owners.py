@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from spotrl_runtime.core.audit import AuditLog, AuditRecord, DroppedPrompt
 from spotrl_runtime.core.ledger import Ledger, LedgerRecord, Phase
+from spotrl_runtime.core.orders import OrderSet
 from spotrl_runtime.core.replay_buffer import ReplayBuffer, ReplayEntry
 from spotrl_runtime.core.sampler import LookaheadSampler
 from spotrl_runtime.core.spare_pool import Spare, SparePool
@@ -232,6 +233,8 @@ class OwnersSnapshot:
     shortfall: Mapping[int, int]
     dropped: Mapping[int, tuple[DroppedPrompt, ...]]
     audit_tail: tuple[AuditRecord, ...]
+    retired: OrderSet = field(default_factory=OrderSet)
+    """Orders that left every live owner: trained, or dropped."""
     prompts: Mapping[str, Prompt] = field(default_factory=dict)
     extra: Any = None
     """What the cut's state function returned under the lock (trainer state, RNG); opaque here."""
@@ -259,6 +262,7 @@ class Owners:
         self._shortfall: dict[int, int] = {}
         self._dropped: dict[int, list[DroppedPrompt]] = {}
         self._audit = AuditLog(config.audit_tail)
+        self._retired = OrderSet()
         self._next_order = 0
         self._next_admission = 0
         self._training: int | None = None
@@ -480,6 +484,7 @@ class Owners:
                 + ("; the spare pool is empty" if self.config.on_dropped_prompt == "replace" else "")
             )
         self._ledger.remove(rec.group_id)
+        self._retired.add(rec.order)
         self._shortfall[step] = self._shortfall.get(step, 0) + 1
         self._dropped.setdefault(step, []).append(dropped)
         self.counters.prompts_dropped += 1
@@ -497,6 +502,7 @@ class Owners:
         spare_step = lender_step if lender_step is not None else step
         spare, prompt = self._spares.pop()
         self._ledger.remove(rec.group_id)
+        self._retired.add(rec.order)
         if borrowed is not None:
             self._buffer.restamp(borrowed.group_id, step)
             self.counters.borrows += 1
@@ -553,6 +559,8 @@ class Owners:
             if step is None:
                 raise StepNotReadyError("commit_step without begin_step")
             entries = self._buffer.take(step)
+            for e in entries:
+                self._retired.add(e.order)
             record = AuditRecord(
                 step=step,
                 attempt=self.attempt,
@@ -617,6 +625,7 @@ class Owners:
                     shortfall=dict(self._shortfall),
                     dropped={s: tuple(d) for s, d in self._dropped.items()},
                     audit_tail=self._audit.tail(),
+                    retired=OrderSet(self._retired.intervals()),
                     prompts={
                         **{r.group_id: self._ledger.prompt(r.group_id) for r in records},
                         **{s.group_id: p for s, p in self._spares.items()},
@@ -662,6 +671,7 @@ class Owners:
         owners._shortfall = dict(snapshot.shortfall)
         owners._dropped = {s: list(d) for s, d in snapshot.dropped.items()}
         owners._audit = AuditLog(snapshot.config.audit_tail, snapshot.audit_tail)
+        owners._retired = OrderSet(snapshot.retired.intervals())
         owners.counters.groups_found = len(snapshot.ledger)
         owners.counters.finished_found = len(snapshot.replay)
         return owners

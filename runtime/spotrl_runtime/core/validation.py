@@ -22,24 +22,39 @@ check                       what it refuses
 ``file_digest``             a listed file with another sha256 (stale, corrupted)
 ``orphan_file``             a file in the cut's data folder the manifest does not list
 ``owner_file_format``       an owner file that does not decode
+``one_config``              two copies of the recovery config that differ
 ``ledger_record``           a malformed ledger record (ids, phase, stamps by phase)
 ``group_counts``            counts in the manifest that differ from the files
 ``admission_consistent``    one admission with two phases or two stamps
+``counters``                an id the counters never handed out (``a<n>``, ``g<order>``)
 ``single_owner``            a group owned twice (ledger, replay buffer, spare pool)
 ``rollout_rows``            finished groups without all G rows; rows of no group
 ``cursor_covers_stamps``    a stamp above the saved sampler cursor
 ``stamp_not_trained``       a stamp below the trainer step (already trained)
+``gate``                    a cursor outside [trainer step - 1, trainer step + L]
+``coverage``                an order with no owner or two (live, trained, dropped)
+``census``                  a step without B - shortfall groups; a partial RESERVED batch
+``fingerprints_uniform``    some groups with a content fingerprint and some without
+``trainer_state``           trainer files missing, or a step that disagrees
+``loader_position``         a loader position other than the orders handed out
 ``dataset_size``            a dataset whose length changed since the cut
+``loader_rows``             a group whose idx is not the row its order reads
 ``prompt_rebuild``          a row that no longer rebuilds with the same idx and task
 ``prompt_fingerprint``      a row whose content changed under the same idx
+``rollout_prompt_tokens``   finished rows whose prompt tokens are not their prompt's
 ==========================  ========================================================
+
+``rollout_prompt_tokens`` needs the policy's tokenizer, so it runs in restore (the
+controller passes ``encode``); ``spotrl ckpt verify`` lists it as not run. The checks
+from ``one_config`` on hold between owners: a cut whose every file matches its digest
+can still be wrong between them (a writer bug, or an edit with the digests recomputed).
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
@@ -47,11 +62,13 @@ from spotrl_runtime.core.cut_format import (
     MANIFEST_NAME,
     OWNER_FILES,
     READABLE_SCHEMA_VERSIONS,
+    TRAINER_FORMAT_ROLES,
     CutDocuments,
     Manifest,
     OwnerFileError,
     decode_owner_files,
     document_counts,
+    loader_position,
 )
 from spotrl_runtime.core.fields import RecordFormatError
 from spotrl_runtime.core.ledger import LedgerRecord, Phase
@@ -119,6 +136,46 @@ class OwnerFileFormatError(CutCheckError):
     check = "owner_file_format"
 
 
+class OneConfigError(CutCheckError):
+    check = "one_config"
+
+
+class CountersError(CutCheckError):
+    check = "counters"
+
+
+class GateError(CutCheckError):
+    check = "gate"
+
+
+class CoverageError(CutCheckError):
+    check = "coverage"
+
+
+class CensusError(CutCheckError):
+    check = "census"
+
+
+class FingerprintsUniformError(CutCheckError):
+    check = "fingerprints_uniform"
+
+
+class TrainerStateError(CutCheckError):
+    check = "trainer_state"
+
+
+class LoaderPositionError(CutCheckError):
+    check = "loader_position"
+
+
+class LoaderRowsError(CutCheckError):
+    check = "loader_rows"
+
+
+class PromptTokensError(CutCheckError):
+    check = "rollout_prompt_tokens"
+
+
 class GroupCountError(CutCheckError):
     check = "group_counts"
 
@@ -170,19 +227,32 @@ ERRORS: tuple[type[CutCheckError], ...] = (
     FileDigestError,
     OrphanFileError,
     OwnerFileFormatError,
+    OneConfigError,
     LedgerRecordError,
     GroupCountError,
     AdmissionConsistencyError,
+    CountersError,
     DoubleOwnerError,
     RolloutRowsError,
     CursorBehindStampError,
     TrainedStampError,
+    GateError,
+    CoverageError,
+    CensusError,
+    FingerprintsUniformError,
+    TrainerStateError,
+    LoaderPositionError,
     DatasetSizeError,
+    LoaderRowsError,
     PromptRebuildError,
     PromptFingerprintError,
+    PromptTokensError,
 )
 CHECKS: tuple[str, ...] = tuple(e.check for e in ERRORS)
 """Every check, in the order the chain runs them."""
+BYTE_LEVEL_CHECKS: frozenset[str] = frozenset({"manifest_parses", "file_present", "file_size", "file_digest"})
+"""Checks that catch damaged or missing bytes (a flaky disk or store, a torn copy), not a cut
+that is wrong in what it says: ``--resume auto`` may fall back past a cut failing one of these."""
 
 
 # ------------------------------------------------------------------- interfaces
@@ -222,6 +292,10 @@ class PromptLookup(Protocol):
 
     def rebuild(self, idx: int) -> Prompt: ...
 
+    def epoch_order(self, epoch: int, *, shuffle: bool, seed: int) -> Sequence[int]:
+        """The rows the loader visits in ``epoch``, in order (for check ``loader_rows``)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Expectations:
@@ -229,6 +303,8 @@ class Expectations:
 
     job: str | None = None
     config: RecoveryConfig | None = None
+    dataset: Mapping[str, object] | None = None
+    """The job's dataset as ``describe_dataset`` gives it: the cut's shuffle and seed must equal its."""
 
 
 @dataclass(frozen=True)
@@ -245,12 +321,20 @@ class ValidatedCut:
 # ------------------------------------------------------------------------ chain
 
 
-def validate_cut(source: CutSource, lookup: PromptLookup | None, expect: Expectations | None = None) -> ValidatedCut:
+DATASET_CHECKS = ("dataset_size", "loader_rows", "prompt_rebuild", "prompt_fingerprint")
+
+
+def validate_cut(
+    source: CutSource,
+    lookup: PromptLookup | None,
+    expect: Expectations | None = None,
+    encode: Callable[[Prompt], Sequence[int]] | None = None,
+) -> ValidatedCut:
     """Runs the whole chain on one cut; raises the first :class:`CutCheckError`.
 
-    ``lookup`` None runs every check except the dataset ones (``dataset_size``,
-    ``prompt_rebuild``, ``prompt_fingerprint``) and returns no prompts; restore always
-    passes one.
+    ``lookup`` None runs every check except the dataset ones (:data:`DATASET_CHECKS`) and
+    returns no prompts; restore always passes one. ``encode`` (a prompt's token ids, as
+    generation encodes it) runs ``rollout_prompt_tokens``; restore passes it.
     """
     expect = expect or Expectations()
     loc = source.location
@@ -259,19 +343,31 @@ def validate_cut(source: CutSource, lookup: PromptLookup | None, expect: Expecta
     check_files(loc, manifest, source)
     blobs = {f.role: source.read(f.path) for f in manifest.files if f.role in OWNER_FILES}
     docs = decode_documents(loc, manifest, blobs)
+    check_one_config(loc, manifest, docs)
     docs = check_ledger_records(loc, manifest, docs)
     check_group_counts(loc, manifest, docs)
     check_admissions(loc, manifest, docs)
+    check_counters(loc, manifest, docs)
     check_single_owner(loc, manifest, docs)
     check_rollout_rows(loc, manifest, docs)
     check_stamps(loc, manifest, docs)
+    check_gate(loc, manifest, docs)
+    check_coverage(loc, manifest, docs)
+    check_census(loc, manifest, docs)
+    check_fingerprints_uniform(loc, manifest, docs)
+    check_trainer_state(loc, manifest, docs, source)
+    check_loader_position(loc, manifest, docs, expect)
     skipped = {"job_identity"} if expect.job is None else set()
     skipped |= {"config_compatible"} if expect.config is None else set()
     prompts: dict[str, Prompt] = {}
     if lookup is None:
-        skipped |= {"dataset_size", "prompt_rebuild", "prompt_fingerprint"}
+        skipped |= set(DATASET_CHECKS)
     else:
         prompts = check_prompts(loc, manifest, docs, lookup)
+    if encode is None or lookup is None:
+        skipped.add("rollout_prompt_tokens")
+    else:
+        check_prompt_tokens(loc, manifest, docs, prompts, encode)
     return ValidatedCut(manifest, docs, prompts, tuple(c for c in CHECKS if c not in skipped))
 
 
@@ -422,7 +518,7 @@ def check_admissions(loc: str, manifest: Manifest, docs: CutDocuments) -> None:
 
 
 def check_single_owner(loc: str, manifest: Manifest, docs: CutDocuments) -> None:
-    """``single_owner``: every group has one owner; loader-order numbers are unique and issued."""
+    """``single_owner``: every group has one owner; no loader order names two groups."""
     owners: dict[str, str] = {}
     orders: Counter[int] = Counter()
     items: list[tuple[str, str, int]] = [(r.group_id, "ledger", r.order) for r in docs.ledger]
@@ -438,13 +534,6 @@ def check_single_owner(loc: str, manifest: Manifest, docs: CutDocuments) -> None
             )
         owners[gid] = owner
         orders[order] += 1
-        if order >= docs.next_order:
-            raise DoubleOwnerError(
-                loc,
-                _path_of(manifest, "sampler"),
-                f"group {gid} has loader order {order} but the sampler has issued only {docs.next_order}",
-                _NEWER,
-            )
     dup = [o for o, n in orders.items() if n > 1]
     if dup:
         raise DoubleOwnerError(loc, _path_of(manifest, "ledger"), f"loader order {dup[0]} names two groups", _NEWER)
@@ -513,8 +602,316 @@ def check_stamps(loc: str, manifest: Manifest, docs: CutDocuments) -> None:
             )
 
 
+def check_one_config(loc: str, manifest: Manifest, docs: CutDocuments) -> None:
+    """``one_config``: the manifest's copy of the recovery config equals ``sampler.json``'s, the
+    one restore uses."""
+    if dict(manifest.config) != dict(docs.config_raw):
+        keys = sorted(set(manifest.config) | set(docs.config_raw))
+        diff = [k for k in keys if manifest.config.get(k) != docs.config_raw.get(k)]
+        raise OneConfigError(
+            loc,
+            _path_of(manifest, "sampler"),
+            "the recovery config differs between manifest.json and sampler.json: "
+            + ", ".join(f"{k} is {manifest.config.get(k)!r} vs {docs.config_raw.get(k)!r}" for k in diff),
+            _NEWER,
+        )
+
+
+def _serial(value: str, prefix: str) -> int | None:
+    """``n`` of an id ``<prefix><n>`` (no leading zeros), or None."""
+    digits = value[len(prefix) :]
+    if not value.startswith(prefix) or not digits.isdigit() or (digits != "0" and digits.startswith("0")):
+        return None
+    return int(digits)
+
+
+def _trained_groups(docs: CutDocuments) -> Iterator[tuple[str, int, int, str]]:
+    """(group_id, idx, step, what) of every group the audit tail trained or any record dropped."""
+    for rec in docs.audit_tail:
+        for gid, idx in zip(rec.group_ids, rec.idxs, strict=True):
+            yield gid, idx, rec.step, "trained"
+        for d in rec.dropped:
+            yield d.group_id, d.idx, rec.step, "dropped"
+    for step, dropped in docs.dropped.items():
+        for d in dropped:
+            yield d.group_id, d.idx, step, "dropped"
+
+
+def check_counters(loc: str, manifest: Manifest, docs: CutDocuments) -> None:
+    """``counters``: every admission and spare-batch id is ``a<n>`` with n below ``next_admission``;
+    every group id is ``g<order>`` with its own order, below ``next_order``."""
+    ids: list[tuple[str, str, int | None, str]] = [(r.group_id, r.admission_id, r.order, "ledger") for r in docs.ledger]
+    ids += [(g.group_id, g.admission_id, g.order, "replay_index") for g in docs.replay]
+    ids += [(sp.group_id, sp.batch_id, sp.order, "spare_pool") for sp in docs.spares]
+    ids += [(gid, "", None, "audit" if what == "trained" else "sampler") for gid, _, _, what in _trained_groups(docs)]
+    for gid, admission, order, role in ids:
+        n = _serial(gid, "g")
+        if n is None or n >= docs.next_order or (order is not None and n != order):
+            raise CountersError(
+                loc,
+                _path_of(manifest, role),
+                f"group id {gid!r}" + (f" with order {order}" if order is not None else "") + " was never handed "
+                f"out: group ids are g<order> with order below next_order {docs.next_order}",
+                _NEWER,
+            )
+        a = _serial(admission, "a") if admission else 0
+        if a is None or a >= docs.next_admission:
+            raise CountersError(
+                loc,
+                _path_of(manifest, role),
+                f"group {gid} names admission {admission!r}, which was never handed out: admission and "
+                f"spare-batch ids are a<n> with n below next_admission {docs.next_admission}",
+                _NEWER,
+            )
+
+
+def check_gate(loc: str, manifest: Manifest, docs: CutDocuments) -> None:
+    """``gate``: ``trainer_step - 1 <= cursor <= trainer_step + lookahead``."""
+    low, high = docs.trainer_step - 1, docs.trainer_step + docs.config.lookahead
+    if not low <= docs.dispatch_index <= high:
+        raise GateError(
+            loc,
+            _path_of(manifest, "sampler"),
+            f"the sampler cursor is {docs.dispatch_index}, outside [{low}, {high}] (trainer step "
+            f"{docs.trainer_step}, lookahead {docs.config.lookahead}): the gate admits only that far",
+            _NEWER,
+        )
+
+
+def check_coverage(loc: str, manifest: Manifest, docs: CutDocuments) -> None:
+    """``coverage``: every order in ``[0, next_order)`` is owned exactly once: by the ledger, the
+    replay buffer or the spare pool, or retired (trained or dropped); the audit tail's groups and
+    every dropped group are retired."""
+    live: dict[int, tuple[str, str]] = {r.order: (r.group_id, "ledger") for r in docs.ledger}
+    live |= {g.order: (g.group_id, "replay buffer") for g in docs.replay}
+    live |= {sp.order: (sp.group_id, "spare pool") for sp in docs.spares}
+    sampler = _path_of(manifest, "sampler")
+    for order, (gid, owner) in sorted(live.items()):
+        if order in docs.retired:
+            raise CoverageError(
+                loc, sampler, f"order {order} ({gid}) is owned by the {owner} and also retired (trained or dropped)"
+            )
+    top = max((end for _, end in docs.retired.intervals()), default=0)
+    if top > docs.next_order:
+        raise CoverageError(loc, sampler, f"orders up to {top - 1} are retired, but only {docs.next_order} were issued")
+    if len(live) + len(docs.retired) != docs.next_order:
+        missing = next(o for o in range(docs.next_order) if o not in live and o not in docs.retired)
+        raise CoverageError(
+            loc,
+            sampler,
+            f"order {missing} (group g{missing}) has no owner: it left the loader but is in no ledger, replay "
+            "buffer, spare pool or retired set, so a restore would lose its prompt",
+            _NEWER,
+        )
+    seen: set[str] = set()
+    for gid, _, step, what in _trained_groups(docs):
+        retired = _serial(gid, "g")
+        assert retired is not None  # check counters
+        if retired in live:
+            raise CoverageError(
+                loc, sampler, f"{gid} was {what} at step {step} but the {live[retired][1]} still owns it", _NEWER
+            )
+        if retired not in docs.retired or gid in seen:
+            why = "appears twice among the trained and dropped groups" if gid in seen else "is not retired"
+            raise CoverageError(loc, sampler, f"{gid}, {what} at step {step}, {why}", _NEWER)
+        seen.add(gid)
+
+
+def check_census(loc: str, manifest: Manifest, docs: CutDocuments) -> None:
+    """``census``: each step from the trainer step to the cursor holds ``B - shortfall`` groups
+    (finished + ADMITTED), and each RESERVED admission is one whole batch of ``B``."""
+    batch = docs.config.prompts_per_step
+    finished = Counter(g.target_step for g in docs.replay)
+    admitted = Counter(r.target_step for r in docs.ledger if r.phase is Phase.ADMITTED)
+    sampler = _path_of(manifest, "sampler")
+    for step in range(docs.trainer_step, docs.dispatch_index + 1):
+        short = docs.shortfall.get(step, 0)
+        dropped = len(docs.dropped.get(step, ()))
+        if not 0 <= short <= dropped:
+            raise CensusError(
+                loc, sampler, f"step {step} has a shortfall of {short} but {dropped} dropped prompts", _NEWER
+            )
+        if finished[step] + admitted[step] != batch - short:
+            raise CensusError(
+                loc,
+                _path_of(manifest, "replay_index"),
+                f"step {step} holds {finished[step]} finished and {admitted[step]} in-flight groups; with a "
+                f"shortfall of {short} it must hold {batch - short} (prompts per step {batch})",
+                _NEWER,
+            )
+    for step in docs.dropped:
+        if not docs.trainer_step <= step <= docs.dispatch_index:
+            raise CensusError(
+                loc,
+                sampler,
+                f"prompts dropped at step {step}, outside the untrained steps [{docs.trainer_step}, "
+                f"{docs.dispatch_index}]",
+                _NEWER,
+            )
+    reserved = Counter(r.admission_id for r in docs.ledger if r.phase is Phase.RESERVED)
+    for admission, count in reserved.items():
+        if count != batch:
+            raise CensusError(
+                loc,
+                _path_of(manifest, "ledger"),
+                f"RESERVED admission {admission} holds {count} groups; an admission is one whole batch of {batch}",
+                _NEWER,
+            )
+
+
+def check_fingerprints_uniform(loc: str, manifest: Manifest, docs: CutDocuments) -> None:
+    """``fingerprints_uniform``: every group carries a content fingerprint, or none does."""
+    groups = [(r.group_id, r.fingerprint, "ledger") for r in docs.ledger]
+    groups += [(g.group_id, g.fingerprint, "replay_index") for g in docs.replay]
+    groups += [(sp.group_id, sp.fingerprint, "spare_pool") for sp in docs.spares]
+    with_fp = [g for g in groups if g[1]]
+    without = [g for g in groups if not g[1]]
+    if with_fp and without:
+        raise FingerprintsUniformError(
+            loc,
+            _path_of(manifest, without[0][2]),
+            f"{len(with_fp)} groups carry a content fingerprint but {len(without)} do not (first: {without[0][0]}); "
+            "a writer records one for every group or for none, so this one was edited",
+            _NEWER,
+        )
+
+
+def check_trainer_state(loc: str, manifest: Manifest, docs: CutDocuments, source: CutSource) -> None:
+    """``trainer_state``: the files ``trainer_format`` needs are listed (under the data folder's
+    ``trainer/``), and the trainer's step, the audit tail's last step and ``trainer_step`` agree."""
+    fmt = manifest.trainer_format
+    if fmt is not None:
+        roles = TRAINER_FORMAT_ROLES.get(fmt)
+        if roles is None:
+            raise TrainerStateError(
+                loc, MANIFEST_NAME, f"trainer_format {fmt!r} is not one this code reads ({list(TRAINER_FORMAT_ROLES)})"
+            )
+        for role in roles:
+            f = manifest.file(role)
+            if f is None or not f.path.startswith(f"{manifest.data_dir}/trainer/"):
+                raise TrainerStateError(
+                    loc, MANIFEST_NAME, f"format {fmt} needs a {role} file under trainer/, the manifest lists none"
+                )
+        meta_file = manifest.file("trainer_meta")
+        assert meta_file is not None
+        try:
+            meta = json.loads(source.read(meta_file.path))
+            step = meta["trainer_step"]
+            if not isinstance(step, int):
+                raise TypeError(f"trainer_step is {step!r}")
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError) as err:
+            raise TrainerStateError(
+                loc, meta_file.path, f"is not a JSON object with an integer trainer_step ({err})", _NEWER
+            ) from None
+        if step != manifest.trainer_step:
+            raise TrainerStateError(
+                loc,
+                meta_file.path,
+                f"the trainer's state is at step {step}, the cut at trainer step {manifest.trainer_step}",
+                _NEWER,
+            )
+    tail = docs.audit_tail
+    steps = [r.step for r in tail]
+    if tail and (steps[-1] != docs.trainer_step - 1 or steps != list(range(steps[0], steps[-1] + 1))):
+        raise TrainerStateError(
+            loc,
+            _path_of(manifest, "audit"),
+            f"the audit tail holds steps {steps[0]}..{steps[-1]} ({len(steps)} records), not consecutive steps "
+            f"ending at {docs.trainer_step - 1} (trainer step {docs.trainer_step})",
+            _NEWER,
+        )
+    if not tail and docs.trainer_step > 0 and docs.config.audit_tail > 0:
+        raise TrainerStateError(
+            loc, _path_of(manifest, "audit"), f"no audit record, but {docs.trainer_step} steps are trained", _NEWER
+        )
+
+
+def check_loader_position(loc: str, manifest: Manifest, docs: CutDocuments, expect: Expectations) -> None:
+    """``loader_position``: the loader has handed out exactly ``next_order`` rows, in whole batches,
+    of a dataset of the manifest's size, walked with the job's shuffle and seed."""
+    path = _path_of(manifest, "loader")
+    try:
+        pos = loader_position(docs.loader_state)
+    except ValueError as err:
+        raise LoaderPositionError(loc, path, str(err), _NEWER) from None
+    size = manifest.dataset.get("size")
+    size = pos.size if not isinstance(size, int) else size
+    if pos.size is not None and pos.size != size:
+        raise LoaderPositionError(
+            loc, path, f"the loader state is for {pos.size} rows, the manifest's dataset has {size}", _NEWER
+        )
+    read = pos.order(size) if isinstance(size, int) else pos.offset
+    batch = docs.config.prompts_per_step
+    if read != docs.next_order or pos.batches * batch != docs.next_order:
+        raise LoaderPositionError(
+            loc,
+            path,
+            f"the loader stands at epoch {pos.epoch} offset {pos.offset} after {pos.batches} batches of {batch} "
+            f"({read} rows), but the sampler handed out {docs.next_order} orders",
+            _NEWER,
+        )
+    for key in ("shuffle", "seed"):
+        if expect.dataset is not None and manifest.dataset.get(key) != expect.dataset.get(key):
+            raise LoaderPositionError(
+                loc,
+                MANIFEST_NAME,
+                f"the cut's loader walks the dataset with {key}={manifest.dataset.get(key)!r}, the job asks for "
+                f"{key}={expect.dataset.get(key)!r}: every saved position would name other rows",
+                "restore with the dataset settings the run started with",
+            )
+
+
+def check_loader_rows(loc: str, manifest: Manifest, docs: CutDocuments, lookup: PromptLookup) -> None:
+    """``loader_rows``: each group's ``idx`` is the row the loader yields at the group's order."""
+    shuffle, seed = manifest.dataset.get("shuffle"), manifest.dataset.get("seed")
+    if not isinstance(shuffle, bool) or not isinstance(seed, int):
+        raise LoaderRowsError(loc, MANIFEST_NAME, f"dataset.shuffle/seed are {shuffle!r}/{seed!r}", _NEWER)
+    size = len(lookup)
+    epochs: dict[int, Sequence[int]] = {}
+    groups = [(r.group_id, r.order, r.idx, "ledger") for r in docs.ledger]
+    groups += [(g.group_id, g.order, g.idx, "replay_index") for g in docs.replay]
+    groups += [(sp.group_id, sp.order, sp.idx, "spare_pool") for sp in docs.spares]
+    groups += [(gid, _serial(gid, "g") or 0, idx, "audit") for gid, idx, _, _ in _trained_groups(docs)]
+    for gid, order, idx, role in groups:
+        epoch, offset = divmod(order, size)
+        if epoch not in epochs:
+            epochs[epoch] = lookup.epoch_order(epoch, shuffle=shuffle, seed=seed)
+        row = epochs[epoch][offset]
+        if row != idx:
+            raise LoaderRowsError(
+                loc,
+                _path_of(manifest, role),
+                f"group {gid} has idx {idx}, but the loader yields row {row} at its order {order} "
+                f"(epoch {epoch}, shuffle={shuffle}, seed={seed})",
+                _NEWER,
+            )
+
+
+def check_prompt_tokens(
+    loc: str,
+    manifest: Manifest,
+    docs: CutDocuments,
+    prompts: Mapping[str, Prompt],
+    encode: Callable[[Prompt], Sequence[int]],
+) -> None:
+    """``rollout_prompt_tokens``: every finished rollout row's prompt tokens encode its group's
+    rebuilt prompt (the rows would otherwise train one prompt's completions under another)."""
+    for gid, rows in docs.rollouts.items():
+        want = tuple(encode(prompts[gid]))
+        for row in rows:
+            if tuple(row.prompt_token_ids) != want:
+                raise PromptTokensError(
+                    loc,
+                    _path_of(manifest, "rollouts"),
+                    f"rollout {row.index} of group {gid} has {len(row.prompt_token_ids)} prompt tokens that do not "
+                    f"encode its prompt (row {prompts[gid].idx}, {len(want)} tokens)",
+                    _NEWER,
+                )
+
+
 def check_prompts(loc: str, manifest: Manifest, docs: CutDocuments, lookup: PromptLookup) -> dict[str, Prompt]:
-    """``dataset_size``, ``prompt_rebuild``, ``prompt_fingerprint``: every prompt rebuilds from ``dataset[idx]``."""
+    """``dataset_size``, ``loader_rows``, ``prompt_rebuild``, ``prompt_fingerprint``: every prompt
+    rebuilds from ``dataset[idx]``, at the row its order reads."""
     size = manifest.dataset.get("size")
     uri = manifest.dataset.get("uri", "the dataset")
     if size is not None and size != len(lookup):
@@ -525,6 +922,7 @@ def check_prompts(loc: str, manifest: Manifest, docs: CutDocuments, lookup: Prom
             "position and every locator would name other rows",
             "restore with the dataset the run started with",
         )
+    check_loader_rows(loc, manifest, docs, lookup)
     locators: list[tuple[str, int, str, str, str]] = [
         (r.group_id, r.idx, r.task_name, r.fingerprint, "ledger") for r in docs.ledger
     ]

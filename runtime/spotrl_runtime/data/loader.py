@@ -10,7 +10,6 @@ skipped at an epoch's end. Its position (epoch, offset) is all the loader state 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,9 +17,12 @@ from torch.utils.data import Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import BatchSampler
 
+from spotrl_runtime.core.cut_format import LoaderPosition, loader_position
 from spotrl_runtime.core.types import Prompt
 from spotrl_runtime.data.collate import PromptCollate
 from spotrl_runtime.data.dataset import PromptDataset
+
+__all__ = ["EpochSampler", "LoaderPosition", "PromptLoader", "epoch_order", "loader_position"]
 
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -82,23 +84,6 @@ class EpochSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         return _EpochIterator(self)
-
-
-@dataclass(frozen=True)
-class LoaderPosition:
-    """Where the loader stands: the next row is ``epoch``'s order at ``offset``."""
-
-    epoch: int
-    offset: int
-    batches: int
-    """Batches yielded since the run began."""
-
-
-def loader_position(state: dict[str, Any]) -> LoaderPosition:
-    """Reads the position out of a saved loader state (for inspect and validation)."""
-    it = state.get("_sampler_iter_state") or {}
-    inner = it.get("sampler_iter_state") or {"epoch": 0, "offset": 0}
-    return LoaderPosition(int(inner["epoch"]), int(inner["offset"]), int(state.get("_num_yielded", 0)))
 
 
 class PromptLoader:

@@ -166,7 +166,7 @@ class Run:
         return record
 
     def state_fn(self) -> Any:
-        return snapshot_trainer(self.model.state_dict(), self.optimizer.state_dict())
+        return snapshot_trainer(self.model.state_dict(), self.optimizer.state_dict(), step=self.owners.trainer_step)
 
     def cut(self, kind: str = "periodic") -> CommittedCut:
         assert self.writer is not None

@@ -195,7 +195,11 @@ def test_the_lock_is_released_before_files_are_written(tmp_path: Path) -> None:
     result: list[Any] = []
     t = threading.Thread(
         target=lambda: result.append(
-            writer.write(run.owners, CutRequest.periodic(), lambda: snapshot_trainer(big.state_dict()))
+            writer.write(
+                run.owners,
+                CutRequest.periodic(),
+                lambda: snapshot_trainer(big.state_dict(), step=run.owners.trainer_step),
+            )
         )
     )
     t.start()
@@ -237,7 +241,9 @@ def test_big_weights_go_up_in_parallel_parts_and_come_back_exactly(s3_bucket: An
     optimizer.step()
     assert run.writer is not None
     cut = run.writer.write(
-        run.owners, CutRequest.periodic(), lambda: snapshot_trainer(big.state_dict(), optimizer.state_dict())
+        run.owners,
+        CutRequest.periodic(),
+        lambda: snapshot_trainer(big.state_dict(), optimizer.state_dict(), step=run.owners.trainer_step),
     )
     weights = cut.manifest.file("weights")
     assert weights is not None

@@ -8,11 +8,12 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cut_scenarios import DATASET, EXAMPLE_B, example_b_before_cut, loader_for
+from cut_scenarios import DATASET, EXAMPLE_B, dataset_description, example_b_before_cut, loader_for
 
 from spotrl_runtime.checkpoint import restore_cut
 from spotrl_runtime.cli import main as spotrl
@@ -26,6 +27,7 @@ from spotrl_runtime.core.cut_format import (
 )
 from spotrl_runtime.core.ledger import LedgerRecord
 from spotrl_runtime.core.owners import RecoveryConfig
+from spotrl_runtime.core.types import Prompt
 from spotrl_runtime.data import ArithmeticDataset, JsonlDataset, PromptCollate
 from spotrl_runtime.data.dataset import PromptDataset
 from spotrl_runtime.storage import LocalStorage, open_storage
@@ -125,7 +127,7 @@ def two_owners(doc: Any) -> None:
     doc["records"].append(
         {
             "group_id": "g0",
-            "admission_id": "a99",
+            "admission_id": "a0",
             "order": 0,
             "idx": 0,
             "task_name": DATASET[0]["task_name"],
@@ -142,6 +144,58 @@ def drop_a_row(s: Surgery) -> None:
     rows = decode_rollouts(s.path("rollouts").read_bytes())
     rows["g9"] = rows["g9"][:1]
     s.replace("rollouts", encode_rollouts(list(rows.items())), fix_counts=True)
+
+
+# Forgeries of one invariant between owners each: every file still matches its size and digest,
+# every count matches, and every check before the named one passes.
+
+
+def edit_config(s: Surgery, **change: Any) -> None:
+    """The same config change in both copies (sampler.json and the manifest)."""
+    s.edit_json("sampler", lambda d: d["config"].update(change))
+    s.m["config"].update(change)
+    s.save_manifest()
+
+
+def foreign_admission(doc: Any) -> None:
+    # The whole RESERVED batch (g12..g14) under an admission id no counter handed out.
+    for rec in doc["records"]:
+        if rec["phase"] == "RESERVED":
+            rec["admission_id"] = "a99"
+
+
+def move_to_step_2(doc: Any) -> None:
+    # A finished group of step 1 restamped 2: step 1 holds 2 groups and step 2 holds 4.
+    next(g for g in doc["groups"] if g["target_step"] == 1)["target_step"] = 2
+
+
+def unfingerprint(doc: Any) -> None:
+    doc["groups"][0]["fingerprint"] = ""
+
+
+def other_row(doc: Any) -> None:
+    # g13 (order 13) names row 20, with row 20's task and fingerprint: the row exists and
+    # rebuilds, but it is not the one the loader read at order 13.
+    row = PromptCollate()(DATASET[20])
+    rec = next(r for r in doc["records"] if r["group_id"] == "g13")
+    rec.update(idx=20, task_name=row.task_name, fingerprint=row.fingerprint)
+
+
+def edit_trainer_meta(s: Surgery) -> None:
+    meta = json.loads(s.path("trainer_meta").read_bytes())
+    meta["trainer_step"] = 3
+    s.replace("trainer_meta", json.dumps(meta).encode())
+
+
+def foreign_prompt_tokens(s: Surgery) -> None:
+    rows = decode_rollouts(s.path("rollouts").read_bytes())
+    rows["g9"] = tuple(replace(r, prompt_token_ids=rows["g0"][0].prompt_token_ids) for r in rows["g9"])
+    s.replace("rollouts", encode_rollouts(list(rows.items())))
+
+
+def encode(prompt: Prompt) -> tuple[int, ...]:
+    """How the scenario's generation encodes a prompt (see cut_scenarios.rollout)."""
+    return tuple(ord(c) for c in prompt.text)
 
 
 # (check, how to break the cut, extra `verify` args, restore keyword overrides)
@@ -162,9 +216,11 @@ CASES: list[tuple[str, Breaker, list[str], dict[str, Any]]] = [
     ("file_digest", lambda s, t: break_flip_byte(s), [], {}),
     ("orphan_file", lambda s, t: break_orphan(s), [], {}),
     ("owner_file_format", lambda s, t: s.replace("sampler", b"[]"), [], {}),
+    ("one_config", lambda s, t: (s.m["config"].update(min_step_fraction=0.9), s.save_manifest()), [], {}),
     ("ledger_record", lambda s, t: s.edit_json("ledger", reserved_with_stamp), [], {}),
     ("group_counts", lambda s, t: s.edit_json("ledger", truncate_ledger), [], {}),
     ("admission_consistent", lambda s, t: s.edit_json("ledger", split_admission, fix_counts=True), [], {}),
+    ("counters", lambda s, t: s.edit_json("ledger", foreign_admission), [], {}),
     ("single_owner", lambda s, t: s.edit_json("ledger", two_owners, fix_counts=True), [], {}),
     ("rollout_rows", lambda s, t: drop_a_row(s), [], {}),
     (
@@ -187,9 +243,22 @@ CASES: list[tuple[str, Breaker, list[str], dict[str, Any]]] = [
         [],
         {},
     ),
+    ("gate", lambda s, t: edit_config(s, lookahead=1), [], {}),
+    ("coverage", lambda s, t: s.edit_json("sampler", lambda d: d.update(retired=[])), [], {}),
+    ("census", lambda s, t: s.edit_json("replay_index", move_to_step_2), [], {}),
+    ("fingerprints_uniform", lambda s, t: s.edit_json("replay_index", unfingerprint), [], {}),
+    ("trainer_state", lambda s, t: edit_trainer_meta(s), [], {}),
+    (
+        "loader_position",
+        lambda s, t: s.edit_json("loader", lambda d: d.update(_num_yielded=d["_num_yielded"] + 1)),
+        [],
+        {},
+    ),
     ("dataset_size", lambda s, t: None, ["--dataset", "builtin:arithmetic?size=99"], {"dataset": "size99"}),
+    ("loader_rows", lambda s, t: s.edit_json("ledger", other_row), [], {}),
     ("prompt_rebuild", lambda s, t: None, ["--dataset", "@reordered"], {"dataset": "reordered"}),
     ("prompt_fingerprint", lambda s, t: None, ["--dataset", "@edited"], {"dataset": "edited"}),
+    ("rollout_prompt_tokens", lambda s, t: foreign_prompt_tokens(s), None, {}),  # type: ignore[list-item]
 ]
 
 
@@ -230,6 +299,7 @@ def test_a_broken_cut_is_refused_with_the_named_check(
             source=loader_for(EXAMPLE_B, dataset),
             cut_id=surgery.cut.name,
             expect=restore_kw.get("expect"),
+            encode=encode,
         )
     assert info.value.check == check
     assert f"[{check}]" in str(info.value)
@@ -250,13 +320,15 @@ def test_the_unbroken_cut_passes_every_check(cut_root: Path, capsys: pytest.Capt
     assert spotrl(["ckpt", "verify", str(cut_root), "--job", "default/scenario", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["valid"] is True
-    assert out["checks"] == [c for c in v.CHECKS if c != "config_compatible"]
+    # Verify has no tokenizer: rollout_prompt_tokens is restore's.
+    assert out["checks"] == [c for c in v.CHECKS if c not in ("config_compatible", "rollout_prompt_tokens")]
     restored = restore_cut(
         LocalStorage(cut_root),
         dataset=DATASET,
         collate=PromptCollate(),
         source=loader_for(EXAMPLE_B, DATASET),
-        expect=v.Expectations(job="default/scenario", config=EXAMPLE_B),
+        expect=v.Expectations(job="default/scenario", config=EXAMPLE_B, dataset=dataset_description(DATASET)),
+        encode=encode,
     )
     assert restored.owners.counters.rollouts_reused == 1
 
