@@ -65,10 +65,11 @@ def validate_stored_cut(
     lookup: DatasetLookup | None,
     expect: Expectations | None = None,
     spool_dir: Path | None = None,
+    encode: Callable[[Prompt], Sequence[int]] | None = None,
 ) -> ValidatedCut:
     """Runs the validation chain on one stored cut (what ``spotrl ckpt verify`` calls)."""
     with StorageCutSource(storage, cut_id, spool_dir) as source:
-        return validate_cut(source, lookup, expect)
+        return validate_cut(source, lookup, expect, encode)
 
 
 def restore_cut(
