@@ -10,19 +10,25 @@ cut still audited its steps).
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from spotrl_runtime.checkpoint.layout import manifest_key, newest_committed
+from spotrl_runtime.checkpoint.fence import Fence, claimed_attempts
+from spotrl_runtime.checkpoint.layout import list_cut_folders, manifest_key
 from spotrl_runtime.checkpoint.restore import RestoredRun, restore_cut
 from spotrl_runtime.checkpoint.trainer_state import TrainerSnapshot, restore_rng
 from spotrl_runtime.core.owners import Owners, PromptSource, RecoveryConfig
-from spotrl_runtime.core.validation import Expectations
+from spotrl_runtime.core.types import Prompt
+from spotrl_runtime.core.validation import BYTE_LEVEL_CHECKS, CutCheckError, Expectations, TrainerStateError
 from spotrl_runtime.data.collate import PromptCollate
 from spotrl_runtime.data.dataset import PromptDataset
-from spotrl_runtime.storage import Storage
+from spotrl_runtime.storage import Storage, StorageError
+
+log = logging.getLogger("spotrl.resume")
 
 
 class ResumeError(RuntimeError):
@@ -30,11 +36,23 @@ class ResumeError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class SkippedCut:
+    """A committed cut ``--resume auto`` passed over: a byte-level check refused it."""
+
+    cut_id: str
+    check: str
+    message: str
+
+
+@dataclass(frozen=True)
 class Start:
-    """How the run begins: its owners, and the cut it resumed from (None: a new run)."""
+    """How the run begins: its owners, the cut it resumed from (None: a new run), this
+    controller's claim on the job, and the newer cuts that were skipped as damaged."""
 
     owners: Owners
     restored: RestoredRun | None
+    fence: Fence
+    skipped: tuple[SkippedCut, ...] = field(default_factory=tuple)
 
 
 def resume_or_start(
@@ -49,47 +67,106 @@ def resume_or_start(
     resume: str,
     attempt: int | None,
     latest_audited_attempt: Callable[[], int | None],
+    dataset_description: Mapping[str, Any] | None = None,
+    encode: Callable[[Prompt], Sequence[int]] | None = None,
 ) -> Start:
-    """Restores the owners and the trainer (``trainer``: weights, optimizer, RNG, step) from the
-    cut ``resume`` asks for, or starts new owners over ``loader``. Raises :class:`ResumeError`,
-    and the validation chain's errors for a cut that does not validate."""
-    newest = newest_committed(storage)
+    """Claims the job for this controller's attempt (:class:`~spotrl_runtime.checkpoint.fence.Fence`),
+    then restores the owners and the trainer (``trainer``: weights, optimizer, RNG, step) from the
+    cut ``resume`` asks for, or starts new owners over ``loader``.
+
+    ``auto`` takes the newest committed cut that passes the whole validation chain: a newer cut
+    refused by a byte-level check (a missing or damaged file, :data:`BYTE_LEVEL_CHECKS`) is
+    skipped loudly (``Start.skipped``); any other refusal means a bug or tampering and stops
+    the run. Raises :class:`ResumeError`, and the chain's errors."""
+    committed = [f.cut_id for f in list_cut_folders(storage) if f.committed]
+    newest = committed[-1] if committed else None
     if resume == "never" and newest is not None:
         raise ResumeError(
             f"{storage.uri} already holds cuts of a run (newest: {newest}); "
             "resume it with --resume auto, or give a fresh --storage"
         )
-    cut_id = None if resume in ("auto", "never") else resume
-    if cut_id is None and (resume == "never" or newest is None):
-        return Start(Owners(config, loader, attempt=attempt or 0), None)
-    if attempt is None and newest is not None:
-        cut_attempt = json.loads(storage.get_bytes(manifest_key(newest))).get("attempt")
-        seen = [a for a in (latest_audited_attempt(), cut_attempt) if isinstance(a, int)]
-        attempt = max(seen) + 1 if seen else None
-    restored = restore_cut(
-        storage,
-        dataset=dataset,
-        collate=collate,
-        source=loader,
-        cut_id=cut_id,
-        expect=Expectations(job=job, config=config),
-        attempt=attempt,
-    )
-    if restored.trainer is not None:
-        load_trainer(trainer, restored.trainer)
-    if trainer.step != restored.owners.trainer_step:
-        raise ResumeError(
-            f"cut {restored.cut_id}: the trainer state is at step {trainer.step} but the owners at "
-            f"{restored.owners.trainer_step}; the cut is inconsistent, resume from an older one with --resume CUT"
+    if attempt is None:
+        attempt = _next_attempt(storage, newest, latest_audited_attempt)
+    fence = Fence(storage, attempt).claim()
+    if resume == "never" or (resume == "auto" and newest is None):
+        return Start(Owners(config, loader, attempt=attempt), None, fence)
+    expect = Expectations(job=job, config=config, dataset=dataset_description)
+
+    def restore(cut_id: str) -> RestoredRun:
+        restored = restore_cut(
+            storage,
+            dataset=dataset,
+            collate=collate,
+            source=loader,
+            cut_id=cut_id,
+            expect=expect,
+            attempt=attempt,
+            encode=encode,
         )
-    return Start(restored.owners, restored)
+        if restored.trainer is not None:
+            load_trainer(trainer, restored.trainer, restored.cut_id, storage.uri)
+        if trainer.step != restored.owners.trainer_step:
+            raise TrainerStateError(
+                f"{storage.uri}/cuts/{restored.cut_id}",
+                None,
+                f"the trainer state is at step {trainer.step} but the owners at {restored.owners.trainer_step}",
+                "resume from an older cut with --resume CUT",
+            )
+        return restored
+
+    if resume != "auto":
+        restored = restore(resume)
+        return Start(restored.owners, restored, fence)
+    skipped: list[SkippedCut] = []
+    for cut_id in reversed(committed):
+        try:
+            restored = restore(cut_id)
+        except CutCheckError as err:
+            if err.check not in BYTE_LEVEL_CHECKS:
+                raise
+            log.warning("cut %s is damaged (check %s: %s); trying the next older cut", cut_id, err.check, err.detail)
+            skipped.append(SkippedCut(cut_id, err.check, err.detail))
+            continue
+        if skipped:
+            log.warning(
+                "resumed from cut %s, older than %d damaged cut(s): %s; the steps after it are trained again",
+                cut_id,
+                len(skipped),
+                ", ".join(f"{s.cut_id} ({s.check})" for s in skipped),
+            )
+        return Start(restored.owners, restored, fence, tuple(skipped))
+    raise ResumeError(
+        f"every committed cut of {storage.uri} is damaged: "
+        + "; ".join(f"{s.cut_id}: [{s.check}] {s.message}" for s in skipped)
+        + "; restore the files from a backup, or start over with a fresh --storage"
+    )
 
 
-def load_trainer(trainer: Any, snap: TrainerSnapshot) -> None:
-    """Puts a cut's trainer snapshot (weights, optimizer, RNG, step) back into the trainer."""
-    trainer.model.load_state_dict(snap.weights, strict=True)
-    if snap.optimizer is not None:
-        trainer.optimizer.load_state_dict(snap.optimizer)
-    if snap.rng is not None:
-        restore_rng(snap.rng)
-    trainer.step = int(snap.meta["trainer_step"])
+def _next_attempt(storage: Storage, newest: str | None, latest_audited_attempt: Callable[[], int | None]) -> int:
+    """One past every attempt that left a trace: claims, the audit, the newest cut (0 if none did)."""
+    seen = [*claimed_attempts(storage), latest_audited_attempt()]
+    if newest is not None:
+        # A damaged manifest has no attempt to give; the validation chain names what is wrong.
+        with contextlib.suppress(StorageError, ValueError, AttributeError):
+            seen.append(json.loads(storage.get_bytes(manifest_key(newest))).get("attempt"))
+    numbers = [a for a in seen if isinstance(a, int) and not isinstance(a, bool)]
+    return max(numbers) + 1 if numbers else 0
+
+
+def load_trainer(trainer: Any, snap: TrainerSnapshot, cut_id: str = "", uri: str = "") -> None:
+    """Puts a cut's trainer snapshot (weights, optimizer, RNG, step) back into the trainer;
+    state that does not fit the trainer is check ``trainer_state``."""
+    try:
+        trainer.model.load_state_dict(snap.weights, strict=True)
+        if snap.optimizer is not None:
+            trainer.optimizer.load_state_dict(snap.optimizer)
+        if snap.rng is not None:
+            restore_rng(snap.rng)
+        trainer.step = int(snap.meta["trainer_step"])
+    except Exception as err:
+        raise TrainerStateError(
+            f"{uri}/cuts/{cut_id}",
+            "trainer/",
+            f"the trainer state does not load into this policy ({type(err).__name__}: {str(err)[:300]})",
+            "resume with the policy the run was started with, or from an older cut with --resume CUT",
+        ) from None

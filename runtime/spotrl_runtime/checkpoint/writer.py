@@ -5,7 +5,9 @@ A cut is written in this order, and exists only once step 5 succeeds:
 1. capture: :meth:`Owners.capture` copies every owner under the ownership lock (and the
    trainer's state, through ``state_fn``). This is the only part that holds the lock.
 2. id and fence: the id is the newest committed cut's + 1. A controller whose attempt is
-   older than the newest cut's writer is stale and stops (:class:`CutConflictError`).
+   older than the newest cut's writer is stale and stops (:class:`CutConflictError`), and so
+   is one that a newer attempt has fenced (:class:`~spotrl_runtime.checkpoint.fence.FencedError`,
+   checked here and again just before the manifest).
 3. files: each owner file and each trainer file goes to a fresh folder
    ``cuts/<id>/<writer>/``; its size and sha256 are computed as it is written.
 4. deadline: a barrier cut that is past its deadline stops here, before committing.
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Literal, cast
 
 from spotrl_runtime.api.times import Deadline
+from spotrl_runtime.checkpoint.fence import Fence
 from spotrl_runtime.checkpoint.layout import (
     POINTER,
     cut_dir,
@@ -131,6 +134,7 @@ class CutWriter:
         keep: int = 3,
         trainer_format: TrainerStateFormat | None = None,
         progress: Callable[[str], None] | None = None,
+        fence: Fence | None = None,
     ):
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
@@ -140,6 +144,7 @@ class CutWriter:
         self.keep = keep
         self.trainer_format = trainer_format or TorchSaveFormat()
         self.progress = progress
+        self.fence = fence
         self._lock = threading.Lock()
 
     def write(
@@ -194,6 +199,8 @@ class CutWriter:
             manifest = self._manifest(snapshot, request, cut_id, writer, files)
             t = time.perf_counter()
             manifest_bytes = manifest.to_bytes()
+            if self.fence is not None:
+                self.fence.check()
             try:
                 self.storage.put_bytes(manifest_key(cut_id), manifest_bytes, create_only=True)
             except ObjectExistsError:
@@ -264,7 +271,9 @@ class CutWriter:
         )
 
     def _fence(self, committed: list[Any], attempt: int) -> None:
-        """Refuses to cut for a controller older than the one that wrote the newest cut."""
+        """Refuses to cut for a fenced controller, or one older than the writer of the newest cut."""
+        if self.fence is not None:
+            self.fence.check()
         if not committed:
             return
         newest = committed[-1].cut_id

@@ -100,11 +100,13 @@ def run_controller(job: Any, options: Any, summary_json: str | None = None) -> i
     restores from); from then on it takes a barrier cut."""
     # The controller's modules import torch (and Ray when it starts): only now, so that the
     # CLI's other commands and --help stay quick.
+    from spotrl_runtime.checkpoint.fence import FencedError
     from spotrl_runtime.checkpoint.restore import NoCommittedCutError
     from spotrl_runtime.checkpoint.resume import ResumeError
+    from spotrl_runtime.checkpoint.writer import CutConflictError
     from spotrl_runtime.controller.assemble import ControllerError, assemble
     from spotrl_runtime.controller.http import ControlServer
-    from spotrl_runtime.controller.loop import EXIT_TERMINATED, Controller
+    from spotrl_runtime.controller.loop import EXIT_FENCED, EXIT_TERMINATED, Controller
     from spotrl_runtime.controller.metrics import registry_for
     from spotrl_runtime.core.validation import CutCheckError
     from spotrl_runtime.generation.cluster import RayStartError
@@ -113,6 +115,9 @@ def run_controller(job: Any, options: Any, summary_json: str | None = None) -> i
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         parts = assemble(job, options, stop)
+    except FencedError as err:
+        print(f"spotrl: {err}", file=sys.stderr)
+        return EXIT_FENCED
     except (CutCheckError, NoCommittedCutError, ControllerError, ResumeError, RayStartError) as err:
         print(f"spotrl: {err}", file=sys.stderr)
         return 3
@@ -127,6 +132,9 @@ def run_controller(job: Any, options: Any, summary_json: str | None = None) -> i
         print(f"controller endpoint: {server.address} (/metrics, /status, POST /barrier)", flush=True)
     try:
         rc = controller.run()
+    except (FencedError, CutConflictError) as err:
+        print(f"spotrl: {err}", file=sys.stderr)
+        rc = EXIT_FENCED
     finally:
         if server is not None:
             server.stop()

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from spotrl_runtime.api import times
 from spotrl_runtime.api.rljob import RLJob
+from spotrl_runtime.checkpoint.fence import Fence
 from spotrl_runtime.checkpoint.restore import RestoredRun
-from spotrl_runtime.checkpoint.resume import resume_or_start
+from spotrl_runtime.checkpoint.resume import SkippedCut, resume_or_start
 from spotrl_runtime.checkpoint.writer import CutWriter
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.controller.control import CutInfo, StatusSink
@@ -28,6 +29,7 @@ from spotrl_runtime.data.loader import PromptLoader
 from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation.cluster import RayRuntime, generation_pool, start_ray
 from spotrl_runtime.generation.pool import GenerationPool, GenerationPoolError
+from spotrl_runtime.generation.rollouts import encode_prompt
 from spotrl_runtime.models import load_policy
 from spotrl_runtime.rewards import load_reward
 from spotrl_runtime.storage import Storage, open_storage
@@ -91,6 +93,10 @@ class Parts:
     ray: RayRuntime
     resumed_from: CutInfo | None
     """The cut this run resumed from (None: a new run)."""
+    fence: Fence
+    """This controller's claim on the job: checked before every audit record and cut."""
+    skipped: tuple[SkippedCut, ...] = ()
+    """Newer cuts ``--resume auto`` passed over as damaged."""
 
     def shutdown(self) -> None:
         """Stops the generation workers and the Ray this process started."""
@@ -133,6 +139,8 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             resume=options.resume,
             attempt=options.attempt,
             latest_audited_attempt=audit.latest_attempt,
+            dataset_description=describe_dataset(spec.dataset, dataset),
+            encode=lambda prompt: encode_prompt(tokenizer, prompt),
         )
         writer = CutWriter(
             storage,
@@ -140,6 +148,7 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             dataset=describe_dataset(spec.dataset, dataset),
             keep=spec.checkpoint.keep,
             progress=lambda phase: failpoint(f"cut.{phase}"),
+            fence=start.fence,
         )
         pool.update_weights(trainer.policy_state_dict(), trainer.step)
         _wait_for_workers(job, options, pool, stop)
@@ -149,7 +158,20 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         ray.shutdown()
         raise
     resumed_from = _resumed_from(start.restored, storage) if start.restored is not None else None
-    return Parts(storage, audit, tokenizer, reward, trainer, start.owners, writer, pool, ray, resumed_from)
+    return Parts(
+        storage,
+        audit,
+        tokenizer,
+        reward,
+        trainer,
+        start.owners,
+        writer,
+        pool,
+        ray,
+        resumed_from,
+        start.fence,
+        start.skipped,
+    )
 
 
 def _resumed_from(restored: RestoredRun, storage: Storage) -> CutInfo:

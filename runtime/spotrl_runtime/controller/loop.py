@@ -22,7 +22,8 @@ run is :mod:`spotrl_runtime.generation.cluster`'s business.
 A barrier (:meth:`Controller.request_barrier`, from SIGTERM, the HTTP endpoint or the
 Kubernetes bridge) parks the controller: nothing more is admitted or trained, the cut is
 taken, and the process waits to be stopped. Exit codes: 0 every step trained, 143 stopped
-by SIGTERM (after its barrier cut), 1 an error (the message names it).
+by SIGTERM (after its barrier cut), 4 fenced (a newer controller claimed the job; this one
+stopped before auditing or cutting anything more), 1 an error (the message names it).
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ from typing import Any
 
 from spotrl_runtime.api.rljob import RLJob
 from spotrl_runtime.api.times import Deadline
+from spotrl_runtime.checkpoint.fence import FencedError
 from spotrl_runtime.checkpoint.trainer_state import snapshot_trainer
-from spotrl_runtime.checkpoint.writer import CutRequest
+from spotrl_runtime.checkpoint.writer import CutConflictError, CutRequest
 from spotrl_runtime.controller.assemble import ControllerError, ControllerOptions, Parts
 from spotrl_runtime.controller.control import BarrierFailed, CutInfo
 from spotrl_runtime.core.owners import Dispatch, OwnershipError, OwnersSnapshot, UnknownGroupError
@@ -53,6 +55,8 @@ log = logging.getLogger("spotrl.controller")
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_TERMINATED = 143
+EXIT_FENCED = 4
+"""Another controller owns the job (a newer attempt claimed it): this one wrote nothing more."""
 STATS = ("groups_generated", "groups_retried", "groups_lost_redispatched", "prompts_dropped", "tokens_generated")
 """What :attr:`Controller.stats` counts."""
 
@@ -155,6 +159,10 @@ class Controller:
                 owners.abort_step()
                 raise
             record = owners.commit_step(weight_version=trainer.step)
+            # A fenced controller (a newer attempt claimed the job, or a cut found a newer
+            # writer) stops here: the step it just trained is never audited.
+            self._raise_failure()
+            self.parts.fence.check()
             self._weights.put((trainer.policy_state_dict(), trainer.step))
             seconds = time.monotonic() - t0
             rewards = [r.reward for g in groups for r in g.rollouts]
@@ -306,6 +314,9 @@ class Controller:
         except Exception as err:
             log.error("%s cut (%s) failed: %s", request.kind, request.reason, err)
             job.done.set_exception(err)
+            if isinstance(err, (CutConflictError, FencedError)):
+                # Another controller owns the job: stop at once, write nothing more.
+                self._fail(err)
             return None
         info = CutInfo(
             cut_id=committed.cut_id,
@@ -374,11 +385,16 @@ class Controller:
             except BaseException as err:
                 if not self._stop.is_set():
                     log.error("%s failed: %s", threading.current_thread().name, err)
-                    self._failure = err
-                    self._stop.set()
-                    self._parked.set()
+                    self._fail(err)
 
         return run
+
+    def _fail(self, err: BaseException) -> None:
+        """Stops the run with ``err``: nothing more is admitted, trained or audited."""
+        if self._failure is None:
+            self._failure = err
+        self._parked.set()
+        self._stop.set()
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
