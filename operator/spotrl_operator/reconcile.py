@@ -91,6 +91,7 @@ def _lifecycle(b: Builder) -> float | None:
     if current is not None:
         b.update(controller_pod=current.name, controller_node=current.node)
     _account_time_lost(b)
+    _note_skipped_cuts(b)
 
     if world.config_error:
         for p in live:
@@ -124,6 +125,27 @@ def _account_time_lost(b: Builder) -> None:
             training_since=times.rfc3339(b.world.now),
         )
         b.event("Normal", "Resumed", f"training again after {lost:.0f} s; {st.preemptions} preemption(s) survived")
+
+
+def _note_skipped_cuts(b: Builder) -> None:
+    """The current controller skipped damaged cuts to resume: a Warning Event (once) and the
+    ``CutSkipped`` condition, until an attempt resumes without skipping any."""
+    resume = b.st.resume
+    if resume is None or resume.attempt != b.st.attempt:
+        return
+    if not resume.skipped:
+        if b.has_condition("CutSkipped"):
+            b.condition("CutSkipped", False, "ResumedFromNewestCut", f"attempt {resume.attempt} skipped no cut")
+        return
+    message = (
+        f"attempt {resume.attempt} resumed from cut {resume.cut_id or '(none: a new run)'}, skipping damaged "
+        + ", ".join(f"{s.id} ({s.check}: {s.message[:160]})" for s in resume.skipped)
+        + "; the steps after it are trained again"
+    )[:1000]
+    said = any(c.type == "CutSkipped" and c.status == "True" and c.message == message for c in b.st.conditions)
+    if not said:
+        b.event("Warning", "CutSkipped", message)
+    b.condition("CutSkipped", True, "DamagedCut", message)
 
 
 def _finished(b: Builder, pod: PodView) -> float | None:

@@ -476,6 +476,24 @@ class CutRef(ApiObject):
     kind: Literal["periodic", "barrier"] = "periodic"
 
 
+class SkippedCut(ApiObject):
+    """A committed cut a resume passed over because a byte-level check refused it."""
+
+    id: str = Field(min_length=1)
+    check: str = Field(min_length=1, description="The validation check that refused it (file_digest ...).")
+    message: str = Field(default="", max_length=2048)
+
+
+class ResumeStatus(ApiObject):
+    """How the current controller started (set by the controller)."""
+
+    attempt: int = Field(ge=0, description="The controller attempt this describes.")
+    cut_id: str | None = Field(default=None, description="The cut it resumed from; unset: a new run.")
+    skipped: list[SkippedCut] = Field(
+        default_factory=list, max_length=64, description="Newer cuts it skipped as damaged (missing or corrupt files)."
+    )
+
+
 class RayHead(ApiObject):
     """Where a controller's Ray cluster accepts worker nodes (``generation.workerPods``)."""
 
@@ -540,6 +558,9 @@ class RLJobStatus(ApiObject):
     retry_after: str | None = Field(default=None, description="Crash backoff: no new controller before this time.")
     ray_head: RayHead | None = Field(
         default=None, description="The current controller's Ray head, for worker pods (set by the controller)."
+    )
+    resume: ResumeStatus | None = Field(
+        default=None, description="Which cut the current controller resumed from, and which it skipped."
     )
     workers_ready: int | None = Field(
         default=None, ge=0, description="Worker pods of the current attempt that run (generation.workerPods)."

@@ -7,7 +7,10 @@ S3 endpoint and credentials come from the flags or the environment (``AWS_ENDPOI
 
 ``verify`` runs the same validation chain as a restore and exits 0 only for a valid cut;
 otherwise it prints the failed check's name and exits 1 (2 when it cannot even start,
-e.g. the dataset cannot be opened).
+e.g. the dataset cannot be opened). With ``-f RLJOB.yaml`` it also checks the cut against
+the spec that would resume it (job, group and batch size, dataset, shuffle and seed): "will
+this resume?" without starting a run. Only ``rollout_prompt_tokens`` (it needs the
+policy's tokenizer) is left to the restore.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ def register(sub: Any) -> None:
     q = cmds.add_parser("verify", help="run the validation chain on a cut; exit 0 only if it is valid")
     common(q)
     q.add_argument("--dataset", help="where the dataset is now, if not where the cut's manifest says")
-    q.add_argument("--job", help="fail unless the cut belongs to this job")
+    q.add_argument("--job", help="fail unless the cut belongs to this job (default with -f: the RLJob's)")
+    q.add_argument("-f", "--filename", help="the RLJob YAML that would resume from the cut: check the cut against it")
     q.set_defaults(func=run_verify)
     q = cmds.add_parser("inspect", help="the owners a cut holds: loader, ledger, replay, spares, cursor, files")
     common(q)
@@ -121,12 +125,26 @@ def run_verify(args: argparse.Namespace) -> int:
         return _fail(args, None, "manifest_present", f"{target.storage.uri} holds no committed cut", 1)
     from spotrl_runtime.checkpoint.reader import StorageCutSource
 
+    expect = Expectations(job=args.job)
+    job = None
+    if args.filename:
+        from spotrl_runtime.api.rljob import SpecError
+        from spotrl_runtime.commands.run import load_job
+
+        try:
+            job = load_job(args.filename)
+        except (SpecError, OSError, ValueError) as err:
+            print(f"spotrl ckpt verify: {args.filename}: {err}", file=sys.stderr)
+            return 2
     try:
         # Open the dataset the (parsed) manifest names; a bad manifest fails here with its check.
         with StorageCutSource(target.storage, target.cut_id) as source:
             manifest = check_manifest(source.location, source.read_manifest())
         try:
-            dataset, collate = reopen_dataset(dict(manifest.dataset), args.dataset, **target.s3_options)
+            if job is not None:
+                dataset, collate, expect = _job_expectations(job, args, target.s3_options)
+            else:
+                dataset, collate = reopen_dataset(dict(manifest.dataset), args.dataset, **target.s3_options)
         except (DatasetError, StorageError, ValueError, KeyError) as err:
             print(
                 f"cut {target.cut_id}: cannot open the dataset {manifest.dataset.get('uri')!r} to check prompts: "
@@ -134,9 +152,7 @@ def run_verify(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        validated = validate_stored_cut(
-            target.storage, target.cut_id, DatasetLookup(dataset, collate), Expectations(job=args.job)
-        )
+        validated = validate_stored_cut(target.storage, target.cut_id, DatasetLookup(dataset, collate), expect)
     except CutCheckError as err:
         return _fail(args, target.cut_id, err.check, err.detail, 1, err.path)
     except StorageError as err:
@@ -151,6 +167,23 @@ def run_verify(args: argparse.Namespace) -> int:
         f"{len(checks)} checks passed: {', '.join(checks)})",
     )
     return 0
+
+
+def _job_expectations(job: Any, args: argparse.Namespace, s3_options: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The dataset a resume of ``job`` would open, and what the cut must match to resume it."""
+    from spotrl_runtime.core.owners import RecoveryConfig
+    from spotrl_runtime.core.validation import Expectations
+    from spotrl_runtime.data import collate_for, describe_dataset, open_dataset
+
+    spec = job.spec
+    dataset_spec = spec.dataset if not args.dataset else spec.dataset.model_copy(update={"uri": args.dataset})
+    dataset = open_dataset(dataset_spec, **s3_options)
+    expect = Expectations(
+        job=args.job or job.name,
+        config=RecoveryConfig.from_spec(spec),
+        dataset=describe_dataset(dataset_spec, dataset),
+    )
+    return dataset, collate_for(dataset_spec), expect
 
 
 def _fail(

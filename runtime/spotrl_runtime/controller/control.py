@@ -9,12 +9,16 @@ only, so the controller can run with any set of them (none, for a plain local ru
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from spotrl_runtime.api import times
 from spotrl_runtime.api.rljob import CutRef
 from spotrl_runtime.api.times import Deadline
+
+if TYPE_CHECKING:
+    from spotrl_runtime.checkpoint.resume import SkippedCut
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,10 @@ class Controllable(Protocol):
 class StatusSink(Protocol):
     """Receives what the controller wants the outside world to know. Must not block long."""
 
-    def on_started(self, resumed_from: CutInfo | None) -> None: ...
+    def on_started(self, resumed_from: CutInfo | None, skipped: Sequence[SkippedCut] = ()) -> None:
+        """Training starts, from ``resumed_from`` (None: a new run); ``skipped``: newer cuts that
+        were passed over as damaged (say so loudly)."""
+        ...
 
     def on_step(self, step: int, metrics: dict[str, Any]) -> None:
         """`step` optimizer steps are trained (the step just committed is ``step - 1``)."""

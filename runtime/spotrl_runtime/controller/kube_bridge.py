@@ -29,13 +29,17 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from spotrl_runtime.api import rljob as api
 from spotrl_runtime.api import times
 from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.controller.control import BarrierFailed, Controllable, CutInfo
 from spotrl_runtime.kube import JSON_PATCH, Kube, KubeError, path
+
+if TYPE_CHECKING:
+    from spotrl_runtime.checkpoint.resume import SkippedCut
 
 log = logging.getLogger("spotrl.kube_bridge")
 Obj = dict[str, Any]
@@ -267,11 +271,17 @@ class KubeBridge:
         return written
 
     # ------------------------------------------------------------------ status (StatusSink)
-    def on_started(self, resumed_from: CutInfo | None) -> None:
+    def on_started(self, resumed_from: CutInfo | None, skipped: Sequence[SkippedCut] = ()) -> None:
         if resumed_from is not None:
             log.info("attempt %d resumes from cut %s (step %d)", self.attempt, resumed_from.cut_id, resumed_from.step)
         else:
             log.info("attempt %d starts from scratch", self.attempt)
+        resume = api.ResumeStatus(
+            attempt=self.attempt,
+            cut_id=resumed_from.cut_id if resumed_from else None,
+            skipped=[api.SkippedCut(id=s.cut_id, check=s.check, message=s.message[:2048]) for s in skipped[:64]],
+        )
+        self._set(resume=_doc(resume))
 
     def on_step(self, step: int, metrics: dict[str, Any]) -> None:
         self._set(step=step)
@@ -327,6 +337,8 @@ class KubeBridge:
                 ops += [_add("/status/step", want["step"]), _add("/status/stepAttempt", self.attempt)]
             if "lastCut" in want:
                 ops.append(_add("/status/lastCut", want["lastCut"]))
+            if "resume" in want:
+                ops.append(_add("/status/resume", want["resume"]))
             self._patch_retrying(ops, f"status of attempt {self.attempt}")
             with self._lock:
                 self._written_version = max(self._written_version, version)

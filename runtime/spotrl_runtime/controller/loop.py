@@ -106,7 +106,7 @@ class Controller:
     def run(self) -> int:
         """Trains until every step is done or the process is stopped. Returns the exit code."""
         for sink in self.options.sinks:
-            sink.on_started(self.resumed_from)
+            sink.on_started(self.resumed_from, self.parts.skipped)
         for hook in self.options.on_ready:
             hook(self)
         threads = [

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, TextIO
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TextIO
 
 from spotrl_runtime.controller.control import CutInfo
+
+if TYPE_CHECKING:
+    from spotrl_runtime.checkpoint.resume import SkippedCut
 
 
 class TerminalProgress:
@@ -21,7 +25,9 @@ class TerminalProgress:
         self.stream.write(f"[{time.monotonic() - self.t0:7.1f}s] {text}\n")
         self.stream.flush()
 
-    def on_started(self, resumed_from: CutInfo | None) -> None:
+    def on_started(self, resumed_from: CutInfo | None, skipped: Sequence[SkippedCut] = ()) -> None:
+        for s in skipped:
+            self._say(f"WARNING: skipped damaged cut {s.cut_id} ({s.check}): {s.message}")
         if resumed_from is None:
             self._say("starting a new run")
         else:

@@ -711,3 +711,34 @@ def test_a_job_without_worker_pods_reports_none() -> None:
     assert plan.status is not None
     assert plan.status.workers_ready is None
     assert of(plan, CreateWorkerPod) == []
+
+
+def test_a_resume_that_skipped_damaged_cuts_is_said_once_and_cleared_by_a_clean_one() -> None:
+    from spotrl_runtime.api.rljob import ResumeStatus, SkippedCut
+
+    skipped = [SkippedCut(id="0000000007", check="file_digest", message="trainer/weights.pt: sha256 is 1a2b…")]
+    status = RLJobStatus(
+        phase="Running", attempt=3, resume=ResumeStatus(attempt=3, cut_id="0000000006", skipped=skipped)
+    )
+    plan = reconcile(world(status=status, pods=(running(3),)))
+    assert "CutSkipped" in events(plan)
+    assert plan.status is not None
+    (cond,) = [c for c in plan.status.conditions if c.type == "CutSkipped"]
+    assert cond.status == "True"
+    assert "0000000007 (file_digest" in cond.message
+    assert "resumed from cut 0000000006" in cond.message
+
+    again = reconcile(world(status=plan.status, pods=(running(3),)))
+    assert "CutSkipped" not in events(again), "said once"
+
+    # The next attempt resumes from its newest cut: the condition goes False, no new event.
+    assert again.status is not None
+    clean = again.status.model_copy(update={"attempt": 4, "resume": ResumeStatus(attempt=4, cut_id="0000000008")})
+    after = reconcile(world(status=clean, pods=(running(4),)))
+    assert "CutSkipped" not in events(after)
+    assert after.status is not None
+    assert [c.status for c in after.status.conditions if c.type == "CutSkipped"] == ["False"]
+
+    # A stale report (an older attempt's) says nothing.
+    stale = RLJobStatus(phase="Running", attempt=5, resume=ResumeStatus(attempt=4, skipped=skipped))
+    assert "CutSkipped" not in events(reconcile(world(status=stale, pods=(running(5),))))

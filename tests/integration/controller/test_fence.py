@@ -1,0 +1,54 @@
+"""Two controllers on one store never both train: the newer one claims the job, and the older
+one, fenced, stops within the step it is in (exit 4, the fence named) and audits and cuts
+nothing more. The run then trains exactly the baseline's prompts."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from controller_runs import Runs, audit, stream, wait_for
+
+from spotrl_runtime.checkpoint.fence import claimed_attempts
+from spotrl_runtime.checkpoint.layout import list_cut_folders, manifest_key
+from spotrl_runtime.storage import open_storage
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_fenced_controller_stops_and_writes_nothing_more(
+    runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path
+) -> None:
+    storage = tmp_path / "store"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    job = runs.job()
+    # The first controller sleeps inside optimizer step 5, after its cut at step 4.
+    old = runs.start(job, storage, SPOTRL_FAILPOINTS="train.step@5=120", SPOTRL_FAILPOINT_DIR=str(marks))
+    wait_for(lambda: (marks / "train.step").exists(), 300, "the first controller to reach step 5", old)
+    wait_for(lambda: any(f.committed for f in list_cut_folders(open_storage(str(storage)))), 30, "its cut at step 4")
+
+    # A second `spotrl run` on the same store: attempt 1 claims the job and resumes.
+    new = runs.start(job, storage)
+    wait_for(lambda: claimed_attempts(open_storage(str(storage))) == [0, 1], 120, "the second claim", new)
+    wait_for(lambda: any(d["attempt"] == 1 for d in audit(storage, "--all")), 300, "the second to train", new)
+
+    (marks / "train.step.release").touch()  # the first finishes step 5 and meets the fence
+    t0 = time.monotonic()
+    rc = old.wait(timeout=60)
+    log = runs.log_of(old)
+    assert rc == 4, log
+    assert time.monotonic() - t0 < 10, "it stops within the step it was in"
+    assert "fenced: controller attempt 1 claimed" in log
+
+    rc = new.wait(timeout=420)
+    assert rc == 0, runs.log_of(new)
+    records = audit(storage, "--all")
+    assert [d["step"] for d in records if d["attempt"] == 0] == [0, 1, 2, 3, 4], "step 5 was never audited"
+    store = open_storage(str(storage))
+    manifests = [json.loads(store.get_bytes(manifest_key(f.cut_id))) for f in list_cut_folders(store) if f.committed]
+    assert all(m["trainer_step"] <= 5 for m in manifests if m["attempt"] == 0), "the fenced one cut nothing more"
+    assert any(m["attempt"] == 1 for m in manifests)
+    assert stream(storage) == baseline

@@ -1,0 +1,270 @@
+"""Cuts made by the real controller, forged so that exactly one invariant between owners
+breaks: every file keeps a size and sha256 that match its manifest, every count matches,
+and every check before the broken one passes. `spotrl ckpt verify -f` refuses each with
+that check's name, and `spotrl run --resume auto` refuses it too: it exits 3 naming the
+check, trains nothing and writes no audit record."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controller_runs import Runs, audit, stream
+
+from spotrl_runtime.core.cut_format import (
+    OWNER_FILES,
+    decode_owner_files,
+    decode_rollouts,
+    document_counts,
+    encode_rollouts,
+)
+from spotrl_runtime.core.ledger import LedgerRecord
+from spotrl_runtime.data import reopen_dataset
+
+JOB = {
+    "generation.lookahead": 2,
+    "preemption.onDroppedPrompt": "replace",
+    "preemption.sparePoolBatches": 1,
+    "training.totalSteps": 10,
+    "checkpoint.everySteps": 2,
+    "checkpoint.keep": 10,
+}
+
+
+class Cut:
+    """One committed cut folder of a local store, edited in place, its manifest kept consistent."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.manifest_path = folder / "manifest.json"
+        self.m: dict[str, Any] = json.loads(self.manifest_path.read_text())
+
+    def path(self, role: str) -> Path:
+        (entry,) = [f for f in self.m["files"] if f["role"] == role]
+        return self.folder / entry["path"]
+
+    def json(self, role: str) -> Any:
+        return json.loads(self.path(role).read_bytes())
+
+    def save_manifest(self) -> None:
+        self.manifest_path.write_text(json.dumps(self.m))
+
+    def replace(self, role: str, data: bytes) -> None:
+        """New content for a file; size, digest and group counts follow."""
+        self.path(role).write_bytes(data)
+        for f in self.m["files"]:
+            if f["role"] == role:
+                f.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        docs = decode_owner_files({r: self.path(r).read_bytes() for r in OWNER_FILES})
+        docs = replace(docs, ledger=tuple(LedgerRecord.from_json(x) for x in docs.ledger_raw))
+        self.m["group_counts"] = document_counts(docs)
+        self.save_manifest()
+
+    def edit(self, role: str, change: Callable[[Any], None]) -> None:
+        doc = self.json(role)
+        change(doc)
+        self.replace(role, json.dumps(doc).encode())
+
+
+def _suitable(cut: Cut) -> bool:
+    sampler, ledger = cut.json("sampler"), cut.json("ledger")["records"]
+    return (
+        sampler["trainer_step"] > 0
+        and sampler["dispatch_index"] > sampler["trainer_step"]
+        and any(r["phase"] == "RESERVED" for r in ledger)
+        and len(cut.json("replay_index")["groups"]) > 0
+    )
+
+
+@pytest.fixture(scope="module")
+def made(runs: Runs) -> tuple[Path, Path, str]:
+    """(job file, store, id of a cut with trained, finished, in-flight and reserved groups)."""
+    job = runs.job(JOB)
+    store = runs.base / "forgery-source"
+    rc, log = runs.run(job, store)
+    assert rc == 0, log
+    cuts = sorted(p for p in (store / "cuts").iterdir() if (p / "manifest.json").exists())
+    chosen = [c for c in cuts if _suitable(Cut(c))]
+    assert chosen, f"no cut of {[c.name for c in cuts]} has trained, finished, ADMITTED and RESERVED groups"
+    return job, store, chosen[-1].name
+
+
+def forge_one_config(c: Cut) -> None:
+    c.m["config"]["min_step_fraction"] = 0.25
+    c.save_manifest()
+
+
+def forge_counters(c: Cut) -> None:
+    def change(doc: Any) -> None:
+        reserved = next(r["admission_id"] for r in doc["records"] if r["phase"] == "RESERVED")
+        for r in doc["records"]:
+            if r["admission_id"] == reserved:
+                r["admission_id"] = "a9999"
+
+    c.edit("ledger", change)
+
+
+def forge_gate(c: Cut) -> None:
+    sampler = c.json("sampler")
+    lookahead = sampler["dispatch_index"] - sampler["trainer_step"] - 1  # one less than the cursor needs
+    c.edit("sampler", lambda d: d["config"].update(lookahead=lookahead))
+    c.m["config"]["lookahead"] = lookahead
+    c.save_manifest()
+
+
+def forge_coverage(c: Cut) -> None:
+    c.edit("sampler", lambda d: d.update(retired=[]))
+
+
+def forge_census(c: Cut) -> None:
+    # A finished group vanishes, its order moved to the retired set: every order still has
+    # one owner, but its step holds one group too few.
+    index = c.json("replay_index")
+    gone = index["groups"].pop(0)
+    rows = decode_rollouts(c.path("rollouts").read_bytes())
+    del rows[gone["group_id"]]
+    c.replace("rollouts", encode_rollouts(list(rows.items())))
+    c.replace("replay_index", json.dumps(index).encode())
+    retired = [tuple(x) for x in c.json("sampler")["retired"]] + [(gone["order"], gone["order"] + 1)]
+    merged: list[list[int]] = []
+    for start, end in sorted(retired):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    c.edit("sampler", lambda d: d.update(retired=merged))
+
+
+def forge_fingerprints(c: Cut) -> None:
+    c.edit("ledger", lambda d: d["records"][0].update(fingerprint=""))
+
+
+def forge_trainer_state(c: Cut) -> None:
+    meta = c.json("trainer_meta")
+    meta["trainer_step"] += 1
+    c.replace("trainer_meta", json.dumps(meta).encode())
+
+
+def forge_loader_position(c: Cut) -> None:
+    c.edit("loader", lambda d: d.update(_num_yielded=d["_num_yielded"] + 1))
+
+
+def forge_loader_rows(c: Cut) -> None:
+    dataset, collate = reopen_dataset(c.m["dataset"])
+
+    def change(doc: Any) -> None:
+        rec = next(r for r in doc["records"] if r["phase"] == "RESERVED")
+        other = (rec["idx"] + 1) % len(dataset)
+        row = collate(dataset[other])
+        rec.update(idx=other, task_name=row.task_name, fingerprint=row.fingerprint)
+
+    c.edit("ledger", change)
+
+
+def forge_prompt_tokens(c: Cut) -> None:
+    rows = decode_rollouts(c.path("rollouts").read_bytes())
+    first, second = list(rows)[:2]
+    rows[first] = tuple(replace(r, prompt_token_ids=rows[second][0].prompt_token_ids[:-1]) for r in rows[first])
+    c.replace("rollouts", encode_rollouts(list(rows.items())))
+
+
+FORGERIES: list[tuple[str, Callable[[Cut], None]]] = [
+    ("one_config", forge_one_config),
+    ("counters", forge_counters),
+    ("gate", forge_gate),
+    ("coverage", forge_coverage),
+    ("census", forge_census),
+    ("fingerprints_uniform", forge_fingerprints),
+    ("trainer_state", forge_trainer_state),
+    ("loader_position", forge_loader_position),
+    ("loader_rows", forge_loader_rows),
+    ("rollout_prompt_tokens", forge_prompt_tokens),  # restore only: it needs the tokenizer
+]
+
+
+def _copy(store: Path, cut_id: str, to: Path) -> Cut:
+    """The store up to ``cut_id`` (newer cuts left out, so ``--resume auto`` meets it first)."""
+    shutil.copytree(store, to, ignore=lambda d, names: [n for n in names if Path(d).name == "cuts" and n > cut_id])
+    return Cut(to / "cuts" / cut_id)
+
+
+def _verify(job: Path, root: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "spotrl_runtime.cli", "ckpt", "verify", str(root), "-f", str(job), "--json"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_the_controllers_cut_passes_verify_against_its_job(made: tuple[Path, Path, str], runs: Runs) -> None:
+    job, store, cut_id = made
+    out = _verify(job, _copy(store, cut_id, runs.base / "untouched").folder.parents[1])
+    assert out.returncode == 0, out.stderr
+    checks = json.loads(out.stdout)["checks"]
+    assert "coverage" in checks
+    assert "job_identity" in checks
+    assert "config_compatible" in checks
+    assert "rollout_prompt_tokens" not in checks
+
+
+@pytest.mark.parametrize(("check", "forge"), FORGERIES, ids=[c for c, _ in FORGERIES])
+def test_a_forged_cut_is_refused_and_nothing_trains(
+    check: str, forge: Callable[[Cut], None], made: tuple[Path, Path, str], runs: Runs
+) -> None:
+    job, store, cut_id = made
+    root = runs.base / f"forged-{check}"
+    cut = _copy(store, cut_id, root)
+    forge(cut)
+    before = audit(root, "--all")
+
+    out = _verify(job, root)
+    if check == "rollout_prompt_tokens":
+        assert out.returncode == 0, "verify has no tokenizer; the restore runs this check"
+    else:
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert json.loads(out.stdout)["check"] == check
+
+    rc, log = runs.run(job, root, "--resume", "auto", timeout=180)
+    assert rc == 3, log
+    assert f"[{check}]" in log
+    assert cut_id in log
+    assert audit(root, "--all") == before, "a refused resume trains nothing"
+
+
+def test_resume_auto_skips_a_damaged_newest_cut_loudly_and_trains_the_same_prompts(
+    made: tuple[Path, Path, str], runs: Runs
+) -> None:
+    job, store, _ = made
+    root = runs.base / "damaged-newest"
+    shutil.copytree(store, root)
+    cuts = sorted(p.name for p in (root / "cuts").iterdir())
+    newest = Cut(root / "cuts" / cuts[-1])
+    weights = newest.path("weights")
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a flipped bit on disk: the digest no longer matches
+    weights.write_bytes(bytes(data))
+    for d in [d for d in audit(root, "--all") if d["step"] >= Cut(root / "cuts" / cuts[-2]).m["trainer_step"]]:
+        # As if the run had been lost right after the damaged cut: its later steps are gone.
+        (root / "audit" / f"step-{d['step']:08d}" / f"attempt-{d['attempt']:04d}.json").unlink()
+
+    rc, log = runs.run(job, root, "--resume", "auto")
+    assert rc == 0, log
+    assert f"skipped damaged cut {cuts[-1]} (file_digest)" in log
+    assert f"resumed from cut {cuts[-2]}" in log
+    assert stream(root) == stream(store), "the older cut's later steps train the same prompts again"
+
+
+def test_a_semantic_failure_is_never_skipped(made: tuple[Path, Path, str], runs: Runs) -> None:
+    job, store, cut_id = made
+    root = runs.base / "semantic-newest"
+    cut = _copy(store, cut_id, root)
+    forge_coverage(cut)
+    rc, log = runs.run(job, root, "--resume", "auto", timeout=180)
+    assert rc == 3, log
+    assert "[coverage]" in log
+    assert "skipped damaged cut" not in log
