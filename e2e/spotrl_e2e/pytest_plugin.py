@@ -2,6 +2,8 @@
 
 - ``s3_server`` (session): a running versitygw; ``s3_bucket`` (per test): a fresh bucket,
   an :class:`~spotrl_e2e.s3.S3Bucket` (``endpoint``, ``bucket``, keys, ``region``, ``client()``).
+- ``fault_proxy`` (per test): a :class:`~spotrl_e2e.faultproxy.FaultProxy` (seed 0) in front of
+  the S3 server; point a client at ``fault_proxy.endpoint`` and add rules to fail requests.
 - ``cluster`` (per test, one cluster per session, started the first time a test asks): a
   :class:`~spotrl_e2e.cluster.Cluster` with nodes spot-a, spot-b (spot) and ondemand-a
   (on-demand), one fake GPU each; after each test its nodes are put back (restored,
@@ -22,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from spotrl_e2e.cluster import Cluster
+from spotrl_e2e.faultproxy import FaultProxy
 from spotrl_e2e.s3 import S3Bucket, S3Server
 
 
@@ -43,6 +46,16 @@ def s3_bucket(s3_server: S3Server) -> Iterator[S3Bucket]:
         yield bucket
     finally:
         s3_server.delete_bucket(bucket)
+
+
+@pytest.fixture
+def fault_proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
+    """A fault-injecting proxy in front of the S3 server (no rules yet: it forwards everything)."""
+    proxy = FaultProxy(s3_server.endpoint, seed=0)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
 
 
 @pytest.fixture(scope="session")

@@ -10,17 +10,25 @@ A cut is written in this order, and exists only once step 5 succeeds:
    checked here and again just before the manifest).
 3. files: each owner file and each trainer file goes to a fresh folder
    ``cuts/<id>/<writer>/``; its size and sha256 are computed as it is written.
-4. deadline: a barrier cut that is past its deadline stops here, before committing.
+4. deadline: a barrier cut that is past its deadline stops here, before committing. Every
+   storage call of a barrier cut is bounded by its deadline (a stalled request is abandoned);
+   a cut that runs out of time raises :class:`BarrierDeadlineMissedError`.
 5. manifest: ``cuts/<id>/manifest.json``, create-only, naming every file with its size and
    digest, the schema version and the group counts. If another writer committed this id
    first, the create-only write refuses and this writer stops (:class:`CutConflictError`).
+   If the write fails otherwise, the manifest is read back: our bytes there mean the cut is
+   committed; another writer's mean a conflict; none, or an unreadable manifest, mean the
+   cut is not (or not known to be) committed, and the files are kept unless the write
+   certainly never reached the store: the files of a manifest that landed are never removed.
 6. pointer: ``LATEST.json`` names the new cut (only after its manifest exists); files of
    other writers under the same id (a crashed or refused writer) are removed.
 7. retention: committed cuts beyond the newest ``keep`` are deleted (manifest first), and
    so are torn folders older than the oldest kept cut.
 
 A crash anywhere before step 5 leaves a torn folder and no cut; the previous committed
-cut is untouched, and the next writer reuses the id.
+cut is untouched, and the next writer reuses the id. A failed cut removes its own files
+when they can never be committed (before step 5; past a barrier's deadline it gets
+``CLEANUP_GRACE`` seconds for that).
 """
 
 from __future__ import annotations
@@ -63,9 +71,20 @@ from spotrl_runtime.core.cut_format import (
     snapshot_counts,
 )
 from spotrl_runtime.core.owners import CutTimeoutError, Owners, OwnersSnapshot
-from spotrl_runtime.storage import ObjectExistsError, Storage, StorageError
+from spotrl_runtime.storage import (
+    ObjectExistsError,
+    ObjectNotFoundError,
+    Storage,
+    StorageDeadlineError,
+    StorageError,
+    current_deadline,
+    deadline_scope,
+)
 
 log = logging.getLogger(__name__)
+
+CLEANUP_GRACE = 2.0
+"""Seconds a failed barrier cut may spend past its deadline removing its own files."""
 
 CutKind = Literal["periodic", "barrier"]
 
@@ -180,6 +199,17 @@ class CutWriter:
             self.progress(name)
 
     def _commit(self, snapshot: OwnersSnapshot, request: CutRequest, t0: float) -> CommittedCut:
+        # A barrier cut's every storage call is bounded by its deadline (deadline_scope).
+        with deadline_scope(request.deadline):
+            try:
+                return self._commit_bounded(snapshot, request, t0)
+            except StorageDeadlineError as err:
+                # Before a cut id was chosen (listing the cuts): nothing was written.
+                raise BarrierDeadlineMissedError(
+                    f"{request.kind} cut not committed: {err}; nothing was written (the last committed cut stands)"
+                ) from None
+
+    def _commit_bounded(self, snapshot: OwnersSnapshot, request: CutRequest, t0: float) -> CommittedCut:
         timings: dict[str, float] = {"capture": snapshot.capture_seconds}
         committed = [f for f in list_cut_folders(self.storage) if f.committed]
         self._fence(committed, snapshot.attempt)
@@ -190,6 +220,7 @@ class CutWriter:
         cut_id = cut_id_of(seq)
         writer = f"w{snapshot.attempt}-{uuid.uuid4().hex[:8]}"
         base = cut_dir(cut_id)
+        folder = f"{base}/{writer}/"
         t = time.perf_counter()
         try:
             files = self._write_files(snapshot, request, cut_id, f"{base}/{writer}", writer)
@@ -197,21 +228,29 @@ class CutWriter:
             self._phase("files_written")
             self._check_deadline(request, cut_id)
             manifest = self._manifest(snapshot, request, cut_id, writer, files)
-            t = time.perf_counter()
-            manifest_bytes = manifest.to_bytes()
             if self.fence is not None:
-                self.fence.check()
-            try:
-                self.storage.put_bytes(manifest_key(cut_id), manifest_bytes, create_only=True)
-            except ObjectExistsError:
-                raise CutConflictError(
-                    f"cut {cut_id} in {self.storage.uri} was committed by another writer first; two controllers "
-                    "are writing this job's cuts: stop this one"
+                self.fence.check()  # a newer controller claimed the job while the files were written
+        except BaseException as err:
+            self._remove_folder(folder)
+            if isinstance(err, StorageDeadlineError):
+                raise BarrierDeadlineMissedError(
+                    f"{request.kind} cut {cut_id} missed its deadline while its files were written: {err}; "
+                    "it was not committed (the last committed cut stands)"
                 ) from None
-            timings["manifest"] = time.perf_counter() - t
-        except BaseException:
-            self._remove_folder(f"{base}/{writer}/")
             raise
+        t = time.perf_counter()
+        manifest_bytes = manifest.to_bytes()
+        try:
+            self.storage.put_bytes(manifest_key(cut_id), manifest_bytes, create_only=True)
+        except ObjectExistsError:
+            self._remove_folder(folder)
+            raise CutConflictError(
+                f"cut {cut_id} in {self.storage.uri} was committed by another writer first; two controllers "
+                "are writing this job's cuts: stop this one"
+            ) from None
+        except Exception as err:
+            self._settle_manifest(cut_id, manifest_bytes, folder, err)
+        timings["manifest"] = time.perf_counter() - t
         self._phase("committed")
         # Files of writers that lost this id (crashed, or raced and were refused) can never
         # be committed now: remove them.
@@ -226,6 +265,46 @@ class CutWriter:
         written = sum(f.size for f in files) + len(manifest_bytes)
         log.info("cut %s committed (%s, step %d, %d bytes)", cut_id, request.kind, snapshot.trainer_step, written)
         return CommittedCut(cut_id, f"{self.storage.uri}/{base}", manifest, timings, written)
+
+    def _settle_manifest(self, cut_id: str, ours: bytes, folder: str, err: Exception) -> None:
+        """The manifest write failed, but it may have landed: reads the manifest back and
+        returns if it holds our bytes (the cut is committed). Otherwise raises, and removes
+        this writer's files only when the manifest can no longer appear: another writer's
+        manifest is there, or the write definitely never reached the server. The files of a
+        manifest that landed, or may still land, are never removed."""
+        deadline = isinstance(err, StorageDeadlineError)
+        missed = BarrierDeadlineMissedError if deadline else CutError
+        what = "missed its deadline" if deadline else "was not committed"
+        key = f"{self.storage.uri}/{manifest_key(cut_id)}"
+        try:
+            held: bytes | None = self.storage.get_bytes(manifest_key(cut_id))
+        except ObjectNotFoundError:
+            held = None
+        except Exception as read_err:
+            raise missed(
+                f"cut {cut_id} {what}: writing its manifest failed ({err}) and reading it back failed too "
+                f"({read_err}). Whether the cut is committed is unknown: its files are kept under "
+                f"{self.storage.uri}/{folder}, so if the manifest landed the cut is whole (restore validates it)"
+            ) from None
+        if held == ours:
+            log.warning("cut %s: writing %s reported %s, but it holds our manifest: committed", cut_id, key, err)
+            return
+        if held is not None:
+            self._remove_folder(folder)
+            raise CutConflictError(
+                f"cut {cut_id} in {self.storage.uri} was committed by another writer first (found after our "
+                f"manifest write failed: {err}); two controllers are writing this job's cuts: stop this one"
+            ) from None
+        if getattr(err, "in_doubt", True):
+            raise missed(
+                f"cut {cut_id} {what}: writing its manifest failed ({err}) and the write may still land; its files "
+                f"are kept under {self.storage.uri}/{folder} so that, if it does, the cut is whole "
+                "(the last committed cut stands until then)"
+            ) from None
+        self._remove_folder(folder)
+        raise missed(
+            f"cut {cut_id} {what}: writing its manifest failed: {err} (the last committed cut stands)"
+        ) from None
 
     def _write_files(
         self, snapshot: OwnersSnapshot, request: CutRequest, cut_id: str, folder: str, writer: str
@@ -314,7 +393,11 @@ class CutWriter:
         return hashing.size, hashing.sha256.hexdigest()
 
     def _update_pointer(self, cut_id: str, manifest: Manifest, digest: str) -> None:
-        current = read_pointer(self.storage)
+        try:
+            current = read_pointer(self.storage)
+        except StorageError as err:
+            log.warning("cut %s committed but %s was not updated (reading it failed): %s", cut_id, POINTER, err)
+            return
         current_seq = seq_of(str(current.get("cut_id", ""))) if current else None
         if current_seq is not None and current_seq > (seq_of(cut_id) or 0):
             return  # never move the pointer back
@@ -332,7 +415,11 @@ class CutWriter:
             log.warning("cut %s committed but %s was not updated: %s", cut_id, POINTER, err)
 
     def _apply_retention(self) -> None:
-        folders = list_cut_folders(self.storage)
+        try:
+            folders = list_cut_folders(self.storage)
+        except StorageError as err:
+            log.warning("retention skipped: listing the cuts failed: %s", err)
+            return
         committed = [f for f in folders if f.committed]
         keep = committed[-self.keep :]
         if not keep:
@@ -352,8 +439,14 @@ class CutWriter:
                 log.warning("could not delete old cut %s: %s", folder.cut_id, err)
 
     def _remove_folder(self, prefix: str) -> None:
+        """Removes a cut's files after it failed. Best effort (a torn folder is harmless, and
+        retention reaps it); past a barrier's deadline it gets ``CLEANUP_GRACE`` seconds more."""
+        deadline = current_deadline()
+        if deadline is not None:
+            deadline = Deadline(max(deadline.at, time.monotonic() + CLEANUP_GRACE))
         try:
-            for info in list(self.storage.list(prefix)):
-                self.storage.delete(info.key)
+            with deadline_scope(deadline, replace=True):
+                for info in list(self.storage.list(prefix)):
+                    self.storage.delete(info.key)
         except StorageError as err:
             log.warning("could not clean up %s after a failed cut: %s", prefix, err)

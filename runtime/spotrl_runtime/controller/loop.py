@@ -367,6 +367,10 @@ class Controller:
                     return
                 if not (self.owners.trainer_step >= self.target_steps and not self._parked.is_set()):
                     self.request_barrier("SIGTERM", Deadline.after(self.options.sigterm_deadline))
+            except BarrierFailed as err:
+                # Missed or failed: said, and the process still stops as SIGTERM asked (143);
+                # the last committed cut stands, and no torn cut is left.
+                log.error("SIGTERM: %s; stopping without a barrier cut (the last committed cut stands)", err)
             except Exception as err:
                 self._failure = err
             finally:

@@ -9,17 +9,36 @@ A store is a flat key space (``a/b/c``) like S3. Two backends implement it:
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, BinaryIO, Protocol, runtime_checkable
+
+from spotrl_runtime.api.times import Deadline, rfc3339
 
 CHUNK = 8 * 1024 * 1024
 
 
 class StorageError(Exception):
-    """A storage operation failed; the message names the key and the store."""
+    """A storage operation failed; the message names the key and the store.
+
+    ``in_doubt`` is true for a write that failed but may have taken effect anyway, or may
+    still take effect: a request reached the server (or may have) and no definite answer
+    came back (a lost answer, a reset after sending, an attempt abandoned at a deadline).
+    ``code`` is the backend's error code when it gave one (``SlowDown``, ``NoSuchKey`` ...).
+    """
+
+    def __init__(self, message: str = "", *, in_doubt: bool = False, code: str = ""):
+        super().__init__(message)
+        self.in_doubt = in_doubt
+        self.code = code
+
+
+class StorageDeadlineError(StorageError):
+    """The deadline in scope (:func:`deadline_scope`) passed before the operation finished."""
 
 
 class ObjectNotFoundError(StorageError):
@@ -28,6 +47,53 @@ class ObjectNotFoundError(StorageError):
 
 class ObjectExistsError(StorageError):
     """A create-only put found the key already there: someone else wrote it first."""
+
+
+_DEADLINE: ContextVar[Deadline | None] = ContextVar("spotrl_storage_deadline", default=None)
+
+
+@contextmanager
+def deadline_scope(deadline: Deadline | None, *, replace: bool = False) -> Iterator[None]:
+    """Bounds every storage call made in this block (in this thread and in the transfer
+    threads it starts) by ``deadline``: no attempt starts after it, no retry sleeps past it,
+    and an attempt still running when it passes is abandoned (:class:`StorageDeadlineError`).
+
+    Scopes nest: the earlier deadline wins, unless ``replace`` (then ``deadline`` holds, and
+    None lifts the bound). A ``None`` deadline without ``replace`` changes nothing.
+    """
+    current = _DEADLINE.get()
+    chosen = deadline
+    if not replace and (deadline is None or (current is not None and current.at <= deadline.at)):
+        chosen = current
+    token = _DEADLINE.set(chosen)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def current_deadline() -> Deadline | None:
+    """The deadline in scope, or None."""
+    return _DEADLINE.get()
+
+
+def describe_deadline(deadline: Deadline) -> str:
+    """``2025-01-01T00:00:00Z, 1.2 s ago`` (or ``in 3.0 s``), for messages."""
+    left = deadline.remaining()
+    when = rfc3339(time.time() + left)
+    return f"{when}, {-left:.1f} s ago" if left <= 0 else f"{when}, in {left:.1f} s"
+
+
+def check_deadline(action: str, where: str) -> float | None:
+    """Seconds left before the deadline in scope (None: no deadline); raises
+    :class:`StorageDeadlineError` naming ``action`` and ``where`` once it has passed."""
+    deadline = _DEADLINE.get()
+    if deadline is None:
+        return None
+    left = deadline.remaining()
+    if left <= 0:
+        raise StorageDeadlineError(f"{action} {where} not started: the deadline ({describe_deadline(deadline)}) passed")
+    return left
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,9 @@ Writes are atomic: the bytes go to a hidden temporary file in the target folder,
 fsynced, and then appear under their key in one step. A create-only put appears with
 ``link(2)``, which fails if the key exists, so two writers can never both succeed and a
 reader never sees a half-written object. Plain puts appear with ``rename(2)``.
+
+A deadline in scope (:func:`~spotrl_runtime.storage.base.deadline_scope`) is checked before
+each operation (and before a streamed write commits); local calls are not interrupted.
 """
 
 from __future__ import annotations
@@ -17,7 +20,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, BinaryIO
 
-from spotrl_runtime.storage.base import ObjectExistsError, ObjectInfo, ObjectNotFoundError, StorageError
+from spotrl_runtime.storage.base import (
+    ObjectExistsError,
+    ObjectInfo,
+    ObjectNotFoundError,
+    StorageError,
+    check_deadline,
+)
 
 _TMP_PREFIX = ".tmp-"
 
@@ -35,6 +44,9 @@ class LocalStorage:
     def path_of(self, key: str) -> Path:
         """The local file that holds ``key`` (readers use it to avoid a copy)."""
         return self._path(key)
+
+    def _check(self, action: str, key: str) -> None:
+        check_deadline(action, f"{self.uri}/{key}")
 
     def _path(self, key: str) -> Path:
         parts = key.split("/")
@@ -62,6 +74,7 @@ class LocalStorage:
         return final.parent / f"{_TMP_PREFIX}{final.name}.{uuid.uuid4().hex[:12]}"
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> ObjectInfo:
+        self._check("put", key)
         final = self._path(key)
         if create_only and final.exists():
             raise ObjectExistsError(f"{self.uri}/{key} already exists (create-only write refused)")
@@ -74,6 +87,7 @@ class LocalStorage:
         return ObjectInfo(key, len(data))
 
     def put_file(self, key: str, path: Path, *, create_only: bool = False) -> ObjectInfo:
+        self._check("put", key)
         final = self._path(key)
         if create_only and final.exists():
             raise ObjectExistsError(f"{self.uri}/{key} already exists (create-only write refused)")
@@ -88,6 +102,7 @@ class LocalStorage:
 
     @contextmanager
     def open_write(self, key: str, *, create_only: bool = False) -> Iterator[IO[bytes]]:
+        self._check("put", key)
         final = self._path(key)
         if create_only and final.exists():
             raise ObjectExistsError(f"{self.uri}/{key} already exists (create-only write refused)")
@@ -97,6 +112,7 @@ class LocalStorage:
                 yield f
                 f.flush()
                 os.fsync(f.fileno())
+            self._check("put", key)
             self._commit(tmp, final, key, create_only)
         finally:
             tmp.unlink(missing_ok=True)
@@ -104,28 +120,33 @@ class LocalStorage:
     # ------------------------------------------------------------------- reads
 
     def get_bytes(self, key: str) -> bytes:
+        self._check("get", key)
         try:
             return self._path(key).read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise ObjectNotFoundError(f"{self.uri}/{key} does not exist") from None
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
+        self._check("get", key)
         with self.open_read(key) as f:
             f.seek(start)
             return f.read(length)
 
     def open_read(self, key: str) -> BinaryIO:
+        self._check("get", key)
         try:
             return open(self._path(key), "rb")
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise ObjectNotFoundError(f"{self.uri}/{key} does not exist") from None
 
     def download_file(self, key: str, path: Path) -> ObjectInfo:
+        self._check("get", key)
         with self.open_read(key) as src, open(path, "wb") as dst:
             shutil.copyfileobj(src, dst, 16 * 1024 * 1024)
             return ObjectInfo(key, dst.tell())
 
     def head(self, key: str) -> ObjectInfo | None:
+        self._check("head", key)
         try:
             st = self._path(key).stat()
         except (FileNotFoundError, NotADirectoryError):
@@ -135,6 +156,7 @@ class LocalStorage:
         return ObjectInfo(key, st.st_size)
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        self._check("list", prefix)
         if not self.root.is_dir():
             return
         # Walk only the folder the prefix names, then filter by the rest of the prefix.
@@ -158,6 +180,7 @@ class LocalStorage:
         yield from sorted(found, key=lambda o: o.key)
 
     def delete(self, key: str) -> None:
+        self._check("delete", key)
         path = self._path(key)
         try:
             path.unlink()

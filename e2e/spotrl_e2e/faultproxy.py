@@ -1,0 +1,409 @@
+"""A fault-injecting HTTP proxy for tests: it sits between an S3 client and a real S3 server
+and fails chosen requests the ways a flaky object store and network do.
+
+It speaks just enough HTTP/1.1 to be exact: it reads each request (headers, then a body
+framed by ``Content-Length`` or ``Transfer-Encoding: chunked``, answering ``Expect:
+100-continue`` itself), forwards it on the client connection's own upstream connection
+(keep-alive on both sides), reads the whole answer (``Content-Length``, chunked, or until
+the server closes) and relays it byte for byte. Faults, chosen per request by
+:class:`Rule` (method, key substring, probability, how many times) with a seeded RNG:
+
+``503``            answers 503 ``SlowDown`` itself (the request never reaches the server)
+``500``            answers 500 ``InternalError`` itself
+``reset_request``  reads the headers and half the body, then resets the connection (RST)
+``reset_before``   reads the request, then resets without forwarding it
+``lost_answer``    forwards the request (the server acts on it), then resets instead of answering
+``reset_body``     forwards, sends the answer's headers and half its body, then resets
+``reset_after``    forwards and answers in full, then resets the (keep-alive) connection
+``stall``          holds the request ``seconds`` before forwarding it (None: until the proxy closes)
+``stall_answer``   forwards, then holds the answer ``seconds`` (None: until the proxy closes)
+
+:attr:`FaultProxy.requests` counts the requests seen, :attr:`FaultProxy.faults` the faults
+injected by kind, :attr:`FaultProxy.log` has one ``(method, path, fault)`` per request.
+:meth:`FaultProxy.close` ends every connection and joins every thread it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import socket
+import struct
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import unquote, urlsplit
+
+FaultKind = Literal[
+    "503",
+    "500",
+    "reset_request",
+    "reset_before",
+    "lost_answer",
+    "reset_body",
+    "reset_after",
+    "stall",
+    "stall_answer",
+]
+FAULT_KINDS: tuple[FaultKind, ...] = (
+    "503",
+    "500",
+    "reset_request",
+    "reset_before",
+    "lost_answer",
+    "reset_body",
+    "reset_after",
+    "stall",
+    "stall_answer",
+)
+
+
+@dataclass
+class Rule:
+    """Injects ``kind`` into requests that match ``method`` (None: any) and whose decoded
+    target (path and query) contains ``key`` (None: any), with ``probability``, at most ``times`` times (None:
+    no limit). ``seconds``: how long a stall holds (None: until the proxy closes)."""
+
+    kind: FaultKind
+    method: str | None = None
+    key: str | None = None
+    probability: float = 1.0
+    times: int | None = None
+    seconds: float | None = None
+    fired: int = 0
+
+    def matches(self, method: str, path: str) -> bool:
+        if self.times is not None and self.fired >= self.times:
+            return False
+        if self.method is not None and method != self.method:
+            return False
+        return self.key is None or self.key in path
+
+
+class _ClosedError(Exception):
+    """The connection ended (or the proxy is closing)."""
+
+
+class _Conn:
+    """A socket with a read buffer and line/exact reads."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.buf = b""
+
+    def _fill(self) -> None:
+        data = self.sock.recv(256 * 1024)
+        if not data:
+            raise _ClosedError
+        self.buf += data
+
+    def line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            if len(self.buf) > 64 * 1024:
+                raise _ClosedError
+            self._fill()
+        line, _, self.buf = self.buf.partition(b"\r\n")
+        return line + b"\r\n"
+
+    def exact(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._fill()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def until_close(self) -> bytes:
+        with contextlib.suppress(_ClosedError, OSError):
+            while True:
+                self._fill()
+        out, self.buf = self.buf, b""
+        return out
+
+    def head(self) -> tuple[bytes, list[tuple[str, str]]]:
+        """The start line and the headers (raw start line, parsed headers)."""
+        start = self.line()
+        while start == b"\r\n":  # tolerate stray blank lines between messages
+            start = self.line()
+        headers: list[tuple[str, str]] = []
+        while (line := self.line()) != b"\r\n":
+            name, _, value = line.decode("latin-1").partition(":")
+            headers.append((name.strip(), value.strip()))
+        return start, headers
+
+    def chunked(self) -> bytes:
+        """A chunked body, raw (sizes, chunks and trailers), ending with its last CRLF."""
+        out = b""
+        while True:
+            size_line = self.line()
+            out += size_line
+            size = int(size_line.split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while (trailer := self.line()) != b"\r\n":
+                    out += trailer
+                return out + b"\r\n"
+            out += self.exact(size + 2)
+
+
+def _header(headers: list[tuple[str, str]], name: str) -> str | None:
+    for k, v in headers:
+        if k.lower() == name:
+            return v
+    return None
+
+
+def _render(start: bytes, headers: list[tuple[str, str]]) -> bytes:
+    return start + "".join(f"{k}: {v}\r\n" for k, v in headers).encode("latin-1") + b"\r\n"
+
+
+def _error(kind: str, close: bool = False) -> bytes:
+    status, code, reason = {
+        "500": (500, "InternalError", "Internal Server Error"),
+        "503": (503, "SlowDown", "Service Unavailable"),
+    }[kind]
+    body = (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+        f"<Message>injected by the test proxy</Message></Error>"
+    ).encode()
+    connection = "Connection: close\r\n" if close else ""
+    head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n"
+    return (head + connection + "\r\n").encode() + body
+
+
+def _reset(sock: socket.socket) -> None:
+    """Closes with RST (not FIN): the peer sees 'connection reset'."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+class FaultProxy:
+    """The proxy, listening on a loopback port in front of ``upstream`` (``http://host:port``)."""
+
+    def __init__(self, upstream: str, *, seed: int = 0):
+        parsed = urlsplit(upstream)
+        self.upstream = (parsed.hostname or "127.0.0.1", parsed.port or 80)
+        self.rules: list[Rule] = []
+        self.requests = 0
+        self.faults: Counter[str] = Counter()
+        self.log: list[tuple[str, str, str | None]] = []
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._socks: set[socket.socket] = set()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.1)
+        self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._acceptor = threading.Thread(target=self._accept, name="faultproxy-accept")
+        self._acceptor.start()
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ rules
+
+    def add(
+        self,
+        kind: FaultKind,
+        *,
+        method: str | None = None,
+        key: str | None = None,
+        probability: float = 1.0,
+        times: int | None = None,
+        seconds: float | None = None,
+    ) -> Rule:
+        """Adds a :class:`Rule`; rules are tried in the order they were added."""
+        rule = Rule(kind, method, key, probability, times, seconds)
+        with self._lock:
+            self.rules.append(rule)
+        return rule
+
+    def clear(self) -> None:
+        """Removes every rule (the counters stay)."""
+        with self._lock:
+            self.rules.clear()
+
+    def _choose(self, method: str, path: str) -> Rule | None:
+        with self._lock:
+            self.requests += 1
+            chosen = None
+            for rule in self.rules:
+                if rule.matches(method, path) and (rule.probability >= 1 or self._rng.random() < rule.probability):
+                    rule.fired += 1
+                    self.faults[rule.kind] += 1
+                    chosen = rule
+                    break
+            self.log.append((method, path, chosen.kind if chosen else None))
+            return chosen
+
+    # ------------------------------------------------------------ serving
+
+    def _track(self, sock: socket.socket) -> bool:
+        with self._lock:
+            if self._closing.is_set():
+                return False
+            self._socks.add(sock)
+            return True
+
+    def _untrack(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._socks.discard(sock)
+
+    def _accept(self) -> None:
+        while not self._closing.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            if not self._track(client):
+                client.close()
+                return
+            t = threading.Thread(target=self._serve, args=(client,), name="faultproxy-conn")
+            with self._lock:
+                self._threads = [x for x in self._threads if x.is_alive()]
+                self._threads.append(t)
+            t.start()
+
+    def _serve(self, client_sock: socket.socket) -> None:
+        client = _Conn(client_sock)
+        upstream: _Conn | None = None
+        try:
+            while not self._closing.is_set():
+                start, headers = client.head()
+                method, target, _ = start.decode("latin-1").split(" ", 2)
+                rule = self._choose(method, unquote(target))
+                kind = rule.kind if rule else None
+                if _header(headers, "expect") == "100-continue":
+                    headers = [(k, v) for k, v in headers if k.lower() != "expect"]
+                    if kind in ("503", "500"):
+                        # As a server does: refuse at once, without the body, and close.
+                        client_sock.sendall(_error(kind, close=True))
+                        return
+                    client_sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+                if kind == "reset_request":
+                    length = int(_header(headers, "content-length") or 0)
+                    client.exact(length // 2)
+                    _reset(client_sock)
+                    return
+                body = self._body(client, headers)
+                if kind in ("503", "500"):
+                    client_sock.sendall(_error(kind))
+                    continue
+                if kind == "reset_before":
+                    _reset(client_sock)
+                    return
+                if kind == "stall" and rule is not None and self._stall(rule.seconds):
+                    return
+                upstream = upstream or self._connect()
+                try:
+                    answer = self._forward(upstream, method, start, headers, body)
+                except (_ClosedError, OSError):
+                    # A kept-alive upstream connection the server closed: once more on a new one.
+                    self._drop(upstream)
+                    upstream = self._connect()
+                    answer = self._forward(upstream, method, start, headers, body)
+                data, upstream_closes = answer
+                if upstream_closes:
+                    self._drop(upstream)
+                    upstream = None
+                if kind == "lost_answer":
+                    _reset(client_sock)
+                    return
+                if kind == "reset_body":
+                    head_end = data.index(b"\r\n\r\n") + 4
+                    body_len = len(data) - head_end
+                    # Half the body; an answer without a body is cut in its headers instead.
+                    client_sock.sendall(data[: head_end + body_len // 2] if body_len else data[: head_end // 2])
+                    _reset(client_sock)
+                    return
+                if kind == "stall_answer" and rule is not None and self._stall(rule.seconds):
+                    return
+                client_sock.sendall(data)
+                if kind == "reset_after":
+                    _reset(client_sock)
+                    return
+                if (_header(headers, "connection") or "").lower() == "close" or upstream_closes:
+                    return
+        except (_ClosedError, OSError, ValueError):
+            return
+        finally:
+            self._untrack(client_sock)
+            with contextlib.suppress(OSError):
+                client_sock.close()
+            if upstream is not None:
+                self._drop(upstream)
+
+    def _stall(self, seconds: float | None) -> bool:
+        """Holds ``seconds`` (None: until the proxy closes); True when the proxy is closing."""
+        return self._closing.wait(seconds) or seconds is None
+
+    def _body(self, conn: _Conn, headers: list[tuple[str, str]]) -> bytes:
+        if (_header(headers, "transfer-encoding") or "").lower() == "chunked":
+            return conn.chunked()
+        return conn.exact(int(_header(headers, "content-length") or 0))
+
+    def _connect(self) -> _Conn:
+        sock = socket.create_connection(self.upstream, timeout=60)
+        if not self._track(sock):
+            sock.close()
+            raise _ClosedError
+        return _Conn(sock)
+
+    def _drop(self, conn: _Conn) -> None:
+        self._untrack(conn.sock)
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+
+    def _forward(
+        self, upstream: _Conn, method: str, start: bytes, headers: list[tuple[str, str]], body: bytes
+    ) -> tuple[bytes, bool]:
+        """Sends the request upstream; the raw answer and whether the server closes after it."""
+        upstream.sock.sendall(_render(start, headers) + body)
+        while True:
+            status_line, resp_headers = upstream.head()
+            status = int(status_line.split()[1])
+            if 100 <= status < 200:
+                continue  # interim answers are the proxy's business, not the client's
+            break
+        closes = (_header(resp_headers, "connection") or "").lower() == "close"
+        if method == "HEAD" or status in (204, 304):
+            resp_body = b""
+        elif (_header(resp_headers, "transfer-encoding") or "").lower() == "chunked":
+            resp_body = upstream.chunked()
+        elif (length := _header(resp_headers, "content-length")) is not None:
+            resp_body = upstream.exact(int(length))
+        else:
+            resp_body = upstream.until_close()
+            closes = True
+        return _render(status_line, resp_headers) + resp_body, closes
+
+    def close(self) -> None:
+        """Stops accepting, ends every connection (stalls included) and joins the threads."""
+        self._closing.set()
+        self._acceptor.join(10)
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with self._lock:
+            socks = list(self._socks)
+        for sock in socks:  # their threads close them
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        with self._lock:
+            threads = list(self._threads)
+        for t in threads:
+            t.join(10)
+        leftover = [t.name for t in [self._acceptor, *threads] if t.is_alive()]
+        if leftover:
+            raise RuntimeError(f"fault proxy threads still running after close: {leftover}")
+
+    def summary(self) -> dict[str, object]:
+        """The counters, for reports: requests seen and faults by kind."""
+        with self._lock:
+            return {"requests": self.requests, "faults": dict(sorted(self.faults.items()))}
