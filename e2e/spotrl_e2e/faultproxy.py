@@ -10,6 +10,7 @@ the server closes) and relays it byte for byte. Faults, chosen per request by
 
 ``503``            answers 503 ``SlowDown`` itself (the request never reaches the server)
 ``500``            answers 500 ``InternalError`` itself
+``429``            answers 429 ``TooManyRequests`` itself
 ``reset_request``  reads the headers and half the body, then resets the connection (RST)
 ``reset_before``   reads the request, then resets without forwarding it
 ``lost_answer``    forwards the request (the server acts on it), then resets instead of answering
@@ -38,6 +39,7 @@ from urllib.parse import unquote, urlsplit
 FaultKind = Literal[
     "503",
     "500",
+    "429",
     "reset_request",
     "reset_before",
     "lost_answer",
@@ -49,6 +51,7 @@ FaultKind = Literal[
 FAULT_KINDS: tuple[FaultKind, ...] = (
     "503",
     "500",
+    "429",
     "reset_request",
     "reset_before",
     "lost_answer",
@@ -155,10 +158,15 @@ def _render(start: bytes, headers: list[tuple[str, str]]) -> bytes:
     return start + "".join(f"{k}: {v}\r\n" for k, v in headers).encode("latin-1") + b"\r\n"
 
 
+_ANSWERED = ("503", "500", "429")
+"""Kinds the proxy answers itself; the request never reaches the server."""
+
+
 def _error(kind: str, close: bool = False) -> bytes:
     status, code, reason = {
         "500": (500, "InternalError", "Internal Server Error"),
         "503": (503, "SlowDown", "Service Unavailable"),
+        "429": (429, "TooManyRequests", "Too Many Requests"),
     }[kind]
     body = (
         f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
@@ -282,7 +290,7 @@ class FaultProxy:
                 kind = rule.kind if rule else None
                 if _header(headers, "expect") == "100-continue":
                     headers = [(k, v) for k, v in headers if k.lower() != "expect"]
-                    if kind in ("503", "500"):
+                    if kind in _ANSWERED:
                         # As a server does: refuse at once, without the body, and close.
                         client_sock.sendall(_error(kind, close=True))
                         return
@@ -293,7 +301,7 @@ class FaultProxy:
                     _reset(client_sock)
                     return
                 body = self._body(client, headers)
-                if kind in ("503", "500"):
+                if kind in _ANSWERED:
                     client_sock.sendall(_error(kind))
                     continue
                 if kind == "reset_before":

@@ -176,3 +176,27 @@ def test_a_corrupted_or_foreign_cut_stops_resume_with_the_named_check(runs: Runs
     assert rc == 3, log
     assert "someone-else" in log or "tiny" in log
     assert "job" in log.lower()
+
+
+def test_a_barrier_that_cannot_commit_in_time_says_so_and_exits_143(runs: Runs, tmp_path: Path) -> None:
+    storage = tmp_path / "cuts"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    job = runs.job()
+    # The periodic cut at step 4 holds the cut writer for 8 s; the barrier behind it has 1 s.
+    proc = runs.start(
+        job,
+        storage,
+        "--sigterm-deadline",
+        "1",
+        SPOTRL_FAILPOINTS="cut.files_written=8",
+        SPOTRL_FAILPOINT_DIR=str(marks),
+    )
+    wait_for(lambda: (marks / "cut.files_written").exists(), 300, "the periodic cut to stall", proc)
+    rc = stop(proc, signal.SIGTERM)
+    log = runs.log_of(proc)
+    assert rc == 143, log
+    assert "stopping without a barrier cut (the last committed cut stands)" in log
+    assert "Traceback" not in log
+    kinds = [json.loads((f / "manifest.json").read_text())["kind"] for f in sorted((storage / "cuts").iterdir())]
+    assert "barrier" not in kinds

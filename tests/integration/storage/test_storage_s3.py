@@ -4,16 +4,14 @@ credentials from a mounted Secret folder."""
 
 from __future__ import annotations
 
-import http.client
 import os
 import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from spotrl_e2e.faultproxy import FaultProxy
 from spotrl_runtime.storage import ObjectExistsError, ObjectNotFoundError, StorageError, sha256_file
 from spotrl_runtime.storage.s3 import S3Storage
 
@@ -163,122 +161,32 @@ def test_endpoint_and_credentials_from_the_environment(s3_bucket: Any, monkeypat
 # ------------------------------------------------------------- fault injection
 
 
-class FaultProxy:
-    """A loopback HTTP proxy in front of the S3 server that fails chosen requests.
-
-    ``fail_next(n, status, code)`` answers the next n requests itself with that error.
-    ``swallow_next()`` forwards the next request but answers the client 500, as when a
-    response is lost after the server acted on the request.
-    """
-
-    def __init__(self, upstream: str):
-        host, port = upstream.removeprefix("http://").split(":")
-        self.upstream = (host, int(port))
-        self.requests: list[str] = []
-        self._fail: list[tuple[int, str]] = []
-        self._swallow = 0
-        self._lock = threading.Lock()
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _any(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
-                with proxy._lock:
-                    proxy.requests.append(f"{self.command} {self.path}")
-                    fail = proxy._fail.pop(0) if proxy._fail else None
-                    swallow = proxy._swallow > 0
-                    if swallow:
-                        proxy._swallow -= 1
-                if fail is not None:
-                    self._reply(fail[0], {"Content-Type": "application/xml"}, _error_xml(fail[1]))
-                    return
-                conn = http.client.HTTPConnection(*proxy.upstream, timeout=30)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-                conn.request(self.command, self.path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-                conn.close()
-                if swallow:
-                    self._reply(500, {"Content-Type": "application/xml"}, _error_xml("InternalError"))
-                    return
-                keep = {k: v for k, v in resp.getheaders() if k.lower() not in ("connection", "transfer-encoding")}
-                keep["Content-Length"] = str(len(data))
-                self._reply(resp.status, keep, data, head=self.command == "HEAD")
-
-            def _reply(self, status: int, headers: dict[str, str], data: bytes, head: bool = False) -> None:
-                self.send_response(status)
-                for k, v in headers.items():
-                    if k.lower() != "content-length":
-                        self.send_header(k, v)
-                self.send_header("Content-Length", headers.get("Content-Length", str(len(data))))
-                self.end_headers()
-                if not head:
-                    self.wfile.write(data)
-
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any  # noqa: N815 (http.server names them)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def fail_next(self, n: int, status: int, code: str) -> None:
-        with self._lock:
-            self._fail.extend([(status, code)] * n)
-
-    def swallow_next(self) -> None:
-        with self._lock:
-            self._swallow += 1
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def _error_xml(code: str) -> bytes:
-    return f"<?xml version='1.0'?><Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
-
-
-@pytest.fixture
-def proxy(s3_bucket: Any) -> Iterator[FaultProxy]:
-    p = FaultProxy(s3_bucket.endpoint)
-    yield p
-    p.close()
-
-
-@pytest.mark.slow  # botocore's backoff between the retries: a few seconds
-@pytest.mark.parametrize(("status", "code"), [(503, "SlowDown"), (500, "InternalError"), (429, "TooManyRequests")])
-def test_throttling_and_5xx_are_retried_with_backoff(s3_bucket: Any, proxy: FaultProxy, status: int, code: str) -> None:
-    s = store(s3_bucket, endpoint_url=proxy.endpoint, max_attempts=5)
-    proxy.fail_next(3, status, code)
+@pytest.mark.parametrize("kind", ["503", "500", "429"])
+def test_throttling_and_5xx_are_retried_with_backoff(s3_bucket: Any, fault_proxy: FaultProxy, kind: str) -> None:
+    s = store(s3_bucket, endpoint_url=fault_proxy.endpoint, max_attempts=5)
+    fault_proxy.add(kind, times=3)  # type: ignore[arg-type]
     s.put_bytes("retried", b"payload")
-    assert [r.split()[0] for r in proxy.requests] == ["PUT"] * 4, "three failures, then success"
+    assert [m for m, _, _ in fault_proxy.log] == ["PUT"] * 4, "three failures, then success"
     assert s3_bucket.client().get_object(Bucket=s3_bucket.bucket, Key="job/retried")["Body"].read() == b"payload"
 
 
-def test_persistent_failure_gives_up_with_the_key_named(s3_bucket: Any, proxy: FaultProxy) -> None:
-    s = store(s3_bucket, endpoint_url=proxy.endpoint, max_attempts=2)
-    proxy.fail_next(2, 503, "SlowDown")
+def test_persistent_failure_gives_up_with_the_key_named(s3_bucket: Any, fault_proxy: FaultProxy) -> None:
+    s = store(s3_bucket, endpoint_url=fault_proxy.endpoint, max_attempts=2)
+    fault_proxy.add("503")
     with pytest.raises(StorageError, match=r"job/k failed: SlowDown"):
         s.get_bytes("k")
-    assert len(proxy.requests) == 2
+    assert fault_proxy.requests == 2
 
 
 def test_create_only_put_whose_response_was_lost_is_not_mistaken_for_a_conflict(
-    s3_bucket: Any, proxy: FaultProxy
+    s3_bucket: Any, fault_proxy: FaultProxy
 ) -> None:
-    """The server stores the manifest, the answer is lost, botocore retries and gets 412:
-    that 412 is our own write, and the put succeeds; a different writer's bytes still conflict."""
-    s = store(s3_bucket, endpoint_url=proxy.endpoint, max_attempts=3)
-    proxy.swallow_next()
+    """The server stores the manifest, the answer is lost, the retry gets 412: that 412 is our
+    own write, and the put succeeds; a different writer's bytes still conflict."""
+    s = store(s3_bucket, endpoint_url=fault_proxy.endpoint, max_attempts=3)
+    fault_proxy.add("lost_answer", times=1)
     s.put_bytes("cuts/1/manifest.json", b"ours", create_only=True)
-    assert [r.split()[0] for r in proxy.requests][:2] == ["PUT", "PUT"]
+    assert [m for m, _, _ in fault_proxy.log][:2] == ["PUT", "PUT"]
     with pytest.raises(ObjectExistsError):
         s.put_bytes("cuts/1/manifest.json", b"theirs", create_only=True)
 
