@@ -22,7 +22,7 @@ pytestmark = pytest.mark.cluster
 # The controller side: the real KubeBridge, with a Controllable whose cuts commit when the
 # test creates go-<n> in the pod's data folder.
 CONTROLLER = """
-import pathlib, sys, time
+import pathlib, sys, time, types
 from spotrl_runtime.controller.control import BarrierFailed, CutInfo
 from spotrl_runtime.controller.kube_bridge import KubeBridge
 out = pathlib.Path(sys.argv[1])
@@ -40,6 +40,8 @@ class Cuts:
 bridge = KubeBridge.from_env()
 assert bridge.publish_ray_head("127.0.1.9:4321", 2)  # before start: the controller waits for workers
 bridge.start(Cuts())
+damaged = types.SimpleNamespace(cut_id="0000000009", check="file_digest", message="weights.pt: sha256 differs")
+bridge.on_started(CutInfo("0000000008", 2, "s3://bucket-x/j/cuts/0000000008", "periodic", time.time(), 0.0), [damaged])
 for step in (1, 2, 3):
     bridge.on_step(step, {})
 bridge.on_cut(CutInfo("0000000000", 3, "s3://bucket-x/j/cuts/0000000000", "periodic", time.time(), 0.1))
@@ -122,6 +124,8 @@ def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identit
         assert (st["step"], st["stepAttempt"]) == (3, 1)
         assert (st["lastCut"]["id"], st["lastCut"]["kind"]) == ("0000000000", "periodic")
         assert st["rayHead"] == {"address": "127.0.1.9:4321", "attempt": 1, "workers": 2}
+        skipped = [{"id": "0000000009", "check": "file_digest", "message": "weights.pt: sha256 differs"}]
+        assert st["resume"] == {"attempt": 1, "cutId": "0000000008", "skipped": skipped}
 
         # 1. A request is answered: the cut commits, then Committed + cutId + lastCut.
         deadline = request("r1", "cordon: spec.unschedulable")

@@ -369,3 +369,30 @@ def test_verify_an_s3_cut(s3_bucket: Any, monkeypatch: pytest.MonkeyPatch, capsy
     capsys.readouterr()
     assert spotrl(["ckpt", "verify", f"{uri}/cuts/{cut.cut_id}"]) == 1
     assert "FAILED check file_size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("role", ["weights", "optimizer", "rng"])
+def test_an_unreadable_trainer_file_is_check_trainer_state_not_a_torch_error(cut_root: Path, role: str) -> None:
+    surgery = Surgery(cut_root)
+    surgery.replace(role, b"not a torch file, but its digest and size match")
+    with pytest.raises(v.TrainerStateError) as info:
+        restore_cut(
+            LocalStorage(cut_root),
+            dataset=DATASET,
+            collate=PromptCollate(),
+            source=loader_for(EXAMPLE_B, DATASET),
+        )
+    assert info.value.check == "trainer_state"
+    assert "do not load as torch.save/v1" in str(info.value)
+
+
+def test_a_trainer_format_without_its_files_is_check_trainer_state(cut_root: Path) -> None:
+    surgery = Surgery(cut_root)
+    weights = surgery.path("weights")
+    surgery.m["files"] = [f for f in surgery.m["files"] if f["role"] != "weights"]
+    weights.unlink()
+    surgery.save_manifest()
+    with pytest.raises(v.TrainerStateError, match="needs a weights file"):
+        restore_cut(
+            LocalStorage(cut_root), dataset=DATASET, collate=PromptCollate(), source=loader_for(EXAMPLE_B, DATASET)
+        )
