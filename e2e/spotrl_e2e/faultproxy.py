@@ -33,7 +33,7 @@ import struct
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 from urllib.parse import unquote, urlsplit
 
 FaultKind = Literal[
@@ -48,18 +48,7 @@ FaultKind = Literal[
     "stall",
     "stall_answer",
 ]
-FAULT_KINDS: tuple[FaultKind, ...] = (
-    "503",
-    "500",
-    "429",
-    "reset_request",
-    "reset_before",
-    "lost_answer",
-    "reset_body",
-    "reset_after",
-    "stall",
-    "stall_answer",
-)
+FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)
 
 
 @dataclass
@@ -158,6 +147,19 @@ def _render(start: bytes, headers: list[tuple[str, str]]) -> bytes:
     return start + "".join(f"{k}: {v}\r\n" for k, v in headers).encode("latin-1") + b"\r\n"
 
 
+MIX: dict[FaultKind, float] = {
+    "503": 0.07,
+    "500": 0.06,
+    "reset_request": 0.05,
+    "reset_before": 0.05,
+    "lost_answer": 0.06,
+    "reset_body": 0.07,
+    "reset_after": 0.05,
+    "stall": 0.03,
+    "stall_answer": 0.03,
+}
+"""A heavy mix: about 40 % of all requests fail (1 - the product of the misses)."""
+
 _ANSWERED = ("503", "500", "429")
 """Kinds the proxy answers itself; the request never reaches the server."""
 
@@ -229,6 +231,11 @@ class FaultProxy:
         with self._lock:
             self.rules.append(rule)
         return rule
+
+    def add_mix(self, stall: float = 0.05) -> None:
+        """Every kind of fault at once, at :data:`MIX`'s rates (stalls hold ``stall`` s)."""
+        for kind, probability in MIX.items():
+            self.add(kind, probability=probability, seconds=stall)
 
     def clear(self) -> None:
         """Removes every rule (the counters stay)."""

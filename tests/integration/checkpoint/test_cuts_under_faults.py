@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from cut_scenarios import DATASET, EXAMPLE_B, Run, example_b_before_cut
 
-from spotrl_e2e.faultproxy import FaultKind, FaultProxy
+from spotrl_e2e.faultproxy import FaultProxy
 from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.checkpoint import (
     BarrierDeadlineMissedError,
@@ -174,20 +174,6 @@ def test_a_stalled_barrier_put_misses_its_deadline_in_time(s3_bucket: Any, fault
     assert run.cut().cut_id == "0000000002"
 
 
-MIX: dict[FaultKind, float] = {
-    "503": 0.07,
-    "500": 0.06,
-    "reset_request": 0.05,
-    "reset_before": 0.05,
-    "lost_answer": 0.06,
-    "reset_body": 0.07,
-    "reset_after": 0.05,
-    "stall": 0.03,
-    "stall_answer": 0.03,
-}
-"""About 40 % of the requests fail; stalls hold 0.05 s."""
-
-
 def cuts_and_resumes(storage: S3Storage) -> tuple[list[AuditRecord], list[float], int, int]:
     """Cuts (periodic and barrier) and resumes: after each cut one more step is trained and
     then the controller is lost (no cut), and a fresh restore from the store goes on."""
@@ -215,8 +201,7 @@ def test_a_run_under_faults_trains_the_same_stream(
 ) -> None:
     clean_records, clean_weights, _, _ = cuts_and_resumes(store(s3_bucket, s3_server.endpoint, "jobs/clean"))
     with FaultProxy(s3_server.endpoint, seed=seed) as proxy:
-        for kind, p in MIX.items():
-            proxy.add(kind, probability=p, seconds=0.05)
+        proxy.add_mix()
         storage = store(s3_bucket, proxy.endpoint, "jobs/faulty", read_timeout=5.0)
         records, weights, cuts, resumes = cuts_and_resumes(storage)
         requests, faults = proxy.requests, dict(proxy.faults)

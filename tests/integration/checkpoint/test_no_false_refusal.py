@@ -8,7 +8,6 @@ job's expectations and the prompt encoder, i.e. every check runs.
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from pathlib import Path
 
@@ -17,16 +16,17 @@ from cut_scenarios import JOB, Run, dataset_description
 from hypothesis import HealthCheck, given, settings
 from hypothesis import event as note
 from hypothesis import strategies as st
-from test_recovery_property import configs
+from test_recovery_property import apply, configs
 
 from spotrl_runtime.checkpoint.restore import DatasetLookup, validate_stored_cut
-from spotrl_runtime.core.owners import RecoveryConfig, StepTooSmallError
+from spotrl_runtime.core.owners import RecoveryConfig
 from spotrl_runtime.core.types import Prompt
 from spotrl_runtime.core.validation import CHECKS, Expectations
 from spotrl_runtime.data import ArithmeticDataset, PromptCollate
 from spotrl_runtime.storage import LocalStorage
 
 DATASET = ArithmeticDataset(size=11)
+# The events of test_recovery_property (its `apply`), and cuts of both kinds and resumes here.
 KINDS = ["pump", "finish", "finish_latest", "partial", "drop", "drop_earliest", "train", "train"]
 KINDS += ["cut", "barrier", "resume"]
 events = st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 8)), min_size=15, max_size=45)
@@ -34,33 +34,6 @@ events = st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 8)), min_size
 
 def encode(prompt: Prompt) -> tuple[int, ...]:
     return tuple(ord(c) for c in prompt.text)
-
-
-def step(run: Run, kind: str, k: int) -> None:
-    targets = run.targets()
-    if kind == "pump":
-        run.pump()
-    elif kind == "train":
-        for gid in targets:
-            if run.inflight[gid].target_step == run.owners.trainer_step:
-                run.finish(gid)
-        if run.owners.step_ready():
-            run.train()
-        run.pump()
-    elif kind == "finish_latest" and targets:
-        run.finish(max(targets, key=lambda g: (run.inflight[g].target_step, g)))
-    elif kind == "drop_earliest" and targets:
-        with contextlib.suppress(StepTooSmallError):
-            run.drop(min(targets, key=lambda g: (run.inflight[g].target_step, g)))
-    elif targets and kind in ("finish", "partial", "drop"):
-        gid = targets[k % len(targets)]
-        if kind == "finish":
-            run.finish(gid)
-        elif kind == "partial":
-            run.finish(gid, run.inflight[gid].rollout_indexes[:1])
-        else:
-            with contextlib.suppress(StepTooSmallError):
-                run.drop(gid)
 
 
 @pytest.mark.slow
@@ -96,5 +69,5 @@ def test_every_cut_the_writer_commits_passes_every_check(
                 run.pump()
                 resumes += 1
             else:
-                step(run, kind, k)
+                apply(run, (kind, k))
         note(f"resumes: {min(resumes, 3)}{'+' if resumes > 3 else ''}")

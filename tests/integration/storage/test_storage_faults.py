@@ -130,31 +130,12 @@ def test_a_fault_that_never_ends_gives_a_clear_error(s3_bucket: Any, fault_proxy
     assert on_server(s3_bucket, "third") == b"z"
 
 
-MIX: dict[FaultKind, float] = {
-    "503": 0.07,
-    "500": 0.06,
-    "reset_request": 0.05,
-    "reset_before": 0.05,
-    "lost_answer": 0.06,
-    "reset_body": 0.07,
-    "reset_after": 0.05,
-    "stall": 0.03,
-    "stall_answer": 0.03,
-}
-"""About 40 % of all requests fail (1 - the product of the misses); stalls hold 0.05 s."""
-
-
-def add_mix(proxy: FaultProxy, stall: float = 0.05) -> None:
-    for kind, p in MIX.items():
-        proxy.add(kind, probability=p, seconds=stall)
-
-
 @pytest.mark.parametrize("seed", [1, 2])
 def test_transfers_under_a_heavy_random_mix_of_faults(
     s3_bucket: Any, s3_server: Any, tmp_path: Path, seed: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with FaultProxy(s3_server.endpoint, seed=seed) as proxy:
-        add_mix(proxy)
+        proxy.add_mix()
         s = store(s3_bucket, proxy, multipart_threshold=6 * MiB, part_size=5 * MiB, parallelism=3)
         rng = random.Random(seed)
         objects = {f"o/{i}": rng.randbytes(rng.choice([0, 1, 1000, 70_000, 600_000])) for i in range(24)}
