@@ -21,7 +21,13 @@ from spotrl_runtime.checkpoint.trainer_state import TorchSaveFormat, TrainerSnap
 from spotrl_runtime.core.cut_format import Manifest, to_snapshot
 from spotrl_runtime.core.owners import Owners, PromptSource, RecoveryConfig
 from spotrl_runtime.core.types import Prompt
-from spotrl_runtime.core.validation import Expectations, TrainerStateError, ValidatedCut, validate_cut
+from spotrl_runtime.core.validation import (
+    Expectations,
+    LoaderPositionError,
+    TrainerStateError,
+    ValidatedCut,
+    validate_cut,
+)
 from spotrl_runtime.data.collate import PromptCollate
 from spotrl_runtime.data.dataset import PromptDataset
 from spotrl_runtime.data.loader import epoch_order
@@ -100,7 +106,16 @@ def restore_cut(
         validated = validate_cut(cut, DatasetLookup(dataset, collate), expect, encode)
         docs = validated.documents
         snapshot = to_snapshot(docs, validated.prompts)
-        owners = Owners.restore(snapshot, source, attempt=docs.attempt + 1 if attempt is None else attempt)
+        try:
+            owners = Owners.restore(snapshot, source, attempt=docs.attempt + 1 if attempt is None else attempt)
+        except Exception as err:
+            # The chain vouched for the loader state; a loader that still refuses it is named too.
+            raise LoaderPositionError(
+                cut.location,
+                validated.manifest.file("loader").path,  # type: ignore[union-attr]
+                f"the loader does not accept its saved state ({type(err).__name__}: {err})",
+                "restore from an older cut with --resume CUT",
+            ) from None
         trainer = None
         if load_trainer and validated.manifest.trainer_format is not None:
             fmt = trainer_format or TorchSaveFormat()

@@ -76,16 +76,21 @@ class AuditRecord:
         for key, value in lists.items():
             if not isinstance(value, list):
                 raise RecordFormatError(f"{key} must be a list, got {value!r}")
-        if not len(lists["group_ids"]) == len(lists["idxs"]) == len(lists["task_names"]):  # type: ignore[arg-type]
+        group_ids, idxs, task_names, dropped = (list(v or ()) for v in lists.values())
+        if not len(group_ids) == len(idxs) == len(task_names):
             raise RecordFormatError("group_ids, idxs and task_names must have one entry per trained group")
+        if not all(isinstance(g, str) and g for g in group_ids) or not all(isinstance(t, str) for t in task_names):
+            raise RecordFormatError("group_ids and task_names must be strings")
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in idxs):
+            raise RecordFormatError(f"idxs must be integers >= 0, got {idxs!r}")
         return cls(
             step=require_int(data, "step"),
             attempt=require_int(data, "attempt"),
             weight_version=require_int(data, "weight_version"),
-            group_ids=tuple(str(g) for g in lists["group_ids"]),  # type: ignore[union-attr]
-            idxs=tuple(int(i) for i in lists["idxs"]),  # type: ignore[union-attr]
-            task_names=tuple(str(t) for t in lists["task_names"]),  # type: ignore[union-attr]
-            dropped=tuple(DroppedPrompt.from_json(d) for d in lists["dropped"]),  # type: ignore[union-attr]
+            group_ids=tuple(group_ids),
+            idxs=tuple(idxs),
+            task_names=tuple(task_names),
+            dropped=tuple(DroppedPrompt.from_json(d) for d in dropped),
         )
 
 

@@ -267,7 +267,9 @@ def loader_position(state: Mapping[str, Any]) -> LoaderPosition:
     if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
         raise ValueError(f"the loader state's epoch, offset and _num_yielded must be integers >= 0, got {values}")
     size = inner.get("size")
-    return LoaderPosition(values[0], values[1], values[2], size if isinstance(size, int) else None)
+    if it and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+        raise ValueError(f"the loader state's dataset size must be an integer >= 1, got {size!r}")
+    return LoaderPosition(values[0], values[1], values[2], size if it else None)
 
 
 # ------------------------------------------------------------------ owner files
@@ -412,6 +414,18 @@ def _list(role: str, doc: Any, key: str) -> list[Any]:
     return list(doc[key])
 
 
+def _by_step(doc: dict[str, Any], key: str) -> dict[int, Any]:
+    """``doc[key]``, an object keyed by step numbers, with the keys as ints."""
+    value = doc.get(key) or {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k.isdigit() for k in value):
+        raise RecordFormatError(f"{key} must be an object keyed by step numbers")
+    return {int(k): v for k, v in value.items()}
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def decode_owner_files(blobs: Mapping[str, bytes]) -> CutDocuments:
     """Decodes the owner files. Ledger records stay raw (``ledger_raw``) for check ``ledger_record``;
     every other malformed file raises :class:`OwnerFileError` naming its role."""
@@ -430,10 +444,14 @@ def decode_owner_files(blobs: Mapping[str, bytes]) -> CutDocuments:
         dispatch_index = sampler.get("dispatch_index")
         if not isinstance(dispatch_index, int) or dispatch_index < -1:
             raise RecordFormatError(f"dispatch_index must be an integer >= -1, got {dispatch_index!r}")
-        shortfall = {int(k): int(v) for k, v in (sampler.get("shortfall") or {}).items()}
-        dropped = {
-            int(k): tuple(DroppedPrompt.from_json(d) for d in v) for k, v in (sampler.get("dropped") or {}).items()
-        }
+        shortfall = {k: v for k, v in _by_step(sampler, "shortfall").items() if _count(v)}
+        if len(shortfall) != len(_by_step(sampler, "shortfall")):
+            raise RecordFormatError("shortfall values must be integers >= 1")
+        dropped = {}
+        for step, prompts in _by_step(sampler, "dropped").items():
+            if not isinstance(prompts, list):
+                raise RecordFormatError(f"dropped[{step}] must be a list")
+            dropped[step] = tuple(DroppedPrompt.from_json(d) for d in prompts)
         fields = {k: require_int(sampler, k) for k in ("attempt", "trainer_step", "next_order", "next_admission")}
     except (RecordFormatError, ValueError, TypeError) as err:
         raise OwnerFileError("sampler", str(err)) from None

@@ -68,7 +68,7 @@ class Runs:
         env.update(extra)
         return env
 
-    def start(self, job: Path, storage: Path, *args: str, **env: str) -> subprocess.Popen[str]:
+    def start(self, job: Path, storage: Path | str, *args: str, **env: str) -> subprocess.Popen[str]:
         self.n += 1
         path = self.base / f"run-{self.n}.log"
         log = open(path, "w")  # noqa: SIM115 - the child writes it; closed when we drop it
@@ -84,7 +84,7 @@ class Runs:
         self.logs[proc.pid] = path
         return proc
 
-    def run(self, job: Path, storage: Path, *args: str, timeout: float = 420, **env: str) -> tuple[int, str]:
+    def run(self, job: Path, storage: Path | str, *args: str, timeout: float = 420, **env: str) -> tuple[int, str]:
         proc = self.start(job, storage, *args, **env)
         try:
             rc = proc.wait(timeout=timeout)

@@ -1,0 +1,88 @@
+"""Fuzz: any value anywhere in a cut's JSON files replaced by one of another type or range,
+with the file's size and digest recomputed. Restore either accepts the cut or refuses it
+with a named check; it never fails with an exception that names no check (a TypeError
+from deep inside, a KeyError, a torch error)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cut_scenarios import DATASET, EXAMPLE_B, example_b_before_cut, loader_for
+from hypothesis import HealthCheck, given, settings
+from hypothesis import event as note
+from hypothesis import strategies as st
+
+from spotrl_runtime.checkpoint import restore_cut
+from spotrl_runtime.core.validation import CutCheckError
+from spotrl_runtime.data import PromptCollate
+from spotrl_runtime.storage import LocalStorage
+
+ROLES = ["sampler", "loader", "ledger", "spare_pool", "replay_index", "audit", "trainer_meta"]
+VALUES = [None, "", "x", "a1", "g1", -1, 0, 1, 7, 10**12, 1.5, True, [], {}, ["a"], {"k": 1}, [[0, 1]], [[5, 3]]]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A committed cut of worked example B after one trained step (finished, in-flight,
+    reserved and spare groups, an audit record, a shortfall-free borrow)."""
+    root = tmp_path_factory.mktemp("fuzz") / "job"
+    run = example_b_before_cut(LocalStorage(root))
+    run.finish("g3", (0,))
+    run.train()
+    run.pump()
+    run.cut()
+    return root
+
+
+def leaves(doc: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every place in a JSON document (containers and scalars), as key paths."""
+    out = [at]
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            out += leaves(v, (*at, k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            out += leaves(v, (*at, i))
+    return out
+
+
+def put(doc: Any, at: tuple[Any, ...], value: Any) -> Any:
+    if not at:
+        return value
+    parent = doc
+    for k in at[:-1]:
+        parent = parent[k]
+    parent[at[-1]] = value
+    return doc
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(role=st.sampled_from(ROLES), pick=st.integers(0, 10**6), value=st.sampled_from(VALUES))
+def test_a_mutated_cut_is_accepted_or_refused_by_a_named_check(base: Path, role: str, pick: int, value: Any) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "job"
+        shutil.copytree(base, root)
+        (cut,) = sorted((root / "cuts").iterdir())
+        manifest = json.loads((cut / "manifest.json").read_text())
+        (entry,) = [f for f in manifest["files"] if f["role"] == role]
+        path = cut / entry["path"]
+        doc = json.loads(path.read_bytes())
+        places = leaves(doc)
+        at = places[pick % len(places)]
+        data = json.dumps(put(doc, at, value)).encode()
+        path.write_bytes(data)
+        entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        (cut / "manifest.json").write_text(json.dumps(manifest))
+        try:
+            restore_cut(
+                LocalStorage(root), dataset=DATASET, collate=PromptCollate(), source=loader_for(EXAMPLE_B, DATASET)
+            )
+            note("accepted")
+        except CutCheckError as err:
+            note(f"refused: {err.check}")

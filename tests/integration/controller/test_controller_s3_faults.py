@@ -1,0 +1,85 @@
+"""The real controller on a flaky object store: `spotrl run` with its cuts and audit on a real
+S3 server (versitygw) behind our fault proxy. A flaky store costs time, never a cut or a
+resume; a barrier whose manifest PUT stalls says so and exits 143 within its deadline."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import pytest
+from controller_runs import Runs, stop, wait_for
+
+from spotrl_e2e.faultproxy import FaultProxy
+from spotrl_runtime.checkpoint.layout import list_cut_folders
+from spotrl_runtime.controller.audit_store import AuditStore
+from spotrl_runtime.storage.s3 import S3Storage
+
+pytestmark = [pytest.mark.slow, pytest.mark.s3]
+
+
+def _store(bucket: Any) -> S3Storage:
+    """The job's store, read directly (not through the proxy)."""
+    return S3Storage(
+        bucket.bucket,
+        "job",
+        endpoint_url=bucket.endpoint,
+        region=bucket.region,
+        access_key=bucket.access_key,
+        secret_key=bucket.secret_key,
+    )
+
+
+def _stream(bucket: Any) -> list[tuple[int, list[int]]]:
+    return [(d["step"], d["idxs"]) for d in AuditStore(_store(bucket)).effective()]
+
+
+def _env(bucket: Any, proxy: FaultProxy) -> dict[str, str]:
+    return {**bucket.env(), "AWS_ENDPOINT_URL_S3": proxy.endpoint}
+
+
+def test_a_run_preempted_and_resumed_under_heavy_faults_trains_the_baseline(
+    runs: Runs, baseline: list[tuple[int, list[int]]], s3_bucket: Any
+) -> None:
+    job, uri = runs.job(), f"s3://{s3_bucket.bucket}/job"
+    with FaultProxy(s3_bucket.endpoint, seed=11) as proxy:
+        proxy.add_mix()
+        env = _env(s3_bucket, proxy)
+        first = runs.start(job, uri, **env)
+        wait_for(lambda: len(_stream(s3_bucket)) >= 6, 300, "six steps audited", first)
+        rc = stop(first, signal.SIGTERM)
+        assert rc == 143, runs.log_of(first)
+        assert "barrier cut" in runs.log_of(first)
+        rc, log = runs.run(job, uri, **env)
+        assert rc == 0, log
+        requests, faults = proxy.requests, sum(proxy.faults.values())
+    print(f"\nfault figures (controller): requests {requests}, faults {faults}")
+    assert faults > requests // 5, "the mix really failed many requests"
+    assert _stream(s3_bucket) == [(s, idxs) for s, idxs in baseline]
+
+
+def test_a_barrier_whose_manifest_put_stalls_exits_143_within_its_deadline(
+    runs: Runs, baseline: list[tuple[int, list[int]]], s3_bucket: Any
+) -> None:
+    job, uri = runs.job(), f"s3://{s3_bucket.bucket}/job"
+    with FaultProxy(s3_bucket.endpoint) as proxy:
+        env = _env(s3_bucket, proxy)
+        first = runs.start(job, uri, "--sigterm-deadline", "3", **env)
+        wait_for(lambda: len(_stream(s3_bucket)) >= 5, 300, "five steps audited", first)
+        committed = {f.cut_id for f in list_cut_folders(_store(s3_bucket)) if f.committed}
+        proxy.add("stall", method="PUT", key="manifest.json")  # never answered
+        t0 = time.monotonic()
+        rc = stop(first, signal.SIGTERM)
+        took = time.monotonic() - t0
+        log = runs.log_of(first)
+        assert rc == 143, log
+        assert took < 3 + 5 + 10, f"SIGTERM to exit took {took:.1f} s"
+        assert "missed its deadline" in log
+        assert "Traceback" not in log
+        assert proxy.faults["stall"] >= 1
+    now = {f.cut_id for f in list_cut_folders(_store(s3_bucket)) if f.committed}
+    assert now == committed, "no cut committed after the stall, and none was torn into a commit"
+    rc, log = runs.run(job, uri, **s3_bucket.env())
+    assert rc == 0, log
+    assert _stream(s3_bucket) == [(s, idxs) for s, idxs in baseline]
