@@ -175,8 +175,16 @@ class Manifest:
             if not isinstance(value, int) or value < 0:
                 raise RecordFormatError(f"group_counts.{key} must be an integer >= 0, got {value!r}")
         dispatch_index = data.get("dispatch_index")
-        if not isinstance(dispatch_index, int) or dispatch_index < -1:
+        if not isinstance(dispatch_index, int) or isinstance(dispatch_index, bool) or dispatch_index < -1:
             raise RecordFormatError(f"dispatch_index must be an integer >= -1, got {dispatch_index!r}")
+        capture = data.get("capture_seconds", 0.0)
+        if not isinstance(capture, (int, float)) or isinstance(capture, bool) or capture < 0:
+            raise RecordFormatError(f"capture_seconds must be a number >= 0, got {capture!r}")
+        if not isinstance(data.get("extra") or {}, dict):
+            raise RecordFormatError("extra must be a JSON object")
+        trainer_format = data.get("trainer_format")
+        if trainer_format is not None and not isinstance(trainer_format, str):
+            raise RecordFormatError(f"trainer_format must be a string or null, got {trainer_format!r}")
         return cls(
             schema_version=require_int(data, "schema_version"),
             cut_id=require_str(data, "cut_id"),
@@ -192,8 +200,8 @@ class Manifest:
             dataset=dict(data["dataset"]),
             config=dict(data["config"]),
             files=parsed,
-            trainer_format=data.get("trainer_format"),
-            capture_seconds=float(data.get("capture_seconds", 0.0)),
+            trainer_format=trainer_format,
+            capture_seconds=float(capture),
             extra=dict(data.get("extra") or {}),
         )
 
@@ -572,6 +580,26 @@ def encode_rollouts(groups: list[tuple[str, tuple[Rollout, ...]]]) -> bytes:
     )
 
 
+def _row_ok(row: Any) -> bool:
+    def count(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if not isinstance(row, list) or len(row) != 9:
+        return False
+    group_id, index, reward, version, text, finish, *counts = row
+    return (
+        isinstance(group_id, str)
+        and bool(group_id)
+        and count(index)
+        and isinstance(reward, (int, float))
+        and not isinstance(reward, bool)
+        and count(version)
+        and isinstance(text, str)
+        and isinstance(finish, str)
+        and all(count(c) for c in counts)
+    )
+
+
 def decode_rollouts(blob: bytes) -> dict[str, tuple[Rollout, ...]]:
     """Rollout rows by group, each group's rows in index order."""
     if not blob.startswith(_ROWS_MAGIC) or len(blob) < len(_ROWS_MAGIC) + 8:
@@ -580,6 +608,12 @@ def decode_rollouts(blob: bytes) -> dict[str, tuple[Rollout, ...]]:
     start = len(_ROWS_MAGIC) + 8
     try:
         table = json.loads(blob[start : start + hlen])["rows"]
+        for i, row in enumerate(table):
+            if not _row_ok(row):
+                raise ValueError(
+                    f"row {i} is not [group_id, index, reward, weight_version, text, finish_reason, "
+                    f"and three counts >= 0] of those types: {str(row)[:200]}"
+                )
         n_prompt = sum(int(row[6]) for row in table)
         n_completion = sum(int(row[7]) for row in table)
         n_logprobs = sum(int(row[8]) for row in table)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from spotrl_runtime.core.validation import CutCheckError
 from spotrl_runtime.data import PromptCollate
 from spotrl_runtime.storage import LocalStorage
 
-ROLES = ["sampler", "loader", "ledger", "spare_pool", "replay_index", "audit", "trainer_meta"]
+ROLES = ["manifest", "sampler", "loader", "ledger", "spare_pool", "replay_index", "audit", "trainer_meta", "rollouts"]
 VALUES = [None, "", "x", "a1", "g1", -1, 0, 1, 7, 10**12, 1.5, True, [], {}, ["a"], {"k": 1}, [[0, 1]], [[5, 3]]]
 
 
@@ -62,7 +63,7 @@ def put(doc: Any, at: tuple[Any, ...], value: Any) -> Any:
     return doc
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(role=st.sampled_from(ROLES), pick=st.integers(0, 10**6), value=st.sampled_from(VALUES))
 def test_a_mutated_cut_is_accepted_or_refused_by_a_named_check(base: Path, role: str, pick: int, value: Any) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -70,14 +71,24 @@ def test_a_mutated_cut_is_accepted_or_refused_by_a_named_check(base: Path, role:
         shutil.copytree(base, root)
         (cut,) = sorted((root / "cuts").iterdir())
         manifest = json.loads((cut / "manifest.json").read_text())
-        (entry,) = [f for f in manifest["files"] if f["role"] == role]
-        path = cut / entry["path"]
-        doc = json.loads(path.read_bytes())
-        places = leaves(doc)
-        at = places[pick % len(places)]
-        data = json.dumps(put(doc, at, value)).encode()
-        path.write_bytes(data)
-        entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        if role == "manifest":  # the manifest has no digest: any edit is possible
+            places = leaves(manifest)
+            manifest = put(manifest, places[pick % len(places)], value)
+        else:
+            (entry,) = [f for f in manifest["files"] if f["role"] == role]
+            path = cut / entry["path"]
+            blob = path.read_bytes()
+            if role == "rollouts":  # SPOTRLR1 + u64 length + the JSON row table, then the arrays
+                (length,) = struct.unpack_from("<Q", blob, 8)
+                doc, arrays = json.loads(blob[16 : 16 + length]), blob[16 + length :]
+            else:
+                doc, arrays = json.loads(blob), b""
+            places = leaves(doc)
+            data = json.dumps(put(doc, places[pick % len(places)], value)).encode()
+            if role == "rollouts":
+                data = b"SPOTRLR1" + struct.pack("<Q", len(data)) + data + arrays
+            path.write_bytes(data)
+            entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
         (cut / "manifest.json").write_text(json.dumps(manifest))
         try:
             restore_cut(
