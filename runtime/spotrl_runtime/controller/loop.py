@@ -131,8 +131,10 @@ class Controller:
         finally:
             self._stop.set()
             self._cuts.put(None)
+            # After a SIGTERM the grace period is running out: a thread stuck in storage (a
+            # periodic cut's stalled upload) is not waited for long; it is a daemon.
             for t in threads:
-                t.join(timeout=30)
+                t.join(timeout=5 if self._terminated else 30)
             self.parts.shutdown()
 
     def _train_loop(self) -> bool:
