@@ -3,6 +3,11 @@
 Cuts go to ``--storage`` (default: ``spec.checkpoint.storage``, else ``./spotrl-runs/<name>``).
 SIGTERM takes a barrier cut and exits 143; run the same command again (``--resume auto``)
 to carry on from it.
+
+Exit codes: 0 every step trained; 143 stopped by SIGTERM (with its barrier cut, or saying
+why there is none); 3 the run cannot start from this storage (a cut fails the validation
+chain, or ``--resume`` asks for what is not there); 4 fenced (another controller claimed
+the job; this one wrote nothing more); 1 any other error.
 """
 
 from __future__ import annotations

@@ -11,13 +11,14 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_runs import Runs, audit, stream
+from controller_runs import Runs, audit, stop, stream, wait_for
 
 from spotrl_runtime.core.cut_format import (
     OWNER_FILES,
@@ -85,16 +86,26 @@ def _suitable(cut: Cut) -> bool:
 
 
 @pytest.fixture(scope="module")
-def made(runs: Runs) -> tuple[Path, Path, str]:
-    """(job file, store, id of a cut with trained, finished, in-flight and reserved groups)."""
+def made(runs: Runs, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """(job file, store, id of a barrier cut with trained, finished, in-flight and reserved groups).
+
+    The controller sleeps 6 s inside step 5 while generation runs ahead (lookahead 2); 3 s in,
+    a SIGTERM takes the barrier cut as soon as the step commits. The run then resumes to its end.
+    """
     job = runs.job(JOB)
     store = runs.base / "forgery-source"
+    marks = tmp_path_factory.mktemp("marks")
+    proc = runs.start(job, store, SPOTRL_FAILPOINTS="train.step@5=6", SPOTRL_FAILPOINT_DIR=str(marks))
+    wait_for(lambda: (marks / "train.step").exists(), 300, "the run to reach step 5", proc)
+    time.sleep(3)
+    assert stop(proc) == 143, runs.log_of(proc)
+    cuts = sorted(p for p in (store / "cuts").iterdir() if (p / "manifest.json").exists())
+    barrier = cuts[-1]
+    assert Cut(barrier).m["kind"] == "barrier", runs.log_of(proc)
+    assert _suitable(Cut(barrier)), f"cut {barrier.name} lacks trained, finished, ADMITTED or RESERVED groups"
     rc, log = runs.run(job, store)
     assert rc == 0, log
-    cuts = sorted(p for p in (store / "cuts").iterdir() if (p / "manifest.json").exists())
-    chosen = [c for c in cuts if _suitable(Cut(c))]
-    assert chosen, f"no cut of {[c.name for c in cuts]} has trained, finished, ADMITTED and RESERVED groups"
-    return job, store, chosen[-1].name
+    return job, store, barrier.name
 
 
 def forge_one_config(c: Cut) -> None:
