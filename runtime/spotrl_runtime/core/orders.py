@@ -9,7 +9,7 @@ handed out has exactly one owner.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -38,13 +38,6 @@ class OrderSet:
 
     def __len__(self) -> int:
         return sum(e - s for s, e in zip(self._starts, self._ends, strict=True))
-
-    def __iter__(self) -> Iterator[int]:
-        for s, e in zip(self._starts, self._ends, strict=True):
-            yield from range(s, e)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, OrderSet) and self.intervals() == other.intervals()
 
     def add(self, order: int) -> bool:
         """Adds ``order``; False (and no change) if it was there already."""
