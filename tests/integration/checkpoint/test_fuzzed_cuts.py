@@ -5,7 +5,6 @@ from deep inside, a KeyError, a torch error)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import struct
@@ -19,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import event as note
 from hypothesis import strategies as st
 
+from spotrl_e2e.forgery import CutSurgery
 from spotrl_runtime.checkpoint import restore_cut
 from spotrl_runtime.core.validation import CutCheckError
 from spotrl_runtime.data import PromptCollate
@@ -69,15 +69,13 @@ def test_a_mutated_cut_is_accepted_or_refused_by_a_named_check(base: Path, role:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "job"
         shutil.copytree(base, root)
-        (cut,) = sorted((root / "cuts").iterdir())
-        manifest = json.loads((cut / "manifest.json").read_text())
+        cut = CutSurgery.only_cut(root)
         if role == "manifest":  # the manifest has no digest: any edit is possible
-            places = leaves(manifest)
-            manifest = put(manifest, places[pick % len(places)], value)
+            places = leaves(cut.m)
+            cut.m = put(cut.m, places[pick % len(places)], value)
+            cut.save_manifest()
         else:
-            (entry,) = [f for f in manifest["files"] if f["role"] == role]
-            path = cut / entry["path"]
-            blob = path.read_bytes()
+            blob = cut.path(role).read_bytes()
             if role == "rollouts":  # SPOTRLR1 + u64 length + the JSON row table, then the arrays
                 (length,) = struct.unpack_from("<Q", blob, 8)
                 doc, arrays = json.loads(blob[16 : 16 + length]), blob[16 + length :]
@@ -87,9 +85,7 @@ def test_a_mutated_cut_is_accepted_or_refused_by_a_named_check(base: Path, role:
             data = json.dumps(put(doc, places[pick % len(places)], value)).encode()
             if role == "rollouts":
                 data = b"SPOTRLR1" + struct.pack("<Q", len(data)) + data + arrays
-            path.write_bytes(data)
-            entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
-        (cut / "manifest.json").write_text(json.dumps(manifest))
+            cut.replace(role, data)
         try:
             restore_cut(
                 LocalStorage(root), dataset=DATASET, collate=PromptCollate(), source=loader_for(EXAMPLE_B, DATASET)

@@ -3,7 +3,6 @@ with the named error, and `spotrl ckpt verify` exits non-zero naming the check."
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -15,57 +14,19 @@ from typing import Any
 import pytest
 from cut_scenarios import DATASET, EXAMPLE_B, dataset_description, example_b_before_cut, loader_for
 
+from spotrl_e2e.forgery import CutSurgery
 from spotrl_runtime.checkpoint import restore_cut
 from spotrl_runtime.cli import main as spotrl
 from spotrl_runtime.core import validation as v
 from spotrl_runtime.core.cut_format import (
-    OWNER_FILES,
-    decode_owner_files,
     decode_rollouts,
-    document_counts,
     encode_rollouts,
 )
-from spotrl_runtime.core.ledger import LedgerRecord
 from spotrl_runtime.core.owners import RecoveryConfig
 from spotrl_runtime.core.types import Prompt
 from spotrl_runtime.data import ArithmeticDataset, JsonlDataset, PromptCollate
 from spotrl_runtime.data.dataset import PromptDataset
 from spotrl_runtime.storage import LocalStorage, open_storage
-
-
-class Surgery:
-    """Breaks a committed local cut in precise ways, keeping (or not) its manifest consistent."""
-
-    def __init__(self, root: Path):
-        (self.cut,) = sorted((root / "cuts").iterdir())
-        self.manifest_path = self.cut / "manifest.json"
-        self.m: dict[str, Any] = json.loads(self.manifest_path.read_text())
-
-    def path(self, role: str) -> Path:
-        (entry,) = [f for f in self.m["files"] if f["role"] == role]
-        return self.cut / entry["path"]
-
-    def save_manifest(self) -> None:
-        self.manifest_path.write_text(json.dumps(self.m))
-
-    def replace(self, role: str, data: bytes, *, fix_counts: bool = False) -> None:
-        """New content for an owner file, with the manifest updated to match (a 'consistent' forgery)."""
-        self.path(role).write_bytes(data)
-        for f in self.m["files"]:
-            if f["role"] == role:
-                f["size"] = len(data)
-                f["sha256"] = hashlib.sha256(data).hexdigest()
-        if fix_counts:
-            blobs = {r: self.path(r).read_bytes() for r in OWNER_FILES}
-            docs = decode_owner_files(blobs)
-            docs = type(docs)(**{**docs.__dict__, "ledger": tuple(LedgerRecord.from_json(x) for x in docs.ledger_raw)})
-            self.m["group_counts"] = document_counts(docs)
-        self.save_manifest()
-
-    def edit_json(self, role: str, change: Callable[[Any], None], *, fix_counts: bool = False) -> None:
-        doc = json.loads(self.path(role).read_bytes())
-        change(doc)
-        self.replace(role, json.dumps(doc).encode(), fix_counts=fix_counts)
 
 
 @pytest.fixture
@@ -98,11 +59,11 @@ def edited_dataset(tmp_path: Path) -> str:
     return jsonl_of(rows, tmp_path / "edited.jsonl")
 
 
-def break_orphan(s: Surgery) -> None:
+def break_orphan(s: CutSurgery) -> None:
     (s.path("ledger").parent / "ledger-from-another-run.json").write_bytes(s.path("ledger").read_bytes())
 
 
-def break_flip_byte(s: Surgery) -> None:
+def break_flip_byte(s: CutSurgery) -> None:
     p = s.path("weights")
     data = bytearray(p.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -140,7 +101,7 @@ def two_owners(doc: Any) -> None:
     )
 
 
-def drop_a_row(s: Surgery) -> None:
+def drop_a_row(s: CutSurgery) -> None:
     rows = decode_rollouts(s.path("rollouts").read_bytes())
     rows["g9"] = rows["g9"][:1]
     s.replace("rollouts", encode_rollouts(list(rows.items())), fix_counts=True)
@@ -150,7 +111,7 @@ def drop_a_row(s: Surgery) -> None:
 # every count matches, and every check before the named one passes.
 
 
-def edit_config(s: Surgery, **change: Any) -> None:
+def edit_config(s: CutSurgery, **change: Any) -> None:
     """The same config change in both copies (sampler.json and the manifest)."""
     s.edit_json("sampler", lambda d: d["config"].update(change))
     s.m["config"].update(change)
@@ -181,13 +142,13 @@ def other_row(doc: Any) -> None:
     rec.update(idx=20, task_name=row.task_name, fingerprint=row.fingerprint)
 
 
-def edit_trainer_meta(s: Surgery) -> None:
+def edit_trainer_meta(s: CutSurgery) -> None:
     meta = json.loads(s.path("trainer_meta").read_bytes())
     meta["trainer_step"] = 3
     s.replace("trainer_meta", json.dumps(meta).encode())
 
 
-def foreign_prompt_tokens(s: Surgery) -> None:
+def foreign_prompt_tokens(s: CutSurgery) -> None:
     rows = decode_rollouts(s.path("rollouts").read_bytes())
     rows["g9"] = tuple(replace(r, prompt_token_ids=rows["g0"][0].prompt_token_ids) for r in rows["g9"])
     s.replace("rollouts", encode_rollouts(list(rows.items())))
@@ -199,7 +160,7 @@ def encode(prompt: Prompt) -> tuple[int, ...]:
 
 
 # (check, how to break the cut, extra `verify` args, restore keyword overrides)
-Breaker = Callable[[Surgery, Path], Any]
+Breaker = Callable[[CutSurgery, Path], Any]
 CASES: list[tuple[str, Breaker, list[str], dict[str, Any]]] = [
     ("manifest_present", lambda s, t: s.manifest_path.unlink(), [], {}),
     ("manifest_parses", lambda s, t: s.manifest_path.write_text("{not json"), [], {}),
@@ -286,7 +247,7 @@ def test_a_broken_cut_is_refused_with_the_named_check(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    surgery = Surgery(cut_root)
+    surgery = CutSurgery.only_cut(cut_root)
     breaker(surgery, tmp_path)
     error = next(e for e in v.ERRORS if e.check == check)
 
@@ -347,7 +308,7 @@ def test_a_torn_cut_does_not_exist_and_restore_uses_the_previous_one(tmp_path: P
 
 @pytest.mark.slow
 def test_verify_via_the_installed_command(cut_root: Path) -> None:
-    break_flip_byte(Surgery(cut_root))
+    break_flip_byte(CutSurgery.only_cut(cut_root))
     spotrl_bin = Path(sys.executable).with_name("spotrl")
     proc = subprocess.run([str(spotrl_bin), "ckpt", "verify", str(cut_root)], capture_output=True, text=True)
     assert proc.returncode == 1
@@ -373,7 +334,7 @@ def test_verify_an_s3_cut(s3_bucket: Any, monkeypatch: pytest.MonkeyPatch, capsy
 
 @pytest.mark.parametrize("role", ["weights", "optimizer", "rng"])
 def test_an_unreadable_trainer_file_is_check_trainer_state_not_a_torch_error(cut_root: Path, role: str) -> None:
-    surgery = Surgery(cut_root)
+    surgery = CutSurgery.only_cut(cut_root)
     surgery.replace(role, b"not a torch file, but its digest and size match")
     with pytest.raises(v.TrainerStateError) as info:
         restore_cut(
@@ -387,7 +348,7 @@ def test_an_unreadable_trainer_file_is_check_trainer_state_not_a_torch_error(cut
 
 
 def test_a_trainer_format_without_its_files_is_check_trainer_state(cut_root: Path) -> None:
-    surgery = Surgery(cut_root)
+    surgery = CutSurgery.only_cut(cut_root)
     weights = surgery.path("weights")
     surgery.m["files"] = [f for f in surgery.m["files"] if f["role"] != "weights"]
     weights.unlink()

@@ -6,7 +6,6 @@ check, trains nothing and writes no audit record."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -20,14 +19,11 @@ from typing import Any
 import pytest
 from controller_runs import Runs, audit, stop, stream, wait_for
 
+from spotrl_e2e.forgery import CutSurgery
 from spotrl_runtime.core.cut_format import (
-    OWNER_FILES,
-    decode_owner_files,
     decode_rollouts,
-    document_counts,
     encode_rollouts,
 )
-from spotrl_runtime.core.ledger import LedgerRecord
 from spotrl_runtime.data import reopen_dataset
 
 JOB = {
@@ -40,42 +36,7 @@ JOB = {
 }
 
 
-class Cut:
-    """One committed cut folder of a local store, edited in place, its manifest kept consistent."""
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-        self.manifest_path = folder / "manifest.json"
-        self.m: dict[str, Any] = json.loads(self.manifest_path.read_text())
-
-    def path(self, role: str) -> Path:
-        (entry,) = [f for f in self.m["files"] if f["role"] == role]
-        return self.folder / entry["path"]
-
-    def json(self, role: str) -> Any:
-        return json.loads(self.path(role).read_bytes())
-
-    def save_manifest(self) -> None:
-        self.manifest_path.write_text(json.dumps(self.m))
-
-    def replace(self, role: str, data: bytes) -> None:
-        """New content for a file; size, digest and group counts follow."""
-        self.path(role).write_bytes(data)
-        for f in self.m["files"]:
-            if f["role"] == role:
-                f.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
-        docs = decode_owner_files({r: self.path(r).read_bytes() for r in OWNER_FILES})
-        docs = replace(docs, ledger=tuple(LedgerRecord.from_json(x) for x in docs.ledger_raw))
-        self.m["group_counts"] = document_counts(docs)
-        self.save_manifest()
-
-    def edit(self, role: str, change: Callable[[Any], None]) -> None:
-        doc = self.json(role)
-        change(doc)
-        self.replace(role, json.dumps(doc).encode())
-
-
-def _suitable(cut: Cut) -> bool:
+def _suitable(cut: CutSurgery) -> bool:
     sampler, ledger = cut.json("sampler"), cut.json("ledger")["records"]
     return (
         sampler["trainer_step"] > 0
@@ -101,49 +62,49 @@ def made(runs: Runs, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
     assert stop(proc) == 143, runs.log_of(proc)
     cuts = sorted(p for p in (store / "cuts").iterdir() if (p / "manifest.json").exists())
     barrier = cuts[-1]
-    assert Cut(barrier).m["kind"] == "barrier", runs.log_of(proc)
-    assert _suitable(Cut(barrier)), f"cut {barrier.name} lacks trained, finished, ADMITTED or RESERVED groups"
+    assert CutSurgery(barrier).m["kind"] == "barrier", runs.log_of(proc)
+    assert _suitable(CutSurgery(barrier)), f"cut {barrier.name} lacks trained, finished, ADMITTED or RESERVED groups"
     rc, log = runs.run(job, store)
     assert rc == 0, log
     return job, store, barrier.name
 
 
-def forge_one_config(c: Cut) -> None:
+def forge_one_config(c: CutSurgery) -> None:
     c.m["config"]["min_step_fraction"] = 0.25
     c.save_manifest()
 
 
-def forge_counters(c: Cut) -> None:
+def forge_counters(c: CutSurgery) -> None:
     def change(doc: Any) -> None:
         reserved = next(r["admission_id"] for r in doc["records"] if r["phase"] == "RESERVED")
         for r in doc["records"]:
             if r["admission_id"] == reserved:
                 r["admission_id"] = "a9999"
 
-    c.edit("ledger", change)
+    c.edit_json("ledger", change, fix_counts=True)
 
 
-def forge_gate(c: Cut) -> None:
+def forge_gate(c: CutSurgery) -> None:
     sampler = c.json("sampler")
     lookahead = sampler["dispatch_index"] - sampler["trainer_step"] - 1  # one less than the cursor needs
-    c.edit("sampler", lambda d: d["config"].update(lookahead=lookahead))
+    c.edit_json("sampler", lambda d: d["config"].update(lookahead=lookahead), fix_counts=True)
     c.m["config"]["lookahead"] = lookahead
     c.save_manifest()
 
 
-def forge_coverage(c: Cut) -> None:
-    c.edit("sampler", lambda d: d.update(retired=[]))
+def forge_coverage(c: CutSurgery) -> None:
+    c.edit_json("sampler", lambda d: d.update(retired=[]), fix_counts=True)
 
 
-def forge_census(c: Cut) -> None:
+def forge_census(c: CutSurgery) -> None:
     # A finished group vanishes, its order moved to the retired set: every order still has
     # one owner, but its step holds one group too few.
     index = c.json("replay_index")
     gone = index["groups"].pop(0)
     rows = decode_rollouts(c.path("rollouts").read_bytes())
     del rows[gone["group_id"]]
-    c.replace("rollouts", encode_rollouts(list(rows.items())))
-    c.replace("replay_index", json.dumps(index).encode())
+    c.replace("rollouts", encode_rollouts(list(rows.items())), fix_counts=True)
+    c.replace("replay_index", json.dumps(index).encode(), fix_counts=True)
     retired = [tuple(x) for x in c.json("sampler")["retired"]] + [(gone["order"], gone["order"] + 1)]
     merged: list[list[int]] = []
     for start, end in sorted(retired):
@@ -151,24 +112,24 @@ def forge_census(c: Cut) -> None:
             merged[-1][1] = max(merged[-1][1], end)
         else:
             merged.append([start, end])
-    c.edit("sampler", lambda d: d.update(retired=merged))
+    c.edit_json("sampler", lambda d: d.update(retired=merged), fix_counts=True)
 
 
-def forge_fingerprints(c: Cut) -> None:
-    c.edit("ledger", lambda d: d["records"][0].update(fingerprint=""))
+def forge_fingerprints(c: CutSurgery) -> None:
+    c.edit_json("ledger", lambda d: d["records"][0].update(fingerprint=""), fix_counts=True)
 
 
-def forge_trainer_state(c: Cut) -> None:
+def forge_trainer_state(c: CutSurgery) -> None:
     meta = c.json("trainer_meta")
     meta["trainer_step"] += 1
-    c.replace("trainer_meta", json.dumps(meta).encode())
+    c.replace("trainer_meta", json.dumps(meta).encode(), fix_counts=True)
 
 
-def forge_loader_position(c: Cut) -> None:
-    c.edit("loader", lambda d: d.update(_num_yielded=d["_num_yielded"] + 1))
+def forge_loader_position(c: CutSurgery) -> None:
+    c.edit_json("loader", lambda d: d.update(_num_yielded=d["_num_yielded"] + 1), fix_counts=True)
 
 
-def forge_loader_rows(c: Cut) -> None:
+def forge_loader_rows(c: CutSurgery) -> None:
     dataset, collate = reopen_dataset(c.m["dataset"])
 
     def change(doc: Any) -> None:
@@ -177,17 +138,17 @@ def forge_loader_rows(c: Cut) -> None:
         row = collate(dataset[other])
         rec.update(idx=other, task_name=row.task_name, fingerprint=row.fingerprint)
 
-    c.edit("ledger", change)
+    c.edit_json("ledger", change, fix_counts=True)
 
 
-def forge_prompt_tokens(c: Cut) -> None:
+def forge_prompt_tokens(c: CutSurgery) -> None:
     rows = decode_rollouts(c.path("rollouts").read_bytes())
     first, second = list(rows)[:2]
     rows[first] = tuple(replace(r, prompt_token_ids=rows[second][0].prompt_token_ids[:-1]) for r in rows[first])
-    c.replace("rollouts", encode_rollouts(list(rows.items())))
+    c.replace("rollouts", encode_rollouts(list(rows.items())), fix_counts=True)
 
 
-FORGERIES: list[tuple[str, Callable[[Cut], None]]] = [
+FORGERIES: list[tuple[str, Callable[[CutSurgery], None]]] = [
     ("one_config", forge_one_config),
     ("counters", forge_counters),
     ("gate", forge_gate),
@@ -201,10 +162,10 @@ FORGERIES: list[tuple[str, Callable[[Cut], None]]] = [
 ]
 
 
-def _copy(store: Path, cut_id: str, to: Path) -> Cut:
+def _copy(store: Path, cut_id: str, to: Path) -> CutSurgery:
     """The store up to ``cut_id`` (newer cuts left out, so ``--resume auto`` meets it first)."""
     shutil.copytree(store, to, ignore=lambda d, names: [n for n in names if Path(d).name == "cuts" and n > cut_id])
-    return Cut(to / "cuts" / cut_id)
+    return CutSurgery(to / "cuts" / cut_id)
 
 
 def _verify(job: Path, root: Path) -> subprocess.CompletedProcess[str]:
@@ -214,7 +175,7 @@ def _verify(job: Path, root: Path) -> subprocess.CompletedProcess[str]:
 
 def test_the_controllers_cut_passes_verify_against_its_job(made: tuple[Path, Path, str], runs: Runs) -> None:
     job, store, cut_id = made
-    out = _verify(job, _copy(store, cut_id, runs.base / "untouched").folder.parents[1])
+    out = _verify(job, _copy(store, cut_id, runs.base / "untouched").cut.parents[1])
     assert out.returncode == 0, out.stderr
     checks = json.loads(out.stdout)["checks"]
     assert "coverage" in checks
@@ -225,7 +186,7 @@ def test_the_controllers_cut_passes_verify_against_its_job(made: tuple[Path, Pat
 
 @pytest.mark.parametrize(("check", "forge"), FORGERIES, ids=[c for c, _ in FORGERIES])
 def test_a_forged_cut_is_refused_and_nothing_trains(
-    check: str, forge: Callable[[Cut], None], made: tuple[Path, Path, str], runs: Runs
+    check: str, forge: Callable[[CutSurgery], None], made: tuple[Path, Path, str], runs: Runs
 ) -> None:
     job, store, cut_id = made
     root = runs.base / f"forged-{check}"
@@ -254,12 +215,12 @@ def test_resume_auto_skips_a_damaged_newest_cut_loudly_and_trains_the_same_promp
     root = runs.base / "damaged-newest"
     shutil.copytree(store, root)
     cuts = sorted(p.name for p in (root / "cuts").iterdir())
-    newest = Cut(root / "cuts" / cuts[-1])
+    newest = CutSurgery(root / "cuts" / cuts[-1])
     weights = newest.path("weights")
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF  # a flipped bit on disk: the digest no longer matches
     weights.write_bytes(bytes(data))
-    for d in [d for d in audit(root, "--all") if d["step"] >= Cut(root / "cuts" / cuts[-2]).m["trainer_step"]]:
+    for d in [d for d in audit(root, "--all") if d["step"] >= CutSurgery(root / "cuts" / cuts[-2]).m["trainer_step"]]:
         # As if the run had been lost right after the damaged cut: its later steps are gone.
         (root / "audit" / f"step-{d['step']:08d}" / f"attempt-{d['attempt']:04d}.json").unlink()
 
