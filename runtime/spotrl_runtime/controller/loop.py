@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -349,6 +350,11 @@ class Controller:
             self._cuts.put(job)
             try:
                 info = job.done.result(timeout=remaining + 5)
+            except FutureTimeoutError:
+                raise BarrierFailed(
+                    f"barrier cut ({reason}) missed its deadline: not committed within {remaining:.1f} s "
+                    "(an earlier cut still held the cut writer)"
+                ) from None
             except Exception as err:
                 raise BarrierFailed(f"barrier cut ({reason}) did not commit: {err}") from err
             self._barrier_cut = info
