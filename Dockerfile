@@ -1,39 +1,54 @@
-# syntax=docker/dockerfile:1.7
 # Images of SpotRL. Targets:
 #   operator     slim Python, the Kopf operator only (no torch)
-#   runtime      CUDA base, torch + vLLM: the controller and generation workers on GPUs
 #   runtime-cpu  slim Python, torch without vLLM: CPU jobs and the kind end-to-end tests
+#   runtime      CUDA base, torch + vLLM: the controller and generation workers on GPUs
 # All run as the non-root user 10001. Dependencies are installed with the pinned set in
-# constraints.txt, so an image resolves the same versions as CI.
-
+# constraints.txt, so an image resolves the same versions as CI. Build with BuildKit
+# (DOCKER_BUILDKIT=1): a cache mount keeps uv's wheel downloads between builds, so a
+# rebuild after a code change neither fetches nor reinstalls torch.
+#
+# The bases are build arguments. Where no registry is reachable, e2e/kind/base-image.sh
+# builds local stand-ins (a debootstrap bookworm, uv from PyPI) and e2e/kind/images.sh
+# passes them in.
+ARG PYTHON_BASE=python:3.11-slim
+ARG CUDA_BASE=nvidia/cuda:13.0.1-base-ubuntu24.04
 ARG UV_IMAGE=ghcr.io/astral-sh/uv:0.13.9
 
 FROM ${UV_IMAGE} AS uv
 
-# ---------------------------------------------------------------- operator
-FROM python:3.11-slim AS operator
+# ---------------------------------------------------------------- common layers
+FROM ${PYTHON_BASE} AS python-base
 COPY --from=uv /uv /usr/local/bin/uv
-ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy VIRTUAL_ENV=/opt/spotrl PATH=/opt/spotrl/bin:$PATH
+ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_CACHE_DIR=/var/cache/uv UV_PYTHON_DOWNLOADS=never \
+    VIRTUAL_ENV=/opt/spotrl PATH=/opt/spotrl/bin:$PATH \
+    HOME=/home/spotrl SPOTRL_CACHE=/home/spotrl/.cache/spotrl
+RUN useradd --uid 10001 --create-home --home-dir /home/spotrl --shell /usr/sbin/nologin spotrl \
+ && uv venv --python python3 /opt/spotrl
 WORKDIR /src
-COPY pyproject.toml constraints.txt README.md ./
+COPY pyproject.toml constraints.txt ./
+
+# ---------------------------------------------------------------- operator
+FROM python-base AS operator
+# Dependencies first (from pyproject.toml alone), then our code: a code change rebuilds
+# only the last two layers.
+RUN --mount=type=cache,target=/var/cache/uv,id=spotrl-uv \
+    uv pip install -c constraints.txt -r pyproject.toml --extra operator
+COPY README.md ./
 COPY operator ./operator
 COPY runtime ./runtime
-RUN uv venv /opt/spotrl && uv pip install --no-cache -c constraints.txt ".[operator]"
-RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin spotrl
+RUN uv pip install --no-cache --no-deps . && rm -rf /src/build
 USER 10001
+WORKDIR /home/spotrl
 ENTRYPOINT ["spotrl", "operator"]
 
 # ---------------------------------------------------------------- runtime-cpu
-FROM python:3.11-slim AS runtime-cpu
-COPY --from=uv /uv /usr/local/bin/uv
-ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy VIRTUAL_ENV=/opt/spotrl PATH=/opt/spotrl/bin:$PATH \
-    HOME=/home/spotrl SPOTRL_CACHE=/home/spotrl/.cache/spotrl
-WORKDIR /src
-COPY pyproject.toml constraints.txt README.md ./
+FROM python-base AS runtime-cpu
+RUN --mount=type=cache,target=/var/cache/uv,id=spotrl-uv \
+    uv pip install -c constraints.txt -r pyproject.toml --extra operator --extra runtime
+COPY README.md ./
 COPY operator ./operator
 COPY runtime ./runtime
-RUN uv venv /opt/spotrl && uv pip install --no-cache -c constraints.txt ".[operator,runtime]"
-RUN useradd --uid 10001 --create-home --home-dir /home/spotrl --shell /usr/sbin/nologin spotrl
+RUN uv pip install --no-cache --no-deps . && rm -rf /src/build
 USER 10001
 WORKDIR /home/spotrl
 ENTRYPOINT ["spotrl"]
@@ -41,17 +56,22 @@ ENTRYPOINT ["spotrl"]
 # ---------------------------------------------------------------- runtime (GPU)
 # torch 2.11's wheels carry their CUDA 13 user-space libraries; the base adds the
 # container toolkit's expectations. The node needs an NVIDIA driver that supports CUDA 13.
-FROM nvidia/cuda:13.0.1-base-ubuntu24.04 AS runtime
+# uv downloads Python 3.11 when the base has none (the CUDA base has Ubuntu's 3.12).
+FROM ${CUDA_BASE} AS runtime
 COPY --from=uv /uv /usr/local/bin/uv
-ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python \
+ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_CACHE_DIR=/var/cache/uv UV_PYTHON_INSTALL_DIR=/opt/python \
     VIRTUAL_ENV=/opt/spotrl PATH=/opt/spotrl/bin:$PATH \
     HOME=/home/spotrl SPOTRL_CACHE=/home/spotrl/.cache/spotrl
+RUN useradd --uid 10001 --create-home --home-dir /home/spotrl --shell /usr/sbin/nologin spotrl \
+ && uv venv --python 3.11 /opt/spotrl
 WORKDIR /src
-COPY pyproject.toml constraints.txt README.md ./
+COPY pyproject.toml constraints.txt ./
+RUN --mount=type=cache,target=/var/cache/uv,id=spotrl-uv \
+    uv pip install -c constraints.txt -r pyproject.toml --extra operator --extra runtime --extra gpu
+COPY README.md ./
 COPY operator ./operator
 COPY runtime ./runtime
-RUN uv venv --python 3.11 /opt/spotrl && uv pip install --no-cache -c constraints.txt ".[operator,runtime,gpu]"
-RUN useradd --uid 10001 --create-home --home-dir /home/spotrl --shell /usr/sbin/nologin spotrl
+RUN uv pip install --no-cache --no-deps . && rm -rf /src/build
 USER 10001
 WORKDIR /home/spotrl
 ENTRYPOINT ["spotrl"]
