@@ -1,0 +1,3 @@
+module spotrl.local/e2e/kindnetd
+
+go 1.25.0

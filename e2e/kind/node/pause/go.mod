@@ -1,0 +1,3 @@
+module spotrl.local/e2e/pause
+
+go 1.25.0
