@@ -1,62 +1,107 @@
 #!/usr/bin/env bash
-# `make e2e-kind`: the end-to-end tests on a real kind cluster (for machines with Docker).
+# `make e2e-kind`: the end-to-end tests on a real kind cluster, every part built here.
 #
-#   1. build the images (Dockerfile targets `operator` and `runtime-cpu`)
-#   2. create a kind cluster: control plane + two spot workers + one on-demand worker
-#   3. load the images, start an S3 server (versitygw) in the cluster
-#   4. install the Helm chart (operator on the on-demand worker, images from step 1)
-#   5. run tests/e2e/test_preemption.py with SPOTRL_E2E_TARGET=kind
-#   6. delete the cluster (KEEP_CLUSTER=1 keeps it; logs go to $ARTIFACTS on failure)
+#   1. docker: start dockerd if none answers (and stop it at the end), the runc wrapper
+#      where privileged containers fail (docker-up.sh)
+#   2. kind and its node image, built from Go modules and Debian packages (kind.sh build)
+#   3. the images: Dockerfile targets `operator` and `runtime-cpu` on local bases, and the
+#      S3 server (images.sh)
+#   4. a kind cluster: control plane + two spot workers + one on-demand worker
+#   5. the images loaded, the S3 server (versitygw) in the cluster, charts/spotrl installed
+#   6. tests/e2e with SPOTRL_E2E_TARGET=kind; `SPOTRL_KIND_SUBSET=ci` runs only the tests
+#      marked kind_ci (what CI runs)
+#   7. the cluster deleted (KEEP_CLUSTER=1 keeps it; logs go to $ARTIFACTS on failure)
 #
-# Needs docker, kind, kubectl and helm on PATH, and the repository's .venv (make install).
+# Needs the repository's .venv and toolchain (make install toolchain), root for dockerd.
+# Extra arguments go to pytest. Prints the seconds of each phase (also in $ARTIFACTS/timings).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+HERE=$ROOT/e2e/kind
 CLUSTER=${SPOTRL_KIND_CLUSTER:-spotrl-e2e}
 KEEP_CLUSTER=${KEEP_CLUSTER:-0}
 ARTIFACTS=${ARTIFACTS:-$ROOT/.e2e-kind}
 PY=${PY:-$ROOT/.venv/bin/python}
+SUBSET=${SPOTRL_KIND_SUBSET:-all}
 TAG=e2e
 OPERATOR_IMAGE=spotrl-operator:$TAG
 RUNTIME_IMAGE=spotrl-runtime-cpu:$TAG
+export DOCKER=/usr/bin/docker
 
-for tool in docker kind kubectl helm; do
-  command -v "$tool" >/dev/null || { echo "e2e-kind: $tool is not on PATH" >&2; exit 2; }
-done
 [ -x "$PY" ] || { echo "e2e-kind: $PY missing: run \`make install\` first" >&2; exit 2; }
-mkdir -p "$ARTIFACTS"
+mkdir -p "$ARTIFACTS/bin"
+: >"$ARTIFACTS/timings"
 export KUBECONFIG="$ARTIFACTS/kubeconfig"
+t_phase=$SECONDS
+phase() {
+  local now=$SECONDS
+  [ -n "${PHASE:-}" ] && echo "$PHASE $((now - t_phase))" | tee -a "$ARTIFACTS/timings"
+  PHASE=$1
+  t_phase=$now
+  [ "$1" = end ] || echo "== $1"
+}
+
+phase docker
+dockerd_started=$("$HERE/docker-up.sh")
+
+# The toolchain's kubectl, helm; kind from kind.sh. Put on PATH for the tests too.
+eval "$("$ROOT/e2e/toolchain/build.sh" --env)"
+for tool in "$KUBECTL" "$HELM"; do
+  [ -x "$tool" ] || { echo "e2e-kind: $tool missing: run \`make toolchain\` first" >&2; exit 2; }
+done
 
 cleanup() {
   status=$?
-  if [ "$status" -ne 0 ]; then
-    echo "e2e-kind: failed; exporting cluster logs to $ARTIFACTS/logs" >&2
-    kind export logs "$ARTIFACTS/logs" --name "$CLUSTER" >/dev/null 2>&1 || true
-    kubectl get rljobs,pods,events -A -o wide > "$ARTIFACTS/objects.txt" 2>&1 || true
+  if [ "$status" -ne 0 ] && [ -n "${KIND:-}" ]; then
+    echo "e2e-kind: failed; cluster logs in $ARTIFACTS/logs" >&2
+    "$KIND" export logs "$ARTIFACTS/logs" --name "$CLUSTER" >/dev/null 2>&1 || true
+    "$KUBECTL" get rljobs,pods,events -A -o wide >"$ARTIFACTS/objects.txt" 2>&1 || true
   fi
-  if [ "$KEEP_CLUSTER" = 1 ]; then
-    echo "e2e-kind: cluster $CLUSTER kept (KUBECONFIG=$KUBECONFIG); delete it with: kind delete cluster --name $CLUSTER"
-  else
-    kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
+  if [ -n "${KIND:-}" ]; then
+    if [ "$KEEP_CLUSTER" = 1 ]; then
+      echo "e2e-kind: cluster $CLUSTER kept (KUBECONFIG=$KUBECONFIG); delete it with: $KIND delete cluster --name $CLUSTER"
+    else
+      "$KIND" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
+    fi
+  fi
+  if [ "$dockerd_started" = started ] && [ "$KEEP_CLUSTER" != 1 ]; then
+    "$HERE/docker-down.sh"
   fi
   exit "$status"
 }
 trap cleanup EXIT
 
-echo "== images"
-docker build --target operator -t "$OPERATOR_IMAGE" "$ROOT"
-docker build --target runtime-cpu -t "$RUNTIME_IMAGE" "$ROOT"
+phase kind-build
+"$HERE/kind.sh" build
+eval "$("$HERE/kind.sh" env)"
+ln -sf "$KUBECTL" "$ARTIFACTS/bin/kubectl"
+ln -sf "$HELM" "$ARTIFACTS/bin/helm"
+ln -sf "$KIND" "$ARTIFACTS/bin/kind"
+ln -sf "$DOCKER" "$ARTIFACTS/bin/docker"
+export PATH="$ARTIFACTS/bin:$PATH"
 
-echo "== cluster $CLUSTER"
+phase images
+"$HERE/images.sh" "$TAG" operator runtime-cpu
+
+phase cluster
 kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
-kind create cluster --name "$CLUSTER" --config "$ROOT/e2e/kind/cluster.yaml" --kubeconfig "$KUBECONFIG" --wait 180s
-kind load docker-image --name "$CLUSTER" "$OPERATOR_IMAGE" "$RUNTIME_IMAGE"
+kind create cluster --name "$CLUSTER" --image "$KIND_NODE_IMAGE" --config "$HERE/cluster.yaml" \
+  --kubeconfig "$KUBECONFIG" --wait 300s
 kubectl get nodes -L karpenter.sh/capacity-type
 
-echo "== S3 server"
+phase load
+# Each image only where its pods run: the operator and the runtime on the workers, the S3
+# server on the control plane.
+workers=$(kubectl get nodes -l '!node-role.kubernetes.io/control-plane' -o jsonpath='{.items[*].metadata.name}')
+source "$ROOT/e2e/toolchain/versions.env"
+kind load docker-image --name "$CLUSTER" --nodes "$CLUSTER-control-plane" "spotrl-local/versitygw:$VERSITYGW_VERSION"
+kind load docker-image --name "$CLUSTER" --nodes "${workers// /,}" "$OPERATOR_IMAGE"
+kind load docker-image --name "$CLUSTER" --nodes "${workers// /,}" "$RUNTIME_IMAGE"
+
+phase s3
 S3_ACCESS_KEY=spotrl-$(head -c 4 /dev/urandom | od -An -tx1 | tr -d ' \n')
 S3_SECRET_KEY=$(head -c 20 /dev/urandom | od -An -tx1 | tr -d ' \n')
-kubectl apply -f "$ROOT/e2e/kind/s3.yaml"
+kubectl apply -f "$HERE/s3.yaml"
 kubectl -n spotrl-e2e create secret generic s3-root \
   --from-literal=AWS_ACCESS_KEY_ID="$S3_ACCESS_KEY" --from-literal=AWS_SECRET_ACCESS_KEY="$S3_SECRET_KEY"
 kubectl -n spotrl-e2e rollout status deployment/s3 --timeout=180s
@@ -65,7 +110,25 @@ for _ in $(seq 60); do
   sleep 2
 done
 
-echo "== chart"
+export SPOTRL_E2E_TARGET=kind
+export SPOTRL_KIND_CLUSTER=$CLUSTER
+export SPOTRL_E2E_OPERATOR_NAMESPACE=spotrl-system
+export SPOTRL_E2E_S3_HOST_ENDPOINT=http://127.0.0.1:30070
+export SPOTRL_E2E_S3_POD_ENDPOINT=http://s3.spotrl-e2e.svc.cluster.local:7070
+export SPOTRL_E2E_S3_ACCESS_KEY=$S3_ACCESS_KEY
+export SPOTRL_E2E_S3_SECRET_KEY=$S3_SECRET_KEY
+export SPOTRL_E2E_CHART_IMAGES="--set image.repository=spotrl-operator --set image.tag=$TAG --set image.pullPolicy=Never \
+--set runtimeImage.repository=spotrl-runtime-cpu --set runtimeImage.tag=$TAG --set runtimeImage.pullPolicy=Never"
+select=()
+[ "$SUBSET" = ci ] && select=(-m kind_ci)
+cd "$ROOT"
+pytest_args=(-v -p no:cacheprovider --timeout 1800 --durations 0 "${select[@]}" "$@")
+
+phase first-hour
+# The README's commands on the fresh cluster: they install (and uninstall) the chart.
+"$PY" -m pytest tests/e2e/test_first_hour.py --junitxml "$ARTIFACTS/junit-first-hour.xml" "${pytest_args[@]}"
+
+phase chart
 helm install spotrl "$ROOT/charts/spotrl" --namespace spotrl-system --create-namespace \
   --set image.repository=spotrl-operator --set image.tag=$TAG --set image.pullPolicy=Never \
   --set runtimeImage.repository=spotrl-runtime-cpu --set runtimeImage.tag=$TAG --set runtimeImage.pullPolicy=Never \
@@ -74,14 +137,6 @@ helm install spotrl "$ROOT/charts/spotrl" --namespace spotrl-system --create-nam
   --wait --timeout 180s
 kubectl -n spotrl-system get pods -o wide
 
-echo "== tests"
-export SPOTRL_E2E_TARGET=kind
-export SPOTRL_KIND_CLUSTER=$CLUSTER
-export SPOTRL_E2E_OPERATOR_NAMESPACE=spotrl-system
-export SPOTRL_E2E_S3_HOST_ENDPOINT=http://127.0.0.1:30070
-export SPOTRL_E2E_S3_POD_ENDPOINT=http://s3.spotrl-e2e.svc.cluster.local:7070
-export SPOTRL_E2E_S3_ACCESS_KEY=$S3_ACCESS_KEY
-export SPOTRL_E2E_S3_SECRET_KEY=$S3_SECRET_KEY
-cd "$ROOT"
-"$PY" -m pytest tests/e2e/test_preemption.py -v -p no:cacheprovider --timeout 1800 \
-  --junitxml "$ARTIFACTS/junit.xml" "$@"
+phase tests
+"$PY" -m pytest tests/e2e/test_preemption.py --junitxml "$ARTIFACTS/junit.xml" "${pytest_args[@]}"
+phase end

@@ -180,7 +180,10 @@ def other_node(jobs: Jobs, name: str, than: str, attempt: int = 2) -> str:
     return str(st["controllerNode"])
 
 
-@pytest.mark.parametrize("taint", [AWS_NOTICE, KARPENTER], ids=["aws-notice", "karpenter"])
+@pytest.mark.parametrize(
+    "taint",
+    [pytest.param(AWS_NOTICE, id="aws-notice", marks=pytest.mark.kind_ci), pytest.param(KARPENTER, id="karpenter")],
+)
 def test_a_drain_after_a_notice_waits_for_the_barrier_cut_then_resumes_elsewhere(
     e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage, reference: dict[int, Any], taint: str
 ) -> None:
@@ -241,6 +244,7 @@ def test_a_disruption_target_eviction_resumes_elsewhere(
     assert_same_stream(reference, e2e_storage, "tiny")
 
 
+@pytest.mark.kind_ci
 def test_an_abrupt_node_loss_resumes_from_the_last_periodic_cut(
     e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage, reference: dict[int, Any]
 ) -> None:
