@@ -8,7 +8,7 @@ UV      ?= $(shell command -v uv 2>/dev/null || echo $(VENV)/bin/uv)
 EXTRAS  ?= operator,runtime,dev
 PYTEST_ARGS ?=
 
-.PHONY: help install lock generate lint typecheck test test-fast toolchain bench demo cluster-up cluster-down test-cluster test-e2e e2e-kind clean
+.PHONY: help install lock generate lint typecheck test test-fast toolchain bench demo cluster-up cluster-down test-cluster test-e2e e2e-kind e2e-kind-ci images clean
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -53,11 +53,18 @@ test-cluster: install toolchain ## the cluster and S3 tests only (they start and
 test-e2e: install toolchain ## the operator and end-to-end tests on the test control plane
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
-e2e-kind: install ## end-to-end tests on kind (docker, kind, kubectl, helm); KEEP_CLUSTER=1 keeps it
+images: ## build the operator and runtime-cpu images here (local bases; no registry needed)
+	e2e/kind/images.sh dev
+
+e2e-kind: install toolchain ## every end-to-end test on a kind cluster built here (root, Docker); KEEP_CLUSTER=1 keeps it
 	e2e/kind/run.sh $(PYTEST_ARGS)
 
-test: lint toolchain ## everything CI runs: lint, types, unit, integration, cluster and e2e tests (and the 20 slowest)
+e2e-kind-ci: install toolchain ## the kind subset CI runs: the README's first hour, a drain, an abrupt node loss
+	SPOTRL_KIND_SUBSET=ci e2e/kind/run.sh $(PYTEST_ARGS)
+
+test: lint toolchain ## everything CI runs: lint, types, every pytest suite (and the 20 slowest), then the kind subset
 	$(PY) -m pytest --durations=20 $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory e2e-kind-ci PYTEST_ARGS=
 
 bench: install ## run every benchmark in bench/ (each prints a small table; S3 ones start their own versitygw)
 	@set -e; for f in bench/bench_*.py; do echo "== $$f"; PYTHONPATH=e2e $(PY) $$f; done

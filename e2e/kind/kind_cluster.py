@@ -3,7 +3,7 @@
 
 - cordon, taint, evict, drain, namespaces, pods: :class:`spotrl_e2e.kubecluster.KubeCluster`,
   the API and ``kubectl``, exactly as on any cluster;
-- abrupt node loss: ``docker stop`` of the node's container (kubelet and every container
+- abrupt node loss: ``docker kill`` of the node's container (kubelet and every container
   die at once; the node controller marks the node NotReady/Unknown), restore: ``docker
   start``;
 - graceful node shutdown: not offered (kind nodes have no logind inhibitor for the
@@ -113,7 +113,7 @@ class KindCluster(KubeCluster):
 
     def lose_node(self, name: str) -> None:
         """Abrupt loss: the node's container stops at once (kubelet and pods with it)."""
-        subprocess.run(["docker", "stop", "--time", "0", name], check=True, capture_output=True, timeout=60)
+        subprocess.run(["docker", "kill", name], check=True, capture_output=True, timeout=60)
 
     def restore_node(self, name: str, wait: bool = True) -> None:
         subprocess.run(["docker", "start", name], check=True, capture_output=True, timeout=60)
