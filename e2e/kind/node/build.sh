@@ -8,7 +8,7 @@
 #
 # Go outputs are cached in $SPOTRL_TOOLS_DIR (default ~/.cache/spotrl/tools) by version;
 # images stay in dockerd, tagged (or labelled) with a hash of their inputs: versions.env
-# and every file under e2e/kind/node. Versions are pinned in e2e/toolchain/versions.env.
+# and the files under e2e/kind/node that go into them. Versions are pinned in e2e/toolchain/versions.env.
 #
 # The node image (spotrl-local/kind-node:<k8s version>-<input hash>):
 #   Debian $DEBIAN_SUITE (debootstrap) with systemd, containerd + runc, iptables and friends;
@@ -33,9 +33,10 @@ crictl_dir=$cache/crictl-$CRICTL_VERSION
 coredns_dir=$cache/coredns-$COREDNS_VERSION
 lpp_dir=$cache/local-path-provisioner-$LOCAL_PATH_PROVISIONER_VERSION
 
-# Every input of the images: the pinned versions and this folder's files.
+# Every input of the images: the pinned versions and the files they are made of.
 input_hash=$(cd "$here" && { cat "$repo/e2e/toolchain/versions.env"
-  find . -type f -not -name '*.tmp' -print0 | sort -z | xargs -0 sha256sum; } | sha256sum | cut -c1-12)
+  find build.sh rootfs manifests pause kindnetd -type f -print0 | sort -z | xargs -0 sha256sum; } |
+  sha256sum | cut -c1-12)
 node_image=spotrl-local/kind-node:$KUBERNETES_VERSION-$input_hash
 
 if [[ ${1:-} == --env ]]; then
@@ -291,6 +292,11 @@ ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]
 EOF
   DOCKER_BUILDKIT=0 $DOCKER build -q -t "$node_image" "$work/ctx" >/dev/null || fail "docker build of $node_image failed"
   $DOCKER tag "$node_image" "spotrl-local/kind-node:$KUBERNETES_VERSION"
+  # Earlier builds' node and kindnetd images (about 1 GB each) go, unless a container uses them.
+  $DOCKER images --format '{{.Repository}}:{{.Tag}}' spotrl-local/kind-node | grep -v -e "^$node_image\$" \
+    -e ":$KUBERNETES_VERSION\$" | xargs -r $DOCKER rmi >/dev/null 2>&1 || true
+  $DOCKER images --format '{{.Repository}}:{{.Tag}}' spotrl-local/kindnetd | grep -v "^$kindnetd_image\$" |
+    xargs -r $DOCKER rmi >/dev/null 2>&1 || true
 }
 
 t_all=$SECONDS
