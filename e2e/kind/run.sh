@@ -10,7 +10,9 @@
 #   5. the images loaded, the S3 server (versitygw) in the cluster, charts/spotrl installed
 #   6. tests/e2e with SPOTRL_E2E_TARGET=kind; `SPOTRL_KIND_SUBSET=ci` runs only the tests
 #      marked kind_ci (what CI runs)
-#   7. the cluster deleted (KEEP_CLUSTER=1 keeps it; logs go to $ARTIFACTS on failure)
+#   7. the cluster deleted (KEEP_CLUSTER=1 keeps it, and the next run reuses it: only
+#      changed images are loaded again and the chart is upgraded; logs go to $ARTIFACTS
+#      on failure)
 #
 # Needs the repository's .venv and toolchain (make install toolchain), root for dockerd.
 # Extra arguments go to pytest. Prints the seconds of each phase (also in $ARTIFACTS/timings).
@@ -84,9 +86,14 @@ phase images
 "$HERE/images.sh" "$TAG" operator runtime-cpu
 
 phase cluster
-kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
-kind create cluster --name "$CLUSTER" --image "$KIND_NODE_IMAGE" --config "$HERE/cluster.yaml" \
-  --kubeconfig "$KUBECONFIG" --wait 300s
+if kind get clusters 2>/dev/null | grep -qx "$CLUSTER" && [ "$KEEP_CLUSTER" = 1 ] &&
+  kubectl get nodes >/dev/null 2>&1; then
+  echo "reusing the kept cluster $CLUSTER"
+else
+  kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
+  kind create cluster --name "$CLUSTER" --image "$KIND_NODE_IMAGE" --config "$HERE/cluster.yaml" \
+    --kubeconfig "$KUBECONFIG" --wait 300s
+fi
 kubectl get nodes -L karpenter.sh/capacity-type
 
 phase load
@@ -97,13 +104,26 @@ source "$ROOT/e2e/toolchain/versions.env"
 kind load docker-image --name "$CLUSTER" --nodes "$CLUSTER-control-plane" "spotrl-local/versitygw:$VERSITYGW_VERSION"
 kind load docker-image --name "$CLUSTER" --nodes "${workers// /,}" "$OPERATOR_IMAGE"
 kind load docker-image --name "$CLUSTER" --nodes "${workers// /,}" "$RUNTIME_IMAGE"
+# The runtime image is 5.6 GB: once unpacked into a node's snapshots, drop its layer blobs
+# from the node's content store (what containerd's discard_unpacked_layers does for pulls),
+# which halves the disk the cluster takes.
+layers=$($DOCKER image inspect "$RUNTIME_IMAGE" -f '{{range .RootFS.Layers}}{{.}} {{end}}')
+for node in $workers; do
+  # shellcheck disable=SC2086
+  $DOCKER exec "$node" ctr -n k8s.io content rm $layers >/dev/null 2>&1 || true  # gone already
+done
 
 phase s3
-S3_ACCESS_KEY=spotrl-$(head -c 4 /dev/urandom | od -An -tx1 | tr -d ' \n')
-S3_SECRET_KEY=$(head -c 20 /dev/urandom | od -An -tx1 | tr -d ' \n')
 kubectl apply -f "$HERE/s3.yaml"
-kubectl -n spotrl-e2e create secret generic s3-root \
-  --from-literal=AWS_ACCESS_KEY_ID="$S3_ACCESS_KEY" --from-literal=AWS_SECRET_ACCESS_KEY="$S3_SECRET_KEY"
+if kubectl -n spotrl-e2e get secret s3-root >/dev/null 2>&1; then
+  S3_ACCESS_KEY=$(kubectl -n spotrl-e2e get secret s3-root -o jsonpath='{.data.AWS_ACCESS_KEY_ID}' | base64 -d)
+  S3_SECRET_KEY=$(kubectl -n spotrl-e2e get secret s3-root -o jsonpath='{.data.AWS_SECRET_ACCESS_KEY}' | base64 -d)
+else
+  S3_ACCESS_KEY=spotrl-$(head -c 4 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  S3_SECRET_KEY=$(head -c 20 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  kubectl -n spotrl-e2e create secret generic s3-root \
+    --from-literal=AWS_ACCESS_KEY_ID="$S3_ACCESS_KEY" --from-literal=AWS_SECRET_ACCESS_KEY="$S3_SECRET_KEY"
+fi
 kubectl -n spotrl-e2e rollout status deployment/s3 --timeout=180s
 for _ in $(seq 60); do
   curl -s -o /dev/null http://127.0.0.1:30070/ && break
@@ -126,10 +146,11 @@ pytest_args=(-v -p no:cacheprovider --timeout 1800 --durations 0 "${select[@]}" 
 
 phase first-hour
 # The README's commands on the fresh cluster: they install (and uninstall) the chart.
+helm uninstall spotrl -n spotrl-system --wait >/dev/null 2>&1 || true
 "$PY" -m pytest tests/e2e/test_first_hour.py --junitxml "$ARTIFACTS/junit-first-hour.xml" "${pytest_args[@]}"
 
 phase chart
-helm install spotrl "$ROOT/charts/spotrl" --namespace spotrl-system --create-namespace \
+helm upgrade --install spotrl "$ROOT/charts/spotrl" --namespace spotrl-system --create-namespace \
   --set image.repository=spotrl-operator --set image.tag=$TAG --set image.pullPolicy=Never \
   --set runtimeImage.repository=spotrl-runtime-cpu --set runtimeImage.tag=$TAG --set runtimeImage.pullPolicy=Never \
   --set-string 'nodeSelector.karpenter\.sh/capacity-type=on-demand' \

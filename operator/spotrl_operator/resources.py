@@ -241,6 +241,9 @@ def controller_pod(
     pod_spec: dict[str, Any] = {
         "serviceAccountName": n["service_account"],
         "restartPolicy": "Never",
+        # No Service environment variables: a Service named like spotrl-* would inject
+        # SPOTRL_*_PORT=tcp://... into the settings the runtime reads from its environment.
+        "enableServiceLinks": False,
         "terminationGracePeriodSeconds": sched.termination_grace_period_seconds,
         **_placement(spec, avoid_nodes),
         "containers": [
@@ -310,6 +313,7 @@ def worker_pod(
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "restartPolicy": "Never",
+        "enableServiceLinks": False,  # as the controller: no SPOTRL_*_PORT from Services
         "terminationGracePeriodSeconds": min(WORKER_GRACE_SECONDS, sched.termination_grace_period_seconds),
         **_placement(spec, avoid_nodes),
         "containers": [

@@ -16,6 +16,7 @@ import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 # Caps on the barrier deadline per notice provider (see signals.Signal.provider): how long the
 # platform's notice leaves the pods, minus a margin. spec.checkpoint.barrierDeadlineSeconds
@@ -64,6 +65,21 @@ class Settings:
 def _env(name: str, default: str | None = None) -> str | None:
     value = os.environ.get(name)
     return value if value not in (None, "") else default
+
+
+def _env_number(name: str, default: float, kind: type[int] | type[float]) -> Any:
+    """A numeric setting from the environment; a value that is not one stops with its name
+    (a pod with service links gets SPOTRL_<SERVICE>_PORT=tcp://... from a Service)."""
+    value = _env(name)
+    if value is None:
+        return kind(default)
+    try:
+        return kind(value)
+    except ValueError:
+        raise SystemExit(
+            f"spotrl operator: ${name}={value!r} is not a{'n integer' if kind is int else ' number'}; "
+            "unset it (in a pod, a Service named like it injects it unless enableServiceLinks is false)"
+        ) from None
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:
@@ -149,7 +165,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--reconcile-interval",
         type=float,
-        default=float(_env("SPOTRL_RECONCILE_INTERVAL", str(d.reconcile_interval)) or d.reconcile_interval),
+        default=_env_number("SPOTRL_RECONCILE_INTERVAL", d.reconcile_interval, float),
         help="seconds between two passes over a job when no event wakes it earlier ($SPOTRL_RECONCILE_INTERVAL)",
     )
     g.add_argument(
@@ -180,7 +196,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--metrics-port",
         type=int,
-        default=int(_env("SPOTRL_METRICS_PORT", str(d.metrics_port)) or d.metrics_port),
+        default=_env_number("SPOTRL_METRICS_PORT", d.metrics_port, int),
         help="Prometheus /metrics port, 0: off ($SPOTRL_METRICS_PORT)",
     )
     g.add_argument(

@@ -29,6 +29,8 @@ def operator_args(docs: list[dict]) -> list[str]:
     (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
     (container,) = deploy["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["spotrl", "operator"]
+    # Service links would set SPOTRL_METRICS_PORT=tcp://... from the chart's own Service.
+    assert deploy["spec"]["template"]["spec"]["enableServiceLinks"] is False
     return list(container["args"])
 
 

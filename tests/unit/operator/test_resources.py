@@ -74,6 +74,7 @@ def test_the_budget_uses_an_integer_min_available() -> None:
 def test_the_controller_pod() -> None:
     pod = resources.controller_pod(REF, SPEC, SETTINGS, 3, avoid_nodes=["spot-b", "spot-a"])
     spec = pod["spec"]
+    assert spec["enableServiceLinks"] is False  # no SPOTRL_*_PORT=tcp://... from Services
     (c,) = spec["containers"]
     assert c["command"] == ["spotrl", "controller"]
     assert c["args"] == ["--resume", "auto"]
@@ -132,6 +133,7 @@ WORKER_SPEC = parse_spec(
 def test_the_worker_pod() -> None:
     pod = resources.worker_pod(REF, WORKER_SPEC, SETTINGS, 2, 1, "127.0.1.2:40001", avoid_nodes=["spot-a"])
     meta, spec = pod["metadata"], pod["spec"]
+    assert spec["enableServiceLinks"] is False
     assert meta["name"] == "tiny-worker-2-1"
     assert meta["labels"]["spotrl.dev/role"] == "worker"
     assert meta["labels"]["spotrl.dev/attempt"] == "2"

@@ -61,3 +61,14 @@ def test_malformed_flags_name_themselves() -> None:
         from_args(parse(["--deadline-cap=gke=soon"]))
     with pytest.raises(SystemExit, match="--runtime-env"):
         from_args(parse(["--runtime-env=NOVALUE"]))
+
+
+def test_a_service_link_variable_in_a_numeric_setting_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a Service named spotrl-metrics injects into a pod with service links on (seen on kind)."""
+    monkeypatch.setenv("SPOTRL_METRICS_PORT", "tcp://10.96.6.209:9400")
+    with pytest.raises(SystemExit, match=r"\$SPOTRL_METRICS_PORT='tcp://10.96.6.209:9400' is not an integer"):
+        parse([])
+    monkeypatch.setenv("SPOTRL_METRICS_PORT", "9500")
+    monkeypatch.setenv("SPOTRL_RECONCILE_INTERVAL", "0.5")
+    s = from_args(parse([]))
+    assert (s.metrics_port, s.reconcile_interval) == (9500, 0.5)
