@@ -59,7 +59,7 @@ images: ## build the operator and runtime-cpu images here (local bases; no regis
 e2e-kind: install toolchain ## every end-to-end test on a kind cluster built here (root, Docker); KEEP_CLUSTER=1 keeps it
 	e2e/kind/run.sh $(PYTEST_ARGS)
 
-e2e-kind-ci: install toolchain ## the kind subset CI runs: the README's first hour, a drain, an abrupt node loss
+e2e-kind-ci: install toolchain ## the kind subset CI runs: the chart installed, a drain after a notice, an abrupt node loss
 	SPOTRL_KIND_SUBSET=ci e2e/kind/run.sh $(PYTEST_ARGS)
 
 test: lint toolchain ## everything CI runs: lint, types, every pytest suite (and the 20 slowest), then the kind subset

@@ -27,7 +27,6 @@ from conftest import kind_bucket
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.kind_ci,
     pytest.mark.skipif(
         TARGET != "kind",
         reason="the README's commands need a real cluster (kubelets, the images, helm install); make e2e-kind runs it",
