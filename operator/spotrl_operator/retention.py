@@ -2,8 +2,9 @@
 
 ``Retain`` keeps them (a new RLJob pointed at the same storage resumes from them).
 ``Delete`` removes what the job wrote under its storage root, and nothing else: the cut
-folders (``cuts/``), the pointer (``LATEST.json``) and the audit log (``audit/``). Other
-keys under the same root are not the job's and stay.
+folders (``cuts/``), the pointer (``LATEST.json``), the audit log (``audit/``) and the
+controllers' fence claims (``attempts/``). Other keys under the same root are not the
+job's and stay.
 
 Only S3 storage can be deleted by the operator: a local path lives on the job's nodes.
 """
@@ -21,7 +22,9 @@ from spotrl_runtime.api import rljob as api
 from spotrl_runtime.kube import Kube, KubeError, path
 
 Obj = dict[str, Any]
-JOB_PREFIXES = ("cuts/", "audit/")
+# attempts/ is spotrl_runtime.checkpoint.fence.ATTEMPTS, spelled out: the checkpoint package
+# imports torch, which the operator's image does not have (a unit test keeps them equal).
+JOB_PREFIXES = ("cuts/", "audit/", "attempts/")
 JOB_KEYS = ("LATEST.json",)
 
 

@@ -318,6 +318,25 @@ class JobStorage:
     def uri(self, prefix: str) -> str:
         return f"s3://{self.bucket}/{prefix}"
 
+    def client(self) -> Any:
+        """A boto3 S3 client for this bucket, from the test process."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.host_endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name=self.region,
+            config=Config(s3={"addressing_style": "path"}),
+        )
+
+    def keys(self, prefix: str) -> list[str]:
+        """Every key under ``prefix``, sorted."""
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return sorted(o["Key"] for page in pages for o in page.get("Contents") or [])
+
     def secret(self, name: str = "s3") -> dict:
         """A Secret with the keys, for spec.checkpoint.credentialsSecret."""
         return {

@@ -63,14 +63,19 @@ class Watch:
         self.log = log
         self.proc = subprocess.Popen(["bash", "-c", command], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
-    def rows(self) -> list[dict[str, str]]:
-        lines = self.log.read_text().splitlines()
-        if not lines:
-            return []
-        header = lines[0].split()
-        return [dict(zip(header, line.split(), strict=False)) for line in lines[1:] if line.strip()]
+    def rows(self) -> list[tuple[str, int | None]]:
+        """(PHASE, STEP) of each line about the job. Not split on whitespace: an empty column
+        (STEP before the first step) would shift the others; STEP is the number just before
+        TOTAL, which is known."""
+        row = re.compile(rf"^{JOB}\s+(?P<phase>[A-Z][a-z]+)\s+(?:(?P<step>\d+)\s+)?{TOTAL}\s")
+        out = []
+        for line in self.log.read_text().splitlines():
+            m = row.match(line)
+            if m:
+                out.append((m["phase"], int(m["step"]) if m["step"] else None))
+        return out
 
-    def until(self, check: Any, timeout: float, what: str) -> dict[str, str]:
+    def until(self, check: Any, timeout: float, what: str) -> tuple[str, int | None]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for row in self.rows():
@@ -108,12 +113,12 @@ def test_the_readme_kubernetes_section_runs_as_written(e2e_cluster: Any, tmp_pat
                 try:
                     if watch_no == 0:
                         watch.until(
-                            lambda r: r.get("PHASE") == "Running" and int(r.get("STEP") or 0) >= 5,
+                            lambda r: r[0] == "Running" and (r[1] or 0) >= 5,
                             600,
                             "Running past step 5",
                         )
                     else:
-                        watch.until(lambda r: r.get("PHASE") == "Succeeded", 900, "Succeeded")
+                        watch.until(lambda r: r == ("Succeeded", TOTAL), 900, "Succeeded at the last step")
                 finally:
                     watch.stop()
                 print(f"$ {command}\n{watch.log.read_text()}")

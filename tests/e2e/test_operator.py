@@ -164,6 +164,7 @@ def put_job_files(s3: S3Bucket, prefix: str) -> dict[str, bytes]:
         f"{prefix}/cuts/0000000002/w1-0a1b2c3d/policy.pt": b"torn",
         f"{prefix}/LATEST.json": b'{"cut": "0000000001"}',
         f"{prefix}/audit/0000000001.0001.json": b"{}",
+        f"{prefix}/attempts/0000000001.json": b"{}",
     }
     client = s3.client()
     for key, data in files.items():
@@ -291,7 +292,7 @@ def test_deletion_applies_the_retention_policy_to_the_cuts(
     if policy == "Retain":
         assert "s3://" in reasons["CutsRetained"]
     else:
-        assert "removed 5 objects" in reasons["CutsDeleted"]
+        assert "removed 6 objects" in reasons["CutsDeleted"]
 
 
 def test_suspend_stops_the_controller_and_resume_starts_a_fresh_one_without_counting_a_preemption(

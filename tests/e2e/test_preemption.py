@@ -273,6 +273,67 @@ def test_an_abrupt_node_loss_resumes_from_the_last_periodic_cut(
     assert_same_stream(reference, e2e_storage, "tiny")
 
 
+def test_the_leading_operator_pod_killed_mid_barrier_is_finished_by_the_standby(
+    e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage, reference: dict[int, Any]
+) -> None:
+    """kind: the chart's two operator replicas; the leader's pod is force-deleted (no grace:
+    its process is killed) as soon as the barrier is requested for a drain, and the standby
+    takes the Lease and carries the preemption through. On the test control plane,
+    test_operator.py kills the operator process mid-barrier with the cut held back."""
+    if TARGET != "kind":
+        pytest.skip("the chart's replicas run on kind only; test_operator.py kills the operator process mid-barrier")
+    jobs, ns = e2e_jobs, os.environ.get("SPOTRL_E2E_OPERATOR_NAMESPACE", "spotrl-system")
+    lease = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/spotrl"
+    start(e2e_cluster, jobs, e2e_storage, "tiny", SPOT)
+    st = training(jobs, "tiny", 2)
+    node = st["controllerNode"]
+    leader = e2e_cluster.admin().get(lease)["spec"]["holderIdentity"]
+
+    e2e_cluster.taint(node, AWS_NOTICE, "true")
+    drain = e2e_cluster.drain(node, timeout=300)
+    try:
+        jobs.wait("tiny", lambda s: bool(s.get("barrier")), 60, "the barrier request")
+        e2e_cluster.kubectl("delete", "pod", leader, "-n", ns, "--grace-period=0", "--force")
+        wait_until(
+            lambda: e2e_cluster.admin().get(lease)["spec"].get("holderIdentity") not in (None, leader),
+            60,
+            "the standby to take the Lease",
+        )
+        assert drain.wait(300) == 0, drain.output()
+    finally:
+        drain.stop()
+    other_node(jobs, "tiny", node)
+    st = succeeded(jobs, "tiny")
+    assert (st["preemptions"], st["restarts"]) == (1, 0)
+    assert len([e for e in jobs.events("tiny") if e["reason"] == "BarrierRequested"]) == 1, "one barrier, not two"
+    assert_same_stream(reference, e2e_storage, "tiny")
+
+
+def test_deleting_a_job_with_retention_delete_removes_its_cuts_and_nothing_else(
+    e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage
+) -> None:
+    """The operator's finalizer deletes a training job's cuts and audit from S3 (the job's own
+    prefix only) and says so in an Event."""
+    jobs = e2e_jobs
+    s3 = e2e_storage.client()
+    s3.put_object(Bucket=e2e_storage.bucket, Key="tiny-other/keep.txt", Body=b"not the job's")
+    job = tiny_job("tiny", e2e_storage, SPOT)
+    job["spec"]["checkpoint"]["retentionPolicy"] = "Delete"
+    if e2e_cluster.admin().get_or_none(f"/api/v1/namespaces/{jobs.ns}/secrets/s3") is None:
+        e2e_cluster.admin().create(f"/api/v1/namespaces/{jobs.ns}/secrets", e2e_storage.secret())
+    jobs.create(job)
+    jobs.wait("tiny", lambda s: (s.get("lastCut") or {}).get("kind") == "periodic", TRAIN_TIMEOUT, "a periodic cut")
+    assert e2e_storage.keys("tiny/"), "the job wrote no cuts"
+
+    jobs.delete("tiny", timeout=120)
+    assert e2e_storage.keys("tiny/") == [], "the job's cuts outlived it"
+    assert e2e_storage.keys("tiny-other/") == ["tiny-other/keep.txt"], "a neighbour's object went too"
+    events = e2e_cluster.admin().get(
+        f"/api/v1/namespaces/{jobs.ns}/events", fieldSelector="involvedObject.name=tiny,reason=CutsDeleted"
+    )["items"]
+    assert events, "no CutsDeleted Event"
+
+
 def test_a_graceful_shutdown_that_ignores_the_pdb_resumes(
     e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage, reference: dict[int, Any]
 ) -> None:
