@@ -50,33 +50,12 @@ step() {
   echo "built   $name in $((SECONDS - t0)) s"
 }
 
-# Emits one replace line per staging module of the release: read from the release's own
-# go.mod (downloaded through the module proxy), never typed by hand.
-kube_replaces() {
-  local gomod staging_tag
-  gomod=$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
-    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
-  [[ -f $gomod ]] || { echo "build.sh: cannot find go.mod of k8s.io/kubernetes@$KUBERNETES_VERSION" >&2; exit 1; }
-  staging_tag=v0.${KUBERNETES_VERSION#v1.}
-  sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => \./staging/src/k8s.io/[a-z0-9-]*$#replace \1 => \1 '"$staging_tag"'#p' "$gomod"
-}
+# shellcheck source=kube/build-kube.sh
+source "$here/kube/build-kube.sh"
 
 build_kubernetes() {
-  local out=$1 src=$cache/src/kubernetes-$KUBERNETES_VERSION
-  rm -rf "$src" && mkdir -p "$src"
-  sed "s/@KUBERNETES_VERSION@/$KUBERNETES_VERSION/" "$here/kube/go.mod.in" >"$src/go.mod"
-  kube_replaces >>"$src/go.mod"
-  echo "        $(grep -c '^replace' "$src/go.mod") staging replaces generated from the release's go.mod"
-  local minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
-  local pkg=k8s.io/component-base/version
-  local ldflags="-s -w -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-  ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION"
-  (cd "$src" && go build -trimpath -ldflags "$ldflags" -o "$out/" \
-    k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler \
-    k8s.io/kubernetes/cmd/kubectl)
+  build_kube_commands "$cache/src/kubernetes-$KUBERNETES_VERSION" "$1" \
+    kube-apiserver kube-controller-manager kube-scheduler kubectl
 }
 
 build_etcd() {

@@ -117,22 +117,12 @@ def e2e_module_storage(request: pytest.FixtureRequest) -> Iterator[JobStorage]:
 
 
 def kind_bucket() -> JobStorage:
-    import boto3
-    from botocore.config import Config
-
+    """A fresh bucket on the kind cluster's S3 server."""
     host = os.environ["SPOTRL_E2E_S3_HOST_ENDPOINT"]
     keys = os.environ["SPOTRL_E2E_S3_ACCESS_KEY"], os.environ["SPOTRL_E2E_S3_SECRET_KEY"]
-    bucket = f"e2e-{uuid.uuid4().hex[:12]}"
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=host,
-        aws_access_key_id=keys[0],
-        aws_secret_access_key=keys[1],
-        region_name="us-east-1",
-        config=Config(s3={"addressing_style": "path"}),
-    )
-    s3.create_bucket(Bucket=bucket)
-    return JobStorage(bucket, os.environ["SPOTRL_E2E_S3_POD_ENDPOINT"], host, *keys)
+    storage = JobStorage(f"e2e-{uuid.uuid4().hex[:12]}", os.environ["SPOTRL_E2E_S3_POD_ENDPOINT"], host, *keys)
+    storage.client().create_bucket(Bucket=storage.bucket)
+    return storage
 
 
 @pytest.fixture

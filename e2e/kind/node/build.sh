@@ -92,25 +92,11 @@ build_kind() {
   GOBIN=$kind_dir go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kind@$KIND_VERSION"
 }
 
-# kubelet, kubeadm, kube-proxy: the wrapper module of e2e/toolchain/build.sh, with one
-# replace line per staging module, read from the release's own go.mod.
+# kubelet, kubeadm, kube-proxy: the same wrapper-module build as the control plane's.
+# shellcheck source=../../toolchain/kube/build-kube.sh
+source "$repo/e2e/toolchain/kube/build-kube.sh"
 build_kube() {
-  local src=$cache/src/kubernetes-node-$KUBERNETES_VERSION gomod tag
-  rm -rf "$src" && mkdir -p "$src"
-  sed "s/@KUBERNETES_VERSION@/$KUBERNETES_VERSION/" "$repo/e2e/toolchain/kube/go.mod.in" >"$src/go.mod"
-  gomod=$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
-    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
-  [[ -f $gomod ]] || fail "cannot find go.mod of k8s.io/kubernetes@$KUBERNETES_VERSION"
-  tag=v0.${KUBERNETES_VERSION#v1.}
-  sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => \./staging/src/k8s.io/[a-z0-9-]*$#replace \1 => \1 '"$tag"'#p' \
-    "$gomod" >>"$src/go.mod"
-  local minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
-  local pkg=k8s.io/component-base/version
-  local ldflags="-s -w -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-  ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION"
-  (cd "$src" && go build -trimpath -ldflags "$ldflags" -o "$kube_dir/" \
-    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubeadm k8s.io/kubernetes/cmd/kube-proxy)
+  build_kube_commands "$cache/src/kubernetes-node-$KUBERNETES_VERSION" "$kube_dir" kubelet kubeadm kube-proxy
 }
 
 cni_plugins=(main/bridge main/loopback main/ptp main/host-device ipam/host-local meta/portmap)
