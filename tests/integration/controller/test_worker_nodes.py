@@ -96,6 +96,8 @@ def test_worker_nodes_join_late_and_a_lost_one_costs_no_restore(
         # or later: when it is lost, it certainly holds groups.
         held = tmp_path / "held"
         held.mkdir()
+        # It joins first: the pool starts training with the first worker that answers, and
+        # ten steps take a second or two, so a second worker could otherwise do them all.
         workers = [
             WorkerNode(
                 runs,
@@ -103,9 +105,10 @@ def test_worker_nodes_join_late_and_a_lost_one_costs_no_restore(
                 "127.0.77.2",
                 SPOTRL_FAILPOINTS="worker.generate@5+=300",
                 SPOTRL_FAILPOINT_DIR=str(held),
-            ),
-            WorkerNode(runs, address, "127.0.77.3"),
+            )
         ]
+        wait_for(lambda: "is up on node 127.0.77.2" in runs.log_of(proc), 120, "the first worker node up", proc)
+        workers.append(WorkerNode(runs, address, "127.0.77.3"))
         wait_for(lambda: (held / "worker.generate").exists(), 300, "a batch on weights of step 5", proc)
         # Training starts once the first worker answers; the second may still be importing
         # torch (the pool does not wait for it), so each is awaited rather than assumed.
