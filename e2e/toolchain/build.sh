@@ -5,8 +5,10 @@
 #   e2e/toolchain/build.sh          build what is missing, print what was built and how long
 #   e2e/toolchain/build.sh --env    print NAME=PATH lines for the binaries (nothing is built)
 #
-# Cache: $SPOTRL_TOOLS_DIR (default ~/.cache/spotrl/tools). Go's own build and module
-# caches (GOCACHE, GOMODCACHE) make a rebuild after a version bump incremental.
+# Cache: $SPOTRL_TOOLS_DIR (default ~/.cache/spotrl/tools). One build at a time (a lock in
+# the cache); each tool is built in a scratch folder and renamed into place (lib.sh). Go's
+# own build and module caches (GOCACHE, GOMODCACHE) make a rebuild after a version bump
+# incremental.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -31,36 +33,20 @@ if [[ ${1:-} == --env ]]; then
 fi
 
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
-built=()
 
-# step NAME DIR BINARY... : runs build_NAME unless every binary is already in DIR.
-step() {
-  local name=$1 dir=$2; shift 2
-  local missing=0 b
-  for b in "$@"; do [[ -x $dir/$b ]] || missing=1; done
-  if ((missing == 0)); then
-    echo "cached  $name ($dir)"
-    return
-  fi
-  local t0=$SECONDS
-  echo "build   $name ..."
-  mkdir -p "$dir"
-  "build_$name" "$dir"
-  built+=("$name in $((SECONDS - t0)) s")
-  echo "built   $name in $((SECONDS - t0)) s"
-}
-
+# shellcheck source=lib.sh
+source "$here/lib.sh"
 # shellcheck source=kube/build-kube.sh
 source "$here/kube/build-kube.sh"
 
+# build_NAME OUT WORK: the tool's files into OUT; WORK is scratch (both fresh, see lib.sh).
 build_kubernetes() {
-  build_kube_commands "$cache/src/kubernetes-$KUBERNETES_VERSION" "$1" \
-    kube-apiserver kube-controller-manager kube-scheduler kubectl
+  build_kube_commands "$2/src" "$1" kube-apiserver kube-controller-manager kube-scheduler kubectl
 }
 
 build_etcd() {
-  local out=$1 src=$cache/src/etcd-$ETCD_VERSION
-  rm -rf "$src" && mkdir -p "$src"
+  local out=$1 src=$2/src
+  mkdir -p "$src"
   sed "s/@ETCD_VERSION@/$ETCD_VERSION/" "$here/etcd/go.mod.in" >"$src/go.mod"
   cp "$here/etcd/main.go" "$src/"
   (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$out/etcd" .)
@@ -78,12 +64,13 @@ build_versitygw() {
 }
 
 t_all=$SECONDS
+toolchain_lock "$cache"
 step etcd "$etcd_dir" etcd
 step versitygw "$s3_dir" versitygw
 step helm "$helm_dir" helm
 step kubernetes "$kube_dir" kube-apiserver kube-controller-manager kube-scheduler kubectl
-if ((${#built[@]})); then
-  echo "toolchain: built ${built[*]}; total $((SECONDS - t_all)) s"
+if ((${#TOOLCHAIN_BUILT[@]})); then
+  echo "toolchain: built ${TOOLCHAIN_BUILT[*]}; total $((SECONDS - t_all)) s"
 else
   echo "toolchain: everything cached ($cache)"
 fi
