@@ -52,6 +52,7 @@ ADMISSION_PLUGINS = (
     "DefaultIngressClass",
     "PodTopologyLabels",
     "NodeRestriction",
+    "PodSecurity",  # on by default; named: the e2e namespaces enforce `restricted`
     "MutatingAdmissionPolicy",
     "MutatingAdmissionWebhook",
     "ValidatingAdmissionPolicy",

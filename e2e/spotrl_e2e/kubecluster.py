@@ -137,10 +137,17 @@ class KubeCluster(ABC):
         return self.kubectl("apply", "-f", "-", input=text).stdout
 
     # ------------------------------------------------------------------ namespaces & pods
-    def create_namespace(self, prefix: str = "test") -> str:
-        """A fresh namespace (waits for its default ServiceAccount, as pods need it)."""
+    def create_namespace(self, prefix: str = "test", pod_security: str | None = None) -> str:
+        """A fresh namespace (waits for its default ServiceAccount, as pods need it).
+        ``pod_security``: the Pod Security level it enforces (``restricted``, ``baseline``)."""
         name = f"{prefix[:40].rstrip('-')}-{uuid.uuid4().hex[:6]}".lower()
-        self.admin().create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        meta: dict[str, Any] = {"name": name}
+        if pod_security:
+            meta["labels"] = {
+                "pod-security.kubernetes.io/enforce": pod_security,
+                "pod-security.kubernetes.io/enforce-version": "latest",
+            }
+        self.admin().create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": meta})
         self.admin().wait_for(
             f"/api/v1/namespaces/{name}/serviceaccounts/default", lambda o: o is not None, 30, "ServiceAccount default"
         )

@@ -27,10 +27,17 @@ class Tools:
     etcd: Path
     helm: Path
     versitygw: Path
+    kube_score: Path | None = None
+    checkov: Path | None = None
+    """The security scanners (tests/security); the control plane does not need them."""
 
     def require(self, *names: str) -> None:
         """Raises :class:`ToolchainMissingError` naming every absent binary and how to build it."""
-        missing = [f"{n} ({getattr(self, n)})" for n in names if not os.access(getattr(self, n), os.X_OK)]
+        missing = [
+            f"{n} ({getattr(self, n)})"
+            for n in names
+            if getattr(self, n) is None or not os.access(getattr(self, n), os.X_OK)
+        ]
         if missing:
             raise ToolchainMissingError(
                 "test control plane binaries not built: " + ", ".join(missing) + f"; run `make toolchain` "

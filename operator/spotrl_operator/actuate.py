@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from spotrl_operator import resources
+from spotrl_operator import resources, retention
 from spotrl_operator.observe import STATUS_FIELDS, Snapshot, job_ref, node_lost, rljob_path
 from spotrl_operator.reconcile import crash_backoff
 from spotrl_operator.settings import Settings
@@ -203,7 +203,8 @@ class Actuator:
     # ---------------------------------------------------------------- children
     def ensure_children(self, job: Obj) -> list[str]:
         """Creates what a job needs besides its pods, if missing: the runtime's ServiceAccount,
-        Role and RoleBinding, the Service, the PDB (closed). Returns the kinds it created."""
+        Role and RoleBinding, the Service, the PDB (closed), the NetworkPolicy. Returns the kinds
+        it created."""
         ref = job_ref(job)
         ns = ref.namespace
         wanted = [
@@ -213,6 +214,10 @@ class Actuator:
             (path("v1", "services", ns), resources.service(ref)),
             (path("policy/v1", "poddisruptionbudgets", ns), resources.disruption_budget(ref, open_=False)),
         ]
+        if self.settings.network_policy:
+            wanted.append(
+                (path("networking.k8s.io/v1", "networkpolicies", ns), resources.network_policy(ref, self.settings))
+            )
         created = []
         for collection, obj in wanted:
             _, new = self.kube.create_or_get(collection, obj)
@@ -356,6 +361,41 @@ class Actuator:
                 url = path("v1", "pods", ref.namespace, pod["metadata"]["name"])
                 self.kube.delete(url, grace_seconds=0 if lost else None)
         return len(items)
+
+    def delete_cuts(self, job: Obj, uri: str) -> retention.Outcome | None:
+        """retentionPolicy Delete through deletion pods (``<job>-retention-<try>``): creates the
+        next one when none runs, and returns the outcome once one succeeded or ``TRIES`` failed
+        (the pods are then deleted); None while one runs."""
+        ref = job_ref(job)
+        found = (
+            self.kube.get(
+                path("v1", "pods", ref.namespace), labelSelector=f"{resources.RETENTION_LABEL}={ref.name}"
+            ).get("items")
+            or []
+        )
+        results = [(pod, retention.pod_result(pod)) for pod in found]
+        outcome: retention.Outcome | None = None
+        failed = [r[1] for _, r in results if r is not None and r[0] == "Failed"]
+        done = next((r[1] for _, r in results if r is not None and r[0] == "Succeeded"), None)
+        if done is not None:
+            outcome = retention.deleted_outcome(uri, done)
+        elif any(r is None for _, r in results):
+            return None
+        elif len(failed) >= retention.TRIES:
+            outcome = retention.Outcome(
+                "Warning",
+                "CutsNotDeleted",
+                f"retentionPolicy Delete: the deletion pod failed {len(failed)} times (last: {failed[-1][:300]}); "
+                f"the cuts stay at {uri}; delete them with `spotrl ckpt delete {uri} --job {ref.namespace}/{ref.name}`",
+            )
+        if outcome is None:
+            spec = api.parse_spec(job.get("spec") or {})
+            pod = resources.retention_pod(ref, spec, self.settings, uri, len(found))
+            self.kube.create_or_get(path("v1", "pods", ref.namespace), pod)
+            return None
+        for pod in found:
+            self.kube.delete(path("v1", "pods", ref.namespace, pod["metadata"]["name"]))
+        return outcome
 
     def set_disruption_budget(self, job: Obj, open_: bool) -> None:
         ref = job_ref(job)

@@ -29,12 +29,12 @@ from typing import Any
 
 import kopf
 
+from spotrl_operator import retention
 from spotrl_operator.actuate import Actuator, ConflictError, failure_budget
 from spotrl_operator.metrics import Metrics
 from spotrl_operator.observe import Snapshot, fetch, trim_node, trim_pod, world_of
 from spotrl_operator.reconcile import reconcile
 from spotrl_operator.resources import JOB_LABEL, ROLE_LABEL
-from spotrl_operator.retention import Outcome, RetentionError, apply_retention
 from spotrl_operator.settings import Settings
 from spotrl_operator.signals import node_signals, pod_signals
 from spotrl_operator.world import CreateControllerPod, Plan, RequestBarrier
@@ -47,7 +47,6 @@ Obj = dict[str, Any]
 RLJOBS = (api.GROUP, api.VERSION, api.PLURAL)
 FINALIZER = "spotrl.dev/finalizer"
 CONFLICT_RETRIES = 5
-RETENTION_RETRIES = 5
 
 
 @dataclass
@@ -345,11 +344,15 @@ def finalize(
         raise kopf.TemporaryError(f"stopping the job's pods: {err}", delay=2) from err
     if left:
         raise kopf.TemporaryError(f"waiting for {left} pod(s) of the job to exit", delay=2)
-    try:
-        outcome = apply_retention(ctx.kube, job, ctx.settings)
-    except RetentionError as err:
-        if retry < RETENTION_RETRIES:
-            raise kopf.TemporaryError(str(err), delay=5) from err
-        outcome = Outcome("Warning", "CutsNotDeleted", f"{err}; gave up after {retry + 1} tries, delete them by hand")
+    decision = retention.decide(job, ctx.settings)
+    if isinstance(decision, retention.DeleteCuts):
+        try:
+            outcome = ctx.actuator.delete_cuts(job, decision.uri)
+        except KubeError as err:
+            raise kopf.TemporaryError(f"the deletion pod: {err}", delay=2) from err
+        if outcome is None:
+            raise kopf.TemporaryError("waiting for the pod that deletes the cuts", delay=2)
+    else:
+        outcome = decision
     log.info("%s/%s deleted: %s: %s", namespace, name, outcome.reason, outcome.message)
     ctx.actuator.post_event(job, outcome.type, outcome.reason, outcome.message)

@@ -31,8 +31,8 @@ from spotrl_operator.resources import (
     ROLE_LABEL,
     WORKER_INDEX_LABEL,
     JobRef,
+    check_job,
     names,
-    storage_uri,
 )
 from spotrl_operator.settings import Settings
 from spotrl_operator.signals import Signal, node_signals, pod_signals
@@ -203,7 +203,7 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
 
     config_error = None
     try:
-        storage_uri(job_ref(job), spec, settings)
+        check_job(job_ref(job), spec, settings)
     except ValueError as err:
         config_error = str(err)
     min_available = ((snap.pdb or {}).get("spec") or {}).get("minAvailable", 1)

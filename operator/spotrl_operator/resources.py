@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spotrl_operator import placement
-from spotrl_operator.settings import Settings
+from spotrl_operator.settings import Settings, allowed_image_prefixes, image_allowed
 from spotrl_runtime.api import rljob as api
 
 JOB_LABEL = "spotrl.dev/job"
@@ -24,7 +24,17 @@ WORKER_INDEX_LABEL = "spotrl.dev/worker-index"
 WORKER_GRACE_SECONDS = 15
 """A worker has nothing to save: its grace period only covers stopping Ray."""
 METRICS_PORT = 9400
-HTTP_PORT = 8080
+"""The runtime pods' one port on the pod IP: /metrics. /status and POST /barrier listen on the
+pod's loopback (``kubectl port-forward``), so nothing else in the cluster can park a job."""
+RUNTIME_UID = 10001
+"""The images' user (Dockerfile: ``useradd --uid 10001``)."""
+RETENTION_LABEL = "spotrl.dev/retention-of"
+"""The deletion pod of retentionPolicy Delete: not one of the job's pods (no JOB_LABEL), so
+stopping the job's pods never stops it."""
+# Where the runtime writes, each an emptyDir under a read-only root filesystem: Ray's session
+# folder and torch's compile caches (/tmp), model and tokenizer caches ($HOME/.cache), and
+# shared memory for Ray's object store and NCCL (/dev/shm, 64 MiB in a container otherwise).
+WRITABLE = (("tmp", "/tmp", None), ("home", "/home/spotrl", None), ("dshm", "/dev/shm", "Memory"))
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,7 @@ def names(job: str) -> dict[str, str]:
         "role_binding": f"{job}-runtime",
         "service": job,
         "pdb": f"{job}-controller",
+        "network_policy": job,
     }
 
 
@@ -94,6 +105,18 @@ def storage_uri(ref: JobRef, spec: api.RLJobSpec, settings: Settings) -> str:
     )
 
 
+def check_job(ref: JobRef, spec: api.RLJobSpec, settings: Settings) -> None:
+    """What the operator refuses to run, beyond the schema. Raises ValueError naming the field."""
+    storage_uri(ref, spec, settings)
+    image = spec.scheduling.image
+    if image and not image_allowed(image, settings):
+        raise ValueError(
+            f"spec.scheduling.image {image!r} is not allowed by this operator (allowed: "
+            f"{', '.join(allowed_image_prefixes(settings))}); use an allowed image, or ask the cluster's "
+            "admin to add it to the chart value imagePolicy.allowedImages"
+        )
+
+
 def service_account(ref: JobRef) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(ref, names(ref.name)["service_account"])}
 
@@ -133,7 +156,7 @@ def role_binding(ref: JobRef) -> dict[str, Any]:
 
 
 def service(ref: JobRef) -> dict[str, Any]:
-    """Headless: the controller's metrics and HTTP endpoints under a stable name."""
+    """Headless: the controller's /metrics under a stable name."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -141,9 +164,29 @@ def service(ref: JobRef) -> dict[str, Any]:
         "spec": {
             "clusterIP": "None",
             "selector": {JOB_LABEL: ref.name, ROLE_LABEL: "controller"},
-            "ports": [
-                {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT},
-                {"name": "http", "port": HTTP_PORT, "targetPort": HTTP_PORT},
+            "ports": [{"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT}],
+        },
+    }
+
+
+def network_policy(ref: JobRef, settings: Settings) -> dict[str, Any]:
+    """Who may reach the job's pods: the job's own pods (Ray between the controller and its
+    worker pods, on any port), and ``settings.metrics_from`` the controller's /metrics port.
+    Nothing else; egress (S3, the API server, model hubs) is not restricted."""
+    own = {"podSelector": {"matchLabels": {JOB_LABEL: ref.name}}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(ref, names(ref.name)["network_policy"]),
+        "spec": {
+            "podSelector": {"matchLabels": {JOB_LABEL: ref.name}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [own]},
+                {
+                    "from": [dict(p) for p in settings.metrics_from],
+                    "ports": [{"protocol": "TCP", "port": METRICS_PORT}],
+                },
             ],
         },
     }
@@ -166,20 +209,47 @@ def disruption_budget(ref: JobRef, open_: bool) -> dict[str, Any]:
     }
 
 
-def _quantities(res: api.Resources) -> dict[str, Any]:
-    req: dict[str, Any] = {}
+def _quantities(res: api.Resources, defaults: Mapping[str, str], memory_limit: bool) -> dict[str, Any]:
+    """Requests (the job's, else the operator's defaults: never BestEffort) and limits: GPUs,
+    and with ``memory_limit`` memory equal to its request."""
+    req: dict[str, Any] = {k: v for k, v in defaults.items() if k in ("cpu", "memory")}
     if res.cpu:
         req["cpu"] = res.cpu
     if res.memory:
         req["memory"] = res.memory
+    limits: dict[str, Any] = {}
+    if memory_limit and "memory" in req:
+        limits["memory"] = req["memory"]
     if res.gpu:
-        req["nvidia.com/gpu"] = str(res.gpu)
-    out: dict[str, Any] = {}
-    if req:
-        out["requests"] = dict(req)
-    if res.gpu:
-        out["limits"] = {"nvidia.com/gpu": str(res.gpu)}
+        req["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = str(res.gpu)
+    out: dict[str, Any] = {"requests": req}
+    if limits:
+        out["limits"] = limits
     return out
+
+
+def _restricted(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """Pod Security ``restricted``, a read-only root filesystem and the runtime's writable
+    folders, for a pod spec with one container."""
+    pod_spec["securityContext"] = {
+        "runAsNonRoot": True,
+        "runAsUser": RUNTIME_UID,
+        "runAsGroup": RUNTIME_UID,
+        "fsGroup": RUNTIME_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    pod_spec["volumes"] = [
+        {"name": name, "emptyDir": {"medium": medium} if medium else {}} for name, _, medium in WRITABLE
+    ]
+    for container in pod_spec["containers"]:
+        container["securityContext"] = {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        }
+        container["volumeMounts"] = [{"name": name, "mountPath": mount} for name, mount, _ in WRITABLE]
+    return pod_spec
 
 
 def _runtime_env(
@@ -255,11 +325,8 @@ def controller_pod(
                 "args": ["--resume", "auto"],
                 "env": env,
                 "envFrom": env_from,
-                "ports": [
-                    {"name": "metrics", "containerPort": METRICS_PORT},
-                    {"name": "http", "containerPort": HTTP_PORT},
-                ],
-                "resources": _quantities(spec.training.resources),
+                "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
+                "resources": _quantities(spec.training.resources, settings.controller_requests, memory_limit=True),
             }
         ],
     }
@@ -267,7 +334,7 @@ def controller_pod(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _meta(ref, controller_pod_name(ref.name, attempt), "controller", {ATTEMPT_LABEL: str(attempt)}),
-        "spec": pod_spec,
+        "spec": _restricted(pod_spec),
     }
 
 
@@ -325,7 +392,7 @@ def worker_pod(
                 "args": args,
                 "env": env,
                 "envFrom": env_from,
-                "resources": _quantities(res),
+                "resources": _quantities(res, settings.worker_requests, memory_limit=False),
             }
         ],
     }
@@ -334,8 +401,55 @@ def worker_pod(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _meta(ref, worker_pod_name(ref.name, attempt, index), "worker", extra),
-        "spec": pod_spec,
+        "spec": _restricted(pod_spec),
     }
+
+
+def retention_pod_name(job: str, try_: int) -> str:
+    return f"{job}-retention-{try_}"
+
+
+TERMINATION_LOG = "/dev/termination-log"
+
+
+def retention_pod(ref: JobRef, spec: api.RLJobSpec, settings: Settings, uri: str, try_: int) -> dict[str, Any]:
+    """Deletes a deleted job's cuts (retentionPolicy Delete): ``spotrl ckpt delete`` in the
+    job's namespace, with the job's S3 credentials from its Secret. The kubelet reads the
+    Secret for it; the operator never does. No owner reference (the RLJob is going, and a
+    foreground deletion would collect the pod at once): the operator deletes it when done."""
+    env, env_from = _runtime_env(ref, spec, settings, attempt=0, storage=False)
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 10,
+        # Anywhere the job's pods could run; not its nodeSelector (its GPU nodes may be gone).
+        "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in spec.scheduling.tolerations],
+        "containers": [
+            {
+                "name": "delete-cuts",
+                "image": settings.retention_image,
+                "imagePullPolicy": settings.image_pull_policy,
+                "command": ["spotrl", "ckpt", "delete", uri],
+                "args": ["--job", f"{ref.namespace}/{ref.name}", "--yes", "--termination-log", TERMINATION_LOG],
+                "env": env,
+                "envFrom": env_from,
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+                "resources": {
+                    "requests": {"cpu": "50m", "memory": "128Mi"},
+                    "limits": {"memory": "256Mi"},
+                },
+            }
+        ],
+    }
+    meta = _meta(ref, retention_pod_name(ref.name, try_))
+    del meta["ownerReferences"]
+    meta["labels"] = {
+        "app.kubernetes.io/name": "spotrl",
+        "app.kubernetes.io/managed-by": "spotrl-operator",
+        RETENTION_LABEL: ref.name,
+    }
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": _restricted(pod_spec)}
 
 
 def event(

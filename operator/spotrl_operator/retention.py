@@ -1,17 +1,20 @@
-"""What happens to a deleted job's cuts: ``spec.checkpoint.retentionPolicy``.
+"""What happens to a deleted job's cuts: ``spec.checkpoint.retentionPolicy``. Pure decisions;
+the finalizer (:mod:`spotrl_operator.handlers`) acts on them.
 
 ``Retain`` keeps them (a new RLJob pointed at the same storage resumes from them).
-``Delete`` removes what the job wrote under its storage root, and nothing else: the cut
-folders (``cuts/``), the pointer (``LATEST.json``), the audit log (``audit/``) and the
-controllers' fence claims (``attempts/``). Other keys under the same root are not the
-job's and stay.
+``Delete`` removes what the job wrote under its storage root and nothing else
+(:mod:`spotrl_runtime.storage.purge`), and only where that root is the job's own prefix,
+``<storage>/<namespace>/<name>``: anything else is refused with a Warning Event and stays.
 
-Only S3 storage can be deleted by the operator: a local path lives on the job's nodes.
+The deletion runs in a pod in the job's namespace (:func:`~spotrl_operator.resources.retention_pod`,
+``spotrl ckpt delete``) that gets the job's S3 credentials from its Secret through the
+kubelet. The operator itself never reads a Secret: its RBAC has no rule on Secrets at all.
+Only S3 storage can be deleted: a local path lives on the job's nodes.
 """
 
 from __future__ import annotations
 
-import base64
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,13 +22,11 @@ from spotrl_operator.observe import job_ref
 from spotrl_operator.resources import storage_uri
 from spotrl_operator.settings import Settings
 from spotrl_runtime.api import rljob as api
-from spotrl_runtime.kube import Kube, KubeError, path
+from spotrl_runtime.storage.purge import job_prefix_problem
 
 Obj = dict[str, Any]
-# attempts/ is spotrl_runtime.checkpoint.fence.ATTEMPTS, spelled out: the checkpoint package
-# imports torch, which the operator's image does not have (a unit test keeps them equal).
-JOB_PREFIXES = ("cuts/", "audit/", "attempts/")
-JOB_KEYS = ("LATEST.json",)
+TRIES = 3
+"""Deletion pods that may fail before the operator gives up and lets the RLJob go."""
 
 
 @dataclass(frozen=True)
@@ -37,31 +38,15 @@ class Outcome:
     message: str
 
 
-class RetentionError(RuntimeError):
-    """Deleting the cuts failed for now (storage unreachable, credentials missing ...)."""
+@dataclass(frozen=True)
+class DeleteCuts:
+    """Run a deletion pod for the cuts at ``uri``."""
+
+    uri: str
 
 
-def _credentials(kube: Kube, namespace: str, secret: str | None) -> tuple[str | None, str | None]:
-    if not secret:
-        return None, None
-    try:
-        obj = kube.get(path("v1", "secrets", namespace, secret))
-    except KubeError as err:
-        raise RetentionError(
-            f"cannot read Secret {namespace}/{secret} named by spec.checkpoint.credentialsSecret: {err.message}"
-        ) from None
-    data = obj.get("data") or {}
-    try:
-        access = base64.b64decode(data["AWS_ACCESS_KEY_ID"]).decode()
-        secret_key = base64.b64decode(data["AWS_SECRET_ACCESS_KEY"]).decode()
-    except KeyError as err:
-        raise RetentionError(f"Secret {namespace}/{secret} lacks the key {err.args[0]}") from None
-    return access, secret_key
-
-
-def apply_retention(kube: Kube, job: Obj, settings: Settings) -> Outcome:
-    """Applies the job's retention policy to its cuts. Raises :class:`RetentionError` when a
-    deletion should be tried again."""
+def decide(job: Obj, settings: Settings) -> Outcome | DeleteCuts:
+    """What the job's retention policy asks for: an Outcome at once, or a deletion."""
     spec = api.parse_spec(job.get("spec") or {})
     ref = job_ref(job)
     try:
@@ -77,26 +62,35 @@ def apply_retention(kube: Kube, job: Obj, settings: Settings) -> Outcome:
             f"retentionPolicy Delete: {uri} is a path on the job's nodes, which the operator cannot reach; "
             "delete it there",
         )
+    problem = job_prefix_problem(uri, ref.namespace, ref.name)
+    if problem:
+        return Outcome("Warning", "CutsNotDeleted", f"refused: {problem}; nothing was deleted, the cuts stay")
+    return DeleteCuts(uri)
 
-    from spotrl_runtime.storage import StorageError, open_storage
 
-    access, secret_key = _credentials(
-        kube, ref.namespace, spec.checkpoint.credentials_secret or settings.default_credentials_secret
-    )
+def pod_result(pod: Obj) -> tuple[str, str] | None:
+    """A deletion pod's result: ("Succeeded" | "Failed", what it said), or None while it runs.
+    A container that cannot start (a bad image, a missing Secret) counts as failed."""
+    status = pod.get("status") or {}
+    containers = status.get("containerStatuses") or []
+    state = (containers[0].get("state") or {}) if containers else {}
+    waiting = state.get("waiting") or {}
+    if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"):
+        return "Failed", f"{waiting['reason']}: {waiting.get('message', '')}".strip()
+    phase = status.get("phase")
+    if phase not in ("Succeeded", "Failed"):
+        return None
+    term = state.get("terminated") or {}
+    message = (term.get("message") or status.get("message") or "").strip()
+    if phase == "Failed" and not message:
+        message = f"exit code {term.get('exitCode', '?')}"
+    return phase, message
+
+
+def deleted_outcome(uri: str, message: str) -> Outcome:
+    """The Event of a deletion pod that succeeded (its termination message is JSON)."""
     try:
-        store = open_storage(
-            uri,
-            endpoint_url=spec.checkpoint.s3_endpoint or settings.default_s3_endpoint,
-            region=spec.checkpoint.s3_region,
-            access_key=access,
-            secret_key=secret_key,
-        )
-        keys = [info.key for prefix in JOB_PREFIXES for info in store.list(prefix)]
-        keys += [k for k in JOB_KEYS if store.head(k) is not None]
-        for key in keys:
-            store.delete(key)
-    except (StorageError, OSError) as err:
-        raise RetentionError(f"deleting the cuts at {uri}: {err}") from None
-    except Exception as err:  # botocore's errors do not share a base with StorageError
-        raise RetentionError(f"deleting the cuts at {uri}: {type(err).__name__}: {err}") from None
-    return Outcome("Normal", "CutsDeleted", f"retentionPolicy Delete: removed {len(keys)} objects under {uri}")
+        count = int(json.loads(message)["deleted"])
+    except (ValueError, KeyError, TypeError):
+        return Outcome("Normal", "CutsDeleted", f"retentionPolicy Delete: removed the job's objects under {uri}")
+    return Outcome("Normal", "CutsDeleted", f"retentionPolicy Delete: removed {count} objects under {uri}")

@@ -11,7 +11,9 @@ Pure Python: importing this module does not import Kopf or the Kubernetes client
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import socket
 import uuid
 from collections.abc import Mapping
@@ -22,6 +24,12 @@ from typing import Any
 # platform's notice leaves the pods, minus a margin. spec.checkpoint.barrierDeadlineSeconds
 # (default 100 s, fitting AWS's 120 s) applies where no cap is set.
 DEFAULT_DEADLINE_CAPS: Mapping[str, int] = {"gke": 20, "aks": 25}
+# Requests of a runtime pod whose RLJob sets none: enough to keep it out of the BestEffort
+# class, which the kubelet evicts first under node pressure, ignoring the PodDisruptionBudget
+# (a loss with no barrier). The controller's memory limit equals its memory request.
+DEFAULT_CONTROLLER_REQUESTS: Mapping[str, str] = {"cpu": "500m", "memory": "4Gi"}
+DEFAULT_WORKER_REQUESTS: Mapping[str, str] = {"cpu": "500m", "memory": "2Gi"}
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$")
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,19 @@ class Settings:
     """Added to every runtime container (e.g. cache folders)."""
     deadline_caps: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_DEADLINE_CAPS))
     """Barrier deadline caps in seconds, by notice provider (gke, aks, karpenter, cordon ...)."""
+    controller_requests: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_CONTROLLER_REQUESTS))
+    """cpu and memory of a controller pod whose RLJob does not set them (spec.training.resources)."""
+    worker_requests: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_WORKER_REQUESTS))
+    """cpu and memory of a worker pod whose RLJob does not set them (spec.generation.resources)."""
+    allowed_images: tuple[str, ...] = ()
+    """Image prefixes an RLJob's spec.scheduling.image may start with; empty: only the runtime
+    image's repository (any tag or digest); "*": any image."""
+    retention_image: str = "ghcr.io/spotrl/spotrl-operator:0.1.0"
+    """Image of the pod that deletes a job's cuts (retentionPolicy Delete): the operator's own."""
+    network_policy: bool = True
+    """Give each job a NetworkPolicy: its pods reach each other; metrics_from reaches /metrics."""
+    metrics_from: tuple[Mapping[str, Any], ...] = ({"namespaceSelector": {}},)
+    """NetworkPolicy peers allowed to scrape the controllers' /metrics port (default: any pod)."""
 
     namespaces: tuple[str, ...] = ()
     """Namespaces to watch; empty: the whole cluster."""
@@ -96,6 +117,51 @@ def _list(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
+def _requests(value: str, flag: str) -> dict[str, str]:
+    """``cpu=500m,memory=4Gi`` as a mapping, each a Kubernetes quantity."""
+    out = _pairs(_list(value), flag)
+    for key, quantity in out.items():
+        if key not in ("cpu", "memory"):
+            raise SystemExit(f"{flag} {key}={quantity}: only cpu and memory can be defaulted")
+        if not _QUANTITY.match(quantity):
+            raise SystemExit(f"{flag} {key}={quantity}: not a Kubernetes quantity (e.g. 500m, 4Gi)")
+    return out
+
+
+def _peers(value: str | None) -> tuple[dict[str, Any], ...]:
+    """``--metrics-from``: a JSON list of NetworkPolicy peers (objects)."""
+    if value is None:
+        return tuple(dict(p) for p in Settings().metrics_from)
+    try:
+        peers = json.loads(value)
+    except ValueError as err:
+        raise SystemExit(f"--metrics-from: not JSON ({err}); give a list of NetworkPolicy peers") from None
+    if not isinstance(peers, list) or not all(isinstance(p, dict) for p in peers):
+        raise SystemExit(
+            '--metrics-from: expected a JSON list of NetworkPolicy peers, e.g. [{"namespaceSelector": {}}]'
+        )
+    return tuple(peers)
+
+
+def allowed_image_prefixes(settings: Settings) -> tuple[str, ...]:
+    """What :attr:`Settings.allowed_images` allows, with its default spelled out."""
+    return settings.allowed_images or _repository_prefixes(settings.runtime_image)
+
+
+def image_allowed(image: str, settings: Settings) -> bool:
+    """Whether a job may run ``image``."""
+    return any(p == "*" or image.startswith(p) for p in allowed_image_prefixes(settings))
+
+
+def _repository_prefixes(image: str) -> tuple[str, ...]:
+    """``repo:tag`` or ``repo@sha256:...`` -> the prefixes that allow any tag or digest of repo."""
+    repo = image.split("@", 1)[0]
+    last = repo.rsplit("/", 1)[-1]
+    if ":" in last:
+        repo = repo[: len(repo) - len(last)] + last.split(":", 1)[0]
+    return (f"{repo}:", f"{repo}@")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The operator's flags. Every one falls back to the environment variable named in its help."""
     d = Settings()
@@ -134,6 +200,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=VALUE",
         help="environment variable for every runtime container (repeatable)",
+    )
+    g.add_argument(
+        "--controller-requests",
+        default=_env("SPOTRL_CONTROLLER_REQUESTS", ",".join(f"{k}={v}" for k, v in d.controller_requests.items())),
+        metavar="cpu=Q,memory=Q",
+        help="requests of a controller pod whose RLJob sets none; its memory limit is its memory request "
+        "(default %(default)s; $SPOTRL_CONTROLLER_REQUESTS)",
+    )
+    g.add_argument(
+        "--worker-requests",
+        default=_env("SPOTRL_WORKER_REQUESTS", ",".join(f"{k}={v}" for k, v in d.worker_requests.items())),
+        metavar="cpu=Q,memory=Q",
+        help="requests of a worker pod whose RLJob sets none (default %(default)s; $SPOTRL_WORKER_REQUESTS)",
+    )
+    g.add_argument(
+        "--allowed-images",
+        default=_env("SPOTRL_ALLOWED_IMAGES"),
+        metavar="PREFIX,...",
+        help="image prefixes spec.scheduling.image may start with, e.g. registry.example.com/ml/; "
+        "default: only the runtime image's repository; '*': any ($SPOTRL_ALLOWED_IMAGES)",
+    )
+    g.add_argument(
+        "--retention-image",
+        default=_env("SPOTRL_RETENTION_IMAGE", d.retention_image),
+        help="image of the pod that deletes a job's cuts for retentionPolicy Delete; the chart sets the "
+        "operator's own ($SPOTRL_RETENTION_IMAGE)",
+    )
+    g.add_argument(
+        "--no-network-policy",
+        dest="network_policy",
+        action="store_false",
+        help="do not give each job a NetworkPolicy",
+    )
+    g.add_argument(
+        "--metrics-from",
+        default=_env("SPOTRL_METRICS_FROM"),
+        metavar="JSON",
+        help="NetworkPolicy peers (a JSON list) allowed to scrape the controllers' /metrics; "
+        'default: [{"namespaceSelector": {}}], any pod ($SPOTRL_METRICS_FROM)',
     )
     g = p.add_argument_group("preemption signals")
     g.add_argument(
@@ -229,6 +334,12 @@ def from_args(args: argparse.Namespace) -> Settings:
         extra_taint_keys=tuple(args.extra_taint_key),
         extra_env=_pairs(args.runtime_env, "--runtime-env"),
         deadline_caps=caps,
+        controller_requests=_requests(args.controller_requests, "--controller-requests"),
+        worker_requests=_requests(args.worker_requests, "--worker-requests"),
+        allowed_images=tuple(_list(args.allowed_images)),
+        retention_image=args.retention_image,
+        network_policy=args.network_policy,
+        metrics_from=_peers(args.metrics_from),
         namespaces=tuple(args.namespaces),
         reconcile_interval=args.reconcile_interval,
         leader_election=args.leader_election,

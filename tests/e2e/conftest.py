@@ -89,9 +89,19 @@ def e2e_cluster(request: pytest.FixtureRequest) -> Iterator[Any]:
 @pytest.fixture
 def e2e_namespace(e2e_cluster: Any, request: pytest.FixtureRequest) -> Iterator[str]:
     prefix = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower().removeprefix("test_")).strip("-")
-    name = e2e_cluster.create_namespace(prefix[:30] or "e2e")
+    name = e2e_cluster.create_namespace(prefix[:30] or "e2e", pod_security="restricted")
     yield name
     e2e_cluster.delete_namespace(name)
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace named after the test that enforces Pod Security ``restricted``, as
+    a platform team's would: every pod the operator makes must pass it."""
+    prefix = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower().removeprefix("test_")).strip("-")
+    name = cluster.create_namespace(prefix or "test", pod_security="restricted")
+    yield name
+    cluster.delete_namespace(name)
 
 
 @pytest.fixture

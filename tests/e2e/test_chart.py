@@ -56,12 +56,18 @@ def test_the_chart_lints_and_its_objects_pass_a_server_side_dry_run(cluster: Clu
         "ClusterRoleBinding",
         "CustomResourceDefinition",
         "Deployment",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
         "Role",
         "RoleBinding",
         "RoleBinding",
         "Service",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
+    # The operator never reads a Secret (retentionPolicy Delete runs a pod that does).
+    assert "secrets" not in json.dumps([d["rules"] for d in docs if d["kind"] in ("ClusterRole", "Role")])
     # With watchNamespaces the operator's rights hold in those namespaces only; Nodes alone are
     # read cluster-wide.
     roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
@@ -85,15 +91,44 @@ def test_the_chart_lints_and_its_objects_pass_a_server_side_dry_run(cluster: Clu
         f"--namespace={namespace}",
         "--runtime-env=HF_HOME=/cache",
         f"--lease-name={RELEASE}",
+        "--controller-requests=cpu=500m,memory=4Gi",
+        "--worker-requests=cpu=500m,memory=2Gi",
+        "--allowed-images=ghcr.io/spotrl/spotrl-runtime:,ghcr.io/spotrl/spotrl-runtime@",
+        "--retention-image=ghcr.io/spotrl/spotrl-operator:0.1.0",
+        '--metrics-from=[{"namespaceSelector":{}}]',
     ):
         assert flag in args, f"{flag} missing from {args}"
     dry = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.count("(server dry run)") == len(docs)
 
-    # Switches: no Secrets without readSecrets, no Lease RBAC without leader election.
-    docs = render(cluster, namespace, "rbac.readSecrets=false", "leaderElection.enabled=false", "replicas=1")
-    assert all("secrets" not in r["resources"] for d in docs if d["kind"] == "ClusterRole" for r in d["rules"])
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    affinity = deploy["spec"]["template"]["spec"]["affinity"]
+    assert (
+        affinity["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"][
+            "topologyKey"
+        ]
+        == "kubernetes.io/hostname"
+    ), "two replicas on one node go on one notice"
+    prefer = affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"]
+    assert {"key": "karpenter.sh/capacity-type", "operator": "NotIn", "values": ["spot"]} in prefer["matchExpressions"]
+    (pdb,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert pdb["spec"]["minAvailable"] == 1
+
+    # Switches: no Lease RBAC without leader election, no PDB with one replica, no policies.
+    docs = render(
+        cluster,
+        namespace,
+        "leaderElection.enabled=false",
+        "replicas=1",
+        "networkPolicy.enabled=false",
+        "admissionPolicy.enabled=false",
+        "imagePolicy.allowedImages[0]=registry.example.com/ml/",
+    )
+    kinds = {d["kind"] for d in docs}
+    assert not kinds & {"PodDisruptionBudget", "NetworkPolicy", "ValidatingAdmissionPolicy"}, kinds
+    assert "--no-network-policy" in operator_args(docs)
+    assert "--allowed-images=registry.example.com/ml/" in operator_args(docs)
     # Every namespace: both roles bound cluster-wide.
     assert sorted(d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding") == [
         f"{RELEASE}",
@@ -145,6 +180,9 @@ def test_the_installed_chart_runs_an_rljob(cluster: Cluster, namespace: str) -> 
         assert can("patch", "rljobs.spotrl.dev/status", namespace)
         assert not can("create", "pods", "default")
         assert not can("get", "secrets", "default")
+        assert not can("get", "secrets", namespace), "the operator reads no Secret, not even a job's"
+        assert not can("list", "secrets", namespace)
+        assert can("create", "networkpolicies.networking.k8s.io", namespace)
         assert can("watch", "nodes", None)
 
         def holder() -> str | None:
@@ -186,3 +224,87 @@ def test_the_installed_chart_runs_an_rljob(cluster: Cluster, namespace: str) -> 
         left = admin.get(path("v1", "pods", release_ns))["items"]
         assert [p for p in left if not p["metadata"].get("deletionTimestamp")] == [], json.dumps(left)[:500]
         cluster.delete_namespace(release_ns)
+
+
+def test_the_admission_policy_refuses_a_secret_the_author_cannot_read_and_an_image_not_allowed(
+    cluster: Cluster, namespace: str
+) -> None:
+    """Whoever can create an RLJob must not borrow the operator's rights: the job's pods would
+    read the Secret it names, and run the image it names. The policy checks the author's own
+    rights (a SubjectAccessReview through CEL's authorizer) at admission."""
+    apply_crd(cluster)
+    docs = render(cluster, namespace, "imagePolicy.allowedImages[0]=registry.example.com/ml/")
+    policy = [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert len(policy) == 2
+    admin = cluster.admin()
+    for name in ("mine", "theirs"):
+        admin.create(
+            path("v1", "secrets", namespace),
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {"k": "v"}},
+        )
+    # alice may write RLJobs in the namespace and read the Secret "mine", nothing more.
+    rbac = "rbac.authorization.k8s.io/v1"
+    admin.create(
+        path(rbac, "roles", namespace),
+        {
+            "apiVersion": rbac,
+            "kind": "Role",
+            "metadata": {"name": "alice"},
+            "rules": [
+                {"apiGroups": ["spotrl.dev"], "resources": ["rljobs"], "verbs": ["get", "create", "update", "patch"]},
+                {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["mine"], "verbs": ["get"]},
+            ],
+        },
+    )
+    admin.create(
+        path(rbac, "rolebindings", namespace),
+        {
+            "apiVersion": rbac,
+            "kind": "RoleBinding",
+            "metadata": {"name": "alice"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "alice"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}],
+        },
+    )
+    try:
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(policy))
+
+        def create(name: str, **spec: dict) -> tuple[int, str]:
+            job = {**tiny_job(name, **spec), "metadata": {"name": name, "namespace": namespace}}
+            r = cluster.kubectl("create", "-f", "-", "--as=alice", input=yaml.safe_dump(job), check=False)
+            return r.returncode, r.stderr
+
+        theirs = {"checkpoint": {"storage": "s3://bucket-x/j", "credentialsSecret": "theirs"}}
+        # The policy is in force once its first refusal is seen (the API server loads it async).
+        probes = iter(range(1000))
+        wait_until(
+            lambda: "credentialsSecret" in create(f"probe-{next(probes)}", **theirs)[1], 30, "the policy in force"
+        )
+        rc, err = create("steal", **theirs)
+        assert rc != 0
+        assert "spec.checkpoint.credentialsSecret" in err, err
+        assert "alice may not get Secret" in err, err
+        assert admin.get_or_none(path(RLJOBS, "rljobs", namespace, "steal")) is None, "half-applied"
+
+        rc, err = create("own", checkpoint={"storage": "s3://bucket-x/j", "credentialsSecret": "mine"})
+        assert rc == 0, err
+        rc, err = create("image", scheduling={"image": "docker.io/attacker/miner:1"})
+        assert rc != 0
+        assert "spec.scheduling.image docker.io/attacker/miner:1 is not allowed" in err, err
+        assert "imagePolicy.allowedImages" in err
+        rc, err = create("image-ok", scheduling={"image": "registry.example.com/ml/policy:3"})
+        assert rc == 0, err
+
+        # An update that leaves the Secret as it is passes, whoever writes it: the operator
+        # (which may read no Secret) patches finalizers and annotations of every RLJob.
+        admin.create(path(RLJOBS, "rljobs", namespace), tiny_job("admins", **theirs))
+        r = cluster.kubectl("label", "rljob", "admins", "team=a", "-n", namespace, "--as=alice", check=False)
+        assert r.returncode == 0, r.stderr
+        r = cluster.kubectl(
+            "patch", "rljob", "admins", "-n", namespace, "--as=alice", "--type=merge",
+            "-p", '{"spec": {"scheduling": {"image": "docker.io/attacker/miner:1"}}}', check=False,
+        )  # fmt: skip
+        assert r.returncode != 0
+        assert "is not allowed" in r.stderr, r.stderr
+    finally:
+        cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=yaml.safe_dump_all(policy), check=False)

@@ -266,12 +266,13 @@ def test_deletion_applies_the_retention_policy_to_the_cuts(
             },
         },
     )
-    job_files = put_job_files(s3_bucket, "jobs/tiny")
-    others = {"jobs/tiny/notes/keep.txt", "jobs/tiny-other/cuts/0000000001/manifest.json"}
+    root = f"jobs/{namespace}/tiny"
+    job_files = put_job_files(s3_bucket, root)
+    others = {f"{root}/notes/keep.txt", f"jobs/{namespace}/tiny-other/cuts/0000000001/manifest.json"}
     for key in others:
         s3_bucket.client().put_object(Bucket=s3_bucket.bucket, Key=key, Body=b"not the job's")
     checkpoint = {
-        "storage": f"s3://{s3_bucket.bucket}/jobs/tiny",
+        "storage": f"s3://{s3_bucket.bucket}/{root}",
         "s3Endpoint": s3_bucket.endpoint,
         "credentialsSecret": "s3",
         "retentionPolicy": policy,
@@ -293,6 +294,35 @@ def test_deletion_applies_the_retention_policy_to_the_cuts(
         assert "s3://" in reasons["CutsRetained"]
     else:
         assert "removed 6 objects" in reasons["CutsDeleted"]
+        # The deletion ran in a pod with the job's Secret (the operator may read none); it is gone.
+        assert (
+            cluster.admin().get(path("v1", "pods", namespace), labelSelector="spotrl.dev/retention-of=tiny")["items"]
+            == []
+        )
+
+
+def test_retention_delete_refuses_a_storage_that_is_not_the_jobs_own_prefix(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs, s3_bucket: S3Bucket
+) -> None:
+    """With one credentials Secret shared by tenants, a job whose storage names another job's
+    root must not delete it: the operator refuses, says so, and the RLJob still goes."""
+    victim = put_job_files(s3_bucket, "jobs/team-b/victim")
+    checkpoint = {
+        "storage": f"s3://{s3_bucket.bucket}/jobs/team-b/victim",
+        "s3Endpoint": s3_bucket.endpoint,
+        "retentionPolicy": "Delete",
+    }
+    jobs.create(tiny_job("tiny", checkpoint=checkpoint, **PENDING))
+    jobs.wait("tiny", lambda s: s.get("attempt") == 1, 20, "started")
+    jobs.delete("tiny", timeout=60)
+    assert set(victim) <= keys(s3_bucket), "another job's cuts were deleted"
+    events = cluster.admin().get(path("v1", "events", namespace), fieldSelector="involvedObject.name=tiny")["items"]
+    (refused,) = [e for e in events if e["reason"] == "CutsNotDeleted"]
+    assert refused["type"] == "Warning"
+    assert f"<storage>/{namespace}/tiny" in refused["message"]
+    assert "nothing was deleted" in refused["message"]
+    pods = cluster.admin().get(path("v1", "pods", namespace))["items"]
+    assert not [p for p in pods if "retention" in p["metadata"]["name"]], "no deletion pod for a refusal"
 
 
 def test_suspend_stops_the_controller_and_resume_starts_a_fresh_one_without_counting_a_preemption(

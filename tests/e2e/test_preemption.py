@@ -318,18 +318,20 @@ def test_deleting_a_job_with_retention_delete_removes_its_cuts_and_nothing_else(
     prefix only) and says so in an Event."""
     jobs = e2e_jobs
     s3 = e2e_storage.client()
-    s3.put_object(Bucket=e2e_storage.bucket, Key="tiny-other/keep.txt", Body=b"not the job's")
+    root = f"{jobs.ns}/tiny"  # Delete only ever deletes under <storage>/<namespace>/<name>
+    s3.put_object(Bucket=e2e_storage.bucket, Key=f"{jobs.ns}/tiny-other/keep.txt", Body=b"not the job's")
     job = tiny_job("tiny", e2e_storage, SPOT)
+    job["spec"]["checkpoint"]["storage"] = e2e_storage.uri(root)
     job["spec"]["checkpoint"]["retentionPolicy"] = "Delete"
     if e2e_cluster.admin().get_or_none(f"/api/v1/namespaces/{jobs.ns}/secrets/s3") is None:
         e2e_cluster.admin().create(f"/api/v1/namespaces/{jobs.ns}/secrets", e2e_storage.secret())
     jobs.create(job)
     jobs.wait("tiny", lambda s: (s.get("lastCut") or {}).get("kind") == "periodic", TRAIN_TIMEOUT, "a periodic cut")
-    assert e2e_storage.keys("tiny/"), "the job wrote no cuts"
+    assert e2e_storage.keys(f"{root}/"), "the job wrote no cuts"
 
     jobs.delete("tiny", timeout=120)
-    assert e2e_storage.keys("tiny/") == [], "the job's cuts outlived it"
-    assert e2e_storage.keys("tiny-other/") == ["tiny-other/keep.txt"], "a neighbour's object went too"
+    assert e2e_storage.keys(f"{root}/") == [], "the job's cuts outlived it"
+    assert e2e_storage.keys(f"{jobs.ns}/tiny-other/") == [f"{jobs.ns}/tiny-other/keep.txt"], "a neighbour's went too"
     events = e2e_cluster.admin().get(
         f"/api/v1/namespaces/{jobs.ns}/events", fieldSelector="involvedObject.name=tiny,reason=CutsDeleted"
     )["items"]

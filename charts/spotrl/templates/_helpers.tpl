@@ -28,3 +28,22 @@ app.kubernetes.io/component: operator
 {{- define "spotrl.image" -}}
 {{- printf "%s:%s" .repository (default $.appVersion .tag) -}}
 {{- end -}}
+
+{{/* cpu=500m,memory=4Gi from {cpu: 500m, memory: 4Gi}. */}}
+{{- define "spotrl.requests" -}}
+{{- $out := list -}}
+{{- range $k, $v := . -}}
+{{- $out = append $out (printf "%s=%v" $k $v) -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}
+
+{{/* The image prefixes RLJobs may use, as a JSON list: imagePolicy.allowedImages, or the
+runtime image's repository with any tag or digest. */}}
+{{- define "spotrl.allowedImages" -}}
+{{- if .Values.imagePolicy.allowedImages -}}
+{{- .Values.imagePolicy.allowedImages | toJson -}}
+{{- else -}}
+{{- list (printf "%s:" .Values.runtimeImage.repository) (printf "%s@" .Values.runtimeImage.repository) | toJson -}}
+{{- end -}}
+{{- end -}}

@@ -54,6 +54,10 @@ log = logging.getLogger("nodeagent.pods")
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TICK = 0.2
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+HOST_SHARED = frozenset({"/tmp", "/dev/shm"})
+"""Mount paths a local process shares with the host: their volumes are made, but a path under
+them is not rewritten (a test points TMPDIR, storage and failpoints at its own /tmp folder)."""
 
 
 def now_rfc3339() -> str:
@@ -248,12 +252,36 @@ class PodWorker(threading.Thread):
                     raise PodConfigError(f"containers[{c.name}].volumeMounts: no volume named {m['name']!r}")
                 local = volumes[m["name"]] / m["subPath"] if m.get("subPath") else volumes[m["name"]]
                 local.mkdir(parents=True, exist_ok=True)
+                if m["mountPath"] in HOST_SHARED:
+                    continue
                 mounts[m["mountPath"]] = local
                 link = self.root / m["mountPath"].lstrip("/")
                 if not link.exists() and not link.is_symlink():
                     link.parent.mkdir(parents=True, exist_ok=True)
                     link.symlink_to(local)
+            # The kubelet bind-mounts a file at terminationMessagePath; here it is a file in the
+            # pod's folder, and a command line or env value naming the path is rewritten to it.
+            log = self._termination_log(c)
+            log.write_bytes(b"")
+            mounts[c.spec.get("terminationMessagePath") or TERMINATION_MESSAGE_PATH] = log
             self.mounts[c.name] = mounts
+
+    def _termination_log(self, c: Container) -> Path:
+        return self.dir / f"termination-{c.name}.log"
+
+    def _termination_message(self, c: Container, code: int) -> str:
+        """What the kubelet puts in ``state.terminated.message``: the termination log file (at
+        most 4 KiB), else with ``FallbackToLogsOnError`` and a failure the log's last lines."""
+        try:
+            message = self._termination_log(c).read_bytes()[:4096].decode(errors="replace")
+        except OSError:
+            message = ""
+        if not message.strip() and code != 0 and c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            logfile = self.dir / "logs" / f"{c.name}.{c.restart_count}.log"
+            with contextlib.suppress(OSError):
+                lines = logfile.read_bytes().decode(errors="replace").splitlines()[-80:]
+                message = "\n".join(lines)[-2048:]
+        return message.strip()
 
     def _volume(self, vol: Obj) -> Path:
         path = self.dir / "volumes" / vol["name"]
@@ -420,6 +448,7 @@ class PodWorker(threading.Thread):
             "finishedAt": now_rfc3339(),
             "containerID": self._container_id(c),
         }
+        message = message or self._termination_message(c, code)
         if message:
             term["message"] = message
         c.state = {"terminated": term}

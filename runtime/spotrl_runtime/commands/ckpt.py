@@ -1,4 +1,5 @@
-"""`spotrl ckpt list|verify|inspect URI`: look at a job's cuts without running anything.
+"""`spotrl ckpt list|verify|inspect|delete URI`: look at a job's cuts without running anything,
+or delete them.
 
 URI is a job's checkpoint root (then the newest committed cut is meant) or one cut
 folder (``.../cuts/<id>``), as a local path, ``file://`` or ``s3://bucket/prefix`` URI.
@@ -11,6 +12,11 @@ e.g. the dataset cannot be opened). With ``-f RLJOB.yaml`` it also checks the cu
 the spec that would resume it (job, group and batch size, dataset, shuffle and seed): "will
 this resume?" without starting a run. Only ``rollout_prompt_tokens`` (it needs the
 policy's tokenizer) is left to the restore.
+
+``delete URI --job NAMESPACE/NAME`` deletes what the job owns under its root (cuts, pointer,
+audit, fence claims; nothing else), and only where URI is that job's own prefix
+(``.../<namespace>/<name>``). Without ``--yes`` it lists what it would delete. The operator
+runs it, in a pod with the job's credentials, for ``retentionPolicy: Delete``.
 """
 
 from __future__ import annotations
@@ -44,6 +50,12 @@ def register(sub: Any) -> None:
     q = cmds.add_parser("inspect", help="the owners a cut holds: loader, ledger, replay, spares, cursor, files")
     common(q)
     q.set_defaults(func=run_inspect)
+    q = cmds.add_parser("delete", help="delete a job's cuts, audit and pointer (only under its own prefix)")
+    common(q)
+    q.add_argument("--job", required=True, metavar="NAMESPACE/NAME", help="the job the root must belong to")
+    q.add_argument("--yes", action="store_true", help="delete; without it, only list what would go")
+    q.add_argument("--termination-log", help="also write the JSON result here (a pod's terminationMessagePath)")
+    q.set_defaults(func=run_delete)
 
 
 class _Target:
@@ -287,3 +299,32 @@ def _inspect_text(d: dict[str, Any]) -> str:
     for f in d["files"]:
         out.append(f"  {f['path']:<44} {f['role']:<14} {f['size']:>12}  {f['sha256']}")
     return "\n".join(out)
+
+
+def run_delete(args: argparse.Namespace) -> int:
+    """Torch-free (it runs in the operator's image): storage and the purge module only."""
+    from spotrl_runtime.storage import StorageError, open_storage
+    from spotrl_runtime.storage.purge import job_keys, job_prefix_problem, purge
+
+    namespace, sep, name = args.job.partition("/")
+    if not sep or not namespace or not name or "/" in name:
+        print(f"spotrl ckpt delete: --job {args.job!r}: expected NAMESPACE/NAME", file=sys.stderr)
+        return 2
+    uri = args.uri.rstrip("/")
+    problem = job_prefix_problem(uri, namespace, name)
+    if problem:
+        print(f"spotrl ckpt delete: refused: {problem}", file=sys.stderr)
+        return 2
+    try:
+        store = open_storage(uri, endpoint_url=args.endpoint, region=args.region, credentials_dir=args.credentials_dir)
+        keys = purge(store) if args.yes else job_keys(store)
+    except StorageError as err:
+        print(f"spotrl ckpt delete: {uri}: {err}", file=sys.stderr)
+        return 1
+    result = {"root": uri, "deleted" if args.yes else "would_delete": len(keys)}
+    if args.termination_log:
+        with open(args.termination_log, "w") as f:
+            json.dump(result, f)
+    verb = "deleted" if args.yes else "would delete (run again with --yes)"
+    _print(args, {**result, "keys": keys}, f"{uri}: {verb} {len(keys)} objects")
+    return 0

@@ -85,7 +85,11 @@ def test_the_controller_pod() -> None:
     assert env["AWS_ENDPOINT_URL"] == "http://s3:9000"
     assert env["SPOTRL_POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert c["envFrom"] == [{"secretRef": {"name": "s3-keys"}}]
-    assert c["resources"] == {"requests": {"cpu": "2", "nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}
+    # The job's cpu, the operator's default memory, and a memory limit equal to the request.
+    assert c["resources"] == {
+        "requests": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"},
+        "limits": {"memory": "4Gi", "nvidia.com/gpu": "1"},
+    }
     assert spec["serviceAccountName"] == "tiny-runtime"
     assert spec["restartPolicy"] == "Never"
     assert spec["terminationGracePeriodSeconds"] == 45
@@ -167,11 +171,111 @@ def test_the_worker_pod() -> None:
     assert selector["spotrl.dev/role"] == "controller"
 
 
-def test_a_worker_without_requests_lets_ray_count_what_it_sees() -> None:
+def test_a_worker_without_requests_gets_the_defaults_and_ray_counts_what_it_sees() -> None:
     plain = parse_spec({**WORKER_SPEC.model_dump(by_alias=True), "generation": {"workerPods": True}})
     (c,) = resources.worker_pod(REF, plain, SETTINGS, 1, 0, "10.0.0.1:6379")["spec"]["containers"]
     assert c["args"] == ["--address", "10.0.0.1:6379"]
-    assert c["resources"] == {}
+    assert c["resources"] == {"requests": {"cpu": "500m", "memory": "2Gi"}}, "never BestEffort"
+
+
+def qos_class(pod: dict) -> str:
+    """The kubelet's QoS class of a pod (v1.PodQOSClass), from its containers' resources."""
+    cs = pod["spec"]["containers"]
+    if not any(c.get("resources", {}).get("requests") or c.get("resources", {}).get("limits") for c in cs):
+        return "BestEffort"
+    for c in cs:
+        req, lim = c["resources"].get("requests", {}), c["resources"].get("limits", {})
+        if any(lim.get(k) is None or lim.get(k) != req.get(k, lim.get(k)) for k in ("cpu", "memory")):
+            return "Burstable"
+    return "Guaranteed"
+
+
+BARE = parse_spec(
+    {
+        "policy": {"model": "builtin:tiny-arith"},
+        "dataset": {"uri": "builtin:arithmetic"},
+        "reward": {"name": "arithmetic_exact"},
+        "generation": {"workerPods": True},
+        "training": {"totalSteps": 10},
+    }
+)
+
+
+def test_a_job_that_sets_no_resources_gets_no_besteffort_pod() -> None:
+    """BestEffort pods go first under node pressure, and the kubelet's eviction ignores the PDB."""
+    settings = Settings(default_storage="s3://b/x")
+    pods = [
+        resources.controller_pod(REF, BARE, settings, 1),
+        resources.worker_pod(REF, BARE, settings, 1, 0, "10.0.0.1:6379"),
+        resources.retention_pod(REF, BARE, settings, "s3://b/x/team-a/tiny", 0),
+    ]
+    assert [qos_class(p) for p in pods] == ["Burstable"] * 3
+    (c,) = pods[0]["spec"]["containers"]
+    assert c["resources"]["limits"]["memory"] == c["resources"]["requests"]["memory"] == "4Gi"
+    custom = Settings(default_storage="s3://b/x", controller_requests={"cpu": "2", "memory": "12Gi"})
+    (c,) = resources.controller_pod(REF, BARE, custom, 1)["spec"]["containers"]
+    assert c["resources"] == {"requests": {"cpu": "2", "memory": "12Gi"}, "limits": {"memory": "12Gi"}}
+
+
+def test_every_runtime_pod_meets_pod_security_restricted_with_a_read_only_root() -> None:
+    settings = Settings(default_storage="s3://b/x")
+    pods = [
+        resources.controller_pod(REF, WORKER_SPEC, settings, 1),
+        resources.worker_pod(REF, WORKER_SPEC, settings, 1, 0, "10.0.0.1:6379"),
+        resources.retention_pod(REF, WORKER_SPEC, settings, "s3://b/x/team-a/tiny", 0),
+    ]
+    for pod in pods:
+        spec = pod["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["runAsUser"] == 10001
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert set(volumes) == {"tmp", "home", "dshm"} and all("emptyDir" in v for v in volumes.values())
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["readOnlyRootFilesystem"] is True
+            assert sc["capabilities"] == {"drop": ["ALL"]}
+            assert {m["mountPath"] for m in c["volumeMounts"]} == {"/tmp", "/home/spotrl", "/dev/shm"}
+            assert "hostPort" not in str(c.get("ports"))
+
+
+def test_the_network_policy_admits_the_jobs_pods_and_the_scrapers_metrics_port_only() -> None:
+    settings = Settings(metrics_from=({"namespaceSelector": {"matchLabels": {"name": "monitoring"}}},))
+    np = resources.network_policy(REF, settings)
+    spec = np["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"spotrl.dev/job": "tiny"}}
+    assert spec["policyTypes"] == ["Ingress"]
+    own, metrics = spec["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": {"spotrl.dev/job": "tiny"}}}]}
+    assert metrics == {
+        "from": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
+        "ports": [{"protocol": "TCP", "port": 9400}],
+    }
+    # /barrier and /status listen on the pod's loopback: the Service exposes /metrics only.
+    assert [p["port"] for p in resources.service(REF)["spec"]["ports"]] == [9400]
+
+
+@pytest.mark.parametrize(
+    ("image", "allowed", "ok"),
+    [
+        ("ghcr.io/spotrl/spotrl-runtime:0.2.0", (), True),
+        ("ghcr.io/spotrl/spotrl-runtime@sha256:abc", (), True),
+        ("ghcr.io/spotrl/spotrl-runtime-evil:1", (), False),
+        ("docker.io/attacker/miner:latest", (), False),
+        ("registry.example.com/ml/policy:3", ("registry.example.com/ml/",), True),
+        ("registry.example.com/mlx/policy:3", ("registry.example.com/ml/",), False),
+        ("anything:1", ("*",), True),
+    ],
+)
+def test_spec_scheduling_image_must_be_allowed_by_the_operator(image: str, allowed: tuple, ok: bool) -> None:
+    settings = Settings(default_storage="s3://b/x", allowed_images=allowed)
+    spec = parse_spec({**BARE.model_dump(by_alias=True, exclude_none=True), "scheduling": {"image": image}})
+    if ok:
+        resources.check_job(REF, spec, settings)
+    else:
+        with pytest.raises(ValueError, match=r"spec\.scheduling\.image .* imagePolicy\.allowedImages"):
+            resources.check_job(REF, spec, settings)
 
 
 @pytest.mark.parametrize(("quantity", "cpus"), [("500m", 1), ("1", 1), ("1.5", 2), ("2000m", 2), ("3", 3)])
