@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Builds the test control plane's binaries from the Go module proxy into a cache folder
-# outside the work tree, keyed by version, and skips whatever is already there.
+# Builds the test control plane's binaries from the Go module proxy, and the security
+# scanners (kube-score from its Go module, checkov from PyPI in a venv of its own), into a
+# cache folder outside the work tree, keyed by version, and skips whatever is already there.
 #
 #   e2e/toolchain/build.sh          build what is missing, print what was built and how long
-#   e2e/toolchain/build.sh --env    print NAME=PATH lines for the binaries (nothing is built)
+#   e2e/toolchain/build.sh --env    print NAME=PATH lines for the tools (nothing is built)
 #
 # Cache: $SPOTRL_TOOLS_DIR (default ~/.cache/spotrl/tools). One build at a time (a lock in
 # the cache); each tool is built in a scratch folder and renamed into place (lib.sh). Go's
 # own build and module caches (GOCACHE, GOMODCACHE) make a rebuild after a version bump
-# incremental.
+# incremental; uv's wheel cache (~/.cache/uv) does the same for checkov.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -20,6 +21,10 @@ kube_dir=$cache/kubernetes-$KUBERNETES_VERSION
 etcd_dir=$cache/etcd-$ETCD_VERSION
 helm_dir=$cache/helm-$HELM_VERSION
 s3_dir=$cache/versitygw-$VERSITYGW_VERSION
+kube_score_dir=$cache/kube-score-$KUBE_SCORE_VERSION
+# checkov's folder is keyed by its locked requirements too: a re-lock is a new folder.
+checkov_lock=$here/checkov/requirements.txt
+checkov_dir=$cache/checkov-$CHECKOV_VERSION-$(sha256sum "$checkov_lock" | cut -c1-8)
 
 if [[ ${1:-} == --env ]]; then
   echo "KUBE_APISERVER=$kube_dir/kube-apiserver"
@@ -29,6 +34,8 @@ if [[ ${1:-} == --env ]]; then
   echo "ETCD=$etcd_dir/etcd"
   echo "HELM=$helm_dir/helm"
   echo "VERSITYGW=$s3_dir/versitygw"
+  echo "KUBE_SCORE=$kube_score_dir/kube-score"
+  echo "CHECKOV=$checkov_dir/checkov"
   exit 0
 fi
 
@@ -63,12 +70,42 @@ build_versitygw() {
     "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION"
 }
 
+build_kube_score() {
+  GOBIN=$1 go install -trimpath -ldflags "-s -w -X main.version=$KUBE_SCORE_VERSION" \
+    "github.com/zegl/kube-score/cmd/kube-score@$KUBE_SCORE_VERSION"
+}
+
+# checkov's dependencies conflict with ours, so it gets a venv of its own: uv installs the
+# exact versions of checkov/requirements.txt (its wheel cache is shared with `make install`).
+# The venv is relocatable (it is renamed into place); `checkov` is a wrapper that keeps it
+# offline.
+build_checkov() {
+  local out=$1 uv
+  uv=$(command -v uv) || { echo "toolchain: uv is missing (python3 -m pip install uv)" >&2; return 1; }
+  grep -qE "^checkov==$CHECKOV_VERSION( |$)" "$checkov_lock" || {
+    echo "toolchain: $checkov_lock does not pin checkov==$CHECKOV_VERSION; run e2e/toolchain/checkov/lock.sh" >&2
+    return 1
+  }
+  "$uv" venv -q --relocatable --python python3.11 "$out/venv"
+  "$uv" pip sync -q --python "$out/venv/bin/python" "$checkov_lock"
+  cat >"$out/checkov" <<'EOF'
+#!/bin/sh
+# checkov from its own venv, offline: no version check against PyPI, no download of the
+# platform's check mapping (pass --skip-download as well).
+export CKV_SKIP_PACKAGE_UPDATE_CHECK=True BC_SKIP_MAPPING=TRUE
+exec "$(dirname "$0")/venv/bin/python" -m checkov.main "$@"
+EOF
+  chmod +x "$out/checkov"
+}
+
 t_all=$SECONDS
 toolchain_lock "$cache"
 step etcd "$etcd_dir" etcd
 step versitygw "$s3_dir" versitygw
 step helm "$helm_dir" helm
 step kubernetes "$kube_dir" kube-apiserver kube-controller-manager kube-scheduler kubectl
+step kube_score "$kube_score_dir" kube-score
+step checkov "$checkov_dir" checkov venv/bin/python
 if ((${#TOOLCHAIN_BUILT[@]})); then
   echo "toolchain: built ${TOOLCHAIN_BUILT[*]}; total $((SECONDS - t_all)) s"
 else
