@@ -8,7 +8,7 @@ UV      ?= $(shell command -v uv 2>/dev/null || echo $(VENV)/bin/uv)
 EXTRAS  ?= operator,runtime,dev
 PYTEST_ARGS ?=
 
-.PHONY: help install lock generate lint typecheck test test-fast toolchain bench demo cluster-up cluster-down test-cluster test-e2e e2e-kind e2e-kind-ci images clean
+.PHONY: help install lock generate lint typecheck test test-fast toolchain scan bench demo cluster-up cluster-down test-cluster test-e2e e2e-kind e2e-kind-ci images clean
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -36,8 +36,11 @@ lint: install ## ruff (lint and format), mypy, and a check that generated files 
 	$(VENV)/bin/mypy
 	$(PY) -m spotrl_runtime.api.crd --check
 
-toolchain: ## build etcd, kube-*, kubectl, helm and the S3 server into ~/.cache/spotrl/tools
+toolchain: ## build etcd, kube-*, kubectl, helm, the S3 server, kube-score and checkov into ~/.cache/spotrl/tools
 	e2e/toolchain/build.sh
+
+scan: install toolchain ## checkov and kube-score on the chart and the operator's objects; fails beyond e2e/scan/allowlist.yaml
+	$(PY) e2e/scan/scan.py
 
 CLUSTER_DIR ?= $(or $(TMPDIR),/tmp)/spotrl-cluster
 
