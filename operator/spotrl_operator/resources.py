@@ -66,8 +66,18 @@ def worker_pod_name(job: str, attempt: int, index: int) -> str:
     return f"{job}-worker-{attempt}-{index}"
 
 
+def instance_labels(job: str) -> dict[str, str]:
+    """What every object the operator makes for a job carries, its deletion pod included: the
+    job's NetworkPolicy selects these."""
+    return {
+        "app.kubernetes.io/name": "spotrl",
+        "app.kubernetes.io/instance": job,
+        "app.kubernetes.io/managed-by": "spotrl-operator",
+    }
+
+
 def labels(job: str, role: str | None = None) -> dict[str, str]:
-    out = {"app.kubernetes.io/name": "spotrl", "app.kubernetes.io/managed-by": "spotrl-operator", JOB_LABEL: job}
+    out = {**instance_labels(job), JOB_LABEL: job}
     if role:
         out[ROLE_LABEL] = role
     return out
@@ -170,16 +180,17 @@ def service(ref: JobRef) -> dict[str, Any]:
 
 
 def network_policy(ref: JobRef, settings: Settings) -> dict[str, Any]:
-    """Who may reach the job's pods: the job's own pods (Ray between the controller and its
-    worker pods, on any port), and ``settings.metrics_from`` the controller's /metrics port.
-    Nothing else; egress (S3, the API server, model hubs) is not restricted."""
-    own = {"podSelector": {"matchLabels": {JOB_LABEL: ref.name}}}
+    """Who may reach the job's pods (its deletion pod too): the job's own pods (Ray between
+    the controller and its worker pods, on any port), and ``settings.metrics_from`` the
+    controller's /metrics port. Nothing else; egress (S3, the API server, model hubs) is not
+    restricted."""
+    own = {"podSelector": {"matchLabels": instance_labels(ref.name)}}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": _meta(ref, names(ref.name)["network_policy"]),
         "spec": {
-            "podSelector": {"matchLabels": {JOB_LABEL: ref.name}},
+            "podSelector": {"matchLabels": instance_labels(ref.name)},
             "policyTypes": ["Ingress"],
             "ingress": [
                 {"from": [own]},
@@ -209,16 +220,18 @@ def disruption_budget(ref: JobRef, open_: bool) -> dict[str, Any]:
     }
 
 
-def _quantities(res: api.Resources, defaults: Mapping[str, str], memory_limit: bool) -> dict[str, Any]:
+def _quantities(res: api.Resources, defaults: Mapping[str, str]) -> dict[str, Any]:
     """Requests (the job's, else the operator's defaults: never BestEffort) and limits: GPUs,
-    and with ``memory_limit`` memory equal to its request."""
+    and memory equal to its request. A pod without a memory limit can push its node into
+    memory pressure, and the kubelet's evictions then ignore the PodDisruptionBudget: the
+    controller could go with no barrier because a worker grew."""
     req: dict[str, Any] = {k: v for k, v in defaults.items() if k in ("cpu", "memory")}
     if res.cpu:
         req["cpu"] = res.cpu
     if res.memory:
         req["memory"] = res.memory
     limits: dict[str, Any] = {}
-    if memory_limit and "memory" in req:
+    if "memory" in req:
         limits["memory"] = req["memory"]
     if res.gpu:
         req["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = str(res.gpu)
@@ -326,7 +339,11 @@ def controller_pod(
                 "env": env,
                 "envFrom": env_from,
                 "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
-                "resources": _quantities(spec.training.resources, settings.controller_requests, memory_limit=True),
+                "resources": _quantities(spec.training.resources, settings.controller_requests),
+                # Ready once /metrics accepts connections: a TCP probe, which the kernel answers
+                # even while a long step holds the interpreter (an HTTP one could time out, and
+                # an unready controller is evicted without waiting for the budget).
+                "readinessProbe": {"tcpSocket": {"port": METRICS_PORT}, "periodSeconds": 5, "failureThreshold": 6},
             }
         ],
     }
@@ -392,7 +409,7 @@ def worker_pod(
                 "args": args,
                 "env": env,
                 "envFrom": env_from,
-                "resources": _quantities(res, settings.worker_requests, memory_limit=False),
+                "resources": _quantities(res, settings.worker_requests),
             }
         ],
     }
@@ -444,11 +461,7 @@ def retention_pod(ref: JobRef, spec: api.RLJobSpec, settings: Settings, uri: str
     }
     meta = _meta(ref, retention_pod_name(ref.name, try_))
     del meta["ownerReferences"]
-    meta["labels"] = {
-        "app.kubernetes.io/name": "spotrl",
-        "app.kubernetes.io/managed-by": "spotrl-operator",
-        RETENTION_LABEL: ref.name,
-    }
+    meta["labels"] = {**instance_labels(ref.name), RETENTION_LABEL: ref.name}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": _restricted(pod_spec)}
 
 

@@ -26,7 +26,7 @@ from typing import Any
 DEFAULT_DEADLINE_CAPS: Mapping[str, int] = {"gke": 20, "aks": 25}
 # Requests of a runtime pod whose RLJob sets none: enough to keep it out of the BestEffort
 # class, which the kubelet evicts first under node pressure, ignoring the PodDisruptionBudget
-# (a loss with no barrier). The controller's memory limit equals its memory request.
+# (a loss with no barrier). A runtime pod's memory limit equals its memory request.
 DEFAULT_CONTROLLER_REQUESTS: Mapping[str, str] = {"cpu": "500m", "memory": "4Gi"}
 DEFAULT_WORKER_REQUESTS: Mapping[str, str] = {"cpu": "500m", "memory": "2Gi"}
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$")
@@ -205,7 +205,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--controller-requests",
         default=_env("SPOTRL_CONTROLLER_REQUESTS", ",".join(f"{k}={v}" for k, v in d.controller_requests.items())),
         metavar="cpu=Q,memory=Q",
-        help="requests of a controller pod whose RLJob sets none; its memory limit is its memory request "
+        help="requests of a controller pod whose RLJob sets none; a pod's memory limit is its memory request "
         "(default %(default)s; $SPOTRL_CONTROLLER_REQUESTS)",
     )
     g.add_argument(

@@ -173,6 +173,20 @@ def assert_same_stream(reference: dict[int, Any], storage: JobStorage, name: str
         )
 
 
+def assert_enforces_restricted(cluster: Any, namespace: str) -> None:
+    """The job's namespace refuses a pod that Pod Security ``restricted`` does not allow, so
+    every pod the operator makes there (controllers, workers, deletion pods) passed it."""
+    bare = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "not-restricted"},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "command": ["true"]}]},
+    }
+    r = cluster.kubectl("create", "-n", namespace, "-f", "-", input=yaml.safe_dump(bare), check=False)
+    assert r.returncode != 0, "the namespace admitted a pod that is not restricted"
+    assert 'violates PodSecurity "restricted' in r.stderr, r.stderr
+
+
 def other_node(jobs: Jobs, name: str, than: str, attempt: int = 2) -> str:
     st = training(jobs, name, 1, attempt=attempt)
     assert st["attempt"] == attempt
@@ -188,6 +202,7 @@ def test_a_drain_after_a_notice_waits_for_the_barrier_cut_then_resumes_elsewhere
     e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage, reference: dict[int, Any], taint: str
 ) -> None:
     jobs = e2e_jobs
+    assert_enforces_restricted(e2e_cluster, jobs.ns)
     start(e2e_cluster, jobs, e2e_storage, "tiny", SPOT)
     st = training(jobs, "tiny", 2)
     node, pod = st["controllerNode"], st["controllerPod"]

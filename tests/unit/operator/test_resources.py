@@ -149,7 +149,7 @@ def test_the_worker_pod() -> None:
     assert c["args"] == ["--address", "127.0.1.2:40001", "--num-cpus", "2", "--num-gpus", "1"]
     assert c["resources"] == {
         "requests": {"cpu": "1500m", "memory": "8Gi", "nvidia.com/gpu": "1"},
-        "limits": {"nvidia.com/gpu": "1"},
+        "limits": {"memory": "8Gi", "nvidia.com/gpu": "1"},
     }
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
     assert env["SPOTRL_POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
@@ -175,7 +175,7 @@ def test_a_worker_without_requests_gets_the_defaults_and_ray_counts_what_it_sees
     plain = parse_spec({**WORKER_SPEC.model_dump(by_alias=True), "generation": {"workerPods": True}})
     (c,) = resources.worker_pod(REF, plain, SETTINGS, 1, 0, "10.0.0.1:6379")["spec"]["containers"]
     assert c["args"] == ["--address", "10.0.0.1:6379"]
-    assert c["resources"] == {"requests": {"cpu": "500m", "memory": "2Gi"}}, "never BestEffort"
+    assert c["resources"] == {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}
 
 
 def qos_class(pod: dict) -> str:
@@ -230,7 +230,8 @@ def test_every_runtime_pod_meets_pod_security_restricted_with_a_read_only_root()
         assert spec["securityContext"]["runAsUser"] == 10001
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         volumes = {v["name"]: v for v in spec["volumes"]}
-        assert set(volumes) == {"tmp", "home", "dshm"} and all("emptyDir" in v for v in volumes.values())
+        assert set(volumes) == {"tmp", "home", "dshm"}
+        assert all("emptyDir" in v for v in volumes.values())
         for c in spec["containers"]:
             sc = c["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False
@@ -244,10 +245,25 @@ def test_the_network_policy_admits_the_jobs_pods_and_the_scrapers_metrics_port_o
     settings = Settings(metrics_from=({"namespaceSelector": {"matchLabels": {"name": "monitoring"}}},))
     np = resources.network_policy(REF, settings)
     spec = np["spec"]
-    assert spec["podSelector"] == {"matchLabels": {"spotrl.dev/job": "tiny"}}
+    selector = spec["podSelector"]["matchLabels"]
+    assert selector == {
+        "app.kubernetes.io/name": "spotrl",
+        "app.kubernetes.io/instance": "tiny",
+        "app.kubernetes.io/managed-by": "spotrl-operator",
+    }
     assert spec["policyTypes"] == ["Ingress"]
     own, metrics = spec["ingress"]
-    assert own == {"from": [{"podSelector": {"matchLabels": {"spotrl.dev/job": "tiny"}}}]}
+    assert own == {"from": [{"podSelector": {"matchLabels": selector}}]}
+    # It selects every pod of the job, the deletion pod too.
+    pods = [
+        resources.controller_pod(REF, WORKER_SPEC, SETTINGS, 1),
+        resources.worker_pod(REF, WORKER_SPEC, SETTINGS, 1, 0, "10.0.0.1:6379"),
+        resources.retention_pod(REF, WORKER_SPEC, SETTINGS, "s3://bkt/x/team-a/tiny", 0),
+    ]
+    for pod in pods:
+        assert selector.items() <= pod["metadata"]["labels"].items(), pod["metadata"]["name"]
+    other = resources.controller_pod(JobRef("tiny-2", "team-a", "u2"), WORKER_SPEC, SETTINGS, 1)
+    assert not selector.items() <= other["metadata"]["labels"].items(), "another job's pod is not its own"
     assert metrics == {
         "from": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
         "ports": [{"protocol": "TCP", "port": 9400}],
