@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Locks checkov $CHECKOV_VERSION (versions.env) and the exact versions of its dependencies
+# Locks checkov $CHECKOV_VERSION (scanners.env) and the exact versions of its dependencies
 # in requirements.txt, for the Python and platform CI runs on. build.sh installs exactly that.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=../versions.env
-source "$here/../versions.env"
+# shellcheck source=../scanners.env
+source "$here/../scanners.env"
 echo "checkov==$CHECKOV_VERSION" | uv pip compile - --quiet --no-header \
   --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o "$here/requirements.txt.new"
 {
