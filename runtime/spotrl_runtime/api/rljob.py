@@ -7,6 +7,7 @@ reject the same documents. Field names are camelCase on the wire and snake_case 
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
@@ -27,6 +28,10 @@ IMPORT_PATH = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Z
 # s3://bucket[/prefix], a file:// URI, or a plain path (absolute or relative).
 STORAGE_URI = r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?|file://.+|[^:]+)$"
 BUILTIN_REWARDS = ("arithmetic_exact", "format_only")
+# metadata.name, as Kubernetes requires of an object name (a DNS-1123 subdomain); `spotrl run`
+# also makes it a folder name (./spotrl-runs/<name>), so no "/" or ".." gets through.
+NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+NAME_MAX = 253
 
 
 class Resources(ApiObject):
@@ -643,6 +648,10 @@ class RLJob(ApiObject):
         return str(self.metadata.get("namespace", "default"))
 
 
+def _valid_name(name: Any) -> bool:
+    return isinstance(name, str) and len(name) <= NAME_MAX and re.fullmatch(NAME, name) is not None
+
+
 def parse_rljob(doc: Any) -> RLJob:
     """Validates a whole RLJob document (as `kubectl apply` would send it)."""
     problems: list[tuple[str, str]] = []
@@ -654,6 +663,17 @@ def parse_rljob(doc: Any) -> RLJob:
         problems.append(("kind", f"must be {KIND!r}"))
     if "spec" not in doc:
         problems.append(("spec", "Field required"))
+    metadata = doc.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        problems.append(("metadata", "must be a mapping"))
+    elif metadata and "name" in metadata and not _valid_name(metadata["name"]):
+        problems.append(
+            (
+                "metadata.name",
+                f"{metadata['name']!r} is not a valid name: use at most {NAME_MAX} lowercase letters, digits, "
+                "'-' and '.', starting and ending with a letter or digit (a DNS-1123 subdomain, as Kubernetes)",
+            )
+        )
     if problems:
         raise SpecError(problems)
     try:
