@@ -3,13 +3,22 @@
 Modules are imported when the CLI starts, but each one imports its heavy dependencies
 (torch, kopf, boto3) inside the function that runs it, so `spotrl validate` stays fast and
 works where only the operator's dependencies are installed.
+
+What a user sees when something is wrong is one line on stderr: a bad flag or file (exit 2,
+:class:`~spotrl_runtime.commands.preflight.UsageError` or argparse), or an unexpected error
+(exit 1, its type and message). ``--debug`` (or ``SPOTRL_DEBUG=1``) adds the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
+from typing import NoReturn
+
+from spotrl_runtime.commands.preflight import UsageError
 
 # One line per subcommand module; each module defines `register(subparsers)`.
 COMMAND_MODULES = (
@@ -21,24 +30,58 @@ COMMAND_MODULES = (
     "spotrl_runtime.commands.ckpt",
     "spotrl_runtime.commands.operator",
 )
+DEBUG_HELP = "on an error, print its traceback too ($SPOTRL_DEBUG=1 does the same)"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a bad flag said in one line (argparse prints the usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="spotrl",
         description="RL post-training on spot GPUs that never loses work to a preemption.",
     )
+    debug = os.environ.get("SPOTRL_DEBUG", "") not in ("", "0", "false")
+    parser.add_argument("--debug", action="store_true", default=debug, help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    # `spotrl run ... --debug` as well as `spotrl --debug run ...`.
+    for command in sub.choices.values():
+        if "--debug" not in command._option_string_actions:
+            command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    rc: int = args.func(args)
+    args = build_parser().parse_args(argv)
+    prog = f"spotrl {args.command}"
+    try:
+        rc: int = args.func(args)
+    except UsageError as err:
+        _say(f"{prog}: {err}", args.debug)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:
+        hint = "" if args.debug else f" (run `spotrl --debug {args.command} ...` for the traceback)"
+        _say(f"{prog}: unexpected error: {type(err).__name__}: {_one_line(err)}{hint}", args.debug)
+        return 1
     return rc
+
+
+def _say(line: str, debug: bool) -> None:
+    if debug:
+        traceback.print_exc()
+    print(line, file=sys.stderr, flush=True)
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or "(no message)"
 
 
 if __name__ == "__main__":
