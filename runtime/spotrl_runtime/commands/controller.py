@@ -5,6 +5,11 @@ Reads who it is from the environment the operator sets (``SPOTRL_JOB``, ``SPOTRL
 server, and runs it with the Kubernetes bridge: barrier requests arrive through the RLJob's
 status, and steps and cuts are reported there. With ``spec.generation.workerPods`` its Ray
 head listens on the pod's IP and its address goes to ``status.rayHead`` for the worker pods.
+
+Its HTTP endpoint is two listeners: GET /metrics (and /healthz) on the pod's IP, port 9400,
+for Prometheus; /metrics, /status and POST /barrier on 127.0.0.1:8080, which only the pod
+itself reaches, or you with ``kubectl port-forward pod/<pod> 8080``. ``--http-host 0.0.0.0``
+exposes POST /barrier to whoever reaches the pod.
 """
 
 from __future__ import annotations
@@ -12,49 +17,69 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from typing import Any
+
+from spotrl_runtime.commands import preflight
+from spotrl_runtime.commands.preflight import UsageError
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("controller", help="run a job's controller in its pod (started by the operator)")
-    p.add_argument("--resume", default="auto", help="auto (default), never, or a cut id")
-    p.add_argument("--http-port", type=int, default=8080, help="/metrics, /status and POST /barrier (default 8080)")
-    p.add_argument("--sigterm-deadline", type=float, help="seconds a SIGTERM barrier cut may take")
-    p.add_argument("--device", default="auto", help="auto (cuda when a GPU is visible), cpu, or cuda[:N]")
+    from spotrl_runtime.commands.run import add_controller_flags
+
+    p = sub.add_parser(
+        "controller",
+        help="run a job's controller in its pod (started by the operator)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_controller_flags(p, http_port=8080, metrics_port=9400, metrics_host="$SPOTRL_POD_IP, else 0.0.0.0")
     p.set_defaults(func=run)
 
 
 def _required(name: str) -> str:
     value = os.environ.get(name)
     if not value:
-        raise SystemExit(f"spotrl controller: {name} is not set; the operator sets it in the controller pod")
+        raise UsageError(f"${name} is not set; the operator sets it in the controller pod")
     return value
 
 
 def run(args: argparse.Namespace) -> int:
     from spotrl_runtime.api.rljob import SpecError, parse_rljob
     from spotrl_runtime.commands.run import controller_options, run_controller
+
+    job_name, namespace = _required("SPOTRL_JOB"), os.environ.get("SPOTRL_NAMESPACE") or "default"
+    storage, attempt_text = _required("SPOTRL_STORAGE"), _required("SPOTRL_ATTEMPT")
+    if not (attempt_text.isascii() and attempt_text.isdigit() and int(attempt_text) >= 1):
+        raise UsageError(f"$SPOTRL_ATTEMPT={attempt_text!r}: must be an integer >= 1 (the operator numbers attempts)")
+    attempt = int(attempt_text)
+    preflight.check_storage(storage, "$SPOTRL_STORAGE")
+    pod_ip = os.environ.get("SPOTRL_POD_IP") or None
+    if pod_ip is not None and not preflight.is_ip(pod_ip):
+        raise UsageError(f"$SPOTRL_POD_IP={pod_ip!r}: must be an IP address (the operator sets it from status.podIP)")
+    metrics_host = args.metrics_host or pod_ip or "0.0.0.0"
+    preflight.check_listeners(args.http_host, args.http_port, metrics_host, args.metrics_port)
+
     from spotrl_runtime.controller.kube_bridge import KubeBridge
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    job_name, namespace = _required("SPOTRL_JOB"), os.environ.get("SPOTRL_NAMESPACE", "default")
-    storage, attempt = _required("SPOTRL_STORAGE"), int(_required("SPOTRL_ATTEMPT"))
     bridge = KubeBridge(job_name, namespace, attempt)
     try:
         job = parse_rljob(bridge.read_job())
     except SpecError as err:
-        print(f"RLJob {namespace}/{job_name}: {err}", file=sys.stderr)
-        return 2
-    options = controller_options(args, job, storage)
+        raise UsageError(f"RLJob {namespace}/{job_name}: " + "; ".join(f"{p}: {m}" for p, m in err.problems)) from None
+    preflight.check_job_inputs(job, f"RLJob {namespace}/{job_name}")
+    options = controller_options(args, job, storage, metrics_host=metrics_host)
     options.attempt = attempt
-    options.http_host = os.environ.get("SPOTRL_POD_IP") or "127.0.0.1"
+    # Ray listens on the pod's IP (worker pods join there); the barrier endpoint does not.
+    options.ray_host = pod_ip or "127.0.0.1"
     options.on_ready.append(bridge.start)
     # spec.generation.workerPods: the workers are pods of their own that join this pod's Ray.
     options.remote_workers = job.spec.generation.worker_pods
     options.on_ray_head.append(bridge.publish_ray_head)
     options.sinks.insert(0, bridge)
     try:
-        return run_controller(job, options)
+        # A port taken in the pod (a sidecar) costs the endpoint, not the run: barriers come
+        # through the RLJob, and the warning says what is missing.
+        return run_controller(job, options, listeners_required=False)
     finally:
         bridge.stop()

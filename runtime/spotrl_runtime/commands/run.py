@@ -4,10 +4,15 @@ Cuts go to ``--storage`` (default: ``spec.checkpoint.storage``, else ``./spotrl-
 SIGTERM takes a barrier cut and exits 143; run the same command again (``--resume auto``)
 to carry on from it.
 
+``--http-port P`` serves /metrics, /status and POST /barrier on 127.0.0.1 (``--http-host``
+0.0.0.0 lets anyone who reaches this machine ask for a barrier); ``--metrics-port`` serves
+only /metrics and /healthz.
+
 Exit codes: 0 every step trained; 143 stopped by SIGTERM (with its barrier cut, or saying
-why there is none); 3 the run cannot start from this storage (a cut fails the validation
-chain, or ``--resume`` asks for what is not there); 4 fenced (another controller claimed
-the job; this one wrote nothing more); 1 any other error.
+why there is none); 2 a bad flag, file or RLJob field (one line names it; nothing was
+started); 3 the run cannot start from this storage (a cut fails the validation chain, or
+``--resume`` asks for what is not there); 4 fenced (another controller claimed the job;
+this one wrote nothing more); 1 any other error.
 """
 
 from __future__ import annotations
@@ -21,67 +26,117 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import yaml
+from spotrl_runtime.commands import preflight
+from spotrl_runtime.commands.preflight import UsageError
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="run an RLJob locally (no cluster)", description=__doc__)
     p.add_argument("-f", "--filename", required=True, help="the RLJob YAML")
     p.add_argument("--storage", help="where cuts and the audit go: a path or s3://bucket/prefix")
-    p.add_argument("--max-steps", type=int, help="stop after this many trained steps")
-    p.add_argument("--resume", default="auto", help="auto (default), never, or a cut id")
-    p.add_argument("--sigterm-deadline", type=float, help="seconds a SIGTERM barrier cut may take")
-    p.add_argument("--http-port", type=int, help="serve /metrics, /status and POST /barrier on 127.0.0.1")
-    p.add_argument("--workers", type=int, help="override spec.generation.workers")
+    p.add_argument("--max-steps", type=preflight.positive_int, help="stop after this many trained steps (>= 1)")
+    add_controller_flags(p, http_port=None, metrics_port=None, metrics_host="127.0.0.1")
+    p.add_argument("--workers", type=preflight.positive_int, help="override spec.generation.workers")
     p.add_argument(
         "--worker-nodes",
         action="store_true",
         help="generation workers join from other processes or machines (`spotrl worker --address`, printed) "
         "instead of running here, as spec.generation.workerPods does on Kubernetes",
     )
-    p.add_argument("--host", help="with --worker-nodes: the address workers reach this machine at (default 127.0.0.1)")
-    p.add_argument("--device", default="auto", help="auto (cuda when a GPU is visible), cpu, or cuda[:N]")
+    p.add_argument(
+        "--host",
+        type=preflight.ip_address,
+        help="with --worker-nodes: the IP address workers reach this machine at, where Ray listens (default 127.0.0.1)",
+    )
     p.add_argument("--summary-json", help="write a summary of this process's run here")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-step progress")
     p.set_defaults(func=run)
 
 
-def load_job(path: str) -> Any:
-    from spotrl_runtime.api.rljob import parse_rljob
+def add_controller_flags(
+    p: argparse.ArgumentParser, *, http_port: int | None, metrics_port: int | None, metrics_host: str
+) -> None:
+    """The flags `run` and `controller` share, each checked as it is parsed."""
+    p.add_argument("--resume", type=preflight.resume, default="auto", help="auto (default), never, or a cut id")
+    p.add_argument(
+        "--sigterm-deadline", type=preflight.seconds, help="seconds a SIGTERM barrier cut may take (0 < s <= 3600)"
+    )
+    p.add_argument(
+        "--device", type=preflight.device, default="auto", help="auto (cuda when a GPU is visible), cpu, or cuda[:N]"
+    )
+    off = "off" if http_port is None else str(http_port)
+    p.add_argument(
+        "--http-port",
+        type=preflight.port,
+        default=http_port,
+        help=f"serve /metrics, /status and POST /barrier on --http-host (0: any free port; default {off})",
+    )
+    p.add_argument(
+        "--http-host",
+        type=preflight.listen_host,
+        default="127.0.0.1",
+        help="where --http-port listens (default 127.0.0.1: only this machine, or `kubectl port-forward`, can "
+        "ask for a barrier; 0.0.0.0 lets anyone who reaches it)",
+    )
+    off = "off" if metrics_port is None else str(metrics_port)
+    p.add_argument(
+        "--metrics-port",
+        type=preflight.port,
+        default=metrics_port,
+        help=f"serve only GET /metrics and /healthz on --metrics-host, for Prometheus (default {off})",
+    )
+    p.add_argument(
+        "--metrics-host", type=preflight.listen_host, help=f"where --metrics-port listens (default {metrics_host})"
+    )
 
-    with open(path) as f:
-        docs = [d for d in yaml.safe_load_all(f) if d is not None]
-    if len(docs) != 1:
-        raise SystemExit(f"{path}: expected one RLJob document, found {len(docs)}")
-    return parse_rljob(docs[0])
+
+def load_job(path: str) -> Any:
+    """The RLJob in the YAML file ``path``; a :class:`UsageError` says what is wrong with it."""
+    return preflight.load_rljob_file(path)
 
 
 def run(args: argparse.Namespace) -> int:
-    from spotrl_runtime.api.rljob import SpecError
+    job = _with_workers(load_job(args.filename), args.workers)
+    if args.storage is not None:
+        preflight.check_storage(args.storage, "--storage")
+    storage = args.storage or job.spec.checkpoint.storage or str(Path("spotrl-runs") / (job.name or "job"))
+    preflight.check_job_inputs(job, f"-f {args.filename}")
+    if args.host is not None and not args.worker_nodes:
+        raise UsageError("--host: applies only with --worker-nodes (the address worker nodes join at)")
+    if args.summary_json and not Path(args.summary_json).absolute().parent.is_dir():
+        raise UsageError(f"--summary-json {args.summary_json}: its folder does not exist")
+    metrics_host = args.metrics_host or "127.0.0.1"
+    preflight.check_listeners(args.http_host, args.http_port, metrics_host, args.metrics_port)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        job = load_job(args.filename)
-    except SpecError as err:
-        print(f"{args.filename}: {err}", file=sys.stderr)
-        return 2
-    if args.workers:
-        gen = job.spec.generation.model_copy(update={"workers": args.workers})
-        job = job.model_copy(update={"spec": job.spec.model_copy(update={"generation": gen})})
-    storage = args.storage or job.spec.checkpoint.storage or str(Path("spotrl-runs") / (job.name or "job"))
-    options = controller_options(args, job, storage)
+    options = controller_options(args, job, storage, metrics_host=metrics_host)
     if args.worker_nodes:
         options.remote_workers = True
-        options.http_host = args.host or "127.0.0.1"
+        options.ray_host = args.host or "127.0.0.1"
         options.on_ray_head.append(_print_join_command)
     return run_controller(job, options, args.summary_json)
+
+
+def _with_workers(job: Any, workers: int | None) -> Any:
+    """``job`` with ``--workers`` in place of ``spec.generation.workers``, checked as the field is."""
+    if workers is None:
+        return job
+    from pydantic import ValidationError
+
+    from spotrl_runtime.api.rljob import Generation
+
+    try:
+        gen = Generation.model_validate({**job.spec.generation.model_dump(by_alias=True), "workers": workers})
+    except ValidationError as err:
+        raise UsageError(f"--workers {workers}: {err.errors()[0]['msg']} (spec.generation.workers)") from None
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"generation": gen})})
 
 
 def _print_join_command(address: str, workers: int) -> None:
     print(f"waiting for {workers} generation worker(s); start each with: spotrl worker --address {address}", flush=True)
 
 
-def controller_options(args: argparse.Namespace, job: Any, storage: str) -> Any:
+def controller_options(args: argparse.Namespace, job: Any, storage: str, *, metrics_host: str) -> Any:
     """The :class:`ControllerOptions` the flags shared by `run` and `controller` ask for."""
     from spotrl_runtime.controller.assemble import ControllerOptions
     from spotrl_runtime.controller.progress import TerminalProgress
@@ -93,16 +148,68 @@ def controller_options(args: argparse.Namespace, job: Any, storage: str) -> Any:
         resume=args.resume,
         max_steps=getattr(args, "max_steps", None),
         sigterm_deadline=args.sigterm_deadline or max(2.0, grace - 5.0),
+        http_host=args.http_host,
         http_port=args.http_port,
+        metrics_host=metrics_host,
+        metrics_port=args.metrics_port,
         device=_device(args.device),
         sinks=[] if quiet else [TerminalProgress(job.spec.training.total_steps)],
     )
 
 
-def run_controller(job: Any, options: Any, summary_json: str | None = None) -> int:
-    """Assembles and runs a Controller; shared by `run` and `controller`. A SIGTERM before
-    training starts ends start-up (exit 143, no cut: nothing happened since the cut it
-    restores from); from then on it takes a barrier cut."""
+def start_listeners(endpoint: Any, options: Any, *, required: bool = True) -> list[Any]:
+    """The controller's HTTP listeners (:mod:`spotrl_runtime.controller.http`) that ``options``
+    asks for, started and announced. One that cannot listen is a :class:`UsageError` naming
+    its flags, or with ``required=False`` a warning, and the run goes on without it."""
+    from spotrl_runtime.controller.http import ControlServer
+
+    wanted = [
+        (options.http_host, options.http_port, True, "--http-host/--http-port"),
+        (options.metrics_host, options.metrics_port, False, "--metrics-host/--metrics-port"),
+    ]
+    servers: list[ControlServer] = []
+    try:
+        for host, port, private, flags in wanted:
+            if port is None:
+                continue
+            try:
+                server = ControlServer(endpoint, host, port, private=private)
+            except OSError as err:
+                problem = f"{flags} {host}:{port}: cannot listen there ({err.strerror or err})"
+                if required:
+                    raise UsageError(f"{problem}; pick another port, or 0 for any free one") from None
+                logging.getLogger("spotrl.controller").warning("%s; the run goes on without it", problem)
+                continue
+            servers.append(server.start())
+            what = "controller endpoint" if private else "metrics endpoint"
+            print(f"{what}: {server.address} ({server.routes})", flush=True)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
+
+
+def run_controller(job: Any, options: Any, summary_json: str | None = None, *, listeners_required: bool = True) -> int:
+    """Assembles and runs a Controller; shared by `run` and `controller`. The HTTP listeners
+    start first, so /status answers while the run starts (``listeners_required``: see
+    :func:`start_listeners`). A SIGTERM before training starts ends start-up (exit 143, no
+    cut: nothing happened since the cut it restores from); from then on it takes a barrier cut."""
+    from spotrl_runtime.controller.http import Endpoint
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    total = job.spec.training.total_steps
+    endpoint = Endpoint(job.name, options.attempt, min(total, options.max_steps or total))
+    servers = start_listeners(endpoint, options, required=listeners_required)
+    try:
+        return _assemble_and_run(job, options, endpoint, stop, summary_json)
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def _assemble_and_run(job: Any, options: Any, endpoint: Any, stop: threading.Event, summary_json: str | None) -> int:
     # The controller's modules import torch (and Ray when it starts): only now, so that the
     # CLI's other commands and --help stay quick.
     from spotrl_runtime.checkpoint.fence import FencedError
@@ -110,14 +217,12 @@ def run_controller(job: Any, options: Any, summary_json: str | None = None) -> i
     from spotrl_runtime.checkpoint.resume import ResumeError
     from spotrl_runtime.checkpoint.writer import CutConflictError
     from spotrl_runtime.controller.assemble import ControllerError, assemble
-    from spotrl_runtime.controller.http import ControlServer
     from spotrl_runtime.controller.loop import EXIT_FENCED, EXIT_TERMINATED, Controller
-    from spotrl_runtime.controller.metrics import registry_for
     from spotrl_runtime.core.validation import CutCheckError
     from spotrl_runtime.generation.cluster import RayStartError
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if stop.is_set():
+        return EXIT_TERMINATED
     try:
         parts = assemble(job, options, stop)
     except FencedError as err:
@@ -131,18 +236,12 @@ def run_controller(job: Any, options: Any, summary_json: str | None = None) -> i
     if stop.is_set():
         parts.shutdown()
         return EXIT_TERMINATED
-    server = None
-    if options.http_port is not None:
-        server = ControlServer(controller, registry_for(controller), options.http_host, options.http_port).start()
-        print(f"controller endpoint: {server.address} (/metrics, /status, POST /barrier)", flush=True)
+    endpoint.serve(controller)
     try:
         rc = controller.run()
     except (FencedError, CutConflictError) as err:
         print(f"spotrl: {err}", file=sys.stderr)
         rc = EXIT_FENCED
-    finally:
-        if server is not None:
-            server.stop()
     summary = {
         "exit_code": rc,
         "attempt": controller.owners.attempt,

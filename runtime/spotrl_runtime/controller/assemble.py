@@ -61,11 +61,17 @@ class ControllerOptions:
     """Seconds a barrier cut on SIGTERM may take (keep it inside the pod's grace period)."""
     http_host: str = "127.0.0.1"
     http_port: int | None = None
-    """Serve /metrics, /status and POST /barrier here (0: any free port; None: off)."""
+    """The private listener: /metrics, /status and POST /barrier (0: any free port; None: off).
+    Loopback unless asked otherwise: whoever reaches it can park the run."""
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    """The public listener: GET /metrics and /healthz only (in a pod: on its IP, for Prometheus)."""
+    ray_host: str = "127.0.0.1"
+    """The address Ray binds to; with remote workers, the one they join at."""
     ray_num_cpus: int | None = None
     remote_workers: bool = False
     """Generation workers on Ray nodes that join this controller's Ray head (worker pods),
-    not in this process's Ray; the head listens on ``http_host``."""
+    not in this process's Ray; the head listens on ``ray_host``."""
     worker_wait_seconds: float = 900.0
     """With remote workers: how long to wait for the first one to join before giving up."""
     on_ray_head: list[Callable[[str, int], object]] = field(default_factory=list)
@@ -111,7 +117,7 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
     """Starts generation, restores or starts the run, and waits for the workers (``stop``, set
     by a SIGTERM, ends that wait early). Stops what it started if anything fails."""
     spec = job.spec
-    ray = start_ray(options.http_host, options.remote_workers, options.ray_num_cpus)
+    ray = start_ray(options.ray_host, options.remote_workers, options.ray_num_cpus)
     pool: GenerationPool | None = None
     try:
         pool = generation_pool(spec, options.device, options.remote_workers)

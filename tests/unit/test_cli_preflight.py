@@ -1,0 +1,230 @@
+"""Bad input fails before anything starts: `spotrl run` and `spotrl controller` as a user runs them.
+
+Each hostile input runs the real CLI in a subprocess whose torch and ray cannot be imported
+(stand-ins on PYTHONPATH raise): a check that passed its input on to the heavy code would
+end in that ImportError, not in the one-line message naming the flag, field or file.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spotrl_runtime.commands import preflight
+
+ROOT = Path(__file__).resolve().parents[2]
+POISON = "spotrl test: {} must not be imported before every check passed"
+JOB = yaml.safe_load((ROOT / "examples/tiny-cpu.yaml").read_text())
+
+
+class Cli:
+    """`spotrl` in a subprocess that cannot import torch or ray, in a fresh folder (``work``);
+    after each run, no Ray folder and no storage exist."""
+
+    def __init__(self, tmp_path: Path):
+        self.poison = tmp_path / "poison"
+        for name in ("torch", "ray"):
+            (self.poison / name).mkdir(parents=True)
+            (self.poison / name / "__init__.py").write_text(f"raise ImportError({POISON.format(name)!r})\n")
+        self.ray_tmp = tmp_path / "ray"
+        self.ray_tmp.mkdir()
+        self.work = tmp_path / "work"
+        self.work.mkdir()
+        self.cache = tmp_path / "cache"
+
+    def __call__(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("SPOTRL_")}
+        environ.update(
+            PYTHONPATH=os.pathsep.join([str(self.poison), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            SPOTRL_RAY_TMP=str(self.ray_tmp),
+            RAY_TMPDIR=str(self.ray_tmp),
+            SPOTRL_CACHE=str(self.cache),
+            **env,
+        )
+        out = subprocess.run(
+            [sys.executable, "-m", "spotrl_runtime.cli", *args],
+            capture_output=True,
+            text=True,
+            cwd=self.work,
+            env=environ,
+            timeout=120,
+        )
+        assert not any(self.ray_tmp.iterdir()), "Ray started"
+        assert not (self.work / "spotrl-runs").exists(), "storage was touched"
+        return out
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    return Cli(tmp_path)
+
+
+def job_file(folder: Path, **changes: object) -> Path:
+    """examples/tiny-cpu.yaml with ``changes`` ("spec.dataset.uri": ...) applied."""
+    doc = yaml.safe_load(yaml.safe_dump(JOB))
+    for path, value in changes.items():
+        *parents, leaf = path.split("__")
+        node = doc
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def assert_refused(out: subprocess.CompletedProcess[str], names: str) -> None:
+    """Exit 2, one line on stderr naming the problem, no traceback, nothing on stdout."""
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    assert "must not be imported" not in out.stderr, out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1, out.stderr
+    assert names in lines[0], lines[0]
+    assert out.stdout == ""
+
+
+EXAMPLE = str(ROOT / "examples/tiny-cpu.yaml")
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["--max-steps", "-3"], "argument --max-steps: must be an integer >= 1, got '-3'"),
+        (["--max-steps", "0"], "argument --max-steps: must be an integer >= 1, got '0'"),
+        (["--max-steps", "ten"], "argument --max-steps: must be an integer >= 1"),
+        (["--workers", "0"], "argument --workers: must be an integer >= 1"),
+        (["--workers", "5000"], "--workers 5000: Input should be less than or equal to 1024"),
+        (["--sigterm-deadline", "nan"], "argument --sigterm-deadline: must be a number of seconds above 0"),
+        (["--sigterm-deadline", "inf"], "argument --sigterm-deadline"),
+        (["--sigterm-deadline", "-1"], "argument --sigterm-deadline"),
+        (["--http-port", "70000"], "argument --http-port: must be a port from 0"),
+        (["--http-port", "-1"], "argument --http-port"),
+        (["--metrics-port", "http"], "argument --metrics-port"),
+        (["--http-host", "not a host"], "argument --http-host: must be an IP address"),
+        (["--resume", "../../etc"], "argument --resume: must be auto, never, or a cut id"),
+        (["--device", "tpu"], "argument --device: must be auto, cpu, cuda or cuda:N"),
+        (["--host", "10.0.0.1"], "--host: applies only with --worker-nodes"),
+        (["--worker-nodes", "--host", "my-laptop"], "argument --host: must be an IP address"),
+        (["--storage", "s3:/x"], "--storage 's3:/x': not a storage URI"),
+        (["--storage", "ftp://x"], "--storage 'ftp://x': not a storage URI"),
+        (["--storage", "s3://"], "--storage 's3://': not a storage URI"),
+        (["--storage", "s3://Bad_Bucket/x"], "not a storage URI"),
+        (["--storage", ""], "--storage '': not a storage URI"),
+        (["--summary-json", "/nonexistent/folder/summary.json"], "--summary-json /nonexistent/folder/summary.json"),
+        (["--http-port", "8123", "--metrics-port", "8123"], "--metrics-port 8123: --http-port listens there too"),
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    ],
+)
+def test_a_bad_flag_fails_before_anything_starts(cli: Cli, args: list[str], names: str) -> None:
+    assert_refused(cli("run", "-f", EXAMPLE, *args), names)
+
+
+def test_storage_that_is_a_file_is_refused(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    assert_refused(cli("run", "-f", EXAMPLE, "--storage", str(tmp_path / "a-file")), "is a file; cuts go to a folder")
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("apiVersion: spotrl.dev/v1alpha1\nkind: [RLJob\n", "-f job.yaml: line 3, column 1: not valid YAML"),
+        ("a: b: c\n", "-f job.yaml: line 1, column 5: not valid YAML"),
+        ("", "-f job.yaml: expected one RLJob document, found 0"),
+        ("a: 1\n---\nb: 2\n", "-f job.yaml: expected one RLJob document, found 2"),
+        ("- 1\n", "-f job.yaml: document: an RLJob document must be a mapping"),
+    ],
+)
+def test_a_file_that_is_not_one_rljob_is_one_line(cli: Cli, text: str, names: str) -> None:
+    (cli.work / "job.yaml").write_text(text)
+    assert_refused(cli("run", "-f", "job.yaml"), names)
+
+
+def test_a_missing_file_or_a_folder_is_one_line(cli: Cli) -> None:
+    assert_refused(cli("run", "-f", "missing.yaml"), "-f missing.yaml: no such file")
+    assert_refused(cli("run", "-f", "."), "-f .: is a folder")
+
+
+@pytest.mark.parametrize(
+    ("changes", "names"),
+    [
+        ({"metadata__name": "../../tmp/x"}, "metadata.name: '../../tmp/x' is not a valid name"),
+        ({"metadata__name": "Tiny_Job"}, "metadata.name: 'Tiny_Job' is not a valid name"),
+        ({"metadata__name": "a" * 254}, "is not a valid name: use at most 253"),
+        ({"metadata__name": 7}, "metadata.name: 7 is not a valid name"),
+        ({"spec__generation__groupSize": 1}, "spec.generation.groupSize: Input should be greater than or equal to 2"),
+        ({"spec__checkpoint__storage": "ftp://x"}, "spec.checkpoint.storage: String should match pattern"),
+        ({"spec__dataset__uri": "./missing.jsonl"}, "spec.dataset.uri './missing.jsonl': does not exist"),
+        ({"spec__dataset__uri": "/"}, "spec.dataset.uri '/': is a folder"),
+        ({"spec__dataset__uri": "s3://"}, "spec.dataset.uri 's3://': use s3://bucket/path/to/file.jsonl"),
+        ({"spec__dataset__uri": "s3://bucket"}, "spec.dataset.uri 's3://bucket': use s3://bucket/path/to/file.jsonl"),
+        ({"spec__dataset__uri": "ftp://host/x.jsonl"}, "spec.dataset.uri 'ftp://host/x.jsonl': use a JSONL path"),
+        ({"spec__dataset__uri": "builtin:nope"}, "spec.dataset.uri: unknown built-in dataset 'builtin:nope'"),
+        ({"spec__dataset__uri": "builtin:arithmetic?size=x"}, "spec.dataset.uri: 'builtin:arithmetic?size=x': size"),
+        ({"spec__policy__model": "builtin:huge"}, "spec.policy.model 'builtin:huge': not a built-in model"),
+        ({"spec__policy__model": "./no-model"}, "spec.policy.model './no-model': no such folder"),
+        ({"spec__policy__model": "s3://B/x"}, "spec.policy.model 's3://B/x': use s3://bucket/prefix"),
+        ({"spec__policy__model": "gs://b/x"}, "spec.policy.model 'gs://b/x': use a local folder"),
+    ],
+)
+def test_a_bad_field_fails_before_anything_starts(cli: Cli, changes: dict[str, object], names: str) -> None:
+    path = job_file(cli.work, **changes)
+    out = cli("run", "-f", str(path))
+    assert_refused(out, names)
+    assert out.stderr.startswith(f"spotrl run: -f {path}: ")
+
+
+def test_a_job_that_passes_the_checks_reaches_the_heavy_code(cli: Cli) -> None:
+    """The stand-in torch is what stops this one: the checks let it through, and an unexpected
+    error is one line too (exit 1); --debug adds the traceback."""
+    out = cli("run", "-f", EXAMPLE)
+    assert out.returncode == 1, out.stderr
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("spotrl run: unexpected error: ImportError: spotrl test: torch must not be imported")
+    assert line.endswith("(run `spotrl --debug run ...` for the traceback)")
+
+    out = cli("run", "-f", EXAMPLE, "--debug")
+    assert out.returncode == 1
+    assert out.stderr.startswith("Traceback (most recent call last):")
+    assert out.stderr.splitlines()[-1].startswith("spotrl run: unexpected error: ImportError")
+
+
+def test_debug_shows_the_traceback_of_a_usage_error(cli: Cli) -> None:
+    out = cli("--debug", "run", "-f", "missing.yaml")
+    assert out.returncode == 2
+    assert "Traceback" in out.stderr
+    assert out.stderr.splitlines()[-1] == "spotrl run: -f missing.yaml: no such file"
+
+
+CONTROLLER_ENV = {"SPOTRL_JOB": "tiny", "SPOTRL_ATTEMPT": "1", "SPOTRL_STORAGE": "s3://bucket/tiny"}
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "names"),
+    [
+        ({"SPOTRL_JOB": ""}, [], "$SPOTRL_JOB is not set"),
+        ({"SPOTRL_ATTEMPT": "one"}, [], "$SPOTRL_ATTEMPT='one': must be an integer >= 1"),
+        ({"SPOTRL_ATTEMPT": "0"}, [], "$SPOTRL_ATTEMPT='0'"),
+        ({"SPOTRL_STORAGE": "s3:/bucket"}, [], "$SPOTRL_STORAGE 's3:/bucket': not a storage URI"),
+        ({"SPOTRL_POD_IP": "pod"}, [], "$SPOTRL_POD_IP='pod': must be an IP address"),
+        ({}, ["--http-port", "99999"], "argument --http-port"),
+        ({}, ["--sigterm-deadline", "0"], "argument --sigterm-deadline"),
+        ({}, ["--http-host", "0.0.0.0", "--http-port", "9400"], "--metrics-port 9400: --http-port listens there"),
+    ],
+)
+def test_the_controller_checks_its_flags_and_environment_first(
+    cli: Cli, env: dict[str, str], args: list[str], names: str
+) -> None:
+    out = cli("controller", *args, **{**CONTROLLER_ENV, **env})
+    assert_refused(out, names)
+
+
+def test_the_builtin_models_are_the_loaders() -> None:
+    from spotrl_runtime.models.loading import BUILTIN_MODELS
+
+    assert preflight.BUILTIN_MODELS == BUILTIN_MODELS
