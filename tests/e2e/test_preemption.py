@@ -326,6 +326,7 @@ def test_the_leading_operator_pod_killed_mid_barrier_is_finished_by_the_standby(
     assert_same_stream(reference, e2e_storage, "tiny")
 
 
+@pytest.mark.kind_ci  # the deletion pod on a real kubelet: the operator's image, restricted, its termination message
 def test_deleting_a_job_with_retention_delete_removes_its_cuts_and_nothing_else(
     e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage
 ) -> None:
