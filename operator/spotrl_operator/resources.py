@@ -266,10 +266,11 @@ def _restricted(pod_spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _runtime_env(
-    ref: JobRef, spec: api.RLJobSpec, settings: Settings, attempt: int, storage: bool
+    ref: JobRef, spec: api.RLJobSpec, settings: Settings, attempt: int, storage: bool, credentials: bool = True
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(env, envFrom) of a runtime container: who it is, and how it reaches the job's S3
-    (the storage, and models or datasets on s3://)."""
+    (the storage, and models or datasets on s3://). ``credentials``: whether it gets the
+    job's credentials Secret at all."""
     env: list[dict[str, Any]] = [
         {"name": "SPOTRL_JOB", "value": ref.name},
         {"name": "SPOTRL_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -288,7 +289,7 @@ def _runtime_env(
         env.append({"name": "AWS_DEFAULT_REGION", "value": spec.checkpoint.s3_region})
     env += [{"name": k, "value": v} for k, v in sorted(settings.extra_env.items())]
     secret = spec.checkpoint.credentials_secret or settings.default_credentials_secret
-    env_from = [{"secretRef": {"name": secret}}] if secret else []
+    env_from = [{"secretRef": {"name": secret}}] if secret and credentials else []
     return env, env_from
 
 
@@ -386,7 +387,10 @@ def worker_pod(
     one worker slot, with ``generation.resources``. It needs no Kubernetes API access, so it
     gets no token; it is not covered by the PodDisruptionBudget (that selects the controller)."""
     sched = spec.scheduling
-    env, env_from = _runtime_env(ref, spec, settings, attempt, storage=False)
+    # A worker reads from S3 only to load a policy stored there; weights come from the
+    # controller. Without one it gets no keys.
+    needs_s3 = spec.policy.model.startswith("s3://")
+    env, env_from = _runtime_env(ref, spec, settings, attempt, storage=False, credentials=needs_s3)
     res = spec.generation.resources
     args = ["--address", address]
     cpus = _ray_cpus(res.cpu)

@@ -156,7 +156,10 @@ def test_the_worker_pod() -> None:
     assert env["AWS_ENDPOINT_URL"] == "http://s3:9000"
     assert env["AWS_DEFAULT_REGION"] == "eu-west-1"
     assert "SPOTRL_STORAGE" not in env, "a worker writes no cuts"
-    assert c["envFrom"] == [{"secretRef": {"name": "s3-keys"}}], "models on s3:// need the keys"
+    assert c["envFrom"] == [], "a worker whose policy is not on S3 gets no keys"
+    on_s3 = parse_spec({**WORKER_SPEC.model_dump(by_alias=True), "policy": {"model": "s3://models/qwen"}})
+    (c,) = resources.worker_pod(REF, on_s3, SETTINGS, 2, 1, "127.0.1.2:40001")["spec"]["containers"]
+    assert c["envFrom"] == [{"secretRef": {"name": "s3-keys"}}], "a policy on s3:// needs the keys"
     assert spec["restartPolicy"] == "Never"
     assert spec["automountServiceAccountToken"] is False, "a worker needs no Kubernetes API"
     assert "serviceAccountName" not in spec
