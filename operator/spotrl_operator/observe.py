@@ -112,12 +112,25 @@ def is_worker_pod(pod: Obj) -> bool:
 # --------------------------------------------------------------------- pods
 
 
-def _exit_code(pod: Obj) -> int | None:
+def _terminated(pod: Obj) -> Obj | None:
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         terminated = (cs.get("state") or {}).get("terminated")
         if terminated is not None:
-            return int(terminated.get("exitCode", 0))
+            return dict(terminated)
     return None
+
+
+def _exit_code(pod: Obj) -> int | None:
+    terminated = _terminated(pod)
+    return None if terminated is None else int(terminated.get("exitCode", 0))
+
+
+def _exit_message(pod: Obj) -> str | None:
+    """The last non-empty line of the termination message (a runtime error is one line; with
+    FallbackToLogsOnError the kubelet puts the log's tail there), at most 300 characters."""
+    message = ((_terminated(pod) or {}).get("message") or "").strip()
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else None
 
 
 def deleting_since(pod: Obj) -> datetime | None:
@@ -148,6 +161,7 @@ def pod_view(pod: Obj) -> PodView:
         node=(pod.get("spec") or {}).get("nodeName") or None,
         deleting_since=deleting_since(pod),
         exit_code=_exit_code(pod),
+        exit_message=_exit_message(pod),
         disruption=disruption,
         index=_int_label(labels, WORKER_INDEX_LABEL),
     )

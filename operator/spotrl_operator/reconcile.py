@@ -161,7 +161,7 @@ def _finished(b: Builder, pod: PodView) -> float | None:
         return 1.0
     restarts = b.st.restarts + 1
     why = (
-        f"exit code {pod.exit_code}"
+        f"exit code {pod.exit_code}" + (f": {pod.exit_message}" if pod.exit_message else "")
         if pod.phase == "Failed"
         else f"exited 0 after {b.st.step or 0} of {spec.training.total_steps} steps"
     )

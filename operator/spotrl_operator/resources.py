@@ -340,6 +340,9 @@ def controller_pod(
                 "env": env,
                 "envFrom": env_from,
                 "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
+                # A crash's one-line error (the log's tail) goes into the pod's status, and from
+                # there into the RLJob's ControllerCrashed Event and status message.
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "resources": _quantities(spec.training.resources, settings.controller_requests),
                 # Ready once /metrics accepts connections: a TCP probe, which the kernel answers
                 # even while a long step holds the interpreter (an HTTP one could time out, and
@@ -411,6 +414,7 @@ def worker_pod(
                 "imagePullPolicy": settings.image_pull_policy,
                 "command": ["spotrl", "worker"],
                 "args": args,
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "env": env,
                 "envFrom": env_from,
                 "resources": _quantities(res, settings.worker_requests),

@@ -32,6 +32,8 @@ class PodView:
     node: str | None = None
     deleting_since: datetime | None = None
     exit_code: int | None = None
+    exit_message: str | None = None
+    """The last line of the container's termination message (its error, as the CLI prints it)."""
     disruption: str | None = None
     """Reason of a DisruptionTarget=True condition (EvictionByEvictionAPI, TerminationByKubelet...)."""
     index: int | None = None

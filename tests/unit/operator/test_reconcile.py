@@ -265,6 +265,34 @@ def test_crashes_back_off_count_against_the_budget_and_finally_fail() -> None:
     assert reconcile(world(status=p4.status)).actions == []
 
 
+def test_a_crash_says_why_in_the_users_words() -> None:
+    """The runtime prints a user error as one line; it reaches the status and the Event."""
+    st = RLJobStatus(phase="Running", attempt=1, step=3)
+    why = "spotrl: s3://no-such-bkt/x: NoSuchBucket: The specified bucket does not exist"
+    crashed = replace(running(), phase="Failed", exit_code=1, exit_message=why)
+    plan = reconcile(world(status=st, pods=(crashed,)))
+    assert plan.status is not None
+    assert why in (plan.status.message or "")
+    assert any(why in e.message for e in of(plan, Event) if e.reason == "ControllerCrashed")
+
+
+def test_the_termination_message_is_its_last_line_and_bounded() -> None:
+    from spotrl_operator.observe import pod_view
+
+    pod = {
+        "metadata": {"name": "j-controller-1", "labels": {"spotrl.dev/attempt": "1"}},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {"state": {"terminated": {"exitCode": 1, "message": "INFO starting\n\nspotrl: " + "x" * 500 + "\n"}}}
+            ],
+        },
+    }
+    view = pod_view(pod)
+    assert view.exit_code == 1
+    assert view.exit_message == ("spotrl: " + "x" * 500)[:300]
+
+
 def test_a_preempted_pod_that_failed_is_not_a_crash() -> None:
     st = RLJobStatus(phase="Running", attempt=1)
     shutdown = replace(running(), phase="Failed", exit_code=143, disruption="TerminationByKubelet")
