@@ -124,9 +124,22 @@ def check_listeners(http_host: str, http_port: int | None, metrics_host: str, me
 # ------------------------------------------------------------------ the RLJob file
 
 
+def yaml_documents(text: str, label: str) -> list[Any]:
+    """The non-empty YAML documents of ``text``; a syntax error is a UsageError naming
+    ``label``, the line and the column."""
+    import yaml
+
+    try:
+        return [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise UsageError(f"{label}:{where} not valid YAML ({problem})") from None
+
+
 def load_rljob_file(path: str) -> Any:
     """The one RLJob in the YAML file ``path`` (``-f``), validated as the API server would."""
-    import yaml
 
     from spotrl_runtime.api.rljob import SpecError, parse_rljob
 
@@ -138,13 +151,7 @@ def load_rljob_file(path: str) -> Any:
         raise UsageError(f"-f {path}: is a folder; give the RLJob's YAML file") from None
     except (OSError, UnicodeDecodeError) as err:
         raise UsageError(f"-f {path}: cannot read it ({getattr(err, 'strerror', None) or err})") from None
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise UsageError(f"-f {path}:{where} not valid YAML ({problem})") from None
+    docs = yaml_documents(text, f"-f {path}")
     if len(docs) != 1:
         raise UsageError(f"-f {path}: expected one RLJob document, found {len(docs)}")
     try:

@@ -1,4 +1,7 @@
-"""`spotrl validate -f RLJOB.yaml`: check RLJob documents with the same model the operator uses."""
+"""`spotrl validate -f RLJOB.yaml`: check RLJob documents with the same model the operator uses.
+
+Exit codes: 0 every document is valid, 1 a document is not, 2 a file cannot be read or is not
+YAML (one line naming it, the line and the column)."""
 
 from __future__ import annotations
 
@@ -6,9 +9,8 @@ import argparse
 import sys
 from typing import Any
 
-import yaml
-
 from spotrl_runtime.api.rljob import SpecError, parse_rljob
+from spotrl_runtime.commands.preflight import UsageError, yaml_documents
 
 
 def register(sub: Any) -> None:
@@ -23,9 +25,12 @@ def run(args: argparse.Namespace) -> int:
         if path == "-":
             text = sys.stdin.read()
         else:
-            with open(path) as f:
-                text = f.read()
-        for i, doc in enumerate(d for d in yaml.safe_load_all(text) if d is not None):
+            try:
+                with open(path) as f:
+                    text = f.read()
+            except (OSError, UnicodeDecodeError) as err:
+                raise UsageError(f"-f {path}: cannot read it ({getattr(err, 'strerror', None) or err})") from None
+        for i, doc in enumerate(yaml_documents(text, f"-f {path}")):
             label = f"{path}#{i}"
             try:
                 job = parse_rljob(doc)
