@@ -4,6 +4,9 @@ pod's address, with the worker resource and no fixed port; wildcards are refused
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +46,22 @@ def test_the_command_needs_an_address_and_refuses_a_wildcard_node_ip(capsys: pyt
     assert "--address" in capsys.readouterr().err
     assert main(["worker", "--address", "127.0.1.2:1", "--node-ip", "0.0.0.0"]) == 2
     assert "not a wildcard" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--address", "head"], "--address"),
+        (["--address", "head:0"], "--address"),
+        (["--address", "head:6379", "--num-cpus", "0"], "--num-cpus"),
+        (["--address", "head:6379", "--num-gpus", "-1"], "--num-gpus"),
+        (["--address", "head:6379", "--node-ip", "my-pod"], "--node-ip"),
+    ],
+)
+def test_bad_worker_flags_are_one_line_and_exit_2_before_ray_starts(flags: list[str], named: str) -> None:
+    spotrl = str(Path(sys.executable).parent / "spotrl")
+    out = subprocess.run([spotrl, "worker", *flags], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 2, out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert named in line
+    assert "joining the Ray head" not in out.stdout

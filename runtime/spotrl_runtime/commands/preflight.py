@@ -47,6 +47,26 @@ def positive_int(text: str) -> int:
     return value
 
 
+def count(text: str) -> int:
+    """An integer >= 0 (``spotrl worker --num-gpus``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def host_port(text: str) -> str:
+    """``HOST:PORT`` with a port from 1 to 65535 (a Ray head's address)."""
+    host, sep, port_text = text.rpartition(":")
+    ok = sep and host and port_text.isascii() and port_text.isdigit() and 1 <= int(port_text) <= 65535
+    if not ok:
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT (status.rayHead.address), got {text!r}")
+    return text
+
+
 def port(text: str) -> int:
     """A TCP port, 0 (any free port) to 65535."""
     try:

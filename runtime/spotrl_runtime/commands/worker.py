@@ -26,6 +26,8 @@ import tempfile
 import threading
 from typing import Any
 
+from spotrl_runtime.commands import preflight
+
 STOP_SECONDS = 8.0
 """After SIGTERM, how long Ray's own shutdown may take before its processes are killed."""
 
@@ -37,10 +39,17 @@ def register(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--address", required=True, help="the controller's Ray head, HOST:PORT (status.rayHead.address)")
-    p.add_argument("--node-ip", help="this node's address (default: $SPOTRL_POD_IP, else 127.0.0.1)")
-    p.add_argument("--num-cpus", type=int, help="CPUs this node offers (default: what Ray sees)")
-    p.add_argument("--num-gpus", type=int, help="GPUs this node offers (default: what Ray sees)")
+    p.add_argument(
+        "--address",
+        required=True,
+        type=preflight.host_port,
+        help="the controller's Ray head, HOST:PORT (status.rayHead.address)",
+    )
+    p.add_argument(
+        "--node-ip", type=preflight.ip_address, help="this node's address (default: $SPOTRL_POD_IP, else 127.0.0.1)"
+    )
+    p.add_argument("--num-cpus", type=preflight.positive_int, help="CPUs this node offers (default: what Ray sees)")
+    p.add_argument("--num-gpus", type=preflight.count, help="GPUs this node offers (default: what Ray sees)")
     p.set_defaults(func=run)
 
 
