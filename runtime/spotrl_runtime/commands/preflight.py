@@ -36,46 +36,38 @@ class UsageError(Exception):
 # ------------------------------------------------------------------ flags (argparse types)
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1 (``--max-steps``, ``--workers``)."""
+def _integer(text: str, low: int, high: int | None, what: str) -> int:
+    """``text`` as an integer from ``low`` to ``high`` (None: no bound), else the flag's error."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+        value = None
+    if value is None or value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (``--max-steps``, ``--workers``, ``spotrl worker --num-cpus``)."""
+    return _integer(text, 1, None, "an integer >= 1")
 
 
 def count(text: str) -> int:
     """An integer >= 0 (``spotrl worker --num-gpus``)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
+    return _integer(text, 0, None, "an integer >= 0")
+
+
+def port(text: str) -> int:
+    """A TCP port, 0 (any free port) to 65535."""
+    return _integer(text, 0, 65535, "a port from 0 (any free port) to 65535")
 
 
 def host_port(text: str) -> str:
     """``HOST:PORT`` with a port from 1 to 65535 (a Ray head's address)."""
     host, sep, port_text = text.rpartition(":")
-    ok = sep and host and port_text.isascii() and port_text.isdigit() and 1 <= int(port_text) <= 65535
-    if not ok:
+    if not (sep and host and port_text.isascii() and port_text.isdigit() and 1 <= int(port_text) <= 65535):
         raise argparse.ArgumentTypeError(f"must be HOST:PORT (status.rayHead.address), got {text!r}")
     return text
-
-
-def port(text: str) -> int:
-    """A TCP port, 0 (any free port) to 65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port from 0 (any free port) to 65535, got {text!r}")
-    return value
 
 
 def seconds(text: str) -> float:
