@@ -35,6 +35,8 @@ def python_pod(
         "command": ["python", "-c", script, *args],
         "env": list(env),
         "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        # Pod Security `restricted` (the e2e namespaces enforce it), as the operator's pods.
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
     if resources:
         container["resources"] = resources
@@ -44,6 +46,7 @@ def python_pod(
         "restartPolicy": restart_policy,
         "containers": [container],
         "volumes": [{"name": "data", "emptyDir": {}}],
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
     }
     if grace_seconds is not None:
         spec["terminationGracePeriodSeconds"] = grace_seconds
