@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,11 @@ def test_the_api_server_accepts_every_pod_the_operator_builds(
         resources.controller_pod(pod_owner, spec, SETTINGS, 3, names),
         resources.worker_pod(pod_owner, spec, SETTINGS, 3, 1, "10.0.0.7:6379", names),
     ]
+    # The deletion pod of retentionPolicy Delete: the job's tolerations, no avoid-list. It
+    # passes Pod Security `restricted` like the others (the namespace enforces it).
+    root = f"s3://bucket-x/root/{pod_owner.namespace}/{pod_owner.name}"
+    deletion = dry_run(operator_client, "pods", resources.retention_pod(pod_owner, spec, SETTINGS, root, 0))
+    assert deletion["spec"]["automountServiceAccountToken"] is False
     for pod in pods:
         stored = dry_run(operator_client, "pods", pod)
         # What the server kept: every term keeps off every avoided node.
@@ -230,6 +236,10 @@ def test_the_api_server_accepts_the_other_objects_the_operator_builds(
         dry_run(operator_client, plural, obj)
     for open_ in (False, True):
         dry_run(operator_client, "poddisruptionbudgets", resources.disruption_budget(job_ref, open_), "policy/v1")
+    for peers in (SETTINGS.metrics_from, ({"namespaceSelector": {"matchLabels": {"team": "monitoring"}}},)):
+        settings = replace(SETTINGS, metrics_from=peers)
+        policy = resources.network_policy(job_ref, settings)
+        dry_run(operator_client, "networkpolicies", policy, "networking.k8s.io/v1")
     rbac = "rbac.authorization.k8s.io/v1"
     # The operator may grant the runtime's Role only because it holds those rights itself. A
     # binding's check reads the Role it binds, so the Role is created for real first.
