@@ -159,19 +159,22 @@ def objects_by_line(manifest: Path) -> list[tuple[int, int, str]]:
     return out
 
 
+def _json_of(args: list[str], what: str) -> Any:
+    """What a scanner run writes to stdout, as JSON; its stderr in the error when it is not."""
+    proc = subprocess.run(args, capture_output=True, text=True)
+    try:
+        return json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise ScanError(f"{what} (exit {proc.returncode}) wrote no JSON: {proc.stderr[-2000:]}") from None
+
+
 def run_checkov(checkov: str, set_name: str, manifest: Path) -> list[Finding]:
     """checkov's failed (and in-manifest skipped) checks. The object is the document the
     check's lines are in: a graph check on a Deployment's pod template names a Pod that
     checkov makes up from the template's labels."""
     args = [checkov, "-f", str(manifest), "--framework", "kubernetes", "-o", "json"]
     args += ["--skip-download", "--compact", "--quiet"]
-    proc = subprocess.run(args, capture_output=True, text=True)
-    try:
-        report = json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        raise ScanError(
-            f"checkov on {set_name} (exit {proc.returncode}) wrote no JSON: {proc.stderr[-2000:]}"
-        ) from None
+    report = _json_of(args, f"checkov on {set_name}")
     reports = report if isinstance(report, list) else [report]
     documents = objects_by_line(manifest)
     out = []
@@ -192,13 +195,7 @@ def run_checkov(checkov: str, set_name: str, manifest: Path) -> list[Finding]:
 def run_kube_score(kube_score: str, set_name: str, manifest: Path) -> list[Finding]:
     args = [kube_score, "score", "-o", "json", "--kubernetes-version", KUBE_VERSION]
     args += ["--disable-ignore-checks-annotations", str(manifest)]
-    proc = subprocess.run(args, capture_output=True, text=True)
-    try:
-        objects = json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        raise ScanError(
-            f"kube-score on {set_name} (exit {proc.returncode}) wrote no JSON: {proc.stderr[-2000:]}"
-        ) from None
+    objects = _json_of(args, f"kube-score on {set_name}")
     out = []
     for obj in objects:
         name = _kind_name(obj["type_meta"]["kind"], obj["object_meta"]["name"])
