@@ -18,8 +18,8 @@ pytestmark = pytest.mark.cluster
 RELEASE = "spotrl-chart"
 
 
-def render(cluster: Cluster, namespace: str, *sets: str) -> list[dict]:
-    args = ["template", RELEASE, str(CHART), "--namespace", namespace, "--kube-version", "1.35.4", "--include-crds"]
+def render(cluster: Cluster, namespace: str, *sets: str, release: str = RELEASE) -> list[dict]:
+    args = ["template", release, str(CHART), "--namespace", namespace, "--kube-version", "1.35.4", "--include-crds"]
     for s in sets:
         args += ["--set", s]
     return [d for d in yaml.safe_load_all(helm(cluster, *args)) if d]
@@ -233,7 +233,9 @@ def test_the_admission_policy_refuses_a_secret_the_author_cannot_read_and_an_ima
     read the Secret it names, and run the image it names. The policy checks the author's own
     rights (a SubjectAccessReview through CEL's authorizer) at admission."""
     apply_crd(cluster)
-    docs = render(cluster, namespace, "imagePolicy.allowedImages[0]=registry.example.com/ml/")
+    # A release name of its own: the installed-chart test's policy (cluster-scoped, same
+    # name) may still be in the API server's cache for a moment after its uninstall.
+    docs = render(cluster, namespace, "imagePolicy.allowedImages[0]=registry.example.com/ml/", release="spotrl-vap")
     policy = [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
     assert len(policy) == 2
     admin = cluster.admin()
@@ -275,11 +277,16 @@ def test_the_admission_policy_refuses_a_secret_the_author_cannot_read_and_an_ima
             return r.returncode, r.stderr
 
         theirs = {"checkpoint": {"storage": "s3://bucket-x/j", "credentialsSecret": "theirs"}}
-        # The policy is in force once its first refusal is seen (the API server loads it async).
+        # The policy is in force once its first refusal is seen and an image it allows passes:
+        # the API server loads policies asynchronously, and drops a deleted one the same way.
         probes = iter(range(1000))
-        wait_until(
-            lambda: "credentialsSecret" in create(f"probe-{next(probes)}", **theirs)[1], 30, "the policy in force"
-        )
+
+        def in_force() -> bool:
+            refused = "credentialsSecret" in create(f"probe-{next(probes)}", **theirs)[1]
+            allowed = create(f"probe-{next(probes)}", scheduling={"image": "registry.example.com/ml/probe:1"})[0] == 0
+            return refused and allowed
+
+        wait_until(in_force, 30, "the policy in force")
         rc, err = create("steal", **theirs)
         assert rc != 0
         assert "spec.checkpoint.credentialsSecret" in err, err
