@@ -120,8 +120,59 @@ class Generation(ApiObject):
     )
 
 
+class Parallelism(ApiObject):
+    """How many processes train the policy: one, or a group of FSDP2 ranks (Ray actors)."""
+
+    strategy: Literal["single", "fsdp"] = Field(
+        default="single",
+        description=(
+            "'single': the controller trains the policy in its own process (it must fit, with AdamW, on one "
+            "device); 'fsdp': `ranks` trainer processes shard parameters, gradients and optimizer state with "
+            "FSDP2 (torch.distributed), and each cut is written by every rank through "
+            "torch.distributed.checkpoint (a sharded cut that resumes on any number of ranks)."
+        ),
+    )
+    ranks: int = Field(default=1, ge=1, le=1024, description="Trainer ranks (one process each).")
+    gpus_per_rank: int = Field(
+        default=0,
+        ge=0,
+        le=1,
+        description="0: the ranks train on CPU (gloo, for tests and demos); 1: one GPU per rank (NCCL).",
+    )
+    cpus_per_rank: float = Field(
+        default=1.0, gt=0, le=1024, description="CPUs each rank reserves in the Ray cluster (its actor's num_cpus)."
+    )
+    trainer_pods: bool = Field(
+        default=False,
+        strict=True,
+        description=(
+            "true: each rank runs in a pod of its own (`resources`), joining the controller's Ray cluster, "
+            "and the operator keeps one pod per rank; false: the ranks run as Ray actors in the controller pod."
+        ),
+    )
+    resources: Resources = Field(
+        default_factory=Resources, description="Per trainer pod (trainerPods): its requests."
+    )
+
+    rules = (
+        Rule(
+            cel="self.strategy == 'fsdp' || (self.ranks == 1 && !self.trainerPods)",
+            check=lambda p: p.strategy == "fsdp" or (p.ranks == 1 and not p.trainer_pods),
+            message="strategy 'single' trains in the controller's process: set ranks 1 and trainerPods false, "
+            "or strategy 'fsdp'",
+            field="strategy",
+        ),
+        Rule(
+            cel="!self.trainerPods || self.resources.gpu >= self.gpusPerRank",
+            check=lambda p: not p.trainer_pods or p.resources.gpu >= p.gpus_per_rank,
+            message="a trainer pod must offer its rank's GPUs: set resources.gpu >= gpusPerRank",
+            field="resources.gpu",
+        ),
+    )
+
+
 class Training(ApiObject):
-    """The trainer: GRPO in plain torch."""
+    """The trainer: GRPO in plain torch, in one process or as a group of FSDP2 ranks."""
 
     algorithm: Literal["grpo"] = Field(default="grpo", description="The RL algorithm.")
     total_steps: int = Field(ge=1, le=10_000_000, description="Optimizer steps to train.")
@@ -133,6 +184,9 @@ class Training(ApiObject):
     max_grad_norm: float = Field(default=1.0, gt=0, le=1e6, description="Gradient clipping norm.")
     seed: int = Field(default=0, ge=0, description="Seed of sampling and initialisation.")
     resources: Resources = Field(default_factory=Resources, description="For the controller pod (the trainer).")
+    parallelism: Parallelism = Field(
+        default_factory=Parallelism, description="One trainer process, or a group of FSDP2 ranks."
+    )
 
 
 class Reward(ApiObject):
