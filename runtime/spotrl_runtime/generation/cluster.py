@@ -28,6 +28,10 @@ from spotrl_runtime.generation.pool import GenerationPool
 WORKER_RESOURCE = "spotrl.dev/worker"
 """The Ray resource a worker node offers (one unit) and each remote worker actor asks for."""
 
+TRAINER_RESOURCE = "spotrl.dev/trainer"
+"""The Ray resource a trainer node (``training.parallelism.trainerPods``) offers (one unit) and
+each trainer rank's bundle asks for: one rank per trainer pod."""
+
 
 class RayStartError(RuntimeError):
     """Ray cannot start as asked; the message says what to set."""
