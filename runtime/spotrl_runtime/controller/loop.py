@@ -57,10 +57,10 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_TERMINATED = 143
 EXIT_FENCED = 4
+"""Another controller owns the job (a newer attempt claimed it): this one wrote nothing more."""
 EXIT_RANK_LOST = 5
 """A trainer rank (its process, pod or node) was lost without notice: a preemption of the
 trainer group. The next controller restores from the last committed cut."""
-"""Another controller owns the job (a newer attempt claimed it): this one wrote nothing more."""
 STATS = ("groups_generated", "groups_retried", "groups_lost_redispatched", "prompts_dropped", "tokens_generated")
 """What :attr:`Controller.stats` counts."""
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from spotrl_runtime.core.types import FinishedGroup
-from spotrl_runtime.training.grpo import completion_logprobs, contributes, group_advantages, token_loss_terms
+from spotrl_runtime.training.grpo import completion_logprobs, token_loss_terms
+from spotrl_runtime.training.rows import LossSums, Row, step_metrics, step_rows
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -60,14 +61,6 @@ class TrainerConfig:
             seed=t.seed,
             warmup_steps=getattr(t, "warmup_steps", 0),
         )
-
-
-@dataclass(frozen=True)
-class _Row:
-    prompt_ids: tuple[int, ...]
-    completion_ids: tuple[int, ...]
-    old_logprobs: tuple[float, ...]
-    advantage: float
 
 
 class Trainer:
@@ -121,55 +114,36 @@ class Trainer:
         """Accumulates the step's loss gradient into ``.grad`` (no optimizer step) and returns the
         loss metrics. Each micro-batch's loss sum is divided by the step's token count, so the
         gradient is the same whatever ``micro_batch_size`` is."""
-        rewards = [r.reward for g in groups for r in g.rollouts]
-        rows: list[_Row] = []
-        skipped = 0
-        for group in groups:
-            group_rewards = [r.reward for r in group.rollouts]
-            if len(group_rewards) < 2 or not contributes(group_rewards):
-                skipped += 1
-                continue
-            for rollout, adv in zip(group.rollouts, group_advantages(group_rewards).tolist(), strict=True):
-                if len(rollout.logprobs) != len(rollout.completion_token_ids):
-                    raise ValueError(
-                        f"group {group.group_id} rollout {rollout.index}: {len(rollout.logprobs)} logprobs for "
-                        f"{len(rollout.completion_token_ids)} completion tokens"
-                    )
-                if rollout.completion_token_ids:
-                    rows.append(
-                        _Row(rollout.prompt_token_ids, rollout.completion_token_ids, rollout.logprobs, float(adv))
-                    )
-        total_tokens = sum(len(r.completion_ids) for r in rows)
-        loss_sum = policy_sum = kl_sum = ratio_sum = ratio_max = 0.0
-        clipped = 0
+        plan = step_rows(groups)
+        sums = self.accumulate(plan.rows, plan.tokens)
+        return step_metrics(plan, sums)
+
+    def accumulate(
+        self, rows: Sequence[Row], total_tokens: int, *, micro_batches: int | None = None, loss_scale: float = 1.0
+    ) -> LossSums:
+        """Backward passes over ``rows`` in micro-batches, each micro-batch's loss sum divided by
+        ``total_tokens`` (the whole step's, over every rank) and multiplied by ``loss_scale``.
+
+        ``micro_batches`` pads the count with passes that contribute nothing: with FSDP every rank
+        must run as many forward/backward passes (each one gathers parameters with the others),
+        whatever its share of the step's rows.
+        """
+        mb = self.config.micro_batch_size
+        chunks = [rows[start : start + mb] for start in range(0, len(rows), mb)]
+        padding = max(0, (micro_batches or 0) - len(chunks))
+        sums = LossSums()
         self.model.train()
         try:
-            mb = self.config.micro_batch_size
-            for start in range(0, len(rows), mb):
-                terms = self._micro_batch(rows[start : start + mb])
-                (terms.loss_sum / total_tokens).backward()
-                loss_sum += float(terms.loss_sum.detach())
-                policy_sum += terms.policy_sum
-                kl_sum += terms.kl_sum
-                clipped += terms.clipped_tokens
-                ratio_sum += terms.ratio_sum
-                ratio_max = max(ratio_max, terms.ratio_max)
+            for chunk in chunks:
+                terms = self._micro_batch(chunk)
+                (terms.loss_sum * (loss_scale / total_tokens)).backward()
+                sums.add(terms)
+            for _ in range(padding):
+                terms = self._micro_batch([Row((self.pad_token_id,), (self.pad_token_id,), (0.0,), 0.0)])
+                (terms.loss_sum * 0.0).backward()
         finally:
             self.model.eval()
-        denom = max(total_tokens, 1)
-        return {
-            "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
-            "groups": float(len(groups)),
-            "groups_zero_variance": float(skipped),
-            "rollouts": float(len(rewards)),
-            "tokens": float(total_tokens),
-            "loss": loss_sum / denom,
-            "policy_loss": policy_sum / denom,
-            "kl": kl_sum / denom,
-            "clip_fraction": clipped / denom,
-            "ratio_mean": ratio_sum / denom if total_tokens else 1.0,
-            "ratio_max": ratio_max,
-        }
+        return sums
 
     def learning_rate_at(self, step: int) -> float:
         """The learning rate of step ``step`` (0-based): linear warmup, then constant."""
@@ -177,7 +151,7 @@ class Trainer:
             return self.config.learning_rate
         return self.config.learning_rate * min(1.0, (step + 1) / self.config.warmup_steps)
 
-    def _micro_batch(self, rows: Sequence[_Row]) -> Any:
+    def _micro_batch(self, rows: Sequence[Row]) -> Any:
         """Right-padded batch → per-token log-probs of the completion tokens → loss terms."""
         width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)

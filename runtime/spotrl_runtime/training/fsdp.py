@@ -1,0 +1,204 @@
+"""One trainer rank: a process of the trainer group, holding a shard of the policy (FSDP2).
+
+A rank joins a torch.distributed process group (NCCL on GPU, gloo on CPU), loads the policy,
+shards it per transformer block and then as a whole (``fully_shard``), and wraps the sharded
+model in the same :class:`~spotrl_runtime.training.trainer.Trainer` the single process uses:
+the GRPO loss, micro-batching, clipping and AdamW are today's, only the parameters are
+DTensors. It owns parameters and optimizer state, nothing of the recovery state.
+
+Cuts go through a second process group (gloo) of their own: a periodic cut's shards are
+written while the next step trains, and their collectives must never interleave with the
+step's. :class:`TrainerRank` is what :class:`~spotrl_runtime.training.group.TrainerGroup`
+runs as a Ray actor (two calls at a time: a step, and a cut's write).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+log = logging.getLogger("spotrl.trainer")
+
+COLLECTIVE_TIMEOUT = dt.timedelta(minutes=10)
+"""How long a collective waits for the other ranks. A lost rank is noticed by the group's
+driver long before (Ray reports the actor's death); this bounds a rank left behind."""
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (rank 0 serves the process group's rendezvous on it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def shard_policy(model: Any, mesh: Any = None) -> Any:
+    """FSDP2 over ``model``: each transformer block is its own unit (the classes the model names
+    in ``_no_split_modules``), then the root (embeddings, final norm, head). In place."""
+    from torch.distributed.fsdp import fully_shard
+
+    block_names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in block_names]
+    if not blocks:
+        raise ValueError(
+            f"{type(model).__name__} names no transformer block class (_no_split_modules); FSDP needs one "
+            "to shard per block"
+        )
+    for block in blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+class TrainerRank:
+    """One rank of the trainer group (a Ray actor); see the module docstring."""
+
+    def __init__(self, rank: int, world: int, device: str) -> None:
+        self.rank = rank
+        self.world = world
+        self.device = device
+        self.trainer: Any = None
+        self._ckpt_group: Any = None
+        self._captured: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._storages: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ start
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0's address for the process group (called on rank 0 only)."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        return host, free_port(host)
+
+    def start(self, master: tuple[str, int], policy: Any, config: Any, pad_token_id: int) -> int:
+        """Joins the process group, loads and shards the policy. Returns this process's pid."""
+        import torch
+        import torch.distributed as dist
+
+        from spotrl_runtime.models import load_policy
+        from spotrl_runtime.training.trainer import Trainer
+
+        if self.device.startswith("cuda"):
+            torch.cuda.set_device(0)  # Ray shows each rank its own GPU as device 0
+        backend = "nccl" if self.device.startswith("cuda") else "gloo"
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{master[0]}:{master[1]}",
+            rank=self.rank,
+            world_size=self.world,
+            timeout=COLLECTIVE_TIMEOUT,
+        )
+        self._ckpt_group = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+        model, _ = load_policy(policy, self.device)
+        shard_policy(model)
+        # The KL reference is sharded the same way (Trainer's own deep copy is for one process).
+        self.trainer = Trainer(model, replace(config, kl_coef=0.0), pad_token_id=pad_token_id)
+        self.trainer.config = config
+        if config.kl_coef > 0:
+            reference, _ = load_policy(policy, self.device)
+            reference.requires_grad_(False)
+            self.trainer.reference = shard_policy(reference).eval()
+        return os.getpid()
+
+    # ------------------------------------------------------------------ the step
+
+    def train(self, rows: Sequence[Any], total_tokens: int, micro_batches: int, step: int) -> tuple[Any, float, float]:
+        """This rank's share of one optimizer step: (its loss sums, grad norm, learning rate).
+
+        Every rank runs ``micro_batches`` passes and the clipping and the optimizer step, so their
+        collectives line up. FSDP averages gradients over the ranks; the loss is scaled by the
+        world size, so the ranks' gradients add up to the step's token mean, as in one process.
+        """
+        import torch
+
+        trainer = self.trainer
+        with self._lock:
+            trainer.step = step
+            trainer.optimizer.zero_grad(set_to_none=True)
+            sums = trainer.accumulate(
+                list(rows), max(total_tokens, 1), micro_batches=micro_batches, loss_scale=self.world
+            )
+            lr = trainer.learning_rate_at(step)
+            for group in trainer.optimizer.param_groups:
+                group["lr"] = lr
+            grad_norm = 0.0
+            if total_tokens:
+                params = [p for p in trainer.model.parameters() if p.requires_grad]
+                norm = torch.nn.utils.clip_grad_norm_(params, trainer.config.max_grad_norm)
+                grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+                trainer.optimizer.step()
+            trainer.optimizer.zero_grad(set_to_none=True)
+            trainer.step = step + 1
+            return sums, grad_norm, lr
+
+    def full_state(self) -> dict[str, Any] | None:
+        """The whole policy on rank 0's CPU (every rank must call it: it gathers), for the
+        generation workers. Other ranks return None."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        with self._lock:
+            state = get_model_state_dict(
+                self.trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
+        return dict(state) if self.rank == 0 else None
+
+    # ------------------------------------------------------------------ cuts
+
+    def capture(self) -> str:
+        """Copies this rank's shards (model and optimizer) for a cut; the step may go on. The token
+        names the copy for :meth:`save` (a capture that is never saved is dropped by the next)."""
+        from spotrl_runtime.checkpoint.sharded import capture_sharded
+
+        with self._lock:
+            state = capture_sharded(self.trainer.model, self.trainer.optimizer)
+        token = uuid.uuid4().hex
+        self._captured = {token: state}  # only the newest capture is kept
+        return token
+
+    def save(self, token: str, storage_uri: str, folder: str, seconds_left: float | None) -> list[Any]:
+        """Writes the captured shards into ``folder`` of the store (every rank at once, through
+        the cut's own process group); returns the files this rank wrote."""
+        from spotrl_runtime.api.times import Deadline
+        from spotrl_runtime.checkpoint.sharded import save_sharded
+        from spotrl_runtime.storage import deadline_scope
+
+        state = self._captured.get(token)
+        if state is None:
+            raise RuntimeError(f"rank {self.rank}: no captured state {token} (a newer capture replaced it)")
+        deadline = None if seconds_left is None else Deadline.after(seconds_left)
+        try:
+            with deadline_scope(deadline):
+                return save_sharded(state, self._storage(storage_uri), folder, process_group=self._ckpt_group)
+        finally:
+            self._captured.pop(token, None)
+
+    def load(self, storage_uri: str, folder: str, files: Mapping[str, tuple[int, str]], step: int) -> None:
+        """Loads a sharded cut into this rank's shards (DCP reshards whatever the cut's world was)."""
+        from spotrl_runtime.checkpoint.sharded import apply_sharded, capture_sharded, load_sharded
+
+        with self._lock:
+            state = capture_sharded(self.trainer.model, self.trainer.optimizer)
+            load_sharded(state, self._storage(storage_uri), folder, dict(files), process_group=self._ckpt_group)
+            apply_sharded(self.trainer.model, self.trainer.optimizer, state)
+            self.trainer.step = step
+
+    def stop(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _storage(self, uri: str) -> Any:
+        from spotrl_runtime.storage import open_storage
+
+        if uri not in self._storages:
+            self._storages[uri] = open_storage(uri)
+        return self._storages[uri]

@@ -1,0 +1,245 @@
+"""The trainer group: ``training.parallelism.ranks`` FSDP2 ranks as Ray actors, driven as one trainer.
+
+The controller drives a :class:`TrainerGroup` exactly as it drives a single-process
+:class:`~spotrl_runtime.training.trainer.Trainer`: ``train_step(groups)``, ``step``,
+``policy_state_dict()`` for the generation workers, ``snapshot()`` for a cut and
+``load_sharded(cut)`` on restore. Behind it:
+
+- the ranks are actors in one placement group (a gang: all of them get a place, or none
+  starts), one bundle per rank (``cpusPerRank``, ``gpusPerRank``, and with ``trainerPods``
+  one unit of :data:`~spotrl_runtime.generation.cluster.TRAINER_RESOURCE`, which each trainer
+  pod offers once);
+- a step's rows are split among the ranks by whole groups (:func:`~spotrl_runtime.training.rows.split_rows`);
+  the ranks' loss sums add up to the single process's metrics;
+- a cut is captured on every rank between steps (a copy of its shards), then written by every
+  rank through torch.distributed.checkpoint while training goes on; the cut's manifest lists
+  each rank's files;
+- a rank that dies (its process, pod or node) fails the step or the cut with
+  :class:`RankLostError`: the group cannot go on without it, and the controller exits
+  ``EXIT_RANK_LOST`` so that the next one restores from the last cut.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from spotrl_runtime.core.types import FinishedGroup
+from spotrl_runtime.training.rows import LossSums, micro_batches, split_rows, step_metrics, step_rows
+from spotrl_runtime.training.trainer import TrainerConfig
+
+log = logging.getLogger("spotrl.trainer")
+
+
+class RankLostError(RuntimeError):
+    """A trainer rank died: the group's state is gone with it (restore from the last cut)."""
+
+
+class TrainerGroupError(RuntimeError):
+    """The group could not start; the message says what to change."""
+
+
+class TrainerGroup:
+    """See the module docstring. Start it with :meth:`start` (blocking until every rank is up)."""
+
+    def __init__(
+        self,
+        policy: Any,
+        config: TrainerConfig,
+        *,
+        ranks: int,
+        device: str = "cpu",
+        cpus_per_rank: float = 1.0,
+        gpus_per_rank: int = 0,
+        trainer_pods: bool = False,
+        pad_token_id: int = 0,
+    ) -> None:
+        self.policy = policy
+        self.config = config
+        self.world = ranks
+        self.device = "cuda" if gpus_per_rank else device
+        self.cpus_per_rank = cpus_per_rank
+        self.gpus_per_rank = gpus_per_rank
+        self.trainer_pods = trainer_pods
+        self.pad_token_id = pad_token_id
+        self.step = 0
+        self.pids: list[int] = []
+        self._actors: list[Any] = []
+        self._pg: Any = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_rljob(cls, spec: Any, device: str, pad_token_id: int) -> TrainerGroup:
+        par = spec.training.parallelism
+        return cls(
+            spec.policy,
+            TrainerConfig.from_rljob(spec),
+            ranks=par.ranks,
+            device=device,
+            cpus_per_rank=par.cpus_per_rank,
+            gpus_per_rank=par.gpus_per_rank,
+            trainer_pods=par.trainer_pods,
+            pad_token_id=pad_token_id,
+        )
+
+    # ------------------------------------------------------------------ start / stop
+
+    def bundles(self) -> list[dict[str, float]]:
+        """One placement-group bundle per rank."""
+        from spotrl_runtime.generation.cluster import TRAINER_RESOURCE
+
+        bundle: dict[str, float] = {"CPU": self.cpus_per_rank}
+        if self.gpus_per_rank:
+            bundle["GPU"] = float(self.gpus_per_rank)
+        if self.trainer_pods:
+            bundle[TRAINER_RESOURCE] = 1.0
+        return [dict(bundle) for _ in range(self.world)]
+
+    def start(self, timeout: float = 600.0, stop: threading.Event | None = None) -> None:
+        """Places the ranks (waiting for trainer pods to join, up to ``timeout`` or ``stop``),
+        forms the process group and shards the policy on every rank."""
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from spotrl_runtime.training.fsdp import TrainerRank
+
+        self._pg = placement_group(self.bundles(), strategy="SPREAD" if self.trainer_pods else "PACK")
+        waited = time.monotonic()
+        while True:
+            ready, _ = ray.wait([self._pg.ready()], timeout=1.0)
+            if ready:
+                break
+            if (stop is not None and stop.is_set()) or time.monotonic() - waited > timeout:
+                remove_placement_group(self._pg)
+                self._pg = None
+                where = (
+                    "one trainer pod per rank to join (training.parallelism.trainerPods; see why they do not run: "
+                    "kubectl describe pod <job>-trainer-...)"
+                    if self.trainer_pods
+                    else f"{self.world} x {self.bundles()[0]} in this controller's Ray (lower cpusPerRank, or "
+                    "run the ranks in trainer pods)"
+                )
+                raise TrainerGroupError(f"the trainer group's {self.world} ranks found no place: waited for {where}")
+        cls = ray.remote(TrainerRank)
+        self._actors = [
+            cls.options(
+                num_cpus=self.cpus_per_rank,
+                num_gpus=self.gpus_per_rank,
+                max_concurrency=2,  # a step, and a cut's write beside it
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self._pg, placement_group_bundle_index=i
+                ),
+                runtime_env={"env_vars": {"OMP_NUM_THREADS": str(max(1, int(self.cpus_per_rank)))}},
+            ).remote(i, self.world, self.device)
+            for i in range(self.world)
+        ]
+        master = self._get([self._actors[0].rendezvous.remote()])[0]
+        self.pids = self._get(
+            [a.start.remote(master, self.policy, self.config, self.pad_token_id) for a in self._actors]
+        )
+        log.info("trainer group: %d FSDP2 ranks on %s (pids %s)", self.world, self.device, self.pids)
+
+    def shutdown(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for actor in self._actors:
+            try:
+                ray.kill(actor)
+            except Exception as err:
+                log.debug("killing a trainer rank: %s", err)
+        self._actors = []
+        if self._pg is not None:
+            try:
+                remove_placement_group(self._pg)
+            except Exception as err:
+                log.debug("removing the trainer group's placement group: %s", err)
+            self._pg = None
+
+    # ------------------------------------------------------------------ the step
+
+    def train_step(self, groups: Sequence[FinishedGroup]) -> dict[str, float]:
+        """One optimizer step over every rank; the metrics a single process would report."""
+        started = time.monotonic()
+        plan = step_rows(groups)
+        shares = split_rows(plan, self.world)
+        passes = micro_batches(shares, self.config.micro_batch_size)
+        results = self._get(
+            [
+                a.train.remote(share, plan.tokens, passes, self.step)
+                for a, share in zip(self._actors, shares, strict=True)
+            ]
+        )
+        sums = LossSums.total([r[0] for r in results])
+        self.step += 1
+        metrics = step_metrics(plan, sums)
+        metrics.update(
+            grad_norm=results[0][1],
+            learning_rate=results[0][2],
+            step=float(self.step),
+            seconds=time.monotonic() - started,
+        )
+        return metrics
+
+    def policy_state_dict(self) -> dict[str, Any]:
+        """The whole policy on this process's CPU (gathered from the shards), for the workers."""
+        states = self._get([a.full_state.remote() for a in self._actors])
+        state = states[0]
+        assert state is not None
+        return state
+
+    # ------------------------------------------------------------------ cuts
+
+    def snapshot(self, meta: Mapping[str, Any]) -> Any:
+        """Captures every rank's shards now (call it between steps, under the cut's lock); the
+        returned snapshot's ``write`` has every rank write them, later, into the cut's folder."""
+        from spotrl_runtime.checkpoint.sharded import DCP_FORMAT
+        from spotrl_runtime.checkpoint.trainer_state import ShardedTrainerSnapshot
+
+        tokens = self._get([a.capture.remote() for a in self._actors])
+        actors = list(self._actors)
+
+        def write(storage: Any, folder: str, deadline: Any) -> list[Any]:
+            left = None if deadline is None else max(0.0, deadline.remaining())
+            parts = self._get(
+                [a.save.remote(t, storage.uri, folder, left) for a, t in zip(actors, tokens, strict=True)],
+                timeout=None if left is None else left + 5.0,
+            )
+            return [f for part in parts for f in part]
+
+        return ShardedTrainerSnapshot(
+            meta={**dict(meta), "trainer_step": self.step, "world_size": self.world},
+            write=write,
+            format_name=DCP_FORMAT,
+        )
+
+    def load_sharded(self, cut: Any) -> None:
+        """Loads a ``dcp/v1`` cut into the ranks, whatever number of ranks wrote it."""
+        step = int(cut.meta["trainer_step"])
+        self._get([a.load.remote(cut.storage_uri, cut.folder, dict(cut.files), step) for a in self._actors])
+        self.step = step
+
+    # ------------------------------------------------------------------ Ray
+
+    def _get(self, refs: list[Any], timeout: float | None = None) -> list[Any]:
+        """Results of calls on every rank, in order. A rank that died fails the whole call at once
+        (the others would wait in a collective for it)."""
+        import ray
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError
+
+        pending = list(refs)
+        until = None if timeout is None else time.monotonic() + timeout
+        while pending:
+            left = None if until is None else max(0.0, until - time.monotonic())
+            done, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not done:
+                raise GetTimeoutError(f"the trainer ranks did not answer within {timeout:.0f} s")
+            try:
+                ray.get(done[0])
+            except (RayActorError, ActorDiedError, ActorUnavailableError) as err:
+                raise RankLostError(f"a trainer rank was lost: {str(err).splitlines()[0][:300]}") from None
+        return list(ray.get(refs))
