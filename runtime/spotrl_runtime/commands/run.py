@@ -132,8 +132,18 @@ def _with_workers(job: Any, workers: int | None) -> Any:
     return job.model_copy(update={"spec": job.spec.model_copy(update={"generation": gen})})
 
 
-def _print_join_command(address: str, workers: int) -> None:
-    print(f"waiting for {workers} generation worker(s); start each with: spotrl worker --address {address}", flush=True)
+def _print_join_command(address: str, workers: int, trainers: int = 0) -> None:
+    if workers:
+        print(
+            f"waiting for {workers} generation worker(s); start each with: spotrl worker --address {address}",
+            flush=True,
+        )
+    if trainers:
+        print(
+            f"waiting for {trainers} trainer node(s), one per rank; start each with: "
+            f"spotrl worker --role trainer --address {address}",
+            flush=True,
+        )
 
 
 def controller_options(args: argparse.Namespace, job: Any, storage: str, *, metrics_host: str) -> Any:
@@ -217,9 +227,10 @@ def _assemble_and_run(job: Any, options: Any, endpoint: Any, stop: threading.Eve
     from spotrl_runtime.checkpoint.resume import ResumeError
     from spotrl_runtime.checkpoint.writer import CutConflictError
     from spotrl_runtime.controller.assemble import ControllerError, assemble
-    from spotrl_runtime.controller.loop import EXIT_FENCED, EXIT_TERMINATED, Controller
+    from spotrl_runtime.controller.loop import EXIT_FENCED, EXIT_RANK_LOST, EXIT_TERMINATED, Controller
     from spotrl_runtime.core.validation import CutCheckError
     from spotrl_runtime.generation.cluster import RayStartError
+    from spotrl_runtime.training.group import RankLostError, TrainerGroupError
 
     if stop.is_set():
         return EXIT_TERMINATED
@@ -228,7 +239,10 @@ def _assemble_and_run(job: Any, options: Any, endpoint: Any, stop: threading.Eve
     except FencedError as err:
         print(f"spotrl: {err}", file=sys.stderr)
         return EXIT_FENCED
-    except (CutCheckError, NoCommittedCutError, ControllerError, ResumeError, RayStartError) as err:
+    except RankLostError as err:
+        print(f"spotrl: {err}; the next controller restores from the last cut", file=sys.stderr)
+        return EXIT_RANK_LOST
+    except (CutCheckError, NoCommittedCutError, ControllerError, ResumeError, RayStartError, TrainerGroupError) as err:
         print(f"spotrl: {err}", file=sys.stderr)
         return 3
     controller = Controller(job, options, parts, stop)
@@ -242,6 +256,11 @@ def _assemble_and_run(job: Any, options: Any, endpoint: Any, stop: threading.Eve
     except (FencedError, CutConflictError) as err:
         print(f"spotrl: {err}", file=sys.stderr)
         rc = EXIT_FENCED
+    except RankLostError as err:
+        # Without notice: the group's state went with the rank. Nothing after the last cut is
+        # kept; the next controller restores from it and retrains those steps on the same prompts.
+        print(f"spotrl: {err}; the next controller restores from the last cut", file=sys.stderr)
+        rc = EXIT_RANK_LOST
     summary = {
         "exit_code": rc,
         "attempt": controller.owners.attempt,

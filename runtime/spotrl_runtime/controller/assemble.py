@@ -30,10 +30,11 @@ from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation.cluster import RayRuntime, generation_pool, start_ray
 from spotrl_runtime.generation.pool import GenerationPool, GenerationPoolError
 from spotrl_runtime.generation.rollouts import encode_prompt
-from spotrl_runtime.models import load_policy
+from spotrl_runtime.models import load_policy, load_tokenizer
 from spotrl_runtime.rewards import load_reward
 from spotrl_runtime.storage import Storage, open_storage
 from spotrl_runtime.training import Trainer, TrainerConfig
+from spotrl_runtime.training.group import TrainerGroup
 
 if TYPE_CHECKING:
     from spotrl_runtime.controller.loop import Controller
@@ -74,9 +75,10 @@ class ControllerOptions:
     not in this process's Ray; the head listens on ``ray_host``."""
     worker_wait_seconds: float = 900.0
     """With remote workers: how long to wait for the first one to join before giving up."""
-    on_ray_head: list[Callable[[str, int], object]] = field(default_factory=list)
-    """With remote workers: called with the head's address and the number of workers once
-    Ray runs, before the controller waits for them (e.g. to write ``status.rayHead``)."""
+    on_ray_head: list[Callable[[str, int, int], object]] = field(default_factory=list)
+    """With remote workers or trainer pods: called with the head's address, the number of
+    worker nodes and the number of trainer nodes wanted, once Ray runs, before the controller
+    waits for them (e.g. to write ``status.rayHead``)."""
     device: str = "cpu"
     sinks: list[StatusSink] = field(default_factory=list)
     on_ready: list[Callable[[Controller], object]] = field(default_factory=list)
@@ -92,7 +94,7 @@ class Parts:
     audit: AuditStore
     tokenizer: Any
     reward: Any
-    trainer: Trainer
+    trainer: Trainer | TrainerGroup
     owners: Owners
     writer: CutWriter
     pool: GenerationPool
@@ -105,7 +107,12 @@ class Parts:
     """Newer cuts ``--resume auto`` passed over as damaged."""
 
     def shutdown(self) -> None:
-        """Stops the generation workers and the Ray this process started."""
+        """Stops the trainer ranks, the generation workers and the Ray this process started."""
+        if isinstance(self.trainer, TrainerGroup):
+            try:
+                self.trainer.shutdown()
+            except Exception as err:
+                log.warning("trainer group shutdown: %s", err)
         try:
             self.pool.shutdown()
         except Exception as err:
@@ -117,22 +124,36 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
     """Starts generation, restores or starts the run, and waits for the workers (``stop``, set
     by a SIGTERM, ends that wait early). Stops what it started if anything fails."""
     spec = job.spec
-    ray = start_ray(options.ray_host, options.remote_workers, options.ray_num_cpus)
+    par = spec.training.parallelism
+    ray = start_ray(options.ray_host, options.remote_workers, options.ray_num_cpus, remote_nodes=par.trainer_pods)
     pool: GenerationPool | None = None
+    trainer: Trainer | TrainerGroup | None = None
     try:
         pool = generation_pool(spec, options.device, options.remote_workers)
-        if options.remote_workers:
-            workers = spec.generation.workers
-            log.info("Ray head at %s: waiting for %d generation worker node(s) to join", ray.address, workers)
+        if options.remote_workers or par.trainer_pods:
+            workers = spec.generation.workers if options.remote_workers else 0
+            trainers = par.ranks if par.trainer_pods else 0
+            log.info(
+                "Ray head at %s: waiting for %d generation worker node(s) and %d trainer node(s) to join",
+                ray.address,
+                workers,
+                trainers,
+            )
             for hook in options.on_ray_head:
-                hook(ray.address, spec.generation.workers)
+                hook(ray.address, workers, trainers)
         storage = open_storage(options.storage_uri)
         audit = AuditStore(storage)
         dataset, collate = open_dataset(spec.dataset), collate_for(spec.dataset)
         batch = spec.generation.prompts_per_step
         loader = PromptLoader(dataset, collate, batch_size=batch, shuffle=spec.dataset.shuffle, seed=spec.dataset.seed)
-        model, tokenizer = load_policy(spec.policy, options.device)
-        trainer = Trainer(model, TrainerConfig.from_rljob(spec), pad_token_id=tokenizer.pad_token_id or 0)
+        if par.strategy == "fsdp":
+            # The ranks load and shard the policy; this process needs its tokenizer only.
+            tokenizer = load_tokenizer(spec.policy.model)
+            trainer = TrainerGroup.from_rljob(spec, options.device, pad_token_id=tokenizer.pad_token_id or 0)
+            trainer.start(timeout=options.worker_wait_seconds, stop=stop)
+        else:
+            model, tokenizer = load_policy(spec.policy, options.device)
+            trainer = Trainer(model, TrainerConfig.from_rljob(spec), pad_token_id=tokenizer.pad_token_id or 0)
         reward = load_reward(spec.reward)
         start = resume_or_start(
             storage,
@@ -159,6 +180,8 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         pool.update_weights(trainer.policy_state_dict(), trainer.step)
         _wait_for_workers(job, options, pool, stop)
     except BaseException:
+        if isinstance(trainer, TrainerGroup):
+            trainer.shutdown()
         if pool is not None:
             pool.shutdown()
         ray.shutdown()

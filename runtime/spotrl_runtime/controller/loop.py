@@ -41,7 +41,6 @@ from typing import Any
 from spotrl_runtime.api.rljob import RLJob
 from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.checkpoint.fence import FencedError
-from spotrl_runtime.checkpoint.trainer_state import snapshot_trainer
 from spotrl_runtime.checkpoint.writer import CutConflictError, CutRequest
 from spotrl_runtime.controller.assemble import ControllerError, ControllerOptions, Parts
 from spotrl_runtime.controller.control import BarrierFailed, CutInfo
@@ -260,13 +259,7 @@ class Controller:
 
     def _trainer_state(self) -> Any:
         """The cut's state function: runs under the ownership lock, between optimizer steps."""
-        trainer = self.trainer
-        return snapshot_trainer(
-            trainer.model.state_dict(),
-            trainer.optimizer.state_dict(),
-            step=trainer.step,
-            meta={"model": self.spec.policy.model},
-        )
+        return self.trainer.snapshot({"model": self.spec.policy.model})
 
     def _periodic_cut(self, reason: str) -> _CutJob:
         """Captures now, on the trainer thread, so the cut lands exactly on this step boundary;

@@ -61,19 +61,23 @@ class RayRuntime:
         self.folder = None
 
 
-def start_ray(host: str | None, remote_workers: bool, num_cpus: int | None) -> RayRuntime:
+def start_ray(
+    host: str | None, remote_workers: bool, num_cpus: int | None, *, remote_nodes: bool = False
+) -> RayRuntime:
     """Starts Ray for the controller (unless it runs already). With remote workers it is a head
-    bound to ``host`` with no CPUs of its own (no generation actor runs beside the trainer).
-    Keeps the caller's SIGTERM handler: ``ray.init`` installs its own."""
+    bound to ``host`` with no CPUs of its own (no generation actor runs beside the trainer);
+    with other remote nodes only (trainer pods, ``remote_nodes``) it is bound to ``host`` and
+    keeps its CPUs for the generation workers. Keeps the caller's SIGTERM handler: ``ray.init``
+    installs its own."""
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():
         return RayRuntime(None)
     bind = host if host not in ("0.0.0.0", "", None) else None
-    if remote_workers and bind is None:
+    if (remote_workers or remote_nodes) and bind is None:
         raise RayStartError(
-            "remote generation workers need an address the workers can reach: set SPOTRL_POD_IP "
+            "remote generation workers and trainer pods need an address they can reach: set SPOTRL_POD_IP "
             "(the operator sets it from status.podIP)"
         )
     main = threading.current_thread() is threading.main_thread()

@@ -7,6 +7,7 @@ from spotrl_runtime.models.loading import (
     PrefixDownloader,
     download_prefix,
     load_policy,
+    load_tokenizer,
     resolve_model_dir,
     storage_downloader,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "build_char_tokenizer",
     "download_prefix",
     "load_policy",
+    "load_tokenizer",
     "model_cache_dir",
     "resolve_model_dir",
     "storage_downloader",

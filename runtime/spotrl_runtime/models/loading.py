@@ -132,7 +132,7 @@ def load_policy(
     (float32). The tokenizer gets a pad token (its eos) if it has none, since batching needs one.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -142,16 +142,32 @@ def load_policy(
     if torch_dtype is None:
         raise PolicyError(f"policy.dtype: {dtype_name!r} is not one of float32, bfloat16, float16")
     where = resolve_model_dir(model_ref, downloader=downloader)
+    tokenizer = load_tokenizer(model_ref, where)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype)
     except OSError as err:
-        raise PolicyError(
-            f"policy.model: cannot load {model_ref!r} ({err}); give a local folder, an s3:// URI or builtin:<name> "
-            "(no model hub is reached at run time)"
-        ) from err
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+        raise _unloadable(model_ref, err) from err
     cast(Any, model).to(device)
     model.eval()
     return model, tokenizer
+
+
+def load_tokenizer(model_ref: str, where: Path | str | None = None) -> PreTrainedTokenizerBase:
+    """The policy's tokenizer alone (a controller whose ranks hold the model loads no weights);
+    it gets a pad token (its eos) if it has none, since batching needs one."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where if where is not None else resolve_model_dir(model_ref))
+    except OSError as err:
+        raise _unloadable(model_ref, err) from err
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _unloadable(model_ref: str, err: Exception) -> PolicyError:
+    return PolicyError(
+        f"policy.model: cannot load {model_ref!r} ({err}); give a local folder, an s3:// URI or builtin:<name> "
+        "(no model hub is reached at run time)"
+    )

@@ -194,6 +194,13 @@ class Trainer:
         """A CPU copy of the policy weights, for the generation workers (weight sync)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
+    def snapshot(self, meta: Mapping[str, Any]) -> Any:
+        """The trainer's part of a cut (call it between steps, under the cut's lock): CPU copies
+        of weights, optimizer and RNG states, written later as ``torch.save/v1``."""
+        from spotrl_runtime.checkpoint.trainer_state import snapshot_trainer
+
+        return snapshot_trainer(self.model.state_dict(), self.optimizer.state_dict(), step=self.step, meta=meta)
+
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed trainer needs: step, model, optimizer and RNG states."""
         rng: dict[str, Any] = {"torch": torch.get_rng_state()}
