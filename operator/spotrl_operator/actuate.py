@@ -38,7 +38,7 @@ from spotrl_operator.settings import Settings
 from spotrl_operator.world import (
     CloseDisruptionBudget,
     CreateControllerPod,
-    CreateWorkerPod,
+    CreateNodePod,
     DeletePod,
     Event,
     OpenDisruptionBudget,
@@ -48,7 +48,7 @@ from spotrl_operator.world import (
 )
 from spotrl_runtime.api import rljob as api
 from spotrl_runtime.api import times
-from spotrl_runtime.kube import Kube, KubeError, path
+from spotrl_runtime.kube import JSON_PATCH, Kube, KubeError, path
 
 Obj = dict[str, Any]
 log = logging.getLogger("spotrl.operator")
@@ -136,8 +136,8 @@ def action_key(job: str, action: object) -> tuple[str, str]:
     if isinstance(action, CreateControllerPod):
         name = resources.controller_pod_name(job, action.attempt)
         return f"create-pod/{name}", f"creating pod {name}"
-    if isinstance(action, CreateWorkerPod):
-        name = resources.worker_pod_name(job, action.attempt, action.index)
+    if isinstance(action, CreateNodePod):
+        name = resources.node_pod_name(job, action.role, action.attempt, action.index)
         return f"create-pod/{name}", f"creating pod {name}"
     if isinstance(action, DeletePod):
         return f"delete-pod/{action.name}", f"deleting pod {action.name}"
@@ -179,6 +179,15 @@ def merge_diff(old: Any, new: Any, known: frozenset[str] | None = None) -> Obj:
     return out
 
 
+def _closed_budget(job: Obj) -> Obj:
+    """The job's PodDisruptionBudget, closed: the controller and the job's trainer pods."""
+    try:
+        trainers = resources.budget_trainers(api.parse_spec(job.get("spec") or {}))
+    except api.SpecError:
+        trainers = 0
+    return resources.disruption_budget(job_ref(job), open_=False, trainers=trainers)
+
+
 def status_doc(status: api.RLJobStatus) -> Obj:
     """The status as the API stores it (camelCase, unset fields absent)."""
     return status.model_dump(by_alias=True, exclude_none=True, mode="json")
@@ -212,7 +221,7 @@ class Actuator:
             (path("rbac.authorization.k8s.io/v1", "roles", ns), resources.role(ref)),
             (path("rbac.authorization.k8s.io/v1", "rolebindings", ns), resources.role_binding(ref)),
             (path("v1", "services", ns), resources.service(ref)),
-            (path("policy/v1", "poddisruptionbudgets", ns), resources.disruption_budget(ref, open_=False)),
+            (path("policy/v1", "poddisruptionbudgets", ns), _closed_budget(job)),
         ]
         if self.settings.network_policy:
             wanted.append(
@@ -327,11 +336,10 @@ class Actuator:
             except KubeError as err:
                 if err.status != 409:
                     raise
-        elif isinstance(action, CreateWorkerPod):
+        elif isinstance(action, CreateNodePod):
             spec = api.parse_spec(job["spec"])
-            pod = resources.worker_pod(
-                ref, spec, self.settings, action.attempt, action.index, action.address, action.avoid_nodes
-            )
+            build = resources.trainer_pod if action.role == "trainer" else resources.worker_pod
+            pod = build(ref, spec, self.settings, action.attempt, action.index, action.address, action.avoid_nodes)
             try:
                 self.kube.create(path("v1", "pods", ns), pod)
             except KubeError as err:
@@ -398,11 +406,16 @@ class Actuator:
         return outcome
 
     def set_disruption_budget(self, job: Obj, open_: bool) -> None:
+        """Opens or closes the job's PDB; closing also sets which pods it holds (the job's
+        trainer pods may have changed), so its selector is replaced, not merged."""
         ref = job_ref(job)
-        want = resources.disruption_budget(ref, open_)
+        want = _closed_budget(job)
+        if open_:
+            want["spec"]["minAvailable"] = 0
         url = path("policy/v1", "poddisruptionbudgets", ref.namespace, want["metadata"]["name"])
+        ops = [{"op": "add", "path": f"/spec/{k}", "value": want["spec"][k]} for k in ("minAvailable", "selector")]
         try:
-            self.kube.patch(url, {"spec": {"minAvailable": want["spec"]["minAvailable"]}})
+            self.kube.patch(url, ops, content_type=JSON_PATCH)
         except KubeError as err:
             if err.status != 404:
                 raise

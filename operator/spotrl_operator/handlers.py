@@ -4,8 +4,8 @@
   every ``--reconcile-interval`` seconds, and at once when something wakes it: a change of
   the RLJob, of one of its pods, or of a Node under them (so a notice becomes a barrier
   request within one pass, not one period).
-- **Indexes** (Kopf's watch caches) hold the job's pods (controllers and generation
-  workers), its PDB and every Node, trimmed; a pass reads them and sends no request unless
+- **Indexes** (Kopf's watch caches) hold the job's pods (controllers, generation workers
+  and trainers), its PDB and every Node, trimmed; a pass reads them and sends no request unless
   it has something to write.
 - **create/resume** make the job's ServiceAccount, Role, RoleBinding, Service and PDB
   (retried with :class:`kopf.TemporaryError`); **delete** (a finalizer) stops the pods and
@@ -32,7 +32,7 @@ import kopf
 from spotrl_operator import retention
 from spotrl_operator.actuate import Actuator, ConflictError, failure_budget
 from spotrl_operator.metrics import Metrics
-from spotrl_operator.observe import Snapshot, fetch, trim_node, trim_pod, world_of
+from spotrl_operator.observe import Snapshot, fetch, trim_node, trim_pdb, trim_pod, world_of
 from spotrl_operator.reconcile import reconcile
 from spotrl_operator.resources import JOB_LABEL, ROLE_LABEL
 from spotrl_operator.settings import Settings
@@ -131,8 +131,8 @@ async def pods_by_node(namespace: str | None, labels: kopf.Labels, spec: kopf.Sp
 
 
 @kopf.index("policy", "v1", "poddisruptionbudgets", labels={JOB_LABEL: kopf.PRESENT})
-async def job_pdbs(namespace: str | None, labels: kopf.Labels, spec: kopf.Spec, **_: Any) -> dict[Any, Any]:
-    return {(namespace, labels[JOB_LABEL]): {"spec": {"minAvailable": spec.get("minAvailable", 1)}}}
+async def job_pdbs(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, labels[JOB_LABEL]): trim_pdb(dict(body))}
 
 
 def _first(store: Iterable[Any] | None) -> Any:
@@ -148,7 +148,7 @@ def cached_nodes(nodes_index: Mapping[str, Iterable[Obj]]) -> dict[str, Obj]:
 
 @kopf.on.event("v1", "nodes")
 async def node_changed(type: str, name: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
-    """A Node changed: wake the jobs whose controller or workers run there (only if what the
+    """A Node changed: wake the jobs whose controller, workers or trainers run there (only if what the
     signals read changed, not on every heartbeat)."""
     ctx = ctx_of(memo)
     pods_by_node: kopf.Index[str, tuple[str, str]] = kwargs["pods_by_node"]

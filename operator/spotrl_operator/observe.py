@@ -27,11 +27,13 @@ from typing import Any
 from spotrl_operator import placement
 from spotrl_operator.resources import (
     ATTEMPT_LABEL,
+    INDEX_LABELS,
     JOB_LABEL,
     ROLE_LABEL,
-    WORKER_INDEX_LABEL,
     JobRef,
+    budget_trainers,
     check_job,
+    disruption_budget,
     names,
 )
 from spotrl_operator.settings import Settings
@@ -51,10 +53,11 @@ class Snapshot:
     job: Obj
     """The RLJob (its metadata.resourceVersion guards the status write)."""
     pods: tuple[Obj, ...] = ()
-    """The job's pods: controllers and generation workers (told apart by their role label)."""
+    """The job's pods: controllers, generation workers and trainers (told apart by their role label)."""
     nodes: Mapping[str, Obj] = field(default_factory=dict)
     """Every Node the operator knows, by name (trimmed by :func:`trim_node`)."""
     pdb: Obj | None = None
+    """The job's PodDisruptionBudget: its ``spec`` as :func:`trim_pdb` keeps it."""
 
 
 def job_ref(job: Obj) -> JobRef:
@@ -99,14 +102,28 @@ def trim_pod(pod: Obj) -> Obj:
     }
 
 
-def is_controller_pod(pod: Obj) -> bool:
+def trim_pdb(pdb: Obj) -> Obj:
+    """The parts of the job's PodDisruptionBudget the lifecycle reads; what the PDB cache keeps."""
+    spec = pdb.get("spec") or {}
+    return {"spec": {"minAvailable": spec.get("minAvailable", 1), "selector": spec.get("selector")}}
+
+
+def role_of(pod: Obj) -> str | None:
+    """controller, worker or trainer: a pod of the job (None: not one of the job's runtime pods)."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    return JOB_LABEL in labels and labels.get(ROLE_LABEL) == "controller"
+    return labels.get(ROLE_LABEL) if JOB_LABEL in labels else None
+
+
+def is_controller_pod(pod: Obj) -> bool:
+    return role_of(pod) == "controller"
 
 
 def is_worker_pod(pod: Obj) -> bool:
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    return JOB_LABEL in labels and labels.get(ROLE_LABEL) == "worker"
+    return role_of(pod) == "worker"
+
+
+def is_trainer_pod(pod: Obj) -> bool:
+    return role_of(pod) == "trainer"
 
 
 # --------------------------------------------------------------------- pods
@@ -163,7 +180,7 @@ def pod_view(pod: Obj) -> PodView:
         exit_code=_exit_code(pod),
         exit_message=_exit_message(pod),
         disruption=disruption,
-        index=_int_label(labels, WORKER_INDEX_LABEL),
+        index=_int_label(labels, INDEX_LABELS.get(labels.get(ROLE_LABEL, ""), "")),
     )
 
 
@@ -190,6 +207,7 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
 
     pods = [p for p in snap.pods if is_controller_pod(p)]
     workers = [p for p in snap.pods if is_worker_pod(p)]
+    trainers = [p for p in snap.pods if is_trainer_pod(p)]
     signals: list[Signal] = []
     lost: set[str] = set()
     unusable: set[str] = set()
@@ -203,7 +221,9 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
         if node_name and node_name not in snap.nodes:
             lost.add(node_name)
             unusable.add(node_name)
-    for pod in pods:
+    # The nodes whose going is a notice for the job: the controllers', and the trainer pods'
+    # (a trainer rank lost is a preemption). A trainer pod's DisruptionTarget is on its view.
+    for pod in (*pods, *trainers):
         node_name = (pod.get("spec") or {}).get("nodeName")
         if node_name:
             host = snap.nodes.get(node_name)
@@ -213,14 +233,23 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
                 unusable.add(node_name)
             else:
                 signals.extend(node_signals(host, extra))
-        signals.extend(pod_signals(pod))
+        if is_controller_pod(pod):
+            signals.extend(pod_signals(pod))
+    signals = list(dict.fromkeys(signals))  # two pods on one node: its signals once
 
     config_error = None
     try:
         check_job(job_ref(job), spec, settings)
     except ValueError as err:
         config_error = str(err)
-    min_available = ((snap.pdb or {}).get("spec") or {}).get("minAvailable", 1)
+    pdb_spec = (snap.pdb or {}).get("spec") or {}
+    min_available = pdb_spec.get("minAvailable", 1)
+    closed = disruption_budget(job_ref(job), open_=False, trainers=budget_trainers(spec))["spec"]
+    stale = (
+        snap.pdb is not None
+        and min_available != 0
+        and (min_available != closed["minAvailable"] or pdb_spec.get("selector") != closed["selector"])
+    )
     return World(
         now=now or datetime.now(UTC),
         generation=int(meta.get("generation") or 0),
@@ -228,11 +257,13 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
         status=status,
         pods=tuple(pod_view(p) for p in pods),
         workers=tuple(pod_view(p) for p in workers),
+        trainers=tuple(pod_view(p) for p in trainers),
         signals=tuple(signals),
         unusable_nodes=frozenset(unusable),
         avoid_nodes=frozenset(placement.avoid_list(spec.scheduling, snap.nodes, unusable)),
         lost_nodes=frozenset(lost),
         pdb_open=snap.pdb is not None and min_available == 0,
+        pdb_stale=stale,
         deadline_caps=dict(settings.deadline_caps),
         config_error=config_error,
     )
@@ -256,9 +287,10 @@ def fetch(kube: Kube, namespace: str, name: str, nodes: Mapping[str, Obj] | None
     job = kube.get_or_none(rljob_path(namespace, name))
     if job is None:
         return None
-    selector = f"{JOB_LABEL}={name},{ROLE_LABEL} in (controller,worker)"
+    selector = f"{JOB_LABEL}={name},{ROLE_LABEL} in (controller,worker,trainer)"
     pods = kube.get(path("v1", "pods", namespace), labelSelector=selector).get("items") or []
     pdb = kube.get_or_none(path("policy/v1", "poddisruptionbudgets", namespace, names(name)["pdb"]))
+    pdb = trim_pdb(pdb) if pdb is not None else None
     if nodes is None:
         nodes = nodes_of(kube.get(path("v1", "nodes")).get("items") or [])
     return Snapshot(job=job, pods=tuple(pods), nodes=nodes, pdb=pdb)

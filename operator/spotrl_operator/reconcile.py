@@ -20,6 +20,10 @@ deterministic name instead of counting a new attempt, so a restart neither loses
 repeats a controller.
 
 Worker pods (``spec.generation.workerPods``) follow the controller: :mod:`spotrl_operator.workers`.
+Trainer pods (``spec.training.parallelism.trainerPods``) follow it too
+(:mod:`spotrl_operator.trainers`), and losing one is a preemption: a notice on a trainer pod's
+node asks for a barrier here as one on the controller's node does, and a controller that
+exits with :data:`~spotrl_runtime.api.rljob.EXIT_RANK_LOST` is preempted, not crashed.
 What the lifecycle decides on and returns (:class:`~spotrl_operator.world.World`,
 :class:`~spotrl_operator.world.Plan`, the actions): :mod:`spotrl_operator.world`.
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 import hashlib
 from datetime import timedelta
 
+from spotrl_operator.trainers import tend_trainers, trainer_notices
 from spotrl_operator.workers import tend_workers
 from spotrl_operator.world import (
     Builder,
@@ -42,7 +47,7 @@ from spotrl_operator.world import (
     World,
 )
 from spotrl_runtime.api import times
-from spotrl_runtime.api.rljob import BarrierStatus, FailureBudget
+from spotrl_runtime.api.rljob import EXIT_RANK_LOST, BarrierStatus, FailureBudget
 
 # A pod stuck in Terminating on a node whose kubelet stopped answering is never confirmed
 # gone; after this long we force-delete it so a fresh controller can start.
@@ -70,11 +75,13 @@ def reconcile(world: World) -> Plan:
     b = Builder(world)
     b.plan.requeue_after = _lifecycle(b)
     tend_workers(b)
+    tend_trainers(b)
     return b.finish()
 
 
 def _lifecycle(b: Builder) -> float | None:
-    """The controller's lifecycle (the worker pods follow it: :func:`~spotrl_operator.workers.tend_workers`).
+    """The controller's lifecycle (the worker and trainer pods follow it: :func:`~spotrl_operator.workers.tend_workers`,
+    :func:`~spotrl_operator.trainers.tend_trainers`).
     Returns when to look again (seconds; None: at the next period)."""
     world = b.world
     if b.st.phase in ("Succeeded", "Failed"):
@@ -155,6 +162,17 @@ def _finished(b: Builder, pod: PodView) -> float | None:
         b.phase("Succeeded", f"trained {spec.training.total_steps} steps")
         return None
     b.act(DeletePod(pod.name))
+    if pod.phase == "Failed" and pod.exit_code == EXIT_RANK_LOST:
+        b.interrupted()
+        why = f" ({pod.exit_message})" if pod.exit_message else ""
+        b.event(
+            "Warning",
+            "TrainerLost",
+            f"controller {pod.name} exited with code {EXIT_RANK_LOST}: a trainer rank was lost without notice{why}; "
+            "the next attempt resumes from the newest committed cut (a preemption, not a crash)",
+        )
+        b.phase("Rescheduling", f"attempt {pod.attempt} lost a trainer rank; resuming from the newest committed cut")
+        return 1.0
     if _is_preemption(pod, world):
         b.interrupted()
         b.phase("Rescheduling", f"controller {pod.name} was stopped on node {pod.node} ({pod.disruption or 'node'})")
@@ -260,7 +278,7 @@ def _start(b: Builder) -> float | None:
         worker_backoff_seconds=None,
     )
     b.act(CreateControllerPod(attempt, world.avoid_nodes))
-    if world.pdb_open:
+    if world.pdb_open or world.pdb_stale:
         b.act(CloseDisruptionBudget())
     if first:
         b.update(training_since=times.rfc3339(world.now))
@@ -302,22 +320,24 @@ def _running(b: Builder, current: PodView) -> float | None:
             b.act(OpenDisruptionBudget())
         b.act(DeletePod(current.name))
         b.interrupted()
-        b.phase("Rescheduling", f"moving the controller off node {barrier.node} (barrier {barrier.state.lower()})")
+        moving = "the controller" if barrier.node in (None, current.node) else "the controller and its trainer pods"
+        b.phase("Rescheduling", f"moving {moving} off node {barrier.node} (barrier {barrier.state.lower()})")
         return 1.0
 
-    notices = [s for s in world.signals if s.node == current.node]
+    notices = [(s, "") for s in world.signals if s.node == current.node]
+    notices += [(s, f" (trainer pod {t.name})") for s, t in trainer_notices(b, current)]
     if notices:
-        sig = notices[0]
-        req = _new_barrier(b, sig.reason, current, node=current.node, provider=sig.provider)
+        sig, whose = notices[0]
+        req = _new_barrier(b, sig.reason, current, node=sig.node, provider=sig.provider)
         b.event(
             "Warning",
             "PreemptionNotice",
-            f"{sig.reason} on node {current.node}: barrier {req.request_id} requested, deadline {req.deadline}",
+            f"{sig.reason} on node {sig.node}{whose}: barrier {req.request_id} requested, deadline {req.deadline}",
         )
-        b.phase("Checkpointing", f"barrier cut requested ({sig.reason})")
+        b.phase("Checkpointing", f"barrier cut requested ({sig.reason}{whose})")
         return 1.0
 
-    if world.pdb_open:
+    if world.pdb_open or world.pdb_stale:
         b.act(CloseDisruptionBudget())
     if current.phase == "Running":
         b.condition("Running", True, "ControllerRunning", f"{current.name} on node {current.node}")

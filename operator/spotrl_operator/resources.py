@@ -21,8 +21,15 @@ JOB_LABEL = "spotrl.dev/job"
 ROLE_LABEL = "spotrl.dev/role"
 ATTEMPT_LABEL = "spotrl.dev/attempt"
 WORKER_INDEX_LABEL = "spotrl.dev/worker-index"
+TRAINER_INDEX_LABEL = "spotrl.dev/trainer-index"
+INDEX_LABELS = {"worker": WORKER_INDEX_LABEL, "trainer": TRAINER_INDEX_LABEL}
+"""The label that holds a Ray node pod's index within its attempt, by role."""
+NODE_ROLES = ("worker", "trainer")
+"""Pods that join the controller's Ray head as nodes of their own: generation workers
+(``generation.workerPods``) and trainer ranks (``training.parallelism.trainerPods``)."""
 WORKER_GRACE_SECONDS = 15
-"""A worker has nothing to save: its grace period only covers stopping Ray."""
+"""A worker or trainer pod has nothing to save (a trainer rank writes its shards of a cut
+while the controller asks, never on SIGTERM): its grace period only covers stopping Ray."""
 METRICS_PORT = 9400
 """The runtime pods' one port on the pod IP: /metrics. /status and POST /barrier listen on the
 pod's loopback (``kubectl port-forward``), so nothing else in the cluster can park a job."""
@@ -62,8 +69,17 @@ def controller_pod_name(job: str, attempt: int) -> str:
     return f"{job}-controller-{attempt}"
 
 
+def node_pod_name(job: str, role: str, attempt: int, index: int) -> str:
+    """``<job>-worker-<attempt>-<index>`` or ``<job>-trainer-<attempt>-<index>``."""
+    return f"{job}-{role}-{attempt}-{index}"
+
+
 def worker_pod_name(job: str, attempt: int, index: int) -> str:
-    return f"{job}-worker-{attempt}-{index}"
+    return node_pod_name(job, "worker", attempt, index)
+
+
+def trainer_pod_name(job: str, attempt: int, index: int) -> str:
+    return node_pod_name(job, "trainer", attempt, index)
 
 
 def instance_labels(job: str) -> dict[str, str]:
@@ -203,18 +219,34 @@ def network_policy(ref: JobRef, settings: Settings) -> dict[str, Any]:
     }
 
 
-def disruption_budget(ref: JobRef, open_: bool) -> dict[str, Any]:
-    """Closed (minAvailable 1): evictions of the running controller get 429 until a cut
-    commits; open: minAvailable 0. An integer minAvailable, not maxUnavailable: for that the
-    disruption controller would need the scale of the pods' owner, and an RLJob has none."""
+def budget_trainers(spec: api.RLJobSpec) -> int:
+    """Trainer pods the job's PodDisruptionBudget holds besides the controller (its ranks,
+    with ``training.parallelism.trainerPods``; else none)."""
+    par = spec.training.parallelism
+    return par.ranks if par.trainer_pods else 0
+
+
+def disruption_budget(ref: JobRef, open_: bool, trainers: int = 0) -> dict[str, Any]:
+    """The pods that hold the job's state: the controller, and its ``trainers`` trainer pods
+    (:func:`budget_trainers`; a trainer rank lost is a preemption of the whole group, while a
+    generation worker is never waited for). Closed (minAvailable: all of them): every
+    eviction of one of them gets 429 until a cut commits; open: minAvailable 0. An integer
+    minAvailable, not maxUnavailable: for that the disruption controller would need the scale
+    of the pods' owner, and an RLJob has none."""
+    selector: dict[str, Any] = {"matchLabels": {JOB_LABEL: ref.name, ROLE_LABEL: "controller"}}
+    if trainers:
+        selector = {
+            "matchLabels": {JOB_LABEL: ref.name},
+            "matchExpressions": [{"key": ROLE_LABEL, "operator": "In", "values": ["controller", "trainer"]}],
+        }
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _meta(ref, names(ref.name)["pdb"]),
         "spec": {
-            "minAvailable": 0 if open_ else 1,
-            "selector": {"matchLabels": {JOB_LABEL: ref.name, ROLE_LABEL: "controller"}},
-            # Evict a controller that never became ready without waiting for the budget.
+            "minAvailable": 0 if open_ else 1 + trainers,
+            "selector": selector,
+            # Evict a pod that never became ready without waiting for the budget.
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }
@@ -387,15 +419,52 @@ def worker_pod(
 ) -> dict[str, Any]:
     """Generation worker ``index`` of controller attempt ``attempt`` (``generation.workerPods``):
     ``spotrl worker`` joins the controller's Ray cluster at ``address`` as a node that offers
-    one worker slot, with ``generation.resources``. It needs no Kubernetes API access, so it
-    gets no token; it is not covered by the PodDisruptionBudget (that selects the controller)."""
-    sched = spec.scheduling
-    # A worker reads from S3 only to load a policy stored there; weights come from the
-    # controller. Without one it gets no keys.
+    one worker slot, with ``generation.resources``. It writes no cuts; it reads from S3 only
+    to load a policy stored there (weights come from the controller), so only then does it
+    get the job's keys. It is not covered by the PodDisruptionBudget."""
     needs_s3 = spec.policy.model.startswith("s3://")
-    env, env_from = _runtime_env(ref, spec, settings, attempt, storage=False, credentials=needs_s3)
-    res = spec.generation.resources
-    args = ["--address", address]
+    return _node_pod(ref, spec, settings, "worker", attempt, index, address, avoid_nodes, storage=False, keys=needs_s3)
+
+
+def trainer_pod(
+    ref: JobRef,
+    spec: api.RLJobSpec,
+    settings: Settings,
+    attempt: int,
+    index: int,
+    address: str,
+    avoid_nodes: Iterable[str] = (),
+) -> dict[str, Any]:
+    """Trainer pod ``index`` of controller attempt ``attempt`` (``training.parallelism.trainerPods``):
+    ``spotrl worker --role trainer`` joins the controller's Ray cluster at ``address`` as a
+    node that offers one trainer rank's slot, with ``parallelism.resources``. Its rank writes
+    its shards of every cut straight to the job's storage: it gets the storage and the job's
+    keys, as the controller does. The PodDisruptionBudget holds it with the controller."""
+    return _node_pod(ref, spec, settings, "trainer", attempt, index, address, avoid_nodes, storage=True, keys=True)
+
+
+def _node_pod(
+    ref: JobRef,
+    spec: api.RLJobSpec,
+    settings: Settings,
+    role: str,
+    attempt: int,
+    index: int,
+    address: str,
+    avoid_nodes: Iterable[str],
+    storage: bool,
+    keys: bool,
+) -> dict[str, Any]:
+    """A pod of ``role`` (:data:`NODE_ROLES`) that joins the controller's Ray cluster as a node
+    of its own. It needs no Kubernetes API access, so it gets no token."""
+    sched = spec.scheduling
+    env, env_from = _runtime_env(ref, spec, settings, attempt, storage=storage, credentials=keys)
+    if role == "trainer":
+        res, defaults = spec.training.parallelism.resources, settings.controller_requests
+        args = ["--role", "trainer", "--address", address]
+    else:
+        res, defaults = spec.generation.resources, settings.worker_requests
+        args = ["--address", address]
     cpus = _ray_cpus(res.cpu)
     if cpus is not None:
         args += ["--num-cpus", str(cpus)]
@@ -409,7 +478,7 @@ def worker_pod(
         **_placement(spec, avoid_nodes),
         "containers": [
             {
-                "name": "worker",
+                "name": role,
                 "image": sched.image or settings.runtime_image,
                 "imagePullPolicy": settings.image_pull_policy,
                 "command": ["spotrl", "worker"],
@@ -417,15 +486,15 @@ def worker_pod(
                 "terminationMessagePolicy": "FallbackToLogsOnError",
                 "env": env,
                 "envFrom": env_from,
-                "resources": _quantities(res, settings.worker_requests),
+                "resources": _quantities(res, defaults),
             }
         ],
     }
-    extra = {ATTEMPT_LABEL: str(attempt), WORKER_INDEX_LABEL: str(index)}
+    extra = {ATTEMPT_LABEL: str(attempt), INDEX_LABELS[role]: str(index)}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _meta(ref, worker_pod_name(ref.name, attempt, index), "worker", extra),
+        "metadata": _meta(ref, node_pod_name(ref.name, role, attempt, index), role, extra),
         "spec": _restricted(pod_spec),
     }
 

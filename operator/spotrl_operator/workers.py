@@ -58,7 +58,7 @@ def tend_workers(b: Builder) -> None:
     world, head = b.world, b.st.ray_head
     if head is None and not world.workers and not world.spec.generation.worker_pods:
         return  # a job without worker pods: nothing to tend, nothing to report
-    attempt = _serving_attempt(b)
+    attempt = b.serving_attempt()
     census = _classify(b, attempt)
     b.act(*census.deletes)
     wait, new_backoff = _backoff(b, census, serving=attempt is not None)
@@ -75,26 +75,6 @@ def tend_workers(b: Builder) -> None:
         )
     if census.deletes or created:
         b.plan.requeue_within(1.0)
-
-
-def _serving_attempt(b: Builder) -> int | None:
-    """The attempt whose workers are wanted: that of a running controller that published its
-    head and is not being stopped (None: no worker is wanted)."""
-    world, head = b.world, b.st.ray_head
-    live = sorted((p for p in world.pods if p.deleting_since is None), key=lambda p: p.attempt)
-    current = live[-1] if live else None
-    stopping = {a.name for a in b.plan.actions if isinstance(a, DeletePod)}
-    serving = (
-        current is not None
-        and current.phase == "Running"
-        and current.name not in stopping
-        and current.node not in world.lost_nodes
-        and head is not None
-        and head.attempt == current.attempt
-        and not world.spec.suspend
-        and b.st.phase not in ("Succeeded", "Failed", "Suspended")
-    )
-    return current.attempt if serving and current is not None else None
 
 
 def _classify(b: Builder, attempt: int | None) -> _Census:

@@ -5,8 +5,8 @@
 - the actions (create or delete a pod, ask for a barrier, open or close the PDB, an Event)
   and the :class:`Plan` that holds them with the status to write;
 - :class:`Builder`: the plan and the new status while the lifecycle
-  (:mod:`~spotrl_operator.reconcile`) and the worker pods (:mod:`~spotrl_operator.workers`)
-  walk their cases.
+  (:mod:`~spotrl_operator.reconcile`), the worker pods (:mod:`~spotrl_operator.workers`) and
+  the trainer pods (:mod:`~spotrl_operator.trainers`) walk their cases.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import ClassVar, Literal
 
 from spotrl_operator.signals import Signal
 from spotrl_runtime.api import times
@@ -37,7 +37,7 @@ class PodView:
     disruption: str | None = None
     """Reason of a DisruptionTarget=True condition (EvictionByEvictionAPI, TerminationByKubelet...)."""
     index: int | None = None
-    """Worker pods: the worker index within the attempt."""
+    """Worker and trainer pods: the pod's index within the attempt."""
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,11 @@ class World:
     """The job's controller pods."""
     workers: tuple[PodView, ...] = ()
     """The job's generation worker pods (``spec.generation.workerPods``), of every attempt."""
+    trainers: tuple[PodView, ...] = ()
+    """The job's trainer pods (``spec.training.parallelism.trainerPods``), of every attempt."""
     signals: tuple[Signal, ...] = ()
-    """Signals on the nodes of this job's pods, and DisruptionTarget on its pods."""
+    """Signals on the nodes of the job's controller and trainer pods, and DisruptionTarget on
+    its controller pods (a trainer pod's is its :attr:`PodView.disruption`)."""
     unusable_nodes: frozenset[str] = frozenset()
     """Nodes about to go or gone: with a notice, cordoned, NotReady or deleted."""
     avoid_nodes: frozenset[str] = frozenset()
@@ -62,6 +65,9 @@ class World:
     lost_nodes: frozenset[str] = frozenset()
     """Nodes whose kubelet confirms nothing any more: Ready Unknown, or deleted."""
     pdb_open: bool = False
+    pdb_stale: bool = False
+    """The PDB is closed, but not as the job wants it (it holds another number of pods, or
+    other ones): closing it again sets it right."""
     deadline_caps: Mapping[str, int] = field(default_factory=dict)
     """Barrier deadline caps in seconds by notice provider (:attr:`Signal.provider`)."""
     config_error: str | None = None
@@ -75,12 +81,27 @@ class CreateControllerPod:
 
 
 @dataclass(frozen=True)
-class CreateWorkerPod:
+class CreateNodePod:
+    """A pod that joins the controller's Ray head as a node of its own (:attr:`role`)."""
+
     attempt: int
     index: int
     address: str
-    """The Ray head the worker joins (``status.rayHead.address``)."""
+    """The Ray head the pod joins (``status.rayHead.address``)."""
     avoid_nodes: frozenset[str]
+    role: ClassVar[Literal["worker", "trainer"]]
+
+
+class CreateWorkerPod(CreateNodePod):
+    """Generation worker ``index`` (``generation.workerPods``)."""
+
+    role = "worker"
+
+
+class CreateTrainerPod(CreateNodePod):
+    """Trainer pod ``index``, one per rank (``training.parallelism.trainerPods``)."""
+
+    role = "trainer"
 
 
 @dataclass(frozen=True)
@@ -117,6 +138,7 @@ class Event:
 Action = (
     CreateControllerPod
     | CreateWorkerPod
+    | CreateTrainerPod
     | DeletePod
     | RequestBarrier
     | OpenDisruptionBudget
@@ -195,6 +217,24 @@ class Builder:
             self.condition("Suspended", True, "Suspended", message)
         elif self.has_condition("Suspended"):
             self.condition("Suspended", False, "Resumed", "spec.suspend is false")
+
+    def serving_attempt(self, through_suspend: bool = False) -> int | None:
+        """The attempt whose Ray node pods (workers, trainers) are wanted: that of the newest
+        controller, running, not being stopped by this plan, not on a lost node, that published
+        its Ray head. None: none is wanted. ``through_suspend``: still wanted while the job
+        suspends (the suspend's barrier cut needs them) until the controller is stopped;
+        otherwise none is wanted once the job is suspended or done."""
+        world, head = self.world, self.st.ray_head
+        live = sorted((p for p in world.pods if p.deleting_since is None), key=lambda p: p.attempt)
+        current = live[-1] if live else None
+        if current is None or head is None or head.attempt != current.attempt:
+            return None
+        stopping = {a.name for a in self.plan.actions if isinstance(a, DeletePod)}
+        if current.phase != "Running" or current.name in stopping or current.node in world.lost_nodes:
+            return None
+        if not through_suspend and (world.spec.suspend or self.st.phase in ("Succeeded", "Failed", "Suspended")):
+            return None
+        return current.attempt
 
     def interrupted(self) -> None:
         """The running controller's work stops (once per interruption). What is lost starts at

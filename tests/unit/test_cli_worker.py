@@ -34,6 +34,13 @@ def test_the_ray_node_joins_the_head_on_the_pods_address_with_the_worker_resourc
     assert "--port" not in argv
 
 
+def test_a_trainer_node_offers_one_trainer_rank_slot_and_no_worker_slot() -> None:
+    argv = ray_start_argv("127.0.1.2:40001", "127.0.2.7", "/tmp/ray-w-x", 1, 0, role="trainer")
+    assert json.loads(flag(argv, "--resources")) == {"spotrl.dev/trainer": 1}
+    assert build_parser().parse_args(["worker", "--address", "h:1"]).role == "worker"
+    assert build_parser().parse_args(["worker", "--address", "h:1", "--role", "trainer"]).role == "trainer"
+
+
 def test_cpus_and_gpus_are_left_to_ray_unless_given() -> None:
     argv = ray_start_argv("10.0.0.1:6379", "10.0.0.9", "/tmp/r", num_cpus=None, num_gpus=None)
     assert "--num-cpus" not in argv
@@ -56,6 +63,7 @@ def test_the_command_needs_an_address_and_refuses_a_wildcard_node_ip(capsys: pyt
         (["--address", "head:6379", "--num-cpus", "0"], "--num-cpus"),
         (["--address", "head:6379", "--num-gpus", "-1"], "--num-gpus"),
         (["--address", "head:6379", "--node-ip", "my-pod"], "--node-ip"),
+        (["--address", "head:6379", "--role", "learner"], "--role"),
     ],
 )
 def test_bad_worker_flags_are_one_line_and_exit_2_before_ray_starts(flags: list[str], named: str) -> None:

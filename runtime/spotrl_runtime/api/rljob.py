@@ -150,9 +150,7 @@ class Parallelism(ApiObject):
             "and the operator keeps one pod per rank; false: the ranks run as Ray actors in the controller pod."
         ),
     )
-    resources: Resources = Field(
-        default_factory=Resources, description="Per trainer pod (trainerPods): its requests."
-    )
+    resources: Resources = Field(default_factory=Resources, description="Per trainer pod (trainerPods): its requests.")
 
     rules = (
         Rule(
@@ -554,11 +552,23 @@ class ResumeStatus(ApiObject):
 
 
 class RayHead(ApiObject):
-    """Where a controller's Ray cluster accepts worker nodes (``generation.workerPods``)."""
+    """Where a controller's Ray cluster accepts nodes of their own: generation worker pods
+    (``generation.workerPods``) and trainer pods (``training.parallelism.trainerPods``)."""
 
     address: str = Field(min_length=1, max_length=253, description="host:port of the Ray head's GCS.")
     attempt: int = Field(ge=1, description="The controller attempt that runs this head.")
-    workers: int = Field(ge=1, le=1024, description="Worker pods this controller waits for.")
+    workers: int = Field(
+        default=0, ge=0, le=1024, description="Generation worker pods this controller waits for (0: none)."
+    )
+    trainers: int = Field(
+        default=0, ge=0, le=1024, description="Trainer pods this controller waits for, one per rank (0: none)."
+    )
+
+
+EXIT_RANK_LOST = 5
+"""The controller's exit code when a trainer rank (its process, pod or node) was lost without
+notice: the operator reads it as a preemption of the trainer group (a new attempt restores
+from the newest committed cut), not as a crash."""
 
 
 class BarrierStatus(ApiObject):
@@ -635,6 +645,17 @@ class RLJobStatus(ApiObject):
         ge=0,
         description="Length of the last worker backoff; the next doubles it unless the workers ran "
         "for twice failureBudget.maxBackoffSeconds after it ended.",
+    )
+    trainers_ready: int | None = Field(
+        default=None,
+        ge=0,
+        description="Trainer pods of the current attempt that run (training.parallelism.trainerPods).",
+    )
+    trainers_attempt: int | None = Field(
+        default=None,
+        ge=0,
+        description="The attempt whose trainer pods have all been created and seen: one of them that goes "
+        "is not created again (the controller exits with code 5 and the next attempt gets new ones).",
     )
     message: str | None = None
 

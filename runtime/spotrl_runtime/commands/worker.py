@@ -1,15 +1,18 @@
-"""`spotrl worker --address HOST:PORT`: a generation worker node, one per worker pod.
+"""`spotrl worker --address HOST:PORT`: a Ray node of its own that joins a job's controller,
+one per worker pod or trainer pod.
 
-With ``spec.generation.workerPods`` the operator starts this in each worker pod, with the
+With ``spec.generation.workerPods`` the operator starts this in each worker pod, and with
+``spec.training.parallelism.trainerPods`` (``--role trainer``) in each trainer pod, with the
 address the controller published in ``status.rayHead``. It joins the controller's Ray
 cluster as a node of its own: bound to this pod's address (``SPOTRL_POD_IP``, never
 0.0.0.0: pods may share a host), every port chosen by Ray, offering the pod's CPUs and GPUs
-and one unit of the resource ``spotrl.dev/worker``, so exactly one generation worker actor of
-the controller's pool lands here and none anywhere else.
+and one unit of the resource of its role: ``spotrl.dev/worker`` (exactly one generation
+worker actor of the controller's pool lands here and none anywhere else) or
+``spotrl.dev/trainer`` (exactly one trainer rank's placement-group bundle).
 
 SIGTERM (the pod is deleted, its node drains) stops the node's Ray processes and exits 143;
 nothing of it keeps running. If the Ray node stops by itself (the controller and its head
-went away) it exits 1 and says why; the operator starts a worker for the next controller.
+went away) it exits 1 and says why; the operator starts pods for the next controller.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from typing import Any
 
 from spotrl_runtime.commands import preflight
 
+ROLES = ("worker", "trainer")
+"""What a node offers: one generation worker slot, or one trainer rank's slot."""
 STOP_SECONDS = 8.0
 """After SIGTERM, how long Ray's own shutdown may take before its processes are killed."""
 
@@ -35,7 +40,8 @@ STOP_SECONDS = 8.0
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "worker",
-        help="join a job's Ray cluster as a generation worker node (the operator starts it in worker pods)",
+        help="join a job's Ray cluster as a generation worker or trainer node (the operator starts it in worker "
+        "and trainer pods)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -48,15 +54,24 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--node-ip", type=preflight.ip_address, help="this node's address (default: $SPOTRL_POD_IP, else 127.0.0.1)"
     )
+    p.add_argument(
+        "--role",
+        choices=ROLES,
+        default="worker",
+        help="worker (default): offer one generation worker slot; trainer: offer one trainer rank's slot",
+    )
     p.add_argument("--num-cpus", type=preflight.positive_int, help="CPUs this node offers (default: what Ray sees)")
     p.add_argument("--num-gpus", type=preflight.count, help="GPUs this node offers (default: what Ray sees)")
     p.set_defaults(func=run)
 
 
-def ray_start_argv(address: str, node_ip: str, temp_dir: str, num_cpus: int | None, num_gpus: int | None) -> list[str]:
-    """The `ray start` that joins ``address`` as a worker node (blocking until stopped)."""
-    from spotrl_runtime.generation.cluster import WORKER_RESOURCE
+def ray_start_argv(
+    address: str, node_ip: str, temp_dir: str, num_cpus: int | None, num_gpus: int | None, role: str = "worker"
+) -> list[str]:
+    """The `ray start` that joins ``address`` as a node of ``role`` (blocking until stopped)."""
+    from spotrl_runtime.generation.cluster import TRAINER_RESOURCE, WORKER_RESOURCE
 
+    resource = {"worker": WORKER_RESOURCE, "trainer": TRAINER_RESOURCE}[role]
     argv = [
         sys.executable,
         "-m",
@@ -67,7 +82,7 @@ def ray_start_argv(address: str, node_ip: str, temp_dir: str, num_cpus: int | No
         "--node-ip-address",
         node_ip,
         "--resources",
-        json.dumps({WORKER_RESOURCE: 1}),
+        json.dumps({resource: 1}),
         "--temp-dir",
         temp_dir,
         # Ray picks free ports (two pods on one host must not both take a fixed one).
@@ -131,11 +146,12 @@ def run(args: argparse.Namespace) -> int:
         **os.environ,
         "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
         "RAY_USAGE_STATS_ENABLED": "0",
-        # No drain wait on SIGTERM: a worker holds nothing; its groups go back to the pool.
+        # No drain wait on SIGTERM: a worker holds nothing (its groups go back to the pool); a
+        # trainer rank that goes is a preemption of the trainer group, which no wait here saves.
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
     }
-    argv = ray_start_argv(args.address, node_ip, temp_dir, args.num_cpus, args.num_gpus)
-    print(f"spotrl worker: joining the Ray head at {args.address} as node {node_ip}", flush=True)
+    argv = ray_start_argv(args.address, node_ip, temp_dir, args.num_cpus, args.num_gpus, args.role)
+    print(f"spotrl worker: joining the Ray head at {args.address} as {args.role} node {node_ip}", flush=True)
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

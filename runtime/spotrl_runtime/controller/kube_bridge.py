@@ -10,10 +10,10 @@ As a :class:`StatusSink` it reports ``step``/``stepAttempt`` and ``lastCut``; ev
 those patches first tests ``status.attempt`` against this controller's attempt, so a
 controller that is being replaced can never write over its successor.
 
-With ``spec.generation.workerPods`` it also announces the controller's Ray head
-(:meth:`KubeBridge.publish_ray_head`: ``status.rayHead`` with the address, the attempt and
-the number of workers), under the same test of ``status.attempt``; the operator then
-starts the worker pods that join it.
+With ``spec.generation.workerPods`` or ``spec.training.parallelism.trainerPods`` it also
+announces the controller's Ray head (:meth:`KubeBridge.publish_ray_head`: ``status.rayHead``
+with the address, the attempt and the number of worker and trainer pods), under the same
+test of ``status.attempt``; the operator then starts the pods that join it.
 
 It ignores a request made for another attempt (``barrier.attempt``, or ``status.attempt``
 when the request carries none): the operator clears ``status.barrier`` when it starts a
@@ -257,17 +257,25 @@ class KubeBridge:
                 delay = min(delay * 2, 2.0)
 
     # ------------------------------------------------------------------ the Ray head
-    def publish_ray_head(self, address: str, workers: int) -> bool:
-        """Writes ``status.rayHead`` for this attempt, before the controller waits for its
-        workers (so it does not wait for :meth:`start`). False if the status moved on to
-        another attempt, or the write did not get through."""
+    def publish_ray_head(self, address: str, workers: int, trainers: int = 0) -> bool:
+        """Writes ``status.rayHead`` for this attempt (``workers`` generation worker pods and
+        ``trainers`` trainer pods to join it), before the controller waits for them (so it
+        does not wait for :meth:`start`). False if the status moved on to another attempt,
+        or the write did not get through."""
+        head = api.RayHead(address=address, attempt=self.attempt, workers=workers, trainers=trainers)
         ops = [
             {"op": "test", "path": "/status/attempt", "value": self.attempt},
-            _add("/status/rayHead", _doc(api.RayHead(address=address, attempt=self.attempt, workers=workers))),
+            _add("/status/rayHead", _doc(head)),
         ]
         written = self._patch_retrying(ops, f"Ray head of attempt {self.attempt}")
         if written:
-            log.info("Ray head %s published for attempt %d (%d worker pods)", address, self.attempt, workers)
+            log.info(
+                "Ray head %s published for attempt %d (%d worker pods, %d trainer pods)",
+                address,
+                self.attempt,
+                workers,
+                trainers,
+            )
         return written
 
     # ------------------------------------------------------------------ status (StatusSink)

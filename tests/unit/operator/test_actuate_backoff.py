@@ -12,8 +12,8 @@ from typing import Any
 from spotrl_operator.actuate import STUCK, Actuator, action_key
 from spotrl_operator.observe import Snapshot
 from spotrl_operator.settings import Settings
-from spotrl_operator.world import CloseDisruptionBudget, CreateControllerPod, Plan
-from spotrl_runtime.kube import KubeError
+from spotrl_operator.world import CloseDisruptionBudget, CreateControllerPod, CreateTrainerPod, Plan
+from spotrl_runtime.kube import JSON_PATCH, KubeError
 
 Obj = dict[str, Any]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -152,3 +152,49 @@ def test_a_server_error_is_marked_as_one_that_may_pass_and_each_action_has_its_o
     assert len(applied.failed) == 1
     assert applied.held == []
     assert action_key("tiny", CreateControllerPod(4, frozenset()))[1] == "creating pod tiny-controller-4"
+
+
+class RecordingKube(FakeKube):
+    """Also keeps what was sent."""
+
+    def __init__(self, job: Obj):
+        super().__init__(job)
+        self.sent: list[tuple[str, Any, str]] = []
+
+    def create(self, url: str, obj: Obj) -> Obj:
+        self.sent.append((url, obj, ""))
+        return super().create(url, obj)
+
+    def patch(self, url: str, body: Any, content_type: str = "") -> Obj:
+        self.sent.append((url, body, content_type))
+        return super().patch(url, body, content_type)
+
+
+def test_the_budget_is_set_whole_and_a_trainer_pod_is_created_as_one() -> None:
+    """Closing the PDB replaces its selector (a merge patch would keep the old role label and
+    hold the controller only); a CreateTrainerPod makes the trainer pod."""
+    doc = job()
+    doc["spec"]["training"]["parallelism"] = {"strategy": "fsdp", "ranks": 2, "trainerPods": True}
+    kube = RecordingKube(doc)
+    actuator = Actuator(kube, Settings(), clock=Clock())  # type: ignore[arg-type]
+    plan = Plan(actions=[CloseDisruptionBudget(), CreateTrainerPod(3, 1, "127.0.1.2:40001", frozenset())])
+    applied = actuator.apply(Snapshot(job=copy.deepcopy(kube.job)), plan)
+    assert applied.failed == []
+    ((url, ops, content_type),) = [s for s in kube.sent if "poddisruptionbudgets" in s[0]]
+    assert url.endswith("/poddisruptionbudgets/tiny-controller")
+    assert content_type == JSON_PATCH
+    assert ops == [
+        {"op": "add", "path": "/spec/minAvailable", "value": 3},
+        {
+            "op": "add",
+            "path": "/spec/selector",
+            "value": {
+                "matchLabels": {"spotrl.dev/job": "tiny"},
+                "matchExpressions": [{"key": "spotrl.dev/role", "operator": "In", "values": ["controller", "trainer"]}],
+            },
+        },
+    ]
+    ((_, pod, _),) = [s for s in kube.sent if s[0].endswith("/pods")]
+    assert pod["metadata"]["name"] == "tiny-trainer-3-1"
+    assert pod["spec"]["containers"][0]["args"][:4] == ["--role", "trainer", "--address", "127.0.1.2:40001"]
+    assert action_key("tiny", plan.actions[1]) == ("create-pod/tiny-trainer-3-1", "creating pod tiny-trainer-3-1")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from spotrl_operator.observe import Snapshot, deleting_since, pod_view, trim_node, trim_pod, world_of
+from spotrl_operator.observe import Snapshot, deleting_since, pod_view, trim_node, trim_pdb, trim_pod, world_of
 from spotrl_operator.settings import Settings
 from spotrl_runtime.api.rljob import SpecError
 
@@ -148,6 +148,65 @@ def test_a_worker_node_raises_no_signal_but_can_be_lost() -> None:
     assert w.lost_nodes == {"spot-b", "gone"}
     assert w.status.ray_head is not None
     assert (w.status.ray_head.address, w.status.ray_head.attempt, w.status.workers_ready) == ("127.0.1.2:4000", 1, 2)
+
+
+def trainer_pod(name: str, attempt: int, index: str, node_name: str | None = "spot-b", **extra: Any) -> dict[str, Any]:
+    p = pod(name, attempt, node_name, **extra)
+    p["metadata"]["labels"].update({"spotrl.dev/role": "trainer", "spotrl.dev/trainer-index": index})
+    return p
+
+
+def test_a_trainer_pods_node_raises_the_jobs_signals_and_its_disruption_is_on_its_view() -> None:
+    evicted = [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]
+    snap = Snapshot(
+        job=job(),
+        pods=(
+            pod("j-controller-1", 1, "spot-a"),
+            trainer_pod("j-trainer-1-0", 1, "0", "spot-b", conditions=evicted),
+            trainer_pod("j-trainer-1-1", 1, "1", "spot-a"),
+            trainer_pod("j-trainer-1-2", 1, "2", "gone"),
+        ),
+        nodes=nodes(node("spot-a", unschedulable=True), node("spot-b", taints=[{"key": "karpenter.sh/disrupted"}])),
+    )
+    w = world_of(snap, SETTINGS, NOW)
+    assert w.pods[0].name == "j-controller-1"
+    assert [(v.name, v.attempt, v.index, v.disruption) for v in w.trainers] == [
+        ("j-trainer-1-0", 1, 0, "DeletionByTaintManager"),
+        ("j-trainer-1-1", 1, 1, None),
+        ("j-trainer-1-2", 1, 2, None),
+    ]
+    assert w.workers == ()
+    # spot-a's cordon once though two of the job's pods run there; the trainer pod's
+    # DisruptionTarget is not a signal of the job's (an older attempt's pod must not raise one).
+    assert [(s.kind, s.node) for s in w.signals] == [
+        ("cordon", "spot-a"),
+        ("taint", "spot-b"),
+        ("node-deleted", "gone"),
+    ]
+    assert w.lost_nodes == {"gone"}
+
+
+def test_a_budget_that_holds_other_pods_than_the_job_wants_is_stale() -> None:
+    trainers = job()
+    trainers["spec"]["training"]["parallelism"] = {"strategy": "fsdp", "ranks": 2, "trainerPods": True}
+    controller_only = {"matchLabels": {"spotrl.dev/job": "j", "spotrl.dev/role": "controller"}}
+    both = {
+        "matchLabels": {"spotrl.dev/job": "j"},
+        "matchExpressions": [{"key": "spotrl.dev/role", "operator": "In", "values": ["controller", "trainer"]}],
+    }
+
+    def world(doc: dict[str, Any], min_available: int, selector: dict[str, Any]) -> Any:
+        pdb = trim_pdb(
+            {"metadata": {"name": "j-controller"}, "spec": {"minAvailable": min_available, "selector": selector}}
+        )
+        return world_of(Snapshot(job=doc, pdb=pdb), SETTINGS, NOW)
+
+    assert (world(job(), 1, controller_only).pdb_stale, world(job(), 1, controller_only).pdb_open) == (False, False)
+    assert world(trainers, 3, both).pdb_stale is False
+    assert world(trainers, 1, controller_only).pdb_stale is True, "made before the job had trainer pods"
+    assert world(trainers, 2, both).pdb_stale is True, "ranks changed"
+    assert world(job(), 3, both).pdb_stale is True
+    assert (world(trainers, 0, controller_only).pdb_stale, world(trainers, 0, both).pdb_open) == (False, True)
 
 
 def test_no_storage_anywhere_is_a_configuration_error_naming_the_field() -> None:

@@ -71,6 +71,27 @@ def test_the_budget_uses_an_integer_min_available() -> None:
     assert "maxUnavailable" not in resources.disruption_budget(REF, open_=True)["spec"]
 
 
+def test_the_budget_holds_the_trainer_pods_with_the_controller() -> None:
+    """A trainer rank lost is a preemption: closed, the budget holds every one of them (an
+    integer minAvailable of 1 over three pods would let two go)."""
+    closed = resources.disruption_budget(REF, open_=False, trainers=2)["spec"]
+    assert closed["minAvailable"] == 3
+    assert closed["selector"] == {
+        "matchLabels": {"spotrl.dev/job": "tiny"},
+        "matchExpressions": [{"key": "spotrl.dev/role", "operator": "In", "values": ["controller", "trainer"]}],
+    }
+    assert resources.disruption_budget(REF, open_=True, trainers=2)["spec"]["minAvailable"] == 0
+    assert resources.budget_trainers(TRAINER_SPEC) == 2
+    assert resources.budget_trainers(SPEC) == 0
+    ranks_in_controller = parse_spec(
+        {
+            **TRAINER_SPEC.model_dump(by_alias=True, exclude_none=True),
+            "training": {"totalSteps": 10, "parallelism": {"strategy": "fsdp", "ranks": 2}},
+        }
+    )
+    assert resources.budget_trainers(ranks_in_controller) == 0
+
+
 def test_the_controller_pod() -> None:
     pod = resources.controller_pod(REF, SPEC, SETTINGS, 3, avoid_nodes=["spot-b", "spot-a"])
     spec = pod["spec"]
@@ -174,6 +195,71 @@ def test_the_worker_pod() -> None:
     assert selector["spotrl.dev/role"] == "controller"
 
 
+TRAINER_SPEC = parse_spec(
+    {
+        **WORKER_SPEC.model_dump(by_alias=True, exclude_none=True),
+        "generation": {"workers": 1},
+        "training": {
+            "totalSteps": 10,
+            "parallelism": {
+                "strategy": "fsdp",
+                "ranks": 2,
+                "gpusPerRank": 1,
+                "trainerPods": True,
+                "resources": {"cpu": "3500m", "memory": "20Gi", "gpu": 1},
+            },
+        },
+    }
+)
+
+
+def test_the_trainer_pod() -> None:
+    pod = resources.trainer_pod(REF, TRAINER_SPEC, SETTINGS, 2, 1, "127.0.1.2:40001", avoid_nodes=["spot-a"])
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["name"] == "tiny-trainer-2-1"
+    assert meta["labels"]["spotrl.dev/role"] == "trainer"
+    assert meta["labels"]["spotrl.dev/attempt"] == "2"
+    assert meta["labels"]["spotrl.dev/trainer-index"] == "1"
+    assert "spotrl.dev/worker-index" not in meta["labels"]
+    (owner,) = meta["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("RLJob", "tiny", "uid-1")
+    (c,) = spec["containers"]
+    assert c["name"] == "trainer"
+    assert c["command"] == ["spotrl", "worker"]
+    assert c["args"] == ["--role", "trainer", "--address", "127.0.1.2:40001", "--num-cpus", "4", "--num-gpus", "1"]
+    assert c["resources"] == {
+        "requests": {"cpu": "3500m", "memory": "20Gi", "nvidia.com/gpu": "1"},
+        "limits": {"memory": "20Gi", "nvidia.com/gpu": "1"},
+    }
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+    # Its rank writes its shards of every cut: the job's storage and keys, as the controller's.
+    (controller,) = resources.controller_pod(REF, TRAINER_SPEC, SETTINGS, 2)["spec"]["containers"]
+    assert env["SPOTRL_STORAGE"] == "s3://bucket/spotrl/team-a/tiny"
+    assert env["AWS_ENDPOINT_URL"] == "http://s3:9000"
+    assert env["SPOTRL_ATTEMPT"] == "2"
+    assert c["envFrom"] == controller["envFrom"] == [{"secretRef": {"name": "s3-keys"}}]
+    assert [e for e in c["env"] if e["name"] != "SPOTRL_POD_NAME"] == [
+        e for e in controller["env"] if e["name"] != "SPOTRL_POD_NAME"
+    ]
+    assert spec["automountServiceAccountToken"] is False, "a rank needs no Kubernetes API"
+    assert "serviceAccountName" not in spec
+    assert spec["restartPolicy"] == "Never"
+    assert spec["terminationGracePeriodSeconds"] == 15
+    assert spec["nodeSelector"] == {"pool": "gpu"}
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["spot-a"]}]}]
+    # Without requests: the controller's defaults (a rank trains as the controller would).
+    plain = parse_spec(
+        {
+            **TRAINER_SPEC.model_dump(by_alias=True, exclude_none=True),
+            "training": {"totalSteps": 10, "parallelism": {"strategy": "fsdp", "ranks": 2, "trainerPods": True}},
+        }
+    )
+    (c,) = resources.trainer_pod(REF, plain, SETTINGS, 1, 0, "10.0.0.1:6379")["spec"]["containers"]
+    assert c["args"] == ["--role", "trainer", "--address", "10.0.0.1:6379"]
+    assert c["resources"] == {"requests": {"cpu": "500m", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
+
+
 def test_a_worker_without_requests_gets_the_defaults_and_ray_counts_what_it_sees() -> None:
     plain = parse_spec({**WORKER_SPEC.model_dump(by_alias=True), "generation": {"workerPods": True}})
     (c,) = resources.worker_pod(REF, plain, SETTINGS, 1, 0, "10.0.0.1:6379")["spec"]["containers"]
@@ -225,6 +311,7 @@ def test_every_runtime_pod_meets_pod_security_restricted_with_a_read_only_root()
     pods = [
         resources.controller_pod(REF, WORKER_SPEC, settings, 1),
         resources.worker_pod(REF, WORKER_SPEC, settings, 1, 0, "10.0.0.1:6379"),
+        resources.trainer_pod(REF, TRAINER_SPEC, settings, 1, 0, "10.0.0.1:6379"),
         resources.retention_pod(REF, WORKER_SPEC, settings, "s3://b/x/team-a/tiny", 0),
     ]
     for pod in pods:
@@ -261,6 +348,7 @@ def test_the_network_policy_admits_the_jobs_pods_and_the_scrapers_metrics_port_o
     pods = [
         resources.controller_pod(REF, WORKER_SPEC, SETTINGS, 1),
         resources.worker_pod(REF, WORKER_SPEC, SETTINGS, 1, 0, "10.0.0.1:6379"),
+        resources.trainer_pod(REF, TRAINER_SPEC, SETTINGS, 1, 0, "10.0.0.1:6379"),
         resources.retention_pod(REF, WORKER_SPEC, SETTINGS, "s3://bkt/x/team-a/tiny", 0),
     ]
     for pod in pods:
