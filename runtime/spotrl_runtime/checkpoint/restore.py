@@ -11,12 +11,14 @@ passes RESERVED batches through the gate again, in admission order, with the sav
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spotrl_runtime.checkpoint.layout import newest_committed
+from spotrl_runtime.checkpoint.layout import cut_dir, newest_committed
 from spotrl_runtime.checkpoint.reader import StorageCutSource
+from spotrl_runtime.checkpoint.sharded import DCP_FORMAT, ShardedCut
 from spotrl_runtime.checkpoint.trainer_state import TorchSaveFormat, TrainerSnapshot, TrainerStateFormat
 from spotrl_runtime.core.cut_format import Manifest, to_snapshot
 from spotrl_runtime.core.owners import Owners, PromptSource, RecoveryConfig
@@ -60,7 +62,9 @@ class RestoredRun:
     """What a restore hands the controller: the owners, the trainer's state and the cut it came from."""
 
     owners: Owners
-    trainer: TrainerSnapshot | None
+    trainer: TrainerSnapshot | ShardedCut | None
+    """The trainer's state: loaded (``torch.save/v1``), or where a trainer group loads it from
+    (``dcp/v1``: :class:`~spotrl_runtime.checkpoint.sharded.ShardedCut`); None without one."""
     manifest: Manifest
     cut_id: str
 
@@ -98,6 +102,9 @@ def restore_cut(
     ``attempt`` defaults to the cut's attempt + 1 (the audit tells attempts apart).
     ``encode`` (a prompt's token ids, as generation makes them) runs check
     ``rollout_prompt_tokens``. A trainer file that does not load is check ``trainer_state``.
+    A ``dcp/v1`` cut's shards are not loaded here: ``trainer`` is a
+    :class:`~spotrl_runtime.checkpoint.sharded.ShardedCut` (the validated files and
+    ``trainer/meta.json``) that the trainer loads (``resume.load_trainer``).
     """
     chosen = cut_id or newest_committed(storage)
     if chosen is None:
@@ -116,8 +123,10 @@ def restore_cut(
                 f"the loader does not accept its saved state ({type(err).__name__}: {err})",
                 "restore from an older cut with --resume CUT",
             ) from None
-        trainer = None
-        if load_trainer and validated.manifest.trainer_format is not None:
+        trainer: TrainerSnapshot | ShardedCut | None = None
+        if load_trainer and validated.manifest.trainer_format == DCP_FORMAT:
+            trainer = _sharded_cut(storage, chosen, validated.manifest, cut)
+        elif load_trainer and validated.manifest.trainer_format is not None:
             fmt = trainer_format or TorchSaveFormat()
             if validated.manifest.trainer_format != fmt.name:
                 raise TrainerStateError(
@@ -141,6 +150,21 @@ def restore_cut(
                     "restore from an older cut with --resume CUT",
                 ) from None
     return RestoredRun(owners, trainer, validated.manifest, chosen)
+
+
+def _sharded_cut(storage: Storage, cut_id: str, manifest: Manifest, cut: StorageCutSource) -> ShardedCut:
+    """Where a trainer group loads a validated ``dcp/v1`` cut from: its trainer files (sizes and
+    digests from the manifest) and ``trainer/meta.json`` (the chain checked its step)."""
+    prefix = f"{manifest.data_dir}/"
+    files = {
+        f.path[len(prefix) :]: (f.size, f.sha256)
+        for f in manifest.files
+        if f.path.startswith(f"{manifest.data_dir}/trainer/")
+    }
+    meta_file = manifest.file("trainer_meta")
+    assert meta_file is not None  # check trainer_state
+    meta = json.loads(cut.read(meta_file.path))
+    return ShardedCut(storage.uri, f"{cut_dir(cut_id)}/{manifest.data_dir}", files, meta)
 
 
 def start_or_restore(

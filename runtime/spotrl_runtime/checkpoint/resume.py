@@ -20,6 +20,7 @@ from typing import Any
 from spotrl_runtime.checkpoint.fence import Fence, claimed_attempts
 from spotrl_runtime.checkpoint.layout import list_cut_folders, manifest_key
 from spotrl_runtime.checkpoint.restore import RestoredRun, restore_cut
+from spotrl_runtime.checkpoint.sharded import ShardedCut, ShardError
 from spotrl_runtime.checkpoint.trainer_state import TrainerSnapshot, restore_rng
 from spotrl_runtime.core.owners import Owners, PromptSource, RecoveryConfig
 from spotrl_runtime.core.types import Prompt
@@ -153,9 +154,17 @@ def _next_attempt(storage: Storage, newest: str | None, latest_audited_attempt: 
     return max(numbers) + 1 if numbers else 0
 
 
-def load_trainer(trainer: Any, snap: TrainerSnapshot, cut_id: str = "", uri: str = "") -> None:
+def load_trainer(trainer: Any, snap: TrainerSnapshot | ShardedCut, cut_id: str = "", uri: str = "") -> None:
     """Puts a cut's trainer snapshot (weights, optimizer, RNG, step) back into the trainer;
-    state that does not fit the trainer is check ``trainer_state``."""
+    state that does not fit the trainer is check ``trainer_state``.
+
+    A sharded cut (:class:`~spotrl_runtime.checkpoint.sharded.ShardedCut`) is loaded by the
+    trainer itself (``trainer.load_sharded(cut)``: every rank of a trainer group, or one process);
+    any failure is check ``trainer_state``, naming the file when a
+    :class:`~spotrl_runtime.checkpoint.sharded.ShardError` names one."""
+    if isinstance(snap, ShardedCut):
+        _load_sharded(trainer, snap, cut_id, uri)
+        return
     try:
         trainer.model.load_state_dict(snap.weights, strict=True)
         if snap.optimizer is not None:
@@ -170,3 +179,37 @@ def load_trainer(trainer: Any, snap: TrainerSnapshot, cut_id: str = "", uri: str
             f"the trainer state does not load into this policy ({type(err).__name__}: {str(err)[:300]})",
             "resume with the policy the run was started with, or from an older cut with --resume CUT",
         ) from None
+
+
+def _load_sharded(trainer: Any, cut: ShardedCut, cut_id: str, uri: str) -> None:
+    try:
+        trainer.load_sharded(cut)
+        trainer.step = int(cut.meta["trainer_step"])
+    except Exception as err:
+        shard = _shard_error(err)
+        prefix = f"cuts/{cut_id}/"
+        data_dir = cut.folder[len(prefix) :] if cut.folder.startswith(prefix) else cut.folder
+        cause = shard or err
+        raise TrainerStateError(
+            f"{uri}/cuts/{cut_id}",
+            f"{data_dir}/{shard.file}" if shard is not None and shard.file else f"{data_dir}/trainer/",
+            f"the trainer's sharded state does not load ({type(cause).__name__}: {str(cause)[:400]})",
+            "resume with the policy the run was started with, or from an older cut with --resume CUT",
+        ) from None
+
+
+def _shard_error(err: BaseException) -> ShardError | None:
+    """The innermost :class:`ShardError` behind ``err`` that names a file: itself, or a cause
+    (a Ray error wraps a rank's, and passes for its class)."""
+    found: ShardError | None = err if isinstance(err, ShardError) else None
+    seen: set[int] = set()
+    todo: list[Any] = [err]
+    while todo:
+        e = todo.pop(0)
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ShardError) and getattr(e, "file", None):
+            found = e
+        todo += [getattr(e, "cause", None), e.__cause__, e.__context__]
+    return found

@@ -1,11 +1,13 @@
 """The trainer's part of a cut: policy weights, optimizer state and RNG states.
 
-Today these are plain ``state_dict``s written with ``torch.save`` (format
-``torch.save/v1``: ``trainer/weights.pt``, ``trainer/optimizer.pt``, ``trainer/rng.pt``).
-A format is just "which files, with which roles, and how to read them back", so a sharded
-``torch.distributed.checkpoint`` format can later list its shard files (role
-``weights-shard``, ...) in the same manifest without touching the cut writer or the
-validation chain, which see only paths, sizes and digests.
+A single-process trainer writes plain ``state_dict``s with ``torch.save`` (format
+``torch.save/v1``: ``trainer/weights.pt``, ``trainer/optimizer.pt``, ``trainer/rng.pt``). A
+trainer group of FSDP2 ranks writes ``dcp/v1`` (:mod:`~spotrl_runtime.checkpoint.sharded`):
+every rank its own shards through ``torch.distributed.checkpoint``, listed in the same
+manifest (roles ``trainer-shard`` and ``trainer-shard-index``) as a
+:class:`ShardedTrainerSnapshot`'s ``write`` returns them. Both formats add
+``trainer/meta.json`` (``trainer_step`` ...); the cut writer and the validation chain see
+only paths, sizes and digests.
 """
 
 from __future__ import annotations
@@ -17,9 +19,15 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import torch
+
+from spotrl_runtime.core.validation import DCP_FORMAT
+
+if TYPE_CHECKING:
+    from spotrl_runtime.api.times import Deadline
+    from spotrl_runtime.storage import Storage
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,36 @@ class TrainerSnapshot:
     rng: Mapping[str, Any] | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
     """Small JSON facts (weight_version, model name ...)."""
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    """One file a rank of a trainer group wrote into a cut, as the manifest lists it."""
+
+    name: str
+    """Relative to the cut's data folder: ``trainer/dcp/__0_0.distcp``, ``trainer/dcp/.metadata``."""
+    role: str
+    """``trainer-shard`` or ``trainer-shard-index`` (the ``.metadata`` file)."""
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ShardedTrainerSnapshot:
+    """A trainer group's state at one step, captured on its ranks, written by ``write`` later.
+
+    ``write(storage, folder, deadline)`` has every rank write its shards under ``folder`` (the
+    cut's data folder, relative to the store's root) and returns every file written, with size
+    and sha256; it must return only once every rank is done (or has failed), and raise if any
+    rank failed: the cut writer then removes the folder and commits nothing. Bounded by
+    ``deadline`` (a barrier cut's; None for a periodic one): a write that runs out of time
+    raises :class:`~spotrl_runtime.storage.StorageDeadlineError` (or anything, once the
+    deadline has passed). The cut writer adds ``trainer/meta.json`` (JSON of ``meta``, which
+    holds ``trainer_step``)."""
+
+    meta: Mapping[str, Any]
+    write: Callable[[Storage, str, Deadline | None], list[ShardFile]]
+    format_name: str = DCP_FORMAT
 
 
 def cpu_copy(obj: Any) -> Any:

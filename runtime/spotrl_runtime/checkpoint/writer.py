@@ -9,7 +9,9 @@ A cut is written in this order, and exists only once step 5 succeeds:
    is one that a newer attempt has fenced (:class:`~spotrl_runtime.checkpoint.fence.FencedError`,
    checked here and again just before the manifest).
 3. files: each owner file and each trainer file goes to a fresh folder
-   ``cuts/<id>/<writer>/``; its size and sha256 are computed as it is written.
+   ``cuts/<id>/<writer>/``; its size and sha256 are computed as it is written. A trainer
+   group's state (:class:`~spotrl_runtime.checkpoint.trainer_state.ShardedTrainerSnapshot`) is
+   written by its ranks, each reporting its files' sizes and digests (format ``dcp/v1``).
 4. deadline: a barrier cut that is past its deadline stops here, before committing. Every
    storage call of a barrier cut is bounded by its deadline (a stalled request is abandoned);
    a cut that runs out of time raises :class:`BarrierDeadlineMissedError`.
@@ -57,6 +59,7 @@ from spotrl_runtime.checkpoint.layout import (
 )
 from spotrl_runtime.checkpoint.trainer_state import (
     HashingWriter,
+    ShardedTrainerSnapshot,
     TorchSaveFormat,
     TrainerFile,
     TrainerSnapshot,
@@ -71,6 +74,7 @@ from spotrl_runtime.core.cut_format import (
     snapshot_counts,
 )
 from spotrl_runtime.core.owners import CutTimeoutError, Owners, OwnersSnapshot
+from spotrl_runtime.core.validation import DCP_FORMAT, DCP_INDEX, INDEX_ROLE, SHARD_ROLE
 from spotrl_runtime.storage import (
     ObjectExistsError,
     ObjectNotFoundError,
@@ -317,13 +321,60 @@ class CutWriter:
             files.append(ManifestFile(path, role, len(blob), hashlib.sha256(blob).hexdigest()))
             self._check_deadline(request, cut_id)
         trainer = snapshot.extra
-        if trainer is not None:
+        if isinstance(trainer, ShardedTrainerSnapshot):
+            files += self._write_sharded(trainer, request, cut_id, folder, writer)
+        elif trainer is not None:
             if not isinstance(trainer, TrainerSnapshot):
-                raise CutError(f"state_fn returned {type(trainer).__name__}, not a TrainerSnapshot")
+                raise CutError(
+                    f"state_fn returned {type(trainer).__name__}, not a TrainerSnapshot or ShardedTrainerSnapshot"
+                )
             for tf in self.trainer_format.files(trainer):
                 size, digest = self._put_streamed(f"{folder}/{tf.name}", tf)
                 files.append(ManifestFile(f"{writer}/{tf.name}", tf.role, size, digest))
                 self._check_deadline(request, cut_id)
+        return files
+
+    def _write_sharded(
+        self, trainer: ShardedTrainerSnapshot, request: CutRequest, cut_id: str, folder: str, writer: str
+    ) -> list[ManifestFile]:
+        """A trainer group's files: every rank writes its shards (``trainer.write``), then
+        ``trainer/meta.json``. Every file a rank reports is listed with its size and digest."""
+        try:
+            written = trainer.write(self.storage, folder, request.deadline)
+        except (StorageDeadlineError, BarrierDeadlineMissedError):
+            raise
+        except Exception as err:
+            left = request.remaining()
+            if left is not None and left <= 0:
+                raise BarrierDeadlineMissedError(
+                    f"barrier cut {cut_id} missed its deadline while the trainer's ranks wrote their shards "
+                    f"({type(err).__name__}: {err}); it was not committed (the last committed cut stands)"
+                ) from None
+            raise
+        files: list[ManifestFile] = []
+        seen: set[str] = set()
+        for f in written:
+            if not f.name.startswith("trainer/") or f.name == "trainer/meta.json" or f.name in seen:
+                raise CutError(
+                    f"cut {cut_id}: the trainer's ranks reported the file {f.name!r} twice, or outside trainer/ "
+                    "(a bug in the trainer group's write); the cut was not committed"
+                )
+            seen.add(f.name)
+            files.append(ManifestFile(f"{writer}/{f.name}", f.role, f.size, f.sha256))
+        if trainer.format_name == DCP_FORMAT:
+            index = [f.name for f in written if f.role == INDEX_ROLE]
+            if index != [DCP_INDEX] or not any(f.role == SHARD_ROLE for f in written):
+                raise CutError(
+                    f"cut {cut_id}: the trainer's ranks reported {len(written)} files, which are not one index "
+                    f"({DCP_INDEX}) and at least one shard; the cut was not committed"
+                )
+        self._check_deadline(request, cut_id)
+        meta = json.dumps(dict(trainer.meta), sort_keys=True).encode("utf-8")
+        self.storage.put_bytes(f"{folder}/trainer/meta.json", meta)
+        files.append(
+            ManifestFile(f"{writer}/trainer/meta.json", "trainer_meta", len(meta), hashlib.sha256(meta).hexdigest())
+        )
+        self._check_deadline(request, cut_id)
         return files
 
     def _manifest(
@@ -344,10 +395,15 @@ class CutWriter:
             dataset=self.dataset,
             config=snapshot.config.to_json(),
             files=tuple(files),
-            trainer_format=self.trainer_format.name if snapshot.extra is not None else None,
+            trainer_format=self._trainer_format_name(snapshot.extra),
             capture_seconds=snapshot.capture_seconds,
             extra={"reason": request.reason} if request.reason else {},
         )
+
+    def _trainer_format_name(self, trainer: Any) -> str | None:
+        if isinstance(trainer, ShardedTrainerSnapshot):
+            return trainer.format_name
+        return self.trainer_format.name if trainer is not None else None
 
     def _fence(self, committed: list[Any], attempt: int) -> None:
         """Refuses to cut for a fenced controller, or one older than the writer of the newest cut."""

@@ -211,7 +211,7 @@ def _fail(
 def run_inspect(args: argparse.Namespace) -> int:
     from spotrl_runtime.checkpoint.reader import StorageCutSource
     from spotrl_runtime.core.cut_format import OWNER_FILES, OwnerFileError, decode_owner_files
-    from spotrl_runtime.core.validation import CutCheckError, check_manifest
+    from spotrl_runtime.core.validation import INDEX_ROLE, SHARD_ROLE, CutCheckError, check_manifest
     from spotrl_runtime.data.loader import loader_position
     from spotrl_runtime.storage import StorageError
 
@@ -261,6 +261,12 @@ def run_inspect(args: argparse.Namespace) -> int:
         "group_counts": dict(manifest.group_counts),
         "audit_tail": [a.to_json() for a in docs.audit_tail],
         "trainer_format": manifest.trainer_format,
+        "trainer_files": {
+            "shards": sum(1 for f in manifest.files if f.role == SHARD_ROLE),
+            "shard_bytes": sum(f.size for f in manifest.files if f.role == SHARD_ROLE),
+            "index": next((f.path for f in manifest.files if f.role == INDEX_ROLE), None),
+            "bytes": sum(f.size for f in manifest.files if f.path.startswith(f"{manifest.data_dir}/trainer/")),
+        },
         "files": [{"path": f.path, "role": f.role, "size": f.size, "sha256": f.sha256} for f in manifest.files],
     }
     _print(args, data, _inspect_text(data))
@@ -295,6 +301,11 @@ def _inspect_text(d: dict[str, Any]) -> str:
     if d["shortfall"]:
         out.append(f"shortfall      {d['shortfall']}")
     out.append(f"audit tail     {len(d['audit_tail'])} trained steps")
+    t = d["trainer_files"]
+    trainer = f"trainer        {d['trainer_format'] or 'none'}, {t['bytes']} bytes"
+    if t["shards"] or t["index"]:
+        trainer += f" ({t['shards']} shards, {t['shard_bytes']} bytes; index {t['index'] or 'missing'})"
+    out.append(trainer)
     out.append("files")
     for f in d["files"]:
         out.append(f"  {f['path']:<44} {f['role']:<14} {f['size']:>12}  {f['sha256']}")

@@ -35,7 +35,7 @@ check                       what it refuses
 ``coverage``                an order with no owner or two (live, trained, dropped)
 ``census``                  a step without B - shortfall groups; a partial RESERVED batch
 ``fingerprints_uniform``    some groups with a content fingerprint and some without
-``trainer_state``           trainer files missing, or a step that disagrees
+``trainer_state``           trainer files missing (a sharded cut: its index, its shards), or a step that disagrees
 ``loader_position``         a loader position other than the orders handed out
 ``dataset_size``            a dataset whose length changed since the cut
 ``loader_rows``             a group whose idx is not the row its order reads
@@ -74,6 +74,18 @@ from spotrl_runtime.core.fields import RecordFormatError
 from spotrl_runtime.core.ledger import LedgerRecord, Phase
 from spotrl_runtime.core.owners import RecoveryConfig
 from spotrl_runtime.core.types import Prompt
+
+DCP_FORMAT = "dcp/v1"
+"""The trainer format of a sharded cut: ``torch.distributed.checkpoint`` files under ``trainer/dcp/``."""
+SHARD_ROLE = "trainer-shard"
+"""Role of a file one rank of a trainer group wrote (``trainer/dcp/__<rank>_<n>.distcp``)."""
+INDEX_ROLE = "trainer-shard-index"
+"""Role of a sharded cut's one index file, ``trainer/dcp/.metadata`` (which shard holds what)."""
+DCP_INDEX = "trainer/dcp/.metadata"
+"""The index's path inside the cut's data folder."""
+TRAINER_FORMATS: dict[str, tuple[str, ...]] = {**TRAINER_FORMAT_ROLES, DCP_FORMAT: ("trainer_meta",)}
+"""Every trainer format the chain reads -> the roles it must list (``dcp/v1``'s index and shards
+are counted by :func:`check_trainer_shards`)."""
 
 # ----------------------------------------------------------------------- errors
 
@@ -781,10 +793,10 @@ def check_trainer_state(loc: str, manifest: Manifest, docs: CutDocuments, source
     ``trainer/``), and the trainer's step, the audit tail's last step and ``trainer_step`` agree."""
     fmt = manifest.trainer_format
     if fmt is not None:
-        roles = TRAINER_FORMAT_ROLES.get(fmt)
+        roles = TRAINER_FORMATS.get(fmt)
         if roles is None:
             raise TrainerStateError(
-                loc, MANIFEST_NAME, f"trainer_format {fmt!r} is not one this code reads ({list(TRAINER_FORMAT_ROLES)})"
+                loc, MANIFEST_NAME, f"trainer_format {fmt!r} is not one this code reads ({list(TRAINER_FORMATS)})"
             )
         for role in roles:
             f = manifest.file(role)
@@ -792,6 +804,8 @@ def check_trainer_state(loc: str, manifest: Manifest, docs: CutDocuments, source
                 raise TrainerStateError(
                     loc, MANIFEST_NAME, f"format {fmt} needs a {role} file under trainer/, the manifest lists none"
                 )
+        if fmt == DCP_FORMAT:
+            check_trainer_shards(loc, manifest)
         meta_file = manifest.file("trainer_meta")
         assert meta_file is not None
         try:
@@ -824,6 +838,32 @@ def check_trainer_state(loc: str, manifest: Manifest, docs: CutDocuments, source
         raise TrainerStateError(
             loc, _path_of(manifest, "audit"), f"no audit record, but {docs.trainer_step} steps are trained", _NEWER
         )
+
+
+def check_trainer_shards(loc: str, manifest: Manifest) -> None:
+    """``trainer_state`` for a ``dcp/v1`` cut: exactly one index (``trainer/dcp/.metadata``, role
+    ``trainer-shard-index``) and at least one shard, all under ``trainer/dcp/``. Their bytes are
+    the per-file checks' business; whether DCP can load them is the restore's."""
+    folder = f"{manifest.data_dir}/trainer/dcp/"
+    index = f"{manifest.data_dir}/{DCP_INDEX}"
+    indexes = [f for f in manifest.files if f.role == INDEX_ROLE]
+    shards = [f for f in manifest.files if f.role == SHARD_ROLE]
+    todo = "the cut's trainer group did not write all of its shards; restore from an older cut with --resume CUT"
+    if len(indexes) != 1 or indexes[0].path != index:
+        listed = ", ".join(f.path for f in indexes) or "none"
+        raise TrainerStateError(
+            loc,
+            index,
+            f"format {DCP_FORMAT} needs exactly one {INDEX_ROLE} file at {index}; the manifest lists {listed}",
+            todo,
+        )
+    if not shards:
+        raise TrainerStateError(
+            loc, index, f"format {DCP_FORMAT} needs at least one {SHARD_ROLE} file; the manifest lists none", todo
+        )
+    for f in shards:
+        if not f.path.startswith(folder) or f.path == index:
+            raise TrainerStateError(loc, f.path, f"a {SHARD_ROLE} file outside {folder}", _NEWER)
 
 
 def check_loader_position(loc: str, manifest: Manifest, docs: CutDocuments, expect: Expectations) -> None:

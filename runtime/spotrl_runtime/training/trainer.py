@@ -201,6 +201,20 @@ class Trainer:
 
         return snapshot_trainer(self.model.state_dict(), self.optimizer.state_dict(), step=self.step, meta=meta)
 
+    def load_sharded(self, cut: Any, *, storage: Any = None) -> None:
+        """Loads a ``dcp/v1`` cut (a :class:`~spotrl_runtime.checkpoint.sharded.ShardedCut`, written
+        by a trainer group of any size) into this one process: weights, optimizer state and step.
+        The cut's RNG states are not restored (a sharded cut holds none). ``storage``: the store
+        the cut is in (default: opened from ``cut.storage_uri``, S3 settings from the environment)."""
+        from spotrl_runtime.checkpoint.sharded import apply_sharded, load_sharded, sharded_state
+        from spotrl_runtime.storage import open_storage
+
+        state = sharded_state(self.model, self.optimizer)
+        store = storage if storage is not None else open_storage(cut.storage_uri)
+        load_sharded(state, store, cut.folder, cut.files, no_dist=True)
+        apply_sharded(self.model, self.optimizer, state)
+        self.step = int(cut.meta["trainer_step"])
+
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed trainer needs: step, model, optimizer and RNG states."""
         rng: dict[str, Any] = {"torch": torch.get_rng_state()}
