@@ -198,11 +198,15 @@ def saved(one_rank: Any, tmp_path: Path) -> tuple[LocalStorage, dict[str, tuple[
     return storage, listing(files), full_state(model, opt)
 
 
-def load_fresh(storage: Storage, files: Mapping[str, tuple[int, str]], mesh: Any, **kw: Any) -> dict[str, Any]:
+def load_fresh(
+    storage: Storage, files: Mapping[str, tuple[int, str]], mesh: Any, *, into_copy: bool = False, **kw: Any
+) -> dict[str, Any]:
+    """A fresh (zeroed) model and optimizer, loaded from the files and gathered. ``into_copy``:
+    load into a CPU copy (:func:`capture_sharded`), not in place (:func:`sharded_state`)."""
     model = policy(mesh)
     opt = optimizer(model)
     zero_weights(model)
-    state = sharded_state(model, opt)
+    state = capture_sharded(model, opt) if into_copy else sharded_state(model, opt)
     load_sharded(state, storage, FOLDER, files, **kw)
     apply_sharded(model, opt, state)
     return full_state(model, opt)
@@ -249,7 +253,9 @@ def _world(rank: int, world: int, port: int, out: str, bucket: Any) -> None:
                 mesh = init_device_mesh("cpu", (3,)) if group is None else DeviceMesh.from_group(group, "cpu")
                 for name, store in stores.items():
                     spool = root / f"spool-{rank}"
-                    got = load_fresh(store, manifests[name], mesh, process_group=group, spool_dir=spool)
+                    got = load_fresh(
+                        store, manifests[name], mesh, into_copy=name == "s3", process_group=group, spool_dir=spool
+                    )
                     assert_same(got, expected, f"{len(members)} ranks loading from {name}")
                     assert not spool.exists() or not any(spool.iterdir()), "downloaded shards are removed"
             dist.barrier()
