@@ -72,10 +72,11 @@ ARGUMENTS: dict[str, Callable[[Job], Any]] = {
     "try_": lambda job: 1,
 }
 
-# Builders that only some jobs use: rendered where the predicate holds. One worker pod
-# stands for all of them (they differ in name and index only).
+# Builders that only some jobs use: rendered where the predicate holds. One worker pod (one
+# trainer pod) stands for all of them (they differ in name and index only).
 WHEN: dict[str, Callable[[Job], bool]] = {
     "worker_pod": lambda job: job.spec.generation.worker_pods,
+    "trainer_pod": lambda job: job.spec.training.parallelism.trainer_pods,
 }
 
 

@@ -73,15 +73,19 @@ def test_render_has_every_set_and_pod(rendered: Path) -> None:
     assert sets == [
         "chart",
         "chart-watch-namespaces",
+        "operator-gpu-qwen-fsdp",
         "operator-gpu-qwen-gsm8k",
         "operator-tiny-cpu",
         "operator-tiny-cpu-worker-pods",
     ]
     tiny = (rendered / "operator-tiny-cpu" / "objects.yaml").read_text()
     workers = (rendered / "operator-tiny-cpu-worker-pods" / "objects.yaml").read_text()
+    fsdp = (rendered / "operator-gpu-qwen-fsdp" / "objects.yaml").read_text()
     assert "name: tiny-arith-controller-1" in tiny
     assert "name: tiny-arith-worker-1-0" not in tiny
+    assert "-trainer-1-0" not in tiny + workers
     assert "name: tiny-arith-worker-1-0" in workers
+    assert "name: qwen7b-gsm8k-fsdp-trainer-1-0" in fsdp
     assert "kind: Deployment" in (rendered / "chart" / "objects.yaml").read_text()
 
 
