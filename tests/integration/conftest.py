@@ -1,4 +1,5 @@
-"""Shared by the integration tests: one real Ray runtime for the whole session (each start costs seconds and memory), shut down at the end."""
+"""Shared by the integration tests: one real Ray runtime for the whole session (each start costs
+seconds and memory), shut down at the end."""
 
 from __future__ import annotations
 

@@ -165,6 +165,15 @@ def load_trainer(trainer: Any, snap: TrainerSnapshot | ShardedCut, cut_id: str =
     if isinstance(snap, ShardedCut):
         _load_sharded(trainer, snap, cut_id, uri)
         return
+    if not hasattr(trainer, "model"):
+        raise TrainerStateError(
+            f"{uri}/cuts/{cut_id}",
+            "trainer/",
+            "the cut holds a single-process trainer's state (torch.save/v1); a group of FSDP ranks resumes from "
+            "sharded cuts (dcp/v1) only",
+            "resume this run with training.parallelism.strategy single (its next cuts stay torch.save/v1), "
+            "or start a new run with strategy fsdp",
+        )
     try:
         trainer.model.load_state_dict(snap.weights, strict=True)
         if snap.optimizer is not None:
@@ -182,9 +191,13 @@ def load_trainer(trainer: Any, snap: TrainerSnapshot | ShardedCut, cut_id: str =
 
 
 def _load_sharded(trainer: Any, cut: ShardedCut, cut_id: str, uri: str) -> None:
+    from spotrl_runtime.training.group import RankLostError
+
     try:
         trainer.load_sharded(cut)
         trainer.step = int(cut.meta["trainer_step"])
+    except RankLostError:
+        raise  # not the cut's fault: the next controller tries again
     except Exception as err:
         shard = _shard_error(err)
         prefix = f"cuts/{cut_id}/"

@@ -182,10 +182,10 @@ class TrainerRank:
 
     def load(self, storage_uri: str, folder: str, files: Mapping[str, tuple[int, str]], step: int) -> None:
         """Loads a sharded cut into this rank's shards (DCP reshards whatever the cut's world was)."""
-        from spotrl_runtime.checkpoint.sharded import apply_sharded, capture_sharded, load_sharded
+        from spotrl_runtime.checkpoint.sharded import apply_sharded, load_sharded, sharded_state
 
         with self._lock:
-            state = capture_sharded(self.trainer.model, self.trainer.optimizer)
+            state = sharded_state(self.trainer.model, self.trainer.optimizer)  # loaded in place
             load_sharded(state, self._storage(storage_uri), folder, dict(files), process_group=self._ckpt_group)
             apply_sharded(self.trainer.model, self.trainer.optimizer, state)
             self.trainer.step = step

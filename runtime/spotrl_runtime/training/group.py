@@ -56,6 +56,7 @@ class TrainerGroup:
         gpus_per_rank: int = 0,
         trainer_pods: bool = False,
         pad_token_id: int = 0,
+        local_workers: int = 0,
     ) -> None:
         self.policy = policy
         self.config = config
@@ -65,6 +66,7 @@ class TrainerGroup:
         self.gpus_per_rank = gpus_per_rank
         self.trainer_pods = trainer_pods
         self.pad_token_id = pad_token_id
+        self.local_workers = local_workers  # generation actors in this Ray beside the ranks
         self.step = 0
         self.pids: list[int] = []
         self._actors: list[Any] = []
@@ -83,6 +85,7 @@ class TrainerGroup:
             gpus_per_rank=par.gpus_per_rank,
             trainer_pods=par.trainer_pods,
             pad_token_id=pad_token_id,
+            local_workers=0 if spec.generation.worker_pods else spec.generation.workers,
         )
 
     # ------------------------------------------------------------------ start / stop
@@ -107,6 +110,8 @@ class TrainerGroup:
 
         from spotrl_runtime.training.fsdp import TrainerRank
 
+        if not self.trainer_pods:
+            self._check_fits(ray.cluster_resources())
         self._pg = placement_group(self.bundles(), strategy="SPREAD" if self.trainer_pods else "PACK")
         waited = time.monotonic()
         while True:
@@ -142,6 +147,23 @@ class TrainerGroup:
             [a.start.remote(master, self.policy, self.config, self.pad_token_id) for a in self._actors]
         )
         log.info("trainer group: %d FSDP2 ranks on %s (pids %s)", self.world, self.device, self.pids)
+
+    def _check_fits(self, offered: Mapping[str, float]) -> None:
+        """Ranks in the controller's own Ray: what they ask must be there now (no node joins
+        later), beside the generation workers (Ray needs one CPU free to place each)."""
+        asked: dict[str, float] = {"CPU": float(self.local_workers)}
+        for bundle in self.bundles():
+            for key, value in bundle.items():
+                asked[key] = asked.get(key, 0.0) + value
+        short = [
+            f"{k} {v:g} (this Ray has {offered.get(k, 0.0):g})" for k, v in asked.items() if v > offered.get(k, 0.0)
+        ]
+        if short:
+            raise TrainerGroupError(
+                f"the trainer group's {self.world} ranks, beside {self.local_workers} generation worker(s), need "
+                f"{', '.join(short)}: lower training.parallelism.cpusPerRank or ranks, or run the ranks in trainer "
+                "pods (trainerPods: true)"
+            )
 
     def shutdown(self) -> None:
         import ray
