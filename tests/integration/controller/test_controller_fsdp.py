@@ -1,0 +1,153 @@
+"""The real controller with a trainer group of FSDP2 ranks (Ray actors, gloo on CPU).
+
+The effective stream does not depend on how many processes train: a run cut with N ranks and
+resumed with M trains exactly the prompts of the uninterrupted single-process baseline. The
+cut's trainer state is sharded (``dcp/v1``): every rank's files are in the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controller_runs import Runs, audit, newest_cut, stop, stream, wait_for
+
+from spotrl_runtime.controller.audit_store import AuditStore
+from spotrl_runtime.controller.loop import EXIT_RANK_LOST
+from spotrl_runtime.storage import open_storage
+from spotrl_runtime.storage.s3 import S3Storage
+
+pytestmark = pytest.mark.slow
+
+
+def fsdp(ranks: int) -> dict[str, Any]:
+    # The controller's Ray has 2 CPUs and the generation worker takes one: the ranks share the other.
+    return {"training.parallelism": {"strategy": "fsdp", "ranks": ranks, "cpusPerRank": round(1 / ranks, 3)}}
+
+
+def manifest_of(store: Any, cut_id: str) -> dict[str, Any]:
+    return dict(json.loads(store.get_bytes(f"cuts/{cut_id}/manifest.json")))
+
+
+def shards(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in manifest["files"] if f["path"].split("/", 1)[1].startswith("trainer/dcp/")]
+
+
+def test_a_run_resharded_2_to_1_to_2_to_3_ranks_trains_the_baseline(
+    runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path
+) -> None:
+    """One run, four attempts on 2, 1, 2 and 3 ranks (each resumes from the last one's cut, so
+    2->1, 1->2 and 2->3 reshard on load), trains the uninterrupted single process's stream."""
+    storage = tmp_path / "cuts"
+    cut_id, writers = None, 0
+    for ranks, until in ((2, 4), (1, 8), (2, 12), (3, None)):
+        rc, log = runs.run(runs.job(fsdp(ranks)), storage, *(["--max-steps", str(until)] if until else []))
+        assert rc == 0, log
+        assert f"trainer group: {ranks} FSDP2 ranks" in log, log
+        if cut_id is not None:
+            assert f"resumed from cut {cut_id}" in log, f"{writers} -> {ranks} ranks:\n{log}"
+        cut_id, _, step = newest_cut(storage)
+        assert step == (until or len(baseline))
+        manifest = manifest_of(open_storage(str(storage)), cut_id)
+        assert manifest["trainer_format"] == "dcp/v1"
+        data = shards(manifest)
+        # One data file per rank that wrote the cut, and the index.
+        assert len([f for f in data if f["path"].endswith(".distcp")]) == ranks, data
+        assert len([f for f in data if f["path"].endswith("/.metadata")]) == 1, data
+        writers = ranks
+    assert stream(storage) == baseline
+    records = audit(storage, "--all")
+    assert sorted(d["step"] for d in records) == [step for step, _ in baseline], "each step trained once"
+    assert sorted({d["attempt"] for d in records}) == [0, 1, 2, 3]
+
+
+@pytest.mark.s3
+def test_two_ranks_cut_to_s3_and_one_process_resumes(
+    runs: Runs, baseline: list[tuple[int, list[int]]], s3_bucket: Any
+) -> None:
+    """Shards go to S3 straight from the ranks; a single-process trainer (strategy single)
+    reads them back: a job may drop FSDP when its policy fits again."""
+    uri = f"s3://{s3_bucket.bucket}/fsdp"
+    rc, log = runs.run(runs.job(fsdp(2)), uri, "--max-steps", "6", **s3_bucket.env())
+    assert rc == 0, log
+    store = S3Storage(
+        s3_bucket.bucket,
+        "fsdp",
+        endpoint_url=s3_bucket.endpoint,
+        region=s3_bucket.region,
+        access_key=s3_bucket.access_key,
+        secret_key=s3_bucket.secret_key,
+    )
+    from spotrl_runtime.checkpoint.layout import newest_committed
+
+    cut_id = newest_committed(store)
+    assert cut_id is not None
+    files = shards(manifest_of(store, cut_id))
+    for f in files:  # every shard the manifest names is there, with its size
+        info = store.head(f"cuts/{cut_id}/{f['path']}")
+        assert info is not None, f
+        assert info.size == f["size"], f
+    rc, log = runs.run(runs.job(), uri, **s3_bucket.env())
+    assert rc == 0, log
+    got = [(d["step"], d["idxs"]) for d in AuditStore(store).effective()]
+    assert got == baseline
+
+
+def test_sigterm_mid_step_with_two_ranks_cuts_every_rank_and_loses_nothing(
+    runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path
+) -> None:
+    storage, marks = tmp_path / "cuts", tmp_path / "marks"
+    marks.mkdir()
+    job = runs.job(fsdp(2))
+    proc = runs.start(job, storage, SPOTRL_FAILPOINTS="train.step@6=3", SPOTRL_FAILPOINT_DIR=str(marks))
+    wait_for(lambda: (marks / "train.step").exists(), 300, "step 6", proc)
+    rc = stop(proc, signal.SIGTERM)
+    log = runs.log_of(proc)
+    assert rc == 143, log
+    cut_id, kind, cut_step = newest_cut(storage)
+    assert kind == "barrier"
+    assert cut_step == len(audit(storage, "--all")), "the barrier holds every step trained"
+    assert len(shards(manifest_of(open_storage(str(storage)), cut_id))) == 3  # 2 ranks' data + index
+
+    rc, log = runs.run(job, storage)
+    assert rc == 0, log
+    assert f"resumed from cut {cut_id} (barrier) at step {cut_step}" in log
+    assert [d["step"] for d in audit(storage, "--all") if d["attempt"] > 0 and d["step"] < cut_step] == []
+    assert stream(storage) == baseline
+
+
+def test_a_rank_killed_without_notice_exits_rank_lost_and_the_next_run_retrains_on_the_same_prompts(
+    runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path
+) -> None:
+    import os
+
+    storage, marks = tmp_path / "cuts", tmp_path / "marks"
+    marks.mkdir()
+    job = runs.job(fsdp(2))
+    proc = runs.start(job, storage, SPOTRL_FAILPOINTS="train.step@6=2", SPOTRL_FAILPOINT_DIR=str(marks))
+    wait_for(lambda: (marks / "train.step").exists(), 300, "step 6", proc)
+    pids = re.search(r"trainer group: 2 FSDP2 ranks on cpu \(pids \[(\d+), (\d+)\]\)", runs.log_of(proc))
+    assert pids is not None, runs.log_of(proc)
+    os.kill(int(pids.group(2)), signal.SIGKILL)
+    rc = proc.wait(timeout=120)
+    log = runs.log_of(proc)
+    assert rc == EXIT_RANK_LOST, log
+    assert "trainer rank was lost" in log
+    _, kind, cut_step = newest_cut(storage)
+    assert kind == "periodic"
+    assert cut_step == 4, "the last periodic cut before the loss"
+
+    rc, log = runs.run(job, storage)
+    assert rc == 0, log
+    assert stream(storage) == baseline
+    everything = audit(storage, "--all")
+    again = sorted(d["step"] for d in everything if d["attempt"] == 1 and d["step"] < 6)
+    assert again == [4, 5], "the steps after the last cut are trained again"
+    first = {d["step"]: d["prompts"] for d in everything if d["attempt"] == 0}
+    assert all(first[d["step"]] == d["prompts"] for d in everything if d["attempt"] == 1 and d["step"] < 6), (
+        "on the same prompts"
+    )
