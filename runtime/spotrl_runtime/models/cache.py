@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def model_cache_dir() -> Path:
@@ -42,3 +43,17 @@ def build_once(target: Path, build: Callable[[Path], None]) -> Path:
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return target
+
+
+def save_model_folder(model: Any, tokenizer: Any, out_dir: Path) -> None:
+    """Saves a built model and its tokenizer as a Hugging Face folder, and checks that the
+    weights are there: ``save_pretrained`` silently writes no config or weights on a process
+    whose torch.distributed rank is not 0, and a folder without them must never be cached."""
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    missing = [n for n in ("config.json", "model.safetensors") if not (out_dir / n).is_file()]
+    if missing:
+        raise RuntimeError(
+            f"building {out_dir.name}: save_pretrained wrote no {', '.join(missing)} (a torch.distributed rank "
+            "other than 0 saves nothing: build models before joining a process group)"
+        )

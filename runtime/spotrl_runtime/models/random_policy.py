@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from spotrl_runtime.models.cache import build_once, model_cache_dir
+from spotrl_runtime.models.cache import build_once, model_cache_dir, save_model_folder
 
 BUILD_CODE_VERSION = 1
 
@@ -74,6 +74,5 @@ def _build(shape: RandomPolicyShape, out_dir: Path) -> None:
         model = LlamaForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    save_model_folder(model, tokenizer, out_dir)
     (out_dir / "spotrl-recipe.json").write_text(json.dumps({"name": "random", "shape": asdict(shape)}, indent=2))

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from spotrl_runtime.models.cache import build_once, model_cache_dir
+from spotrl_runtime.models.cache import build_once, model_cache_dir, save_model_folder
 
 NAME = "tiny-arith"
 # Bump when the build code changes in a way the recipe fields do not capture.
@@ -111,8 +111,7 @@ def _build(recipe: TinyArithRecipe, out_dir: Path) -> None:
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    save_model_folder(model, tokenizer, out_dir)
     (out_dir / RECIPE_FILE).write_text(
         json.dumps(
             {

@@ -195,3 +195,54 @@ def test_random_policy_shape_counts_its_parameters(tmp_path: Path) -> None:
     assert sum(p.numel() for p in model.parameters()) == shape.num_parameters()
     assert len(tok) == 64
     assert RandomPolicyShape().num_parameters() == pytest.approx(100e6, rel=0.05)
+
+
+_RANK_BUILD = """
+import json, os, sys
+from pathlib import Path
+import torch.distributed as dist
+from spotrl_runtime.models.random_policy import RandomPolicyShape, random_policy_dir
+
+rank, cache = int(sys.argv[1]), Path(sys.argv[2])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[3]}", rank=rank, world_size=2)
+shape = RandomPolicyShape(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=2)
+try:
+    out = {"built": str(random_policy_dir(shape, cache_dir=cache))}
+except RuntimeError as err:
+    out = {"error": str(err)}
+out["left"] = sorted(p.name for p in cache.iterdir() if not p.name.startswith("."))
+dist.barrier()
+print(json.dumps(out))
+"""
+
+
+def test_a_model_built_inside_a_process_group_on_rank_1_is_refused_not_cached(tmp_path: Path) -> None:
+    """transformers' save_pretrained writes no weights on a torch.distributed rank other than 0:
+    such a build must fail loudly and cache nothing (a trainer pod once cached a folder without
+    weights, and every later load failed)."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for rank in (0, 1):
+        (tmp_path / f"cache-{rank}").mkdir()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK_BUILD, str(rank), str(tmp_path / f"cache-{rank}"), str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    (out0, err0), (out1, err1) = (p.communicate(timeout=120) for p in procs)
+    assert [p.returncode for p in procs] == [0, 0], (err0, err1)
+    rank0, rank1 = json.loads(out0), json.loads(out1)
+    assert "built" in rank0, rank0
+    assert len(rank0["left"]) == 1, rank0
+    assert "save_pretrained wrote no config.json, model.safetensors" in rank1["error"], rank1
+    assert rank1["left"] == [], "nothing cached on rank 1"
