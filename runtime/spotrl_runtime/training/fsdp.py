@@ -88,7 +88,7 @@ class TrainerRank:
 
         # Build or download the policy into this node's cache first: inside a process group,
         # transformers saves nothing on a rank other than 0 (a trainer pod has a cache of its own).
-        resolve_model_dir(policy)
+        resolve_model_dir(policy if isinstance(policy, str) else policy.model)
         if self.device.startswith("cuda"):
             torch.cuda.set_device(0)  # Ray shows each rank its own GPU as device 0
         backend = "nccl" if self.device.startswith("cuda") else "gloo"
