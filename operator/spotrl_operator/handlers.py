@@ -318,6 +318,8 @@ def _count(ctx: Context, namespace: str, name: str, before: api.RLJobStatus, pla
         if st.barrier is not None and st.barrier.state != "Requested":
             m.barrier_answered(st.barrier.request_id, st.barrier.state)
     m.job_phase(namespace, name, after.phase or "Pending")
+    if after.last_recovery is not None and after.last_recovery != before.last_recovery:
+        m.recovered(namespace, name, after.last_recovery)
 
 
 # ----------------------------------------------------------------------------- deletion

@@ -13,7 +13,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from spotrl_operator.recovery import phase_seconds
+from spotrl_runtime.api.rljob import LastRecovery
+
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+RECOVERY_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 
 
 class Metrics:
@@ -46,6 +50,19 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.recovery_phase = Histogram(
+            "spotrl_operator_recovery_phase_seconds",
+            "Seconds of each phase of a recovery from a preemption (status.lastRecovery.phases)",
+            ["phase"],
+            buckets=RECOVERY_BUCKETS,
+            registry=r,
+        )
+        self.recovery_total = Histogram(
+            "spotrl_operator_recovery_seconds",
+            "From the notice (or the interruption) to the new attempt's first trained step",
+            buckets=RECOVERY_BUCKETS,
+            registry=r,
+        )
         self.controllers_created = Counter("spotrl_operator_controllers_created", "Controller pods created", registry=r)
         self.jobs = Gauge("spotrl_operator_jobs", "RLJobs by phase", ["phase"], registry=r)
         self.leader = Gauge("spotrl_operator_leader", "1 while this replica holds the lease", registry=r)
@@ -54,6 +71,7 @@ class Metrics:
         self._requested_at: dict[str, float] = {}
         self._counted: set[tuple[str, str]] = set()
         self._phases: dict[tuple[str, str], str] = {}
+        self._recoveries: set[tuple[str, str, int]] = set()
 
     def serve(self, port: int, address: str) -> Any:
         """Starts the /metrics HTTP server in a thread."""
@@ -97,6 +115,18 @@ class Metrics:
             self.barriers_missed.inc()
         elif state == "Failed":
             self.barriers_failed.inc()
+
+    def recovered(self, namespace: str, name: str, rec: LastRecovery) -> None:
+        """A recovery was composed: its phases into the histograms, once per attempt."""
+        key = (namespace, name, rec.attempt)
+        with self._lock:
+            if key in self._recoveries:
+                return
+            self._recoveries.add(key)
+        for label, seconds in phase_seconds(rec):
+            self.recovery_phase.labels(label).observe(seconds)
+        if rec.total_seconds is not None:
+            self.recovery_total.observe(rec.total_seconds)
 
     def job_phase(self, namespace: str, name: str, phase: str | None) -> None:
         """Keeps the jobs-by-phase gauge (None: the job is gone)."""

@@ -80,7 +80,15 @@ def trim_node(node: Obj) -> Obj:
         },
         "spec": {"unschedulable": bool(spec.get("unschedulable")), "taints": list(spec.get("taints") or [])},
         "status": {
-            "conditions": [{"type": "Ready", "status": c.get("status"), "reason": c.get("reason")} for c in ready]
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": c.get("status"),
+                    "reason": c.get("reason"),
+                    "lastTransitionTime": c.get("lastTransitionTime"),
+                }
+                for c in ready
+            ]
         },
     }
 
@@ -96,7 +104,9 @@ def trim_pod(pod: Obj) -> Obj:
         "spec": {"nodeName": spec.get("nodeName")},
         "status": {
             "phase": st.get("phase"),
-            "conditions": [c for c in st.get("conditions") or [] if c.get("type") == "DisruptionTarget"],
+            "conditions": [
+                c for c in st.get("conditions") or [] if c.get("type") in ("DisruptionTarget", "PodScheduled")
+            ],
             "containerStatuses": st.get("containerStatuses") or [],
         },
     }
@@ -181,7 +191,19 @@ def pod_view(pod: Obj) -> PodView:
         exit_message=_exit_message(pod),
         disruption=disruption,
         index=_int_label(labels, INDEX_LABELS.get(labels.get(ROLE_LABEL, ""), "")),
+        scheduled_at=_scheduled_at(pod),
     )
+
+
+def _scheduled_at(pod: Obj) -> datetime | None:
+    """When the PodScheduled condition turned True (None: not scheduled, or no time)."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
+            try:
+                return times.parse(cond.get("lastTransitionTime"))
+            except ValueError:
+                return None
+    return None
 
 
 # --------------------------------------------------------------------- the world

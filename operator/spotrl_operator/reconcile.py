@@ -31,8 +31,9 @@ What the lifecycle decides on and returns (:class:`~spotrl_operator.world.World`
 from __future__ import annotations
 
 import hashlib
-from datetime import timedelta
+from datetime import datetime, timedelta
 
+from spotrl_operator import recovery
 from spotrl_operator.trainers import tend_trainers, trainer_notices
 from spotrl_operator.workers import tend_workers
 from spotrl_operator.world import (
@@ -47,7 +48,7 @@ from spotrl_operator.world import (
     World,
 )
 from spotrl_runtime.api import times
-from spotrl_runtime.api.rljob import EXIT_RANK_LOST, BarrierStatus, FailureBudget
+from spotrl_runtime.api.rljob import EXIT_RANK_LOST, BarrierStatus, FailureBudget, RecoveryMarks
 
 # A pod stuck in Terminating on a node whose kubelet stopped answering is never confirmed
 # gone; after this long we force-delete it so a fresh controller can start.
@@ -132,6 +133,21 @@ def _account_time_lost(b: Builder) -> None:
             training_since=times.rfc3339(b.world.now),
         )
         b.event("Normal", "Resumed", f"training again after {lost:.0f} s; {st.preemptions} preemption(s) survived")
+        _recovered(b, lost)
+
+
+def _recovered(b: Builder, lost: float) -> None:
+    """The new attempt trained its first step: the operator's marks, the fresh pod's
+    scheduling and the controller's times become ``lastRecovery``, said once in an Event."""
+    st = b.st
+    if st.recovering is None:  # a crash restart or a resume after suspend: not a preemption
+        return
+    pod = next((p for p in b.world.pods if p.attempt == st.attempt), None)
+    rec = recovery.compose(
+        st.recovering, st.attempt_times, st.attempt, pod.scheduled_at if pod else None, b.world.now, lost
+    )
+    b.update(last_recovery=rec, recovering=None)
+    b.event("Normal", "Recovered", recovery.describe(rec))
 
 
 def _note_skipped_cuts(b: Builder) -> None:
@@ -265,6 +281,12 @@ def _start(b: Builder) -> float | None:
     if not (first or crash or resumed_from_suspend):
         b.interrupted()  # it vanished: evicted, drained, moved by us, or its node was lost
         b.update(preemptions=st.preemptions + 1)
+        marks = b.st.recovering or RecoveryMarks(attempt=st.attempt)
+        if marks.pod_deleted_at is None:
+            marks = marks.model_copy(update={"pod_deleted_at": times.rfc3339_micro(world.now)})
+        b.update(recovering=marks)
+    elif b.st.recovering is not None:
+        b.update(recovering=None)  # a crash or a suspend: no preemption to measure
     attempt = st.attempt + 1
     b.update(
         attempt=attempt,
@@ -328,7 +350,7 @@ def _running(b: Builder, current: PodView) -> float | None:
     notices += [(s, f" (trainer pod {t.name})") for s, t in trainer_notices(b, current)]
     if notices:
         sig, whose = notices[0]
-        req = _new_barrier(b, sig.reason, current, node=sig.node, provider=sig.provider)
+        req = _new_barrier(b, sig.reason, current, node=sig.node, provider=sig.provider, noticed=sig.since)
         b.event(
             "Warning",
             "PreemptionNotice",
@@ -347,8 +369,11 @@ def _running(b: Builder, current: PodView) -> float | None:
     return 2.0
 
 
-def _new_barrier(b: Builder, reason: str, pod: PodView, node: str | None, provider: str) -> BarrierStatus:
-    """Asks ``pod`` for a barrier cut; ``provider``: who sent the notice (its deadline cap)."""
+def _new_barrier(
+    b: Builder, reason: str, pod: PodView, node: str | None, provider: str, noticed: datetime | None = None
+) -> BarrierStatus:
+    """Asks ``pod`` for a barrier cut; ``provider``: who sent the notice (its deadline cap);
+    ``noticed``: when the notice began (its own time; default now)."""
     now = b.world.now
     seconds = b.world.spec.checkpoint.barrier_deadline_seconds
     cap = b.world.deadline_caps.get(provider)
@@ -365,6 +390,15 @@ def _new_barrier(b: Builder, reason: str, pod: PodView, node: str | None, provid
     )
     b.act(RequestBarrier(req, provider))
     b.update(barrier=req)
+    if provider != "suspend":
+        notice = min(noticed, now) if noticed is not None else now
+        b.update(
+            recovering=RecoveryMarks(
+                attempt=pod.attempt,
+                notice_at=times.rfc3339_micro(notice),
+                requested_at=times.rfc3339_micro(now),
+            )
+        )
     return req
 
 
@@ -379,6 +413,9 @@ def _committed(b: Builder, barrier: BarrierStatus) -> None:
     if not barrier.handled:
         b.event("Normal", "BarrierCommitted", f"barrier {barrier.request_id} committed cut {barrier.cut_id}")
         b.update(barrier=barrier.model_copy(update={"handled": True}))
+    marks = b.st.recovering
+    if marks is not None and marks.committed_at is None and barrier.committed_at:
+        b.update(recovering=marks.model_copy(update={"committed_at": barrier.committed_at}))
     for ctype in ("BarrierMissed", "BarrierFailed"):
         if b.has_condition(ctype):
             b.condition(ctype, False, "Committed", f"barrier {barrier.request_id} committed cut {barrier.cut_id}")

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
+
+from spotrl_runtime.api import times
 
 # Taint keys set by the common spot-interruption handlers. Patterns use fnmatch syntax.
 WELL_KNOWN_TAINTS: tuple[tuple[str, str], ...] = (
@@ -37,6 +40,9 @@ class Signal:
     node: str
     detail: str
     """The taint key, the condition's reason, ... — shown to the user in Events."""
+    since: datetime | None = field(default=None, compare=False)
+    """When the notice began, where the object says (a NoExecute taint's timeAdded, a
+    condition's lastTransitionTime, the deletion); only measured, never decided on."""
 
     @property
     def reason(self) -> str:
@@ -64,18 +70,26 @@ def node_signals(node: Mapping[str, Any], extra_taint_keys: Iterable[str] = ()) 
     name = str(meta.get("name", ""))
     out: list[Signal] = []
     if meta.get("deletionTimestamp"):
-        out.append(Signal("node-deleted", name, "deletionTimestamp set"))
+        out.append(Signal("node-deleted", name, "deletionTimestamp set", _time(meta.get("deletionTimestamp"))))
     if spec.get("unschedulable"):
         out.append(Signal("cordon", name, "spec.unschedulable"))
     patterns = taint_patterns(extra_taint_keys)
     for taint in spec.get("taints") or []:
         key = str(taint.get("key", ""))
         if any(fnmatch.fnmatchcase(key, p) for p in patterns):
-            out.append(Signal("taint", name, key))
+            out.append(Signal("taint", name, key, _time(taint.get("timeAdded"))))
     for cond in (node.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "Ready" and cond.get("status") in ("False", "Unknown"):
-            out.append(Signal("node-not-ready", name, str(cond.get("reason") or cond.get("status"))))
+            reason = str(cond.get("reason") or cond.get("status"))
+            out.append(Signal("node-not-ready", name, reason, _time(cond.get("lastTransitionTime"))))
     return out
+
+
+def _time(value: Any) -> datetime | None:
+    try:
+        return times.parse(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
 
 
 def pod_signals(pod: Mapping[str, Any]) -> list[Signal]:
@@ -84,7 +98,8 @@ def pod_signals(pod: Mapping[str, Any]) -> list[Signal]:
     out = []
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
-            out.append(Signal("disruption-target", node, str(cond.get("reason") or "")))
+            reason = str(cond.get("reason") or "")
+            out.append(Signal("disruption-target", node, reason, _time(cond.get("lastTransitionTime"))))
     return out
 
 

@@ -18,7 +18,7 @@ from typing import ClassVar, Literal
 
 from spotrl_operator.signals import Signal
 from spotrl_runtime.api import times
-from spotrl_runtime.api.rljob import BarrierStatus, Condition, JobPhase, RLJobSpec, RLJobStatus
+from spotrl_runtime.api.rljob import BarrierStatus, Condition, JobPhase, RecoveryMarks, RLJobSpec, RLJobStatus
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ class PodView:
     """Reason of a DisruptionTarget=True condition (EvictionByEvictionAPI, TerminationByKubelet...)."""
     index: int | None = None
     """Worker and trainer pods: the pod's index within the attempt."""
+    scheduled_at: datetime | None = None
+    """When the pod was bound to a node (its PodScheduled condition turned True)."""
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,11 @@ class Builder:
         safe = [t for t in (cut, times.parse(self.st.training_since)) if t is not None]
         since = min(self.world.now, max(safe)) if safe else self.world.now
         self.update(interrupted_at=times.rfc3339(since), interrupted_attempt=self.st.attempt)
+        marks = self.st.recovering
+        if marks is None or marks.attempt != self.st.attempt:
+            marks = RecoveryMarks(attempt=self.st.attempt)  # an abrupt loss: no notice came first
+        if marks.interrupted_at is None:
+            self.update(recovering=marks.model_copy(update={"interrupted_at": times.rfc3339_micro(self.world.now)}))
 
     def finish(self) -> Plan:
         """The plan, with the status as the walk left it. The end: nothing changes it after."""

@@ -185,6 +185,18 @@ def crd() -> dict[str, Any]:
                             "jsonPath": '.status.conditions[?(@.type=="ReconcileError")].reason',
                         },
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                        {
+                            "name": "Lost",
+                            "type": "integer",
+                            "priority": 1,
+                            "jsonPath": ".status.accounting.promptsLost",
+                        },
+                        {
+                            "name": "Retrained",
+                            "type": "integer",
+                            "priority": 1,
+                            "jsonPath": ".status.accounting.stepsRetrained",
+                        },
                         {"name": "Message", "type": "string", "priority": 1, "jsonPath": ".status.message"},
                     ],
                     "schema": {"openAPIV3Schema": openapi_schema()},

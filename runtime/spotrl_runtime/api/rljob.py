@@ -591,6 +591,105 @@ class BarrierStatus(ApiObject):
     )
 
 
+class RecoveryMarks(ApiObject):
+    """The operator's marks of the recovery in progress (kept here because ``status.barrier``
+    is cleared when the next attempt starts); composed into ``lastRecovery`` at that attempt's
+    first trained step."""
+
+    attempt: int = Field(ge=0, description="The attempt that was interrupted.")
+    notice_at: str | None = Field(default=None, description="When the notice began (its own time, else first seen).")
+    requested_at: str | None = Field(default=None, description="When the barrier was requested.")
+    committed_at: str | None = Field(default=None, description="When the barrier cut committed.")
+    interrupted_at: str | None = Field(default=None, description="When the operator saw the attempt's work stop.")
+    pod_deleted_at: str | None = Field(default=None, description="When the old controller pod was seen gone.")
+
+
+class AttemptTimes(ApiObject):
+    """When the current controller reached each point of its start (set by the controller)."""
+
+    attempt: int = Field(ge=0, description="The controller attempt these times are of.")
+    started_at: str | None = Field(default=None, description="When its process started.")
+    restored_at: str | None = Field(default=None, description="When the run was restored (or started from scratch).")
+    ready_at: str | None = Field(default=None, description="When generation was up, weights loaded: ready to train.")
+    first_step_at: str | None = Field(default=None, description="When it trained its first step.")
+
+
+class RecoveryPhases(ApiObject):
+    """Seconds spent in each phase of one recovery, in order; unset: not measured (no barrier
+    after an abrupt loss, or a time missing)."""
+
+    notice_to_requested: float | None = Field(default=None, description="1. notice -> barrier requested.")
+    requested_to_committed: float | None = Field(default=None, description="2. barrier requested -> cut committed.")
+    committed_to_deleted: float | None = Field(
+        default=None,
+        description="3. committed (abrupt loss: interruption seen) -> old controller pod gone.",
+    )
+    deleted_to_scheduled: float | None = Field(
+        default=None, description="Between 3 and 4: the fresh pod created and scheduled."
+    )
+    scheduled_to_started: float | None = Field(
+        default=None, description="4. fresh pod scheduled -> controller process started."
+    )
+    started_to_restored: float | None = Field(default=None, description="5. process started -> cut restored.")
+    restored_to_ready: float | None = Field(default=None, description="6. cut restored -> generation ready.")
+    ready_to_first_step: float | None = Field(default=None, description="7. generation ready -> first trained step.")
+
+
+class LastRecovery(ApiObject):
+    """The newest recovery from a preemption, phase by phase (set by the operator once the new
+    attempt has trained its first step)."""
+
+    attempt: int = Field(ge=1, description="The attempt that recovered.")
+    kind: Literal["barrier", "abrupt"] = Field(
+        default="barrier", description="barrier: a barrier cut committed; abrupt: resumed from an older cut."
+    )
+    notice_at: str | None = None
+    requested_at: str | None = None
+    committed_at: str | None = None
+    interrupted_at: str | None = None
+    pod_deleted_at: str | None = None
+    scheduled_at: str | None = None
+    started_at: str | None = None
+    restored_at: str | None = None
+    ready_at: str | None = None
+    first_step_at: str | None = None
+    phases: RecoveryPhases = Field(default_factory=RecoveryPhases, description="Seconds per phase.")
+    total_seconds: float | None = Field(
+        default=None, ge=0, description="From the notice (or the interruption) to the first trained step."
+    )
+    seconds_lost: float | None = Field(
+        default=None, ge=0, description="What this preemption added to secondsLost (retraining included)."
+    )
+
+
+class Accounting(ApiObject):
+    """Exactly-once, over the whole run, computed from the audit and the restore records in
+    storage (set by the controller; ``spotrl audit --summary`` prints the same numbers)."""
+
+    prompts_trained: int = Field(default=0, ge=0, description="Prompts in the effective stream.")
+    prompts_dropped: int = Field(default=0, ge=0, description="Prompts given up on (generation failed), by policy.")
+    prompts_lost: int = Field(
+        default=0, ge=0, description="Prompts trained by an attempt whose step was superseded and never trained again."
+    )
+    prompts_trained_twice: int = Field(
+        default=0, ge=0, description="Prompts (group ids) in more than one step of the effective stream."
+    )
+    steps_missing: int = Field(default=0, ge=0, description="Steps below the newest one with no audit record.")
+    steps_retrained: int = Field(default=0, ge=0, description="Steps trained again after an abrupt loss.")
+    groups_redispatched: int = Field(
+        default=0, ge=0, description="Unfinished groups restored from cuts and dispatched again, all restores."
+    )
+    siblings_reused: int = Field(
+        default=0, ge=0, description="Finished sibling rollouts of restored groups kept, not generated again."
+    )
+    restores: int = Field(default=0, ge=0, description="Attempts that resumed from a cut.")
+    seconds_lost_per_preemption: list[float] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Per resumed attempt (newest 64): from the cut it resumed from to its first trained step.",
+    )
+
+
 JobPhase = Literal["Pending", "Running", "Checkpointing", "Rescheduling", "Suspended", "Succeeded", "Failed"]
 
 
@@ -656,6 +755,18 @@ class RLJobStatus(ApiObject):
         ge=0,
         description="The attempt whose trainer pods have all been created and seen: one of them that goes "
         "is not created again (the controller exits with code 5 and the next attempt gets new ones).",
+    )
+    recovering: RecoveryMarks | None = Field(
+        default=None, description="The recovery in progress: the operator's marks (set by the operator)."
+    )
+    attempt_times: AttemptTimes | None = Field(
+        default=None, description="The current controller's start, phase by phase (set by the controller)."
+    )
+    last_recovery: LastRecovery | None = Field(
+        default=None, description="The newest recovery from a preemption, phase by phase, in seconds."
+    )
+    accounting: Accounting | None = Field(
+        default=None, description="Exactly-once over the whole run, from the audit (set by the controller)."
     )
     message: str | None = None
 

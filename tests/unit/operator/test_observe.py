@@ -224,6 +224,8 @@ def test_a_spec_the_model_rejects_raises_with_the_field() -> None:
 
 def test_trimmed_objects_keep_only_what_is_read() -> None:
     t = trim_node(node("spot-a", taints=[{"key": "k", "effect": "NoSchedule"}]))
-    assert t["status"]["conditions"] == [{"type": "Ready", "status": "True", "reason": None}]
+    assert t["status"]["conditions"] == [
+        {"type": "Ready", "status": "True", "reason": None, "lastTransitionTime": None}
+    ]
     assert "resourceVersion" not in t["metadata"], "a heartbeat must not look like a change"
     assert t["metadata"]["labels"] == {"x": "y"}, "the placement reads labels (nodeSelector, affinity)"
