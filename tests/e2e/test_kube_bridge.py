@@ -42,6 +42,8 @@ assert bridge.publish_ray_head("127.0.1.9:4321", 2)  # before start: the control
 bridge.start(Cuts())
 damaged = types.SimpleNamespace(cut_id="0000000009", check="file_digest", message="weights.pt: sha256 differs")
 bridge.on_started(CutInfo("0000000008", 2, "s3://bucket-x/j/cuts/0000000008", "periodic", time.time(), 0.0), [damaged])
+now = time.time()
+bridge.note_start(types.SimpleNamespace(started_at=now - 3, restored_at=now - 2, ready_at=now - 1))
 for step in (1, 2, 3):
     bridge.on_step(step, {})
 bridge.on_cut(CutInfo("0000000000", 3, "s3://bucket-x/j/cuts/0000000000", "periodic", time.time(), 0.1))
@@ -126,6 +128,11 @@ def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identit
         assert st["rayHead"] == {"address": "127.0.1.9:4321", "attempt": 1, "workers": 2}
         skipped = [{"id": "0000000009", "check": "file_digest", "message": "weights.pt: sha256 differs"}]
         assert st["resume"] == {"attempt": 1, "cutId": "0000000008", "skipped": skipped}
+        # The controller's start, phase by phase, and its first step (written with step 1).
+        at = st["attemptTimes"]
+        assert at["attempt"] == 1, at
+        marks = [at[k] for k in ("startedAt", "restoredAt", "readyAt", "firstStepAt")]
+        assert marks == sorted(marks), at
 
         # 1. A request is answered: the cut commits, then Committed + cutId + lastCut.
         deadline = request("r1", "cordon: spec.unschedulable")

@@ -3,6 +3,13 @@
 One JSON line per step, ``{"step": N, "prompts": [idx, ...], ...}``, the last record of each
 step winning (a step retrained after an abrupt loss shows its later attempt). Two runs
 trained on the same prompts exactly when their effective streams are equal.
+
+``--summary`` prints the run's exactly-once accounting instead (what the RLJob shows as
+``status.accounting``), from the audit and the restore records alone: prompts trained, dropped,
+lost and trained twice (both must be 0), steps missing and retrained, groups redispatched and
+sibling rollouts reused by restores, and the seconds each resume lost (from the cut it resumed
+from to its first trained step). ``--json`` prints it as one JSON object. Exit code 2 when a
+prompt was lost or trained twice, or a step is missing.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("audit", help="print a run's effective stream (prompts per trained step)", description=__doc__)
     p.add_argument("uri", help="the job's storage root: a path or s3://bucket/prefix")
     p.add_argument("--all", action="store_true", help="every record, retrained steps included")
+    p.add_argument("--summary", action="store_true", help="the run's exactly-once accounting, not the stream")
+    p.add_argument("--json", action="store_true", help="with --summary: one JSON object")
     p.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
     p.set_defaults(func=run)
 
@@ -26,10 +35,16 @@ def run(args: argparse.Namespace) -> int:
     from spotrl_runtime.storage import open_storage
 
     store = AuditStore(open_storage(args.uri, endpoint_url=args.endpoint_url))
-    docs = store.documents() if args.all else store.effective()
+    docs = store.documents() if args.all or args.summary else store.effective()
     if not docs:
         print(f"spotrl audit: {args.uri} holds no audit records (audit/step-*/attempt-*.json)", file=sys.stderr)
         return 1
+    if args.summary:
+        from spotrl_runtime.core.accounting import format_summary, summarize
+
+        acc = summarize(docs, store.restores())
+        print(json.dumps(acc.as_dict()) if args.json else format_summary(acc))
+        return 2 if acc.prompts_lost or acc.prompts_trained_twice or acc.steps_missing else 0
     for d in docs:
         line = {
             "step": d["step"],

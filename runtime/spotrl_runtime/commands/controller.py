@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     options.attempt = attempt
     # Ray listens on the pod's IP (worker pods join there); the barrier endpoint does not.
     options.ray_host = pod_ip or "127.0.0.1"
+    options.on_ready.append(lambda c: bridge.note_start(c.parts.times, c.parts.audit))
     options.on_ready.append(bridge.start)
     # spec.generation.workerPods: the workers are pods of their own that join this pod's Ray.
     options.remote_workers = job.spec.generation.worker_pods

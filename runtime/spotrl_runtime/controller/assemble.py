@@ -10,7 +10,9 @@ policy for training and restores the cut.
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,6 +25,7 @@ from spotrl_runtime.checkpoint.resume import SkippedCut, resume_or_start
 from spotrl_runtime.checkpoint.writer import CutWriter
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.controller.control import CutInfo, StatusSink
+from spotrl_runtime.core.accounting import RestoreRecord
 from spotrl_runtime.core.owners import Owners, RecoveryConfig
 from spotrl_runtime.data import collate_for, describe_dataset, open_dataset
 from spotrl_runtime.data.loader import PromptLoader
@@ -86,6 +89,30 @@ class ControllerOptions:
     to start the Kubernetes bridge, which may ask for a barrier at once)."""
 
 
+def process_started_at() -> float:
+    """When this process started (Unix seconds), from /proc; now where there is no /proc."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+@dataclass(frozen=True)
+class StartTimes:
+    """When this controller reached each point of its start (Unix seconds)."""
+
+    started_at: float
+    """The process started."""
+    restored_at: float
+    """The run was restored from its cut (or started from scratch)."""
+    ready_at: float
+    """Generation was up with the policy's weights: ready to train."""
+
+
 @dataclass
 class Parts:
     """What the controller drives, ready to train."""
@@ -105,6 +132,8 @@ class Parts:
     """This controller's claim on the job: checked before every audit record and cut."""
     skipped: tuple[SkippedCut, ...] = ()
     """Newer cuts ``--resume auto`` passed over as damaged."""
+    times: StartTimes | None = None
+    """When this controller started, restored and was ready."""
 
     def shutdown(self) -> None:
         """Stops the trainer ranks, the generation workers and the Ray this process started."""
@@ -169,6 +198,7 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             dataset_description=describe_dataset(spec.dataset, dataset),
             encode=lambda prompt: encode_prompt(tokenizer, prompt),
         )
+        restored_at = time.time()
         writer = CutWriter(
             storage,
             job=job.name,
@@ -179,6 +209,9 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         )
         pool.update_weights(trainer.policy_state_dict(), trainer.step)
         _wait_for_workers(job, options, pool, stop)
+        start_times = StartTimes(process_started_at(), restored_at, time.time())
+        if start.restored is not None:
+            _record_restore(audit, start.restored, start.owners.attempt, start_times)
     except BaseException:
         if isinstance(trainer, TrainerGroup):
             trainer.shutdown()
@@ -200,7 +233,31 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         resumed_from,
         start.fence,
         start.skipped,
+        start_times,
     )
+
+
+def _record_restore(audit: AuditStore, restored: RestoredRun, attempt: int, at: StartTimes) -> None:
+    """What this attempt found in its cut (the restore's counters), for the run's accounting
+    (``status.accounting``, ``spotrl audit --summary``). A failed write costs the numbers, not
+    the run."""
+    counters = restored.owners.counters
+    record = RestoreRecord(
+        attempt=attempt,
+        cut_id=restored.cut_id,
+        cut_step=restored.owners.trainer_step,
+        cut_committed_at=times.unix(restored.manifest.created_at),
+        groups_redispatched=counters.groups_found,
+        siblings_reused=counters.rollouts_reused,
+        finished_found=counters.finished_found,
+        started_at=round(at.started_at, 3),
+        restored_at=round(at.restored_at, 3),
+        ready_at=round(at.ready_at, 3),
+    )
+    try:
+        audit.write_restore(record)
+    except Exception as err:
+        log.warning("restore record of attempt %d not written: %s", attempt, err)
 
 
 def _resumed_from(restored: RestoredRun, storage: Storage) -> CutInfo:

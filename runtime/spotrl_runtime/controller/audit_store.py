@@ -9,12 +9,20 @@ appended log, because S3 has no append and a controller may die between any two 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from typing import Any
 
+from spotrl_runtime.core.accounting import RestoreRecord, RunAccounting, summarize
 from spotrl_runtime.core.audit import AuditRecord, effective_stream
 from spotrl_runtime.storage import Storage
 
 PREFIX = "audit/"
+STEP_PREFIX = f"{PREFIX}step-"
+RESTORE_PREFIX = f"{PREFIX}restores/"
+"""``audit/restores/attempt-0003.json``: what attempt 3 found in the cut it resumed from (its
+restore counters) and when it started, restored and was ready. Under ``audit/``, so the job's
+retention deletes it with the rest."""
 
 
 def record_key(record: AuditRecord) -> str:
@@ -26,25 +34,45 @@ class AuditStore:
 
     def __init__(self, storage: Storage):
         self.storage = storage
+        self.listeners: list[Callable[[dict[str, Any]], object]] = []
+        """Called with each document once it is stored (e.g. to keep ``status.accounting``)."""
 
     def write(self, record: AuditRecord, **extra: Any) -> None:
-        """Stores one trained step. ``extra`` (reward, seconds ...) is kept beside the record."""
-        doc = {**record.to_json(), **extra}
+        """Stores one trained step. ``extra`` (reward, seconds ...) is kept beside the record, and
+        ``at``, when it was written (Unix seconds: the run's accounting reads each attempt's first
+        step from it)."""
+        doc = {**record.to_json(), "at": round(time.time(), 3), **extra}
         self.storage.put_bytes(record_key(record), json.dumps(doc, sort_keys=True).encode())
+        for listener in self.listeners:
+            listener(doc)
 
     def latest_attempt(self) -> int | None:
         """The highest attempt that trained a step (from the keys alone), or None."""
         attempts = [
             int(o.key.rsplit("attempt-", 1)[1].removesuffix(".json"))
-            for o in self.storage.list(PREFIX)
+            for o in self.storage.list(STEP_PREFIX)
             if "attempt-" in o.key and o.key.endswith(".json")
         ]
         return max(attempts, default=None)
 
     def documents(self) -> list[dict[str, Any]]:
         """Every stored record, oldest step and attempt first."""
-        keys = sorted(o.key for o in self.storage.list(PREFIX) if o.key.endswith(".json"))
+        keys = sorted(o.key for o in self.storage.list(STEP_PREFIX) if o.key.endswith(".json"))
         return [json.loads(self.storage.get_bytes(k)) for k in keys]
+
+    def write_restore(self, record: RestoreRecord) -> None:
+        """Stores what one resumed attempt found in its cut (one object per attempt)."""
+        key = f"{RESTORE_PREFIX}attempt-{record.attempt:04d}.json"
+        self.storage.put_bytes(key, json.dumps(record.to_json(), sort_keys=True).encode())
+
+    def restores(self) -> list[RestoreRecord]:
+        """Every stored restore record, oldest attempt first."""
+        keys = sorted(o.key for o in self.storage.list(RESTORE_PREFIX) if o.key.endswith(".json"))
+        return [RestoreRecord.from_json(json.loads(self.storage.get_bytes(k))) for k in keys]
+
+    def accounting(self) -> RunAccounting:
+        """The run's exactly-once numbers, from every audit and restore record in storage."""
+        return summarize(self.documents(), self.restores())
 
     def effective(self) -> list[dict[str, Any]]:
         """The last record of each step, in step order: what the run really trained on."""

@@ -40,6 +40,9 @@ from spotrl_runtime.kube import JSON_PATCH, Kube, KubeError, path
 
 if TYPE_CHECKING:
     from spotrl_runtime.checkpoint.resume import SkippedCut
+    from spotrl_runtime.controller.assemble import StartTimes
+    from spotrl_runtime.controller.audit_store import AuditStore
+    from spotrl_runtime.core.accounting import RestoreRecord
 
 log = logging.getLogger("spotrl.kube_bridge")
 Obj = dict[str, Any]
@@ -109,6 +112,10 @@ class KubeBridge:
         self._wanted_version = 0
         self._written_version = 0
         self._best_cut: tuple[int, str] | None = None
+        self._times: api.AttemptTimes | None = None
+        self._audit_docs: dict[tuple[int, int], Obj] = {}
+        self._audit_read = False
+        self._restores: list[RestoreRecord] = []
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> KubeBridge | None:
@@ -232,7 +239,7 @@ class KubeBridge:
                 *tests,
                 _add("/status/barrier/state", "Committed"),
                 _add("/status/barrier/cutId", cut.cut_id),
-                _add("/status/barrier/committedAt", times.rfc3339(cut.committed_at)),
+                _add("/status/barrier/committedAt", times.rfc3339_micro(_utc(cut.committed_at))),
                 _add("/status/lastCut", _doc(cut.ref())),
             ]
         self._patch_retrying(ops, f"answer to barrier {request_id}")
@@ -291,8 +298,66 @@ class KubeBridge:
         )
         self._set(resume=_doc(resume))
 
+    def note_start(self, start: StartTimes | None, audit: AuditStore | None = None) -> None:
+        """This attempt's start, phase by phase (``status.attemptTimes``; the first step's time
+        is added at the first step), and, with ``audit``, ``status.accounting`` from the run's
+        audit and restore records, read once here (on a thread) and kept up to date from
+        each record this controller writes."""
+        with self._lock:
+            self._times = api.AttemptTimes(
+                attempt=self.attempt,
+                started_at=times.rfc3339_micro(_utc(start.started_at)) if start else None,
+                restored_at=times.rfc3339_micro(_utc(start.restored_at)) if start else None,
+                ready_at=times.rfc3339_micro(_utc(start.ready_at)) if start else None,
+            )
+            timeline = _doc(self._times)
+        self._set(attemptTimes=timeline)
+        if audit is not None:
+            audit.listeners.append(self._audited)
+            t = threading.Thread(target=self._read_audit, args=(audit,), name="kube-bridge-audit", daemon=True)
+            t.start()
+
+    def _read_audit(self, audit: AuditStore) -> None:
+        try:
+            docs, restores = audit.documents(), audit.restores()
+        except Exception as err:  # the accounting is a report: the run goes on without it
+            log.warning("reading the audit for status.accounting: %s", err)
+            return
+        with self._lock:
+            known = {(int(d["step"]), int(d["attempt"])): d for d in docs}
+            known.update(self._audit_docs)  # written by this controller while reading
+            self._audit_docs, self._restores, self._audit_read = known, restores, True
+        self._set_accounting()
+
+    def _audited(self, doc: Obj) -> None:
+        with self._lock:
+            self._audit_docs[(int(doc["step"]), int(doc["attempt"]))] = doc
+            ready = self._audit_read  # until the whole audit is read, a partial count would mislead
+        if ready:
+            self._set_accounting()
+
+    def _set_accounting(self) -> None:
+        from spotrl_runtime.core.accounting import summarize
+
+        with self._lock:
+            docs, restores = list(self._audit_docs.values()), list(self._restores)
+        try:
+            acc = summarize(docs, restores)
+        except Exception as err:
+            log.warning("status.accounting not computed: %s", err)
+            return
+        self._set(accounting=_doc(api.Accounting.model_validate(acc.as_dict())))
+
     def on_step(self, step: int, metrics: dict[str, Any]) -> None:
-        self._set(step=step)
+        with self._lock:
+            first = self._times is not None and self._times.first_step_at is None
+            if first and self._times is not None:
+                self._times = self._times.model_copy(update={"first_step_at": times.rfc3339_micro()})
+            timeline = _doc(self._times) if first else None
+        if timeline is not None:
+            self._set(step=step, attemptTimes=timeline)
+        else:
+            self._set(step=step)
 
     def on_cut(self, cut: CutInfo) -> None:
         if self._note_cut(cut):
@@ -347,6 +412,10 @@ class KubeBridge:
                 ops.append(_add("/status/lastCut", want["lastCut"]))
             if "resume" in want:
                 ops.append(_add("/status/resume", want["resume"]))
+            if "attemptTimes" in want:
+                ops.append(_add("/status/attemptTimes", want["attemptTimes"]))
+            if "accounting" in want:
+                ops.append(_add("/status/accounting", want["accounting"]))
             self._patch_retrying(ops, f"status of attempt {self.attempt}")
             with self._lock:
                 self._written_version = max(self._written_version, version)
@@ -358,6 +427,12 @@ def _doc(model: Any) -> Obj:
     """An API model as the API server stores it (camelCase, unset fields absent)."""
     out: Obj = model.model_dump(by_alias=True, exclude_none=True, mode="json")
     return out
+
+
+def _utc(unix: float) -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(unix, UTC)
 
 
 def _add(path: str, value: Any) -> Obj:

@@ -7,6 +7,7 @@ import json
 import random
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -92,6 +93,28 @@ def test_sigkill_at_random_points_then_resume_from_the_last_periodic_cut(
     assert again, "an abrupt loss retrains the steps after the last periodic cut"
     for ds in again.values():
         assert len({tuple(d["prompts"]) for d in ds}) == 1
+
+    # The accounting says the same, from storage alone: nothing lost or trained twice, the
+    # retrained steps counted, one restore and its seconds per kill.
+    out = subprocess.run(
+        [sys.executable, "-m", "spotrl_runtime.cli", "audit", str(storage), "--summary", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["prompts_lost"] == 0
+    assert summary["prompts_trained_twice"] == 0
+    assert summary["steps_missing"] == 0
+    assert summary["steps_retrained"] == sum(len(ds) - 1 for ds in again.values()) > 0
+    assert summary["prompts_trained"] == sum(len(prompts) for _, prompts in baseline)
+    assert summary["restores"] == kills
+    assert len(summary["seconds_lost_per_preemption"]) == kills
+    assert all(s >= 0 for s in summary["seconds_lost_per_preemption"])
+    text = subprocess.run(
+        [sys.executable, "-m", "spotrl_runtime.cli", "audit", str(storage), "--summary"], capture_output=True, text=True
+    ).stdout
+    assert f"stepsRetrained            {summary['steps_retrained']}" in text, text
 
 
 def test_a_dead_generation_worker_is_replaced_without_a_restore(
