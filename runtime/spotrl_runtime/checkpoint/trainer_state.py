@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import random
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +126,138 @@ def snapshot_trainer(
         rng=capture_rng() if with_rng else None,
         meta={**(meta or {}), "trainer_step": step},
     )
+
+
+class LentTrainerState:
+    """The trainer's state lent to a cut by reference: its live tensors, not copies.
+
+    Taken under the cut's lock in microseconds (no tensor is copied there). Until
+    :meth:`released` the trainer must not change those tensors: :class:`Trainer` waits for
+    it just before its next optimizer step (:meth:`wait_released`). Two ways to end the loan:
+
+    - ``copy=True`` (periodic cuts): a background thread copies every tensor to CPU memory
+      at once and ends the loan when the copy is done, while the trainer computes the next
+      step's gradients (which reads the weights but changes neither them nor the optimizer's
+      moments). The cut writer then writes the copy (:meth:`resolve` waits for it).
+    - ``copy=False`` (a barrier: the trainer is parked and never steps again): nothing is
+      copied; the cut writer serialises the live tensors and ends the loan once its trainer
+      files are written, or the cut failed (:meth:`release`).
+
+    ``buffers``: CPU tensors reused across cuts (:class:`BufferPool`), so that a periodic
+    cut's copy does not page-fault a fresh gigabyte each time.
+    """
+
+    def __init__(self, live: TrainerSnapshot, *, copy: bool, buffers: BufferPool | None = None):
+        self._live = live
+        self._copy = copy
+        self._released = threading.Event()
+        self._copied: TrainerSnapshot | None = None
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self.copy_seconds = 0.0
+        self._buffers = buffers
+        self._bufs: dict[tuple[str, ...], torch.Tensor] = {}
+        if copy:
+            threading.Thread(target=self._copy_now, name="trainer-state-copy", daemon=True).start()
+        else:
+            self._done.set()
+
+    def _copy_now(self) -> None:
+        import time
+
+        t0 = time.perf_counter()
+        try:
+            live = self._live
+            bufs = self._buffers.take() if self._buffers is not None else {}
+            self._copied = TrainerSnapshot(
+                weights=copy_into(live.weights, bufs, ("weights",)),
+                optimizer=None if live.optimizer is None else copy_into(live.optimizer, bufs, ("optimizer",)),
+                rng=live.rng,
+                meta=live.meta,
+            )
+            self._bufs = bufs
+        except BaseException as err:  # the cut fails with it; the trainer goes on
+            self._error = err
+        finally:
+            self.copy_seconds = time.perf_counter() - t0
+            self._released.set()
+            self._done.set()
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        return self._live.meta
+
+    def resolve(self, timeout: float | None = None) -> TrainerSnapshot:
+        """The snapshot to write: the copy (waiting for it), or the live state when lent."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"the trainer state's copy was not done within {timeout} s")
+        if self._error is not None:
+            raise RuntimeError(f"copying the trainer state failed: {self._error}") from self._error
+        if self._copy:
+            if self._copied is None:
+                raise RuntimeError("the trainer state's copy was already written and its buffers reused")
+            return self._copied
+        return self._live
+
+    def release(self) -> None:
+        """Ends the loan: the trainer may change its tensors again (the writer is done with them)."""
+        self._released.set()
+
+    def finished(self) -> None:
+        """The cut writer is done with the copy (written, or failed): ends the loan, and gives
+        the copy's buffers back to the pool for the next cut. The snapshot must not be read after."""
+        self._released.set()
+        if self._copy and self._done.is_set() and self._buffers is not None and self._bufs:
+            self._buffers.give(self._bufs)
+            self._bufs = {}
+            self._copied = None
+
+    def released(self) -> bool:
+        return self._released.is_set()
+
+    def wait_released(self, timeout: float | None = None) -> bool:
+        return self._released.wait(timeout)
+
+
+class BufferPool:
+    """CPU tensors reused from one periodic cut's copy to the next, by path and shape.
+
+    :meth:`take` hands a set of buffers to one copy; :meth:`give` takes them back once the
+    cut that wrote them is done with them (:meth:`LentTrainerState.finished`), so two live
+    snapshots never share a buffer. A copy that finds the pool empty allocates fresh ones.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: list[dict[tuple[str, ...], torch.Tensor]] = []
+
+    def take(self) -> dict[tuple[str, ...], torch.Tensor]:
+        with self._lock:
+            return self._free.pop() if self._free else {}
+
+    def give(self, buffers: dict[tuple[str, ...], torch.Tensor]) -> None:
+        with self._lock:
+            self._free = [buffers]  # one spare set is enough: cuts are written one at a time
+
+
+def copy_into(obj: Any, buffers: dict[tuple[str, ...], torch.Tensor], path: tuple[str, ...] = ()) -> Any:
+    """Like :func:`cpu_copy`, but into ``buffers`` (by path) where one of the right shape and
+    dtype is there; the buffers used end up in ``buffers`` (the others are dropped)."""
+    if isinstance(obj, torch.Tensor):
+        src = obj.detach()
+        buf = buffers.get(path)
+        if buf is None or buf.shape != src.shape or buf.dtype != src.dtype or buf.device.type != "cpu":
+            buf = torch.empty(src.shape, dtype=src.dtype, device="cpu")
+            buffers[path] = buf
+        buf.copy_(src)
+        return buf
+    if isinstance(obj, Mapping):
+        return {k: copy_into(v, buffers, (*path, str(k))) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [copy_into(v, buffers, (*path, str(i))) for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return tuple(copy_into(v, buffers, (*path, str(i))) for i, v in enumerate(obj))
+    return obj
 
 
 @dataclass(frozen=True)

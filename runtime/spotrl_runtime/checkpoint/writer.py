@@ -35,6 +35,7 @@ when they can never be committed (before step 5; past a barrier's deadline it ge
 
 from __future__ import annotations
 
+import contextvars
 import datetime as dt
 import hashlib
 import json
@@ -43,6 +44,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal, cast
 
@@ -59,6 +61,7 @@ from spotrl_runtime.checkpoint.layout import (
 )
 from spotrl_runtime.checkpoint.trainer_state import (
     HashingWriter,
+    LentTrainerState,
     ShardedTrainerSnapshot,
     TorchSaveFormat,
     TrainerFile,
@@ -168,6 +171,8 @@ class CutWriter:
         self.trainer_format = trainer_format or TorchSaveFormat()
         self.progress = progress
         self.fence = fence
+        self.parallel_files = True
+        """Write the trainer's files (weights, optimizer ...) side by side, one thread each."""
         self._lock = threading.Lock()
 
     def write(
@@ -204,14 +209,18 @@ class CutWriter:
 
     def _commit(self, snapshot: OwnersSnapshot, request: CutRequest, t0: float) -> CommittedCut:
         # A barrier cut's every storage call is bounded by its deadline (deadline_scope).
-        with deadline_scope(request.deadline):
-            try:
-                return self._commit_bounded(snapshot, request, t0)
-            except StorageDeadlineError as err:
-                # Before a cut id was chosen (listing the cuts): nothing was written.
-                raise BarrierDeadlineMissedError(
-                    f"{request.kind} cut not committed: {err}; nothing was written (the last committed cut stands)"
-                ) from None
+        try:
+            with deadline_scope(request.deadline):
+                try:
+                    return self._commit_bounded(snapshot, request, t0)
+                except StorageDeadlineError as err:
+                    # Before a cut id was chosen (listing the cuts): nothing was written.
+                    raise BarrierDeadlineMissedError(
+                        f"{request.kind} cut not committed: {err}; nothing was written (the last committed cut stands)"
+                    ) from None
+        finally:
+            if isinstance(snapshot.extra, LentTrainerState):
+                snapshot.extra.finished()  # the trainer may change its tensors again
 
     def _commit_bounded(self, snapshot: OwnersSnapshot, request: CutRequest, t0: float) -> CommittedCut:
         timings: dict[str, float] = {"capture": snapshot.capture_seconds}
@@ -324,14 +333,34 @@ class CutWriter:
         if isinstance(trainer, ShardedTrainerSnapshot):
             files += self._write_sharded(trainer, request, cut_id, folder, writer)
         elif trainer is not None:
+            if isinstance(trainer, LentTrainerState):
+                try:
+                    trainer = trainer.resolve(timeout=request.remaining())
+                except TimeoutError as err:
+                    raise BarrierDeadlineMissedError(f"barrier cut {cut_id} missed its deadline: {err}") from None
             if not isinstance(trainer, TrainerSnapshot):
                 raise CutError(
                     f"state_fn returned {type(trainer).__name__}, not a TrainerSnapshot or ShardedTrainerSnapshot"
                 )
-            for tf in self.trainer_format.files(trainer):
-                size, digest = self._put_streamed(f"{folder}/{tf.name}", tf)
+            tfs = self.trainer_format.files(trainer)
+            if self.parallel_files and len(tfs) > 1:
+                # One thread per file (weights, optimizer ...): serialising, hashing and writing
+                # release the GIL, so the big files go out side by side. Each thread runs in a
+                # copy of this context: the barrier's deadline bounds its storage calls too.
+                with ThreadPoolExecutor(len(tfs), thread_name_prefix="cut-file") as pool:
+                    futures = [
+                        pool.submit(contextvars.copy_context().run, self._put_streamed, f"{folder}/{tf.name}", tf)
+                        for tf in tfs
+                    ]
+                    results = [f.result() for f in futures]
+            else:
+                results = []
+                for tf in tfs:
+                    results.append(self._put_streamed(f"{folder}/{tf.name}", tf))
+                    self._check_deadline(request, cut_id)
+            for tf, (size, digest) in zip(tfs, results, strict=True):
                 files.append(ManifestFile(f"{writer}/{tf.name}", tf.role, size, digest))
-                self._check_deadline(request, cut_id)
+            self._check_deadline(request, cut_id)
         return files
 
     def _write_sharded(

@@ -257,9 +257,12 @@ class Controller:
 
     # ================================================================== cuts
 
-    def _trainer_state(self) -> Any:
-        """The cut's state function: runs under the ownership lock, between optimizer steps."""
-        return self.trainer.snapshot({"model": self.spec.policy.model})
+    def _trainer_state(self, last: bool = False) -> Any:
+        """The cut's state function: runs under the ownership lock, between optimizer steps.
+        Takes the trainer's tensors by reference: the trainer waits for them only at its next
+        optimizer step (a periodic cut's background copy is done by then). ``last`` (a
+        barrier: no step follows): nothing is copied, the writer reads the live tensors."""
+        return self.trainer.snapshot({"model": self.spec.policy.model}, last=last)
 
     def _periodic_cut(self, reason: str) -> _CutJob:
         """Captures now, on the trainer thread, so the cut lands exactly on this step boundary;
@@ -307,7 +310,8 @@ class Controller:
         t0 = time.monotonic()
         try:
             if job.snapshot is None:
-                committed = self.parts.writer.write(self.owners, request, self._trainer_state)
+                last = request.kind == "barrier"
+                committed = self.parts.writer.write(self.owners, request, lambda: self._trainer_state(last))
             else:
                 committed = self.parts.writer.write_snapshot(job.snapshot, request)
         except Exception as err:

@@ -216,9 +216,10 @@ class TrainerGroup:
 
     # ------------------------------------------------------------------ cuts
 
-    def snapshot(self, meta: Mapping[str, Any]) -> Any:
+    def snapshot(self, meta: Mapping[str, Any], *, last: bool = False) -> Any:
         """Captures every rank's shards now (call it between steps, under the cut's lock); the
-        returned snapshot's ``write`` has every rank write them, later, into the cut's folder."""
+        returned snapshot's ``write`` has every rank write them, later, into the cut's folder.
+        ``last`` (a barrier) changes nothing here: every rank copies its shards either way."""
         from spotrl_runtime.checkpoint.sharded import DCP_FORMAT
         from spotrl_runtime.checkpoint.trainer_state import ShardedTrainerSnapshot
 

@@ -84,6 +84,14 @@ class Trainer:
             eps=config.adam_eps,
             weight_decay=config.weight_decay,
         )
+        self.cut_copy = "background"
+        """How :meth:`snapshot` takes the weights and optimizer: ``"background"`` (by reference,
+        copied by a background thread while the next step's gradients are computed) or
+        ``"locked"`` (copied right there, under the cut's lock: the trainer waits for it)."""
+        self.cut_wait_seconds = 0.0
+        """Seconds this trainer waited, before an optimizer step, for cuts to be done with its tensors."""
+        self._lent: list[Any] = []
+        self._buffers: Any = None
 
     # ------------------------------------------------------------------ the step
 
@@ -104,6 +112,7 @@ class Trainer:
         if metrics["tokens"]:
             params = [p for p in self.model.parameters() if p.requires_grad]
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
+            self.wait_for_cuts()
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
@@ -194,12 +203,50 @@ class Trainer:
         """A CPU copy of the policy weights, for the generation workers (weight sync)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
-    def snapshot(self, meta: Mapping[str, Any]) -> Any:
-        """The trainer's part of a cut (call it between steps, under the cut's lock): CPU copies
-        of weights, optimizer and RNG states, written later as ``torch.save/v1``."""
-        from spotrl_runtime.checkpoint.trainer_state import snapshot_trainer
+    def snapshot(self, meta: Mapping[str, Any], *, last: bool = False) -> Any:
+        """The trainer's part of a cut (call it between steps, under the cut's lock).
 
-        return snapshot_trainer(self.model.state_dict(), self.optimizer.state_dict(), step=self.step, meta=meta)
+        By default its weights and optimizer state are lent by reference (microseconds under
+        the lock; :class:`~spotrl_runtime.checkpoint.trainer_state.LentTrainerState`): a
+        background thread copies them (into buffers reused across cuts) while the next step's
+        gradients are computed, and the next optimizer step waits for that copy
+        (:meth:`wait_for_cuts`). ``last``: nothing is copied at all; the cut writer reads the
+        live tensors, and the next optimizer step waits for the whole cut (a barrier: the
+        trainer is parked and takes no further step). ``cut_copy = "locked"``: CPU copies
+        made right here, under the lock, as before. Written later as ``torch.save/v1``.
+        """
+        from spotrl_runtime.checkpoint.trainer_state import (
+            BufferPool,
+            LentTrainerState,
+            TrainerSnapshot,
+            capture_rng,
+            snapshot_trainer,
+        )
+
+        if self.cut_copy == "locked":
+            return snapshot_trainer(self.model.state_dict(), self.optimizer.state_dict(), step=self.step, meta=meta)
+        if self._buffers is None:
+            self._buffers = BufferPool()
+        live = TrainerSnapshot(
+            weights=self.model.state_dict(),
+            optimizer=self.optimizer.state_dict(),
+            rng=capture_rng(),
+            meta={**meta, "trainer_step": self.step},
+        )
+        lent = LentTrainerState(live, copy=not last, buffers=self._buffers)
+        self._lent = [x for x in self._lent if not x.released()] + [lent]
+        return lent
+
+    def wait_for_cuts(self) -> float:
+        """Waits until no cut holds this trainer's live tensors (call it before changing them);
+        returns the seconds waited (also added to ``cut_wait_seconds``)."""
+        t0 = time.perf_counter()
+        for lent in self._lent:
+            lent.wait_released()
+        self._lent = []
+        waited = time.perf_counter() - t0
+        self.cut_wait_seconds += waited
+        return waited
 
     def load_sharded(self, cut: Any, *, storage: Any = None) -> None:
         """Loads a ``dcp/v1`` cut (a :class:`~spotrl_runtime.checkpoint.sharded.ShardedCut`, written
@@ -209,6 +256,7 @@ class Trainer:
         from spotrl_runtime.checkpoint.sharded import apply_sharded, load_sharded, sharded_state
         from spotrl_runtime.storage import open_storage
 
+        self.wait_for_cuts()
         state = sharded_state(self.model, self.optimizer)
         store = storage if storage is not None else open_storage(cut.storage_uri)
         load_sharded(state, store, cut.folder, cut.files, no_dist=True)
@@ -235,6 +283,7 @@ class Trainer:
             raise ValueError(
                 f"trainer state format {state.get('format')!r} is not {STATE_FORMAT}; it comes from another version"
             )
+        self.wait_for_cuts()
         self.model.load_state_dict(state["model"], strict=True)
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])
