@@ -14,7 +14,10 @@
 2. **repeated preemptions with the real controller** (needs ``spotrl controller``): the
    tiny job on the spot nodes, a notice + drain of the controller's node, K times:
    signal → request, request → committed cut, eviction (the old controller's deletion)
-   → the fresh controller's first trained step.
+   → the fresh controller's first trained step, as the bench sees them; and the phase
+   table: the median and p95 of each phase of ``status.lastRecovery`` (what the operator
+   and the controller recorded: notice → requested → committed → old pod gone → fresh pod
+   scheduled → process started → cut restored → generation ready → first trained step).
 
 The operator runs as ``python -m spotrl_operator`` (admin kubeconfig, no leader election,
 reconcile interval 2 s), so the figures include its real watch and write paths.
@@ -197,8 +200,23 @@ def controller_exists() -> bool:
     return " controller " in out.stdout
 
 
-def bench_preemptions(cluster: Cluster, s3: Any, preemptions: int) -> dict[str, list[float]]:
-    """The tiny job preempted K times (notice taint + drain); the three latencies per preemption."""
+PHASES = (
+    ("noticeToRequested", "1 notice → requested"),
+    ("requestedToCommitted", "2 requested → committed"),
+    ("committedToDeleted", "3 committed → pod gone"),
+    ("deletedToScheduled", "  pod gone → scheduled"),
+    ("scheduledToStarted", "4 scheduled → started"),
+    ("startedToRestored", "5 started → restored"),
+    ("restoredToReady", "6 restored → gen. ready"),
+    ("readyToFirstStep", "7 ready → first step"),
+)
+
+
+def bench_preemptions(
+    cluster: Cluster, s3: Any, preemptions: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """The tiny job preempted K times (notice taint + drain): the three latencies the bench
+    sees per preemption, and each phase of ``status.lastRecovery`` (with its total)."""
     admin = cluster.admin()
     ns = cluster.create_namespace("bench-preempt")
     admin.create(
@@ -233,6 +251,7 @@ def bench_preemptions(cluster: Cluster, s3: Any, preemptions: int) -> dict[str, 
             time.sleep(0.05)
 
     out: dict[str, list[float]] = {"signal → request": [], "request → committed cut": [], "eviction → first step": []}
+    phases: dict[str, list[float]] = {}
     for k in range(preemptions):
         attempt = k + 1
         st, _ = wait(lambda s, a=attempt: s.get("stepAttempt") == a and (s.get("step") or 0) >= 1, 600)
@@ -251,6 +270,14 @@ def bench_preemptions(cluster: Cluster, s3: Any, preemptions: int) -> dict[str, 
                 t_evict = time.monotonic()
             time.sleep(0.02)
         _, t_step = wait(lambda s, a=attempt + 1: s.get("stepAttempt") == a, 600)
+        st, _ = wait(lambda s, a=attempt + 1: (s.get("lastRecovery") or {}).get("attempt") == a, 60)
+        recovered = st["lastRecovery"]
+        for key, label in PHASES:
+            value = (recovered.get("phases") or {}).get(key)
+            if value is not None:
+                phases.setdefault(label, []).append(float(value))
+        if recovered.get("totalSeconds") is not None:
+            phases.setdefault("total", []).append(float(recovered["totalSeconds"]))
         drain.wait(300)
         cluster.untaint(node, TAINT)
         cluster.uncordon(node)
@@ -259,7 +286,7 @@ def bench_preemptions(cluster: Cluster, s3: Any, preemptions: int) -> dict[str, 
         out["eviction → first step"].append(t_step - t_evict)
         print(f"  preemption {attempt}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in out.items()), flush=True)
     admin.delete(url)
-    return out
+    return out, phases
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,11 +313,12 @@ def main(argv: list[str] | None = None) -> int:
             print("signal → barrier request (ms: median p95 max)", flush=True)
             rows = bench_signals(cluster, jobs, extra_nodes, args.rounds)
             preempt: dict[str, list[float]] = {}
+            phases: dict[str, list[float]] = {}
             if args.preemptions and controller_exists():
                 s3 = S3Server(workdir / "s3").start()
                 bucket = s3.create_bucket("bench")
                 print("repeated preemptions of the tiny job", flush=True)
-                preempt = bench_preemptions(cluster, bucket, args.preemptions)
+                preempt, phases = bench_preemptions(cluster, bucket, args.preemptions)
         finally:
             if op is not None:
                 op.stop()
@@ -308,6 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         print("repeated preemptions with the real controller (s: median, p95)")
         for what, values in preempt.items():
             print(f"  {what:<26} {statistics.median(values):6.2f} {pct(values, 0.95):6.2f}  (n={len(values)})")
+        print()
+        print("where the seconds go: status.lastRecovery phases (s: median, p95)")
+        for label, values in phases.items():
+            print(f"  {label:<26} {statistics.median(values):6.2f} {pct(values, 0.95):6.2f}  (n={len(values)})")
     else:
         print("repeated preemptions with the real controller: n/a (`spotrl controller` is not there yet)")
     return 0
