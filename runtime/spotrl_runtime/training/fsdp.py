@@ -30,6 +30,11 @@ COLLECTIVE_TIMEOUT = dt.timedelta(minutes=10)
 """How long a collective waits for the other ranks. A lost rank is noticed by the group's
 driver long before (Ray reports the actor's death); this bounds a rank left behind."""
 
+WRITE_THREADS = 2
+"""Files each rank writes a cut's shards into at once: one thread's hashing and writing then
+overlap another's (the 100M policy's 1.33 GB on 2 cores: 3.9 s with one file, 2.2 s with two;
+torch.save + fsync of the same state 2.6 s)."""
+
 
 def free_port(host: str) -> int:
     """A TCP port free on ``host`` now (rank 0 serves the process group's rendezvous on it)."""
@@ -179,7 +184,13 @@ class TrainerRank:
         deadline = None if seconds_left is None else Deadline.after(seconds_left)
         try:
             with deadline_scope(deadline):
-                return save_sharded(state, self._storage(storage_uri), folder, process_group=self._ckpt_group)
+                return save_sharded(
+                    state,
+                    self._storage(storage_uri),
+                    folder,
+                    process_group=self._ckpt_group,
+                    thread_count=WRITE_THREADS,
+                )
         finally:
             self._captured.pop(token, None)
 
