@@ -10,6 +10,8 @@ weights and both Adam moments, ~1.2 GB), in one run, per rank count N:
   each rank's shards, is timed apart);
 - **plain parallel write** (the baseline): N threads, each writing as many bytes as that rank's
   shard files hold into one file of its own in the same store folder, with fsync;
+- **torch.save + fsync** of as many bytes from one process (a second baseline, as for the
+  single-process barrier);
 - **step**: one GRPO step on the same synthetic groups, N ranks against 1.
 
 The goal is a cut within 1.2x of the plain parallel write of the same bytes.
@@ -56,6 +58,22 @@ def plain_parallel_write(folder: Path, sizes: list[int]) -> float:
     return time.perf_counter() - t0
 
 
+def torch_save_fsync(folder: Path, nbytes: int) -> float:
+    """One process, ``torch.save`` of ``nbytes`` of float32 tensors (100 MB each) and fsync: the
+    single-writer baseline issue 15 uses for the barrier."""
+    import torch
+
+    state = {
+        f"t{i}": torch.rand(min(25_000_000, (nbytes - i * 100_000_000) // 4)) for i in range(-(-nbytes // 100_000_000))
+    }
+    t0 = time.perf_counter()
+    with open(folder / "torch-save.pt", "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", default="1,2,4")
@@ -89,7 +107,7 @@ def main() -> None:
                 step = min(steps)
                 single_step = single_step or (step if n == 1 else None)
                 step_rows.append((n, f"{step:.2f} s", f"{step / single_step:.2f}" if single_step else "-"))
-                cuts, plains, captures, total = [], [], [], 0
+                cuts, plains, saves, captures, total = [], [], [], [], 0
                 with tempfile.TemporaryDirectory(dir=os.environ.get("SPOTRL_BENCH_DIR")) as tmp:
                     store = LocalStorage(tmp)
                     for r in range(args.repeat):
@@ -107,7 +125,8 @@ def main() -> None:
                         data = list(by_rank.values())
                         total = sum(f.size for f in files)
                         plains.append(plain_parallel_write(Path(tmp), data))
-                cut, plain = statistics.median(cuts), statistics.median(plains)
+                        saves.append(torch_save_fsync(Path(tmp), sum(data)))
+                cut, plain, save = statistics.median(cuts), statistics.median(plains), statistics.median(saves)
                 rows.append(
                     (
                         n,
@@ -116,6 +135,8 @@ def main() -> None:
                         f"{cut:.2f} s",
                         f"{plain:.2f} s",
                         f"{cut / plain:.2f}",
+                        f"{save:.2f} s",
+                        f"{cut / save:.2f}",
                     )
                 )
             finally:
@@ -124,7 +145,16 @@ def main() -> None:
         ray.shutdown()
     table(
         f"Sharded cut of {policy} ({params / 1e6:.0f}M parameters, AdamW) on CPU, median of {args.repeat}",
-        ("ranks", "bytes", "capture", "sharded cut (DCP, hashed)", "plain parallel write", "ratio (goal <= 1.2)"),
+        (
+            "ranks",
+            "bytes",
+            "capture",
+            "sharded cut (DCP, hashed)",
+            "plain parallel write",
+            "ratio (goal <= 1.2)",
+            "torch.save + fsync",
+            "ratio",
+        ),
         rows,
     )
     table(
