@@ -240,7 +240,45 @@ def test_a_drain_after_a_notice_waits_for_the_barrier_cut_then_resumes_elsewhere
     reasons = set(jobs.reasons("tiny"))
     assert {"PreemptionNotice", "BarrierCommitted", "Resumed"} <= reasons
     assert "BarrierMissed" not in reasons
+    assert_recovery_measured(jobs, st)
     assert_same_stream(reference, e2e_storage, "tiny")
+
+
+RECOVERY_PHASES = (
+    "noticeToRequested",
+    "requestedToCommitted",
+    "committedToDeleted",
+    "deletedToScheduled",
+    "scheduledToStarted",
+    "startedToRestored",
+    "restoredToReady",
+    "readyToFirstStep",
+)
+
+
+def assert_recovery_measured(jobs: Jobs, st: dict[str, Any]) -> None:
+    """A barrier recovery is on the status phase by phase, every phase measured, in order,
+    and said in one Recovered Event; the accounting lost and retrained nothing."""
+    rec = st["lastRecovery"]
+    assert rec["attempt"] == 2, rec
+    assert rec["kind"] == "barrier", rec
+    phases = rec["phases"]
+    assert [p for p in RECOVERY_PHASES if p not in phases] == [], rec
+    assert all(phases[p] >= 0 for p in RECOVERY_PHASES), rec
+    marks = [rec[k] for k in ("requestedAt", "committedAt", "podDeletedAt", "startedAt", "readyAt", "firstStepAt")]
+    assert marks == sorted(marks), rec
+    # The phases follow each other: they add up to the total (the pod's PodScheduled time has
+    # second precision, and a phase that would come out negative by it counts 0).
+    assert rec["totalSeconds"] > 0, rec
+    assert abs(sum(phases[p] for p in RECOVERY_PHASES) - rec["totalSeconds"]) <= 1.1, rec
+    print("lastRecovery:", ", ".join(f"{p} {phases[p]:.2f}s" for p in RECOVERY_PHASES), f"total {rec['totalSeconds']}")
+    (said,) = [e for e in jobs.events("tiny") if e["reason"] == "Recovered"]
+    assert f"total {rec['totalSeconds']:.1f}s" in said["message"], said["message"]
+    acc = st["accounting"]
+    assert (acc["promptsLost"], acc["promptsTrainedTwice"], acc["stepsMissing"]) == (0, 0, 0), acc
+    assert acc["stepsRetrained"] == 0, "a barrier cut retrains nothing"
+    assert acc["restores"] == 1, acc
+    assert acc["promptsTrained"] > 0, acc
 
 
 def test_a_disruption_target_eviction_resumes_elsewhere(
@@ -271,7 +309,7 @@ def test_an_abrupt_node_loss_resumes_from_the_last_periodic_cut(
         TRAIN_TIMEOUT,
         "a periodic cut and a step past it",
     )
-    node, cut = st["controllerNode"], st["lastCut"]
+    node, cut, lost_at_step = st["controllerNode"], st["lastCut"], st["step"]
     e2e_cluster.lose_node(node)
     other_node(jobs, "tiny", node)
     resumed = time.time()  # just after the fresh controller's first step
@@ -285,6 +323,10 @@ def test_an_abrupt_node_loss_resumes_from_the_last_periodic_cut(
     assert since_cut - 5 <= st["secondsLost"] <= since_cut + 30, (st["secondsLost"], since_cut)
     assert "NodeLost" in jobs.reasons("tiny")
     assert int(st["lastCut"]["id"]) > int(cut["id"])
+    assert st["lastRecovery"]["kind"] == "abrupt", st["lastRecovery"]
+    acc = st["accounting"]
+    assert (acc["promptsLost"], acc["promptsTrainedTwice"]) == (0, 0), acc
+    assert acc["stepsRetrained"] >= lost_at_step - cut["step"], (acc, lost_at_step, cut)
     assert_same_stream(reference, e2e_storage, "tiny")
 
 

@@ -90,14 +90,16 @@ class ControllerOptions:
 
 
 def process_started_at() -> float:
-    """When this process started (Unix seconds), from /proc; now where there is no /proc."""
+    """When this process started (Unix seconds): its age from /proc (the start in clock ticks
+    since boot against the uptime, both on the same clock: /proc/stat's whole-second boot
+    time would be up to a second off) taken from now; now where there is no /proc."""
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return time.time()
 
 
