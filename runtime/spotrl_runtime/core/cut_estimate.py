@@ -1,0 +1,181 @@
+"""How long a barrier cut would take now, from the cuts already committed, and whether that
+fits the shortest barrier window the job may get. Pure.
+
+The controller feeds :class:`CutEstimator` every committed cut (its bytes, its seconds from
+request to commit, the seconds its files took, its step and commit time) and publishes
+:meth:`CutEstimator.estimate` as ``status.cutEstimate``; the operator compares it with the
+shortest window (:func:`assess`) and says so with the ``BarrierAtRisk`` condition.
+
+The model: a cut is a fixed part (capture under the lock, the manifest, the pointer, the
+listing: everything but the files) plus its bytes over the store's throughput. A barrier
+cut writes the same owners and trainer files as a periodic one, so the newest cut's size
+is the state size a barrier would write now. Both parts come from the last few cuts and
+lean to the safe side: the throughput is their bytes over their seconds together (one slow
+cut pulls it down), the fixed part is the largest seen.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+RECENT_CUTS = 5
+"""Cuts an estimate is made from: the store's speed now, not at the start of the run."""
+
+HEADROOM = 0.8
+"""A barrier fits when its estimate is within this share of the window: the rest is for the
+operator's request, the controller's answer and a cut slower than the last ones."""
+
+
+@dataclass(frozen=True)
+class CutSample:
+    """One committed cut, as the estimator needs it."""
+
+    kind: str
+    bytes: int
+    seconds: float
+    """From the cut's request to its committed manifest."""
+    files_seconds: float
+    """The part spent writing its files (the bytes); the rest is the fixed part."""
+    step: int
+    at: float
+    """Unix time of its commit."""
+
+
+@dataclass(frozen=True)
+class CutEstimate:
+    """A barrier cut's predicted seconds for the current state size."""
+
+    seconds: float
+    bytes: int
+    """The newest cut's size: what a barrier would write now."""
+    bytes_per_second: float
+    overhead_seconds: float
+    based_on_cuts: int
+    step_seconds: float | None = None
+    """Wall seconds per optimizer step between cuts (None: not yet two cuts steps apart)."""
+
+
+class CutEstimator:
+    """A running estimate over the last :data:`RECENT_CUTS` committed cuts."""
+
+    def __init__(self, recent: int = RECENT_CUTS):
+        if recent < 1:
+            raise ValueError("recent must be at least 1")
+        self._cuts: deque[CutSample] = deque(maxlen=recent)
+
+    def add_cut(
+        self, *, kind: str, bytes: int, seconds: float, timings: Mapping[str, float], step: int, at: float
+    ) -> CutEstimate | None:
+        """Feeds one committed cut (``timings``: the writer's, ``files`` among them) and
+        returns the new estimate."""
+        files = float(timings.get("files", 0.0) or 0.0)
+        seconds = max(float(seconds), files)
+        self._cuts.append(CutSample(kind, max(0, int(bytes)), seconds, files, int(step), float(at)))
+        return self.estimate()
+
+    def estimate(self) -> CutEstimate | None:
+        return estimate(list(self._cuts))
+
+
+def estimate(cuts: list[CutSample]) -> CutEstimate | None:
+    """The estimate from ``cuts`` (oldest first); None without a cut that wrote bytes."""
+    cuts = [c for c in cuts if c.bytes > 0]
+    if not cuts:
+        return None
+    # A cut whose files took no measurable time (a tiny cut, or no timings): all of it counts
+    # as writing bytes, so the throughput is never infinite.
+    transfer = sum(c.files_seconds if c.files_seconds > 0 else c.seconds for c in cuts)
+    total_bytes = sum(c.bytes for c in cuts)
+    rate = total_bytes / transfer if transfer > 0 else math.inf
+    overhead = max(max(0.0, c.seconds - c.files_seconds) if c.files_seconds > 0 else 0.0 for c in cuts)
+    size = cuts[-1].bytes
+    seconds = overhead + (size / rate if math.isfinite(rate) else 0.0)
+    return CutEstimate(
+        seconds=round(seconds, 3),
+        bytes=size,
+        bytes_per_second=round(rate, 1) if math.isfinite(rate) else 0.0,
+        overhead_seconds=round(overhead, 3),
+        based_on_cuts=len(cuts),
+        step_seconds=_step_seconds(cuts),
+    )
+
+
+def _step_seconds(cuts: list[CutSample]) -> float | None:
+    per_step = [
+        (b.at - a.at) / (b.step - a.step) for a, b in itertools.pairwise(cuts) if b.step > a.step and b.at > a.at
+    ]
+    return round(statistics.median(per_step), 3) if per_step else None
+
+
+# ------------------------------------------------------------------------- the decision
+
+
+@dataclass(frozen=True)
+class Assessment:
+    at_risk: bool
+    message: str
+    budget_seconds: float
+    """The share of the window a barrier may take (:data:`HEADROOM`)."""
+    every_steps_to_fit: int | None = None
+    """The most frequent periodic cuts the store takes (steps), when that is more frequent than now."""
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def assess(
+    est: CutEstimate, window_seconds: float, *, every_steps: int, every_seconds: int, window_source: str = ""
+) -> Assessment:
+    """Whether a barrier cut of ``est`` fits ``window_seconds`` (the shortest deadline the
+    job may get; ``window_source`` says whose it is), and if not, what an abrupt loss would
+    cost under the job's periodic cuts and what would fit."""
+    budget = window_seconds * HEADROOM
+    whose = f" ({window_source})" if window_source else ""
+    what = (
+        f"a barrier cut is estimated at {est.seconds:.1f} s ({_mb(est.bytes)} at {_mb(est.bytes_per_second)}/s "
+        f"+ {est.overhead_seconds:.1f} s fixed, from the last {est.based_on_cuts} cut(s))"
+    )
+    if est.seconds <= budget:
+        return Assessment(
+            False,
+            f"{what}, within {budget:.1f} s ({HEADROOM:.0%}) of the shortest barrier window, "
+            f"{window_seconds:g} s{whose}",
+            budget,
+        )
+    parts = [
+        f"{what}, over {budget:.1f} s ({HEADROOM:.0%}) of the shortest barrier window, {window_seconds:g} s{whose}: "
+        "a notice that short will likely end in BarrierMissed, and the job resume from its newest periodic cut"
+    ]
+    step = est.step_seconds
+    bounds = []
+    if every_steps > 0:
+        about = f" (~{every_steps * step:.0f} s)" if step else ""
+        bounds.append(f"checkpoint.everySteps={every_steps} steps{about}")
+    if every_seconds > 0:
+        bounds.append(f"checkpoint.everySeconds={every_seconds} s")
+    parts.append("an abrupt loss then costs up to " + " or ".join(bounds) + " of training")
+    fits = []
+    room = budget - est.overhead_seconds
+    if room > 0:
+        fits.append(f"a store that writes at least {_mb(est.bytes / room)}/s")
+    else:
+        fits.append(f"a store with less than {budget:.1f} s of fixed cost (now {est.overhead_seconds:.1f} s)")
+    fits.append("a longer window (spec.checkpoint.barrierDeadlineSeconds, signals.deadlineCaps)")
+    parts.append("what would fit: " + ", or ".join(fits))
+    fit_steps = None
+    if step and step > 0 and every_steps != 1:
+        # A periodic cut is written in the background, but the next waits for it: cuts can
+        # come no more often than one cut's time.
+        k = max(1, math.ceil(est.seconds / step))
+        if every_steps == 0 or k < every_steps:
+            fit_steps = k
+            parts.append(
+                f"until then, set checkpoint.everySteps to {k} to lose at most {k} step(s) (~{k * step:.0f} s)"
+            )
+    return Assessment(True, "; ".join(parts), budget, fit_steps)
