@@ -125,7 +125,7 @@ def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identit
         st = status()
         assert (st["step"], st["stepAttempt"]) == (3, 1)
         assert (st["lastCut"]["id"], st["lastCut"]["kind"]) == ("0000000000", "periodic")
-        assert st["rayHead"] == {"address": "127.0.1.9:4321", "attempt": 1, "workers": 2}
+        assert st["rayHead"] == {"address": "127.0.1.9:4321", "attempt": 1, "workers": 2, "trainers": 0}
         skipped = [{"id": "0000000009", "check": "file_digest", "message": "weights.pt: sha256 differs"}]
         assert st["resume"] == {"attempt": 1, "cutId": "0000000008", "skipped": skipped}
         # The controller's start, phase by phase, and its first step (written with step 1).
