@@ -34,6 +34,7 @@ import hashlib
 from datetime import datetime, timedelta
 
 from spotrl_operator import recovery
+from spotrl_operator.cut_risk import tend_barrier_risk
 from spotrl_operator.trainers import tend_trainers, trainer_notices
 from spotrl_operator.workers import tend_workers
 from spotrl_operator.world import (
@@ -77,6 +78,7 @@ def reconcile(world: World) -> Plan:
     b.plan.requeue_after = _lifecycle(b)
     tend_workers(b)
     tend_trainers(b)
+    tend_barrier_risk(b)
     return b.finish()
 
 

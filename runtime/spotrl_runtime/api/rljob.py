@@ -690,6 +690,24 @@ class Accounting(ApiObject):
     )
 
 
+class CutEstimateStatus(ApiObject):
+    """How long a barrier cut would take now, estimated by the controller from its last cuts
+    (:mod:`spotrl_runtime.core.cut_estimate`); the operator compares it with the shortest
+    barrier window (condition ``BarrierAtRisk``)."""
+
+    seconds: float = Field(ge=0, description="Predicted seconds of a barrier cut, request to commit.")
+    bytes: int = Field(ge=0, description="The newest cut's size: what a barrier would write now.")
+    bytes_per_second: float = Field(ge=0, description="The store's throughput over the recent cuts.")
+    overhead_seconds: float = Field(
+        default=0.0, ge=0, description="The largest fixed part of a recent cut (all but writing its files)."
+    )
+    based_on_cuts: int = Field(ge=1, description="Recent cuts the estimate is made from.")
+    step_seconds: float | None = Field(
+        default=None, ge=0, description="Wall seconds per optimizer step between the recent cuts."
+    )
+    attempt: int | None = Field(default=None, ge=0, description="The controller attempt that made it.")
+
+
 JobPhase = Literal["Pending", "Running", "Checkpointing", "Rescheduling", "Suspended", "Succeeded", "Failed"]
 
 
@@ -767,6 +785,9 @@ class RLJobStatus(ApiObject):
     )
     accounting: Accounting | None = Field(
         default=None, description="Exactly-once over the whole run, from the audit (set by the controller)."
+    )
+    cut_estimate: CutEstimateStatus | None = Field(
+        default=None, description="A barrier cut's estimated seconds, from the last cuts (set by the controller)."
     )
     message: str | None = None
 

@@ -1,0 +1,75 @@
+"""Whether a barrier cut would fit the shortest notice the job may get, said before a notice
+comes. Pure: part of :func:`~spotrl_operator.reconcile.reconcile`.
+
+The controller publishes its estimate of a barrier cut's seconds (``status.cutEstimate``,
+from its last cuts: :mod:`spotrl_runtime.core.cut_estimate`). The shortest window is the job's
+``spec.checkpoint.barrierDeadlineSeconds`` or the smallest of the operator's
+``signals.deadlineCaps``, whichever is shorter: any of those notices may come. When the
+estimate does not fit, condition ``BarrierAtRisk`` is True, with the estimate, the window,
+what an abrupt loss would then cost and what would fit, and a Warning Event
+``BarrierAtRisk`` says so once; when it fits again the condition turns False with an Event
+``BarrierFits``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from spotrl_operator.world import Builder
+from spotrl_runtime.api.rljob import CutEstimateStatus
+from spotrl_runtime.core.cut_estimate import Assessment, CutEstimate, assess
+
+CONDITION = "BarrierAtRisk"
+
+
+def shortest_window(deadline_seconds: int, caps: Mapping[str, int]) -> tuple[int, str]:
+    """The shortest barrier deadline the job may get, and whose it is."""
+    window, source = deadline_seconds, "spec.checkpoint.barrierDeadlineSeconds"
+    for provider, cap in sorted(caps.items(), key=lambda kv: (kv[1], kv[0])):
+        if cap < window:
+            window, source = cap, f"signals.deadlineCaps {provider}={cap}"
+    return window, source
+
+
+def _estimate(e: CutEstimateStatus) -> CutEstimate:
+    return CutEstimate(
+        seconds=e.seconds,
+        bytes=e.bytes,
+        bytes_per_second=e.bytes_per_second,
+        overhead_seconds=e.overhead_seconds,
+        based_on_cuts=e.based_on_cuts,
+        step_seconds=e.step_seconds,
+    )
+
+
+def assess_job(b: Builder) -> Assessment | None:
+    """The assessment of the job's published estimate (None: no estimate yet)."""
+    if b.st.cut_estimate is None:
+        return None
+    ckpt = b.world.spec.checkpoint
+    window, source = shortest_window(ckpt.barrier_deadline_seconds, b.world.deadline_caps)
+    return assess(
+        _estimate(b.st.cut_estimate),
+        window,
+        every_steps=ckpt.every_steps,
+        every_seconds=ckpt.every_seconds,
+        window_source=source,
+    )
+
+
+def tend_barrier_risk(b: Builder) -> None:
+    """Sets ``BarrierAtRisk`` from the estimate; an Event on each change of its value."""
+    if b.st.phase in ("Succeeded", "Failed"):
+        return
+    a = assess_job(b)
+    if a is None:
+        return
+    was = b.has_condition(CONDITION)
+    if a.at_risk:
+        if not was:
+            b.event("Warning", "BarrierAtRisk", a.message)
+        b.condition(CONDITION, True, "CutTooSlow", a.message)
+    else:
+        if was:
+            b.event("Normal", "BarrierFits", a.message)
+        b.condition(CONDITION, False, "BarrierFits", a.message)

@@ -1,0 +1,145 @@
+"""BarrierAtRisk: the operator compares the controller's barrier cut estimate with the
+shortest window the job may get, through reconcile(), and says so once per change."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from spotrl_operator.cut_risk import shortest_window
+from spotrl_operator.reconcile import reconcile
+from spotrl_operator.world import Event, Plan, PodView, World
+from spotrl_runtime.api.rljob import CutEstimateStatus, RLJobStatus, parse_spec
+
+T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+MB = 1_000_000
+
+
+def spec(deadline: int = 100, every_steps: int = 50) -> object:
+    return parse_spec(
+        {
+            "policy": {"model": "builtin:tiny-arith"},
+            "dataset": {"uri": "builtin:arithmetic"},
+            "reward": {"name": "arithmetic_exact"},
+            "training": {"totalSteps": 300},
+            "checkpoint": {"barrierDeadlineSeconds": deadline, "everySteps": every_steps},
+        }
+    )
+
+
+def estimate(seconds: float) -> CutEstimateStatus:
+    return CutEstimateStatus(
+        seconds=seconds,
+        bytes=200 * MB,
+        bytes_per_second=200 * MB / (seconds - 1.0),
+        overhead_seconds=1.0,
+        based_on_cuts=4,
+        step_seconds=3.0,
+        attempt=1,
+    )
+
+
+def world(status: RLJobStatus, *, caps: dict[str, int] | None = None, **kw: object) -> World:
+    return World(
+        now=T0,
+        generation=1,
+        spec=spec(**kw),  # type: ignore[arg-type]
+        status=status,
+        pods=(PodView(name="j-controller-1", attempt=1, phase="Running", node="spot-a"),),
+        deadline_caps={"gke": 20, "aks": 25} if caps is None else caps,
+    )
+
+
+def running(est: CutEstimateStatus | None) -> RLJobStatus:
+    return RLJobStatus(
+        phase="Running", attempt=1, controller_pod="j-controller-1", controller_node="spot-a", cut_estimate=est
+    )
+
+
+def events(plan: Plan) -> list[Event]:
+    return [a for a in plan.actions if isinstance(a, Event) and a.reason.startswith("Barrier")]
+
+
+def risk(plan: Plan) -> tuple[str, str, str] | None:
+    assert plan.status is not None
+    c = next((c for c in plan.status.conditions if c.type == "BarrierAtRisk"), None)
+    return None if c is None else (c.status, c.reason, c.message)
+
+
+def test_the_shortest_window_is_the_smallest_cap_or_the_jobs_deadline() -> None:
+    assert shortest_window(100, {"gke": 20, "aks": 25}) == (20, "signals.deadlineCaps gke=20")
+    assert shortest_window(15, {"gke": 20}) == (15, "spec.checkpoint.barrierDeadlineSeconds")
+    assert shortest_window(100, {}) == (100, "spec.checkpoint.barrierDeadlineSeconds")
+
+
+def test_no_estimate_no_condition() -> None:
+    plan = reconcile(world(running(None)))
+    assert risk(plan) is None
+    assert events(plan) == []
+
+
+def test_an_estimate_that_fits_sets_the_condition_false_without_an_event() -> None:
+    plan = reconcile(world(running(estimate(10.0))))
+    got = risk(plan)
+    assert got is not None
+    assert got[:2] == ("False", "BarrierFits")
+    assert "10.0 s" in got[2]
+    assert "20 s (signals.deadlineCaps gke=20)" in got[2]
+    assert events(plan) == []
+
+
+def test_an_estimate_over_the_gke_cap_is_at_risk_once_with_the_window_and_what_would_fit() -> None:
+    plan = reconcile(world(running(estimate(30.0))))
+    got = risk(plan)
+    assert got is not None
+    status, reason, message = got
+    assert (status, reason) == ("True", "CutTooSlow")
+    assert "30.0 s" in message
+    assert "20 s (signals.deadlineCaps gke=20)" in message
+    assert "everySteps=50 steps (~150 s)" in message
+    assert "set checkpoint.everySteps to 10 to lose at most 10 step(s) (~30 s)" in message
+    (ev,) = events(plan)
+    assert (ev.type, ev.reason) == ("Warning", "BarrierAtRisk")
+    assert ev.message == message
+    # The next pass with the same estimate says nothing new.
+    again = reconcile(world(plan.status))  # type: ignore[arg-type]
+    assert risk(again) == got
+    assert events(again) == []
+
+
+def test_the_same_estimate_fits_a_job_whose_window_is_long_enough() -> None:
+    plan = reconcile(world(running(estimate(30.0)), caps={}, deadline=100))
+    got = risk(plan)
+    assert got is not None
+    assert got[0] == "False"
+    assert "100 s (spec.checkpoint.barrierDeadlineSeconds)" in got[2]
+
+
+def test_a_tiny_barrier_deadline_alone_puts_it_at_risk() -> None:
+    plan = reconcile(world(running(estimate(6.0)), caps={}, deadline=5))
+    got = risk(plan)
+    assert got is not None
+    assert got[0] == "True"
+    assert "5 s (spec.checkpoint.barrierDeadlineSeconds)" in got[2]
+
+
+def test_when_it_fits_again_the_condition_turns_false_with_one_event() -> None:
+    at_risk = reconcile(world(running(estimate(30.0)))).status
+    assert at_risk is not None
+    faster = at_risk.model_copy(update={"cut_estimate": estimate(8.0)})
+    plan = reconcile(replace(world(faster), now=T0 + timedelta(seconds=60)))
+    got = risk(plan)
+    assert got is not None
+    assert got[:2] == ("False", "BarrierFits")
+    (ev,) = events(plan)
+    assert (ev.type, ev.reason) == ("Normal", "BarrierFits")
+    assert plan.status is not None
+    cond = next(c for c in plan.status.conditions if c.type == "BarrierAtRisk")
+    assert cond.last_transition_time == "2026-11-30T12:01:00Z"
+
+
+def test_a_finished_job_is_left_alone() -> None:
+    done = running(estimate(30.0)).model_copy(update={"phase": "Succeeded"})
+    plan = reconcile(world(done))
+    assert risk(plan) is None
+    assert events(plan) == []
