@@ -3,13 +3,18 @@
 A cut is written in this order, and exists only once step 5 succeeds:
 
 1. capture: :meth:`Owners.capture` copies every owner under the ownership lock (and the
-   trainer's state, through ``state_fn``). This is the only part that holds the lock.
+   trainer's state, through ``state_fn``). This is the only part that holds the lock. The
+   trainer's tensors are not copied there: they are lent by reference
+   (:class:`~spotrl_runtime.checkpoint.trainer_state.LentTrainerState`), copied in the
+   background for a periodic cut or written live for a barrier, and the trainer waits for
+   them only at its next optimizer step; the writer ends the loan when its files are written.
 2. id and fence: the id is the newest committed cut's + 1. A controller whose attempt is
    older than the newest cut's writer is stale and stops (:class:`CutConflictError`), and so
    is one that a newer attempt has fenced (:class:`~spotrl_runtime.checkpoint.fence.FencedError`,
    checked here and again just before the manifest).
 3. files: each owner file and each trainer file goes to a fresh folder
-   ``cuts/<id>/<writer>/``; its size and sha256 are computed as it is written. A trainer
+   ``cuts/<id>/<writer>/``; its size and sha256 are computed as it is written (the trainer's
+   files side by side, one thread each). A trainer
    group's state (:class:`~spotrl_runtime.checkpoint.trainer_state.ShardedTrainerSnapshot`) is
    written by its ranks, each reporting its files' sizes and digests (format ``dcp/v1``).
 4. deadline: a barrier cut that is past its deadline stops here, before committing. Every
@@ -67,6 +72,7 @@ from spotrl_runtime.checkpoint.trainer_state import (
     TrainerFile,
     TrainerSnapshot,
     TrainerStateFormat,
+    lower_thread_priority,
 )
 from spotrl_runtime.core.cut_format import (
     OWNER_FILES,
@@ -195,7 +201,12 @@ class CutWriter:
                 snapshot = owners.capture(state_fn, timeout=request.remaining())
             except CutTimeoutError as err:
                 raise BarrierDeadlineMissedError(f"{request.kind} cut not taken: {err}") from None
-            self._phase("captured")
+            try:
+                self._phase("captured")
+            except BaseException:
+                if isinstance(snapshot.extra, LentTrainerState):
+                    snapshot.extra.finished()
+                raise
             return self._commit(snapshot, request, t0)
 
     def write_snapshot(self, snapshot: OwnersSnapshot, request: CutRequest) -> CommittedCut:
@@ -346,8 +357,12 @@ class CutWriter:
             if self.parallel_files and len(tfs) > 1:
                 # One thread per file (weights, optimizer ...): serialising, hashing and writing
                 # release the GIL, so the big files go out side by side. Each thread runs in a
-                # copy of this context: the barrier's deadline bounds its storage calls too.
-                with ThreadPoolExecutor(len(tfs), thread_name_prefix="cut-file") as pool:
+                # copy of this context: the barrier's deadline bounds its storage calls too. A
+                # periodic cut's threads run at a lower CPU priority: training goes on meanwhile.
+                background = request.kind == "periodic"
+                with ThreadPoolExecutor(
+                    len(tfs), thread_name_prefix="cut-file", initializer=lower_thread_priority if background else None
+                ) as pool:
                     futures = [
                         pool.submit(contextvars.copy_context().run, self._put_streamed, f"{folder}/{tf.name}", tf)
                         for tf in tfs
