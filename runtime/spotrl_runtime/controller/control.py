@@ -9,13 +9,14 @@ only, so the controller can run with any set of them (none, for a plain local ru
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from spotrl_runtime.api import times
 from spotrl_runtime.api.rljob import CutRef
 from spotrl_runtime.api.times import Deadline
+from spotrl_runtime.core.cut_estimate import CutEstimate
 
 if TYPE_CHECKING:
     from spotrl_runtime.checkpoint.resume import SkippedCut
@@ -36,6 +37,12 @@ class CutInfo:
     """Unix time of the manifest's commit."""
     seconds: float
     """From the cut request to the committed manifest."""
+    bytes: int = 0
+    """Bytes written (files and manifest)."""
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """The writer's seconds per part (capture, files, manifest ...)."""
+    estimate: CutEstimate | None = None
+    """A barrier cut's seconds as estimated after this cut (:mod:`spotrl_runtime.core.cut_estimate`)."""
 
     def ref(self) -> CutRef:
         """As ``status.lastCut``."""

@@ -28,12 +28,13 @@ import json
 import logging
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from spotrl_runtime.api.times import Deadline
-from spotrl_runtime.controller.control import BarrierFailed
+from spotrl_runtime.controller.control import BarrierFailed, CutInfo
+from spotrl_runtime.core.cut_estimate import CutEstimate
 
 log = logging.getLogger("spotrl.http")
 
@@ -153,7 +154,7 @@ class Endpoint:
             cut = controller.request_barrier(ask.reason, Deadline.after(ask.deadline_seconds))
         except BarrierFailed as err:
             raise Refused(503, str(err)) from None
-        return dict(cut.__dict__)
+        return cut_doc(cut)
 
 
 def status_of(controller: Any) -> dict[str, Any]:
@@ -169,11 +170,22 @@ def status_of(controller: Any) -> dict[str, Any]:
         "dispatch_index": owners.dispatch_index,
         "parked": parked,
         "in_flight": len(owners.in_flight()),
-        "last_cut": controller.cuts[-1].__dict__ if controller.cuts else None,
-        "resumed_from": controller.resumed_from.__dict__ if controller.resumed_from else None,
+        "last_cut": cut_doc(controller.cuts[-1]) if controller.cuts else None,
+        "resumed_from": cut_doc(controller.resumed_from) if controller.resumed_from else None,
+        "cut_estimate": _estimate_doc(controller.cuts[-1].estimate) if controller.cuts else None,
         "counters": dict(owners.counters.__dict__),
         "stats": dict(controller.stats),
     }
+
+
+def cut_doc(cut: CutInfo) -> dict[str, Any]:
+    """A committed cut as JSON: its fields, the estimate after it as an object."""
+    return {**cut.__dict__, "timings": dict(cut.timings), "estimate": _estimate_doc(cut.estimate)}
+
+
+def _estimate_doc(estimate: CutEstimate | None) -> dict[str, Any] | None:
+    """A barrier cut's estimated seconds (:mod:`spotrl_runtime.core.cut_estimate`) as JSON."""
+    return asdict(estimate) if estimate is not None else None
 
 
 class ControlServer:

@@ -36,6 +36,7 @@ from spotrl_runtime.api import rljob as api
 from spotrl_runtime.api import times
 from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.controller.control import BarrierFailed, Controllable, CutInfo
+from spotrl_runtime.core.cut_estimate import CutEstimate
 from spotrl_runtime.kube import JSON_PATCH, Kube, KubeError, path
 
 if TYPE_CHECKING:
@@ -362,6 +363,8 @@ class KubeBridge:
     def on_cut(self, cut: CutInfo) -> None:
         if self._note_cut(cut):
             self._set(lastCut=_doc(cut.ref()))
+        if cut.estimate is not None:
+            self._set(cutEstimate=_doc(_cut_estimate(cut.estimate, self.attempt)))
 
     def on_finished(self, steps: int) -> None:
         """Writes the final step count before returning: the operator calls a job Succeeded
@@ -416,6 +419,8 @@ class KubeBridge:
                 ops.append(_add("/status/attemptTimes", want["attemptTimes"]))
             if "accounting" in want:
                 ops.append(_add("/status/accounting", want["accounting"]))
+            if "cutEstimate" in want:
+                ops.append(_add("/status/cutEstimate", want["cutEstimate"]))
             self._patch_retrying(ops, f"status of attempt {self.attempt}")
             with self._lock:
                 self._written_version = max(self._written_version, version)
@@ -437,3 +442,16 @@ def _utc(unix: float) -> Any:
 
 def _add(path: str, value: Any) -> Obj:
     return {"op": "add", "path": path, "value": value}
+
+
+def _cut_estimate(e: CutEstimate, attempt: int) -> api.CutEstimateStatus:
+    """``status.cutEstimate``: the operator compares it with the shortest barrier window."""
+    return api.CutEstimateStatus(
+        seconds=e.seconds,
+        bytes=e.bytes,
+        bytes_per_second=e.bytes_per_second,
+        overhead_seconds=e.overhead_seconds,
+        based_on_cuts=e.based_on_cuts,
+        step_seconds=e.step_seconds,
+        attempt=attempt,
+    )

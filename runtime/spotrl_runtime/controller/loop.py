@@ -44,6 +44,7 @@ from spotrl_runtime.checkpoint.fence import FencedError
 from spotrl_runtime.checkpoint.writer import CutConflictError, CutRequest
 from spotrl_runtime.controller.assemble import ControllerError, ControllerOptions, Parts
 from spotrl_runtime.controller.control import BarrierFailed, CutInfo
+from spotrl_runtime.core.cut_estimate import CutEstimator
 from spotrl_runtime.core.owners import Dispatch, OwnershipError, OwnersSnapshot, UnknownGroupError
 from spotrl_runtime.core.types import Rollout
 from spotrl_runtime.failpoints import failpoint
@@ -103,6 +104,8 @@ class Controller:
         self.history: list[dict[str, Any]] = []
         """One entry per step this process trained: step, reward, seconds ..."""
         self.cuts: list[CutInfo] = []
+        self.cut_estimator = CutEstimator()
+        """A barrier cut's seconds, estimated from this controller's committed cuts."""
 
     # ================================================================== run
 
@@ -321,13 +324,35 @@ class Controller:
                 # Another controller owns the job: stop at once, write nothing more.
                 self._fail(err)
             return None
+        seconds = time.monotonic() - t0 + (job.snapshot.capture_seconds if job.snapshot else 0.0)
+        committed_at = time.time()
+        estimate = self.cut_estimator.add_cut(
+            kind=request.kind,
+            bytes=committed.bytes_written,
+            seconds=seconds,
+            timings=committed.timings,
+            step=committed.manifest.trainer_step,
+            at=committed_at,
+        )
+        if estimate is not None:
+            log.info(
+                "barrier cut estimate: %.2f s (%d bytes at %.0f bytes/s + %.2f s fixed, from %d cuts)",
+                estimate.seconds,
+                estimate.bytes,
+                estimate.bytes_per_second,
+                estimate.overhead_seconds,
+                estimate.based_on_cuts,
+            )
         info = CutInfo(
             cut_id=committed.cut_id,
             step=committed.manifest.trainer_step,
             uri=committed.uri,
             kind=request.kind,
-            committed_at=time.time(),
-            seconds=time.monotonic() - t0 + (job.snapshot.capture_seconds if job.snapshot else 0.0),
+            committed_at=committed_at,
+            seconds=seconds,
+            bytes=committed.bytes_written,
+            timings=dict(committed.timings),
+            estimate=estimate,
         )
         self.cuts.append(info)
         for sink in self.options.sinks:

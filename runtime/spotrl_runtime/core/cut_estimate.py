@@ -11,7 +11,8 @@ listing: everything but the files) plus its bytes over the store's throughput. A
 cut writes the same owners and trainer files as a periodic one, so the newest cut's size
 is the state size a barrier would write now. Both parts come from the last few cuts and
 lean to the safe side: the throughput is their bytes over their seconds together (one slow
-cut pulls it down), the fixed part is the largest seen.
+cut pulls it down for the next few), or the newest cut's if that is slower (a store that just
+slowed down counts at once); the fixed part is the largest seen.
 """
 
 from __future__ import annotations
@@ -92,6 +93,9 @@ def estimate(cuts: list[CutSample]) -> CutEstimate | None:
     transfer = sum(c.files_seconds if c.files_seconds > 0 else c.seconds for c in cuts)
     total_bytes = sum(c.bytes for c in cuts)
     rate = total_bytes / transfer if transfer > 0 else math.inf
+    newest = cuts[-1].files_seconds if cuts[-1].files_seconds > 0 else cuts[-1].seconds
+    if newest > 0:
+        rate = min(rate, cuts[-1].bytes / newest)  # a store that just slowed down counts at once
     overhead = max(max(0.0, c.seconds - c.files_seconds) if c.files_seconds > 0 else 0.0 for c in cuts)
     size = cuts[-1].bytes
     seconds = overhead + (size / rate if math.isfinite(rate) else 0.0)

@@ -50,15 +50,22 @@ def test_the_newest_size_over_the_pooled_throughput_plus_the_largest_fixed_part(
     assert e.based_on_cuts == 3
 
 
-def test_only_recent_cuts_count_so_a_store_that_slowed_down_shows_at_once() -> None:
-    est = CutEstimator(recent=2)
+def test_a_store_that_slowed_down_counts_at_once_and_only_recent_cuts_count() -> None:
+    est = CutEstimator(recent=3)
     fast = feed(est, *[(100 * MB, 1.0, 1.0, 5 * i, 10.0 * i) for i in range(1, 6)])
     assert fast is not None
     assert fast.seconds == pytest.approx(1.0)
-    slow = feed(est, (100 * MB, 10.0, 10.0, 30, 60.0), (100 * MB, 10.0, 10.0, 35, 70.0))
+    slow = feed(est, (100 * MB, 10.0, 10.0, 30, 60.0))
     assert slow is not None
-    assert slow.seconds == pytest.approx(10.0)
-    assert slow.based_on_cuts == 2
+    assert slow.seconds == pytest.approx(10.0), "the newest cut's own speed, not the pooled 4 s"
+    # Fast again: the slow cut still weighs on the pooled throughput until it is out of the recent three.
+    again = feed(est, (100 * MB, 1.0, 1.0, 35, 70.0))
+    assert again is not None
+    assert again.seconds == pytest.approx(4.0)
+    later = feed(est, (100 * MB, 1.0, 1.0, 40, 80.0), (100 * MB, 1.0, 1.0, 45, 90.0))
+    assert later is not None
+    assert later.seconds == pytest.approx(1.0)
+    assert later.based_on_cuts == 3
 
 
 def test_a_cut_without_file_timings_counts_wholly_as_transfer() -> None:
