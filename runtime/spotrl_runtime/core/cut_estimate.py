@@ -31,6 +31,10 @@ HEADROOM = 0.8
 """A barrier fits when its estimate is within this share of the window: the rest is for the
 operator's request, the controller's answer and a cut slower than the last ones."""
 
+BUSY_RISK = 0.1
+"""A barrier that finds a periodic cut being written waits for it. When the cut writer is busy
+with periodic cuts this share of the time or more, a barrier is judged on that wait too."""
+
 
 @dataclass(frozen=True)
 class CutSample:
@@ -125,12 +129,25 @@ class Assessment:
     message: str
     budget_seconds: float
     """The share of the window a barrier may take (:data:`HEADROOM`)."""
+    worst_seconds: float
+    """A barrier that finds a periodic cut being written: it waits for that cut first."""
+    busy_share: float | None = None
+    """How much of the time the cut writer is busy with periodic cuts (None: unknown)."""
     every_steps_to_fit: int | None = None
-    """The most frequent periodic cuts the store takes (steps), when that is more frequent than now."""
+    """A periodic cadence (steps) to set: as often as the store takes cuts when a barrier
+    cannot fit anyway, or rarely enough that a barrier seldom waits behind one."""
 
 
 def _mb(n: float) -> str:
     return f"{n / 1e6:.1f} MB"
+
+
+def busy_share(est: CutEstimate, every_steps: int, every_seconds: int) -> float | None:
+    """The share of the time the cut writer is busy with periodic cuts (None: unknown)."""
+    periods = [float(every_seconds)] if every_seconds > 0 else []
+    if every_steps > 0 and est.step_seconds:
+        periods.append(every_steps * est.step_seconds)
+    return min(1.0, est.seconds / min(periods)) if periods else None
 
 
 def assess(
@@ -138,25 +155,58 @@ def assess(
 ) -> Assessment:
     """Whether a barrier cut of ``est`` fits ``window_seconds`` (the shortest deadline the
     job may get; ``window_source`` says whose it is), and if not, what an abrupt loss would
-    cost under the job's periodic cuts and what would fit."""
+    cost under the job's periodic cuts and what would fit.
+
+    One writer writes every cut, so a barrier that arrives while a periodic cut is being
+    written waits for it: up to two cuts' time. That counts when the writer is busy at
+    least :data:`BUSY_RISK` of the time."""
     budget = window_seconds * HEADROOM
     whose = f" ({window_source})" if window_source else ""
+    window = f"{budget:.1f} s ({HEADROOM:.0%}) of the shortest barrier window, {window_seconds:g} s{whose}"
     what = (
         f"a barrier cut is estimated at {est.seconds:.1f} s ({_mb(est.bytes)} at {_mb(est.bytes_per_second)}/s "
         f"+ {est.overhead_seconds:.1f} s fixed, from the last {est.based_on_cuts} cut(s))"
     )
-    if est.seconds <= budget:
-        return Assessment(
-            False,
-            f"{what}, within {budget:.1f} s ({HEADROOM:.0%}) of the shortest barrier window, "
-            f"{window_seconds:g} s{whose}",
-            budget,
-        )
-    parts = [
-        f"{what}, over {budget:.1f} s ({HEADROOM:.0%}) of the shortest barrier window, {window_seconds:g} s{whose}: "
-        "a notice that short will likely end in BarrierMissed, and the job resume from its newest periodic cut"
-    ]
+    busy = busy_share(est, every_steps, every_seconds)
+    worst = 2 * est.seconds
+    behind = (
+        f"the cut writer is busy with periodic cuts ~{busy:.0%} of the time, and a barrier that finds "
+        f"one being written waits for it: up to {worst:.1f} s"
+        if busy
+        else ""
+    )
+    alone_fits = est.seconds <= budget
+    waits = busy is not None and busy >= BUSY_RISK and worst > budget
+    if alone_fits and not waits:
+        msg = f"{what}, within {window}"
+        if busy and worst > budget:
+            msg += f"; {behind}"
+        return Assessment(False, msg, budget, worst, busy)
     step = est.step_seconds
+    if alone_fits:
+        # Only the wait behind a periodic cut does not fit: fewer periodic cuts would.
+        parts = [
+            f"{what}, within {window}, but {behind}: a notice then may end in BarrierMissed, "
+            "and the job resume from its newest periodic cut"
+        ]
+        fits = []
+        fit_steps = None
+        if step and step > 0:
+            fit_steps = math.ceil(est.seconds / (BUSY_RISK * step))
+            fits.append(
+                f"periodic cuts less often (checkpoint.everySteps={fit_steps} keeps the writer busy under "
+                f"{BUSY_RISK:.0%} of the time; an abrupt loss then costs up to ~{fit_steps * step:.0f} s)"
+            )
+        room = budget / 2 - est.overhead_seconds
+        if room > 0:
+            fits.append(f"a store that writes at least {_mb(est.bytes / room)}/s")
+        fits.append("a longer window (spec.checkpoint.barrierDeadlineSeconds, signals.deadlineCaps)")
+        parts.append("what would fit: " + ", or ".join(fits))
+        return Assessment(True, "; ".join(parts), budget, worst, busy, fit_steps)
+    parts = [
+        f"{what}, over {window}: a notice that short will likely end in BarrierMissed, and the job "
+        "resume from its newest periodic cut"
+    ]
     bounds = []
     if every_steps > 0:
         about = f" (~{every_steps * step:.0f} s)" if step else ""
@@ -182,4 +232,4 @@ def assess(
             parts.append(
                 f"until then, set checkpoint.everySteps to {k} to lose at most {k} step(s) (~{k * step:.0f} s)"
             )
-    return Assessment(True, "; ".join(parts), budget, fit_steps)
+    return Assessment(True, "; ".join(parts), budget, worst, busy, fit_steps)

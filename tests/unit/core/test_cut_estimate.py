@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from spotrl_runtime.core.cut_estimate import HEADROOM, CutEstimate, CutEstimator, assess
+from spotrl_runtime.core.cut_estimate import BUSY_RISK, HEADROOM, CutEstimate, CutEstimator, assess
 
 MB = 1_000_000
 
@@ -88,8 +88,9 @@ def _est(seconds: float, *, size: int = 100 * MB, overhead: float = 1.0, step: f
 
 
 def test_an_estimate_within_the_headroom_fits() -> None:
-    a = assess(_est(15.9), 20, every_steps=5, every_seconds=0, window_source="gke's cap")
+    a = assess(_est(15.9), 20, every_steps=100, every_seconds=0, window_source="gke's cap")
     assert not a.at_risk
+    assert a.busy_share == pytest.approx(15.9 / 200)
     assert a.budget_seconds == pytest.approx(20 * HEADROOM)
     assert "15.9 s" in a.message
     assert "20 s (gke's cap)" in a.message
@@ -128,3 +129,32 @@ def test_without_a_step_time_there_is_no_cadence_advice() -> None:
     assert a.at_risk
     assert a.every_steps_to_fit is None
     assert "everySteps=10 steps of" in a.message
+
+
+def test_a_barrier_that_fits_alone_is_at_risk_behind_frequent_periodic_cuts() -> None:
+    """One writer: a barrier that finds a periodic cut being written waits for it."""
+    a = assess(_est(9.0), 20, every_steps=3, every_seconds=0)  # a 9 s cut every 6 s: always busy
+    assert a.at_risk
+    assert a.busy_share == 1.0
+    assert a.worst_seconds == pytest.approx(18.0)
+    assert "within 16.0 s" in a.message
+    assert "busy with periodic cuts ~100% of the time" in a.message
+    assert "up to 18.0 s" in a.message
+    # Rarely enough that the writer is busy under 10% of the time: 9 s / (0.1 * 2 s) = 45 steps.
+    assert a.every_steps_to_fit == 45
+    assert f"checkpoint.everySteps=45 keeps the writer busy under {BUSY_RISK:.0%}" in a.message
+    # 8 s (half the budget) minus 1 s fixed for 100 MB.
+    assert "at least 14.3 MB/s" in a.message
+
+
+def test_a_writer_seldom_busy_does_not_count_the_wait_but_says_it() -> None:
+    a = assess(_est(9.0), 20, every_steps=50, every_seconds=0)  # 9 s every 100 s: 9% busy
+    assert not a.at_risk
+    assert a.busy_share == pytest.approx(0.09)
+    assert "up to 18.0 s" in a.message
+
+
+def test_every_seconds_counts_for_the_busy_share() -> None:
+    a = assess(_est(9.0, step=None), 20, every_steps=0, every_seconds=30)
+    assert a.at_risk
+    assert a.busy_share == pytest.approx(0.3)
