@@ -54,7 +54,7 @@ def barrier_seconds(model: str, work: Path) -> tuple[float, float, int]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "spotrl_runtime.cli", "run", "-f", str(spec), "--storage", str(storage), "-q"],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=open(work / "run.log", "wb"),  # noqa: SIM115 (the child holds it)
         env={**os.environ, "RAY_AUTH_MODE": "disabled"},
     )
     audit = storage / "audit"

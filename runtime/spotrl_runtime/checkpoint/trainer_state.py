@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import random
 import threading
 from collections.abc import Callable, Mapping
@@ -127,27 +126,6 @@ def snapshot_trainer(
         rng=capture_rng() if with_rng else None,
         meta={**(meta or {}), "trainer_step": step},
     )
-
-
-BACKGROUND_NICE = 10
-"""How much lower than the trainer's the CPU priority of a periodic cut's file threads is: on
-a busy host they take the CPU the trainer leaves, instead of slowing its step. 0: the same
-priority. (The copy is not lowered: the trainer's next optimizer step waits for it.)"""
-
-
-def lower_thread_priority(by: int | None = None) -> None:
-    """Lowers the calling thread's CPU priority by ``by`` (default :data:`BACKGROUND_NICE`).
-    On Linux a nice value set for a thread id is that thread's alone; a thread cannot raise
-    it again, so call it only in a thread that does background work and then ends. A no-op
-    where that is not supported."""
-    by = BACKGROUND_NICE if by is None else by
-    if by <= 0:
-        return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
-    except (AttributeError, OSError):
-        pass
 
 
 class LentTrainerState:

@@ -72,7 +72,6 @@ from spotrl_runtime.checkpoint.trainer_state import (
     TrainerFile,
     TrainerSnapshot,
     TrainerStateFormat,
-    lower_thread_priority,
 )
 from spotrl_runtime.core.cut_format import (
     OWNER_FILES,
@@ -287,7 +286,14 @@ class CutWriter:
         timings["retention"] = time.perf_counter() - t
         timings["total"] = time.perf_counter() - t0
         written = sum(f.size for f in files) + len(manifest_bytes)
-        log.info("cut %s committed (%s, step %d, %d bytes)", cut_id, request.kind, snapshot.trainer_step, written)
+        log.info(
+            "cut %s committed (%s, step %d, %d bytes; %s)",
+            cut_id,
+            request.kind,
+            snapshot.trainer_step,
+            written,
+            ", ".join(f"{k} {v:.3f} s" for k, v in timings.items()),
+        )
         return CommittedCut(cut_id, f"{self.storage.uri}/{base}", manifest, timings, written)
 
     def _settle_manifest(self, cut_id: str, ours: bytes, folder: str, err: Exception) -> None:
@@ -357,12 +363,8 @@ class CutWriter:
             if self.parallel_files and len(tfs) > 1:
                 # One thread per file (weights, optimizer ...): serialising, hashing and writing
                 # release the GIL, so the big files go out side by side. Each thread runs in a
-                # copy of this context: the barrier's deadline bounds its storage calls too. A
-                # periodic cut's threads run at a lower CPU priority: training goes on meanwhile.
-                background = request.kind == "periodic"
-                with ThreadPoolExecutor(
-                    len(tfs), thread_name_prefix="cut-file", initializer=lower_thread_priority if background else None
-                ) as pool:
+                # copy of this context: the barrier's deadline bounds its storage calls too.
+                with ThreadPoolExecutor(len(tfs), thread_name_prefix="cut-file") as pool:
                     futures = [
                         pool.submit(contextvars.copy_context().run, self._put_streamed, f"{folder}/{tf.name}", tf)
                         for tf in tfs
