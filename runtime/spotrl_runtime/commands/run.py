@@ -18,6 +18,7 @@ this one wrote nothing more); 1 any other error.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import signal
@@ -272,8 +273,16 @@ def _assemble_and_run(job: Any, options: Any, endpoint: Any, stop: threading.Eve
         "stats": controller.stats,
     }
     if summary_json:
-        Path(summary_json).write_text(json.dumps(summary, indent=2))
+        Path(summary_json).write_text(json.dumps(summary, indent=2, default=_jsonable))
     return rc
+
+
+def _jsonable(obj: Any) -> Any:
+    """What ``json.dumps`` cannot write by itself in a run's summary: nested dataclasses (a
+    cut's estimate) as dicts."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
 def _device(choice: str) -> str:
