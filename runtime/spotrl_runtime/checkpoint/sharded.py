@@ -35,7 +35,7 @@ from collections.abc import Generator, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, BinaryIO, cast
+from typing import Any, BinaryIO, cast
 
 import torch
 import torch.distributed as dist
@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from spotrl_runtime.api.times import Deadline
-from spotrl_runtime.checkpoint.trainer_state import ShardFile
+from spotrl_runtime.checkpoint.trainer_state import HashingWriter, ShardFile
 from spotrl_runtime.core.validation import DCP_FORMAT, DCP_INDEX, INDEX_ROLE, SHARD_ROLE
 from spotrl_runtime.storage import (
     LocalStorage,
@@ -146,40 +146,6 @@ def _cpu_clone(obj: Any) -> Any:
 # ------------------------------------------------------------------------ save
 
 
-class _HashingStream(io.RawIOBase):
-    """What DCP writes one file through: counts (``tell``) and hashes what passes to ``inner``."""
-
-    def __init__(self, inner: IO[bytes]):
-        super().__init__()
-        self.inner = inner
-        self.sha256 = hashlib.sha256()
-        self.size = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        self.sha256.update(view)
-        self.size += len(view)
-        self.inner.write(view)
-        return len(view)
-
-    def tell(self) -> int:
-        return self.size
-
-    def flush(self) -> None:
-        if not self.closed:
-            self.inner.flush()
-
-    def close(self) -> None:
-        # DCP closes the stream before the storage commits it; the object appears when
-        # storage.open_write's block ends.
-        if not self.closed:
-            self.flush()
-        super().close()
-
-
 class _StorageWriteFS(FileSystemBase):
     """DCP's file system for a save: keys of ``storage``. A file is one streamed object; the
     index goes to a small buffer first and appears at DCP's "rename" (one put)."""
@@ -207,7 +173,7 @@ class _StorageWriteFS(FileSystemBase):
                 self._pending[key] = buffer.getvalue()
             return
         with deadline_scope(self.deadline), self.storage.open_write(key) as f:
-            stream = _HashingStream(f)
+            stream = HashingWriter(f)
             yield cast(io.IOBase, stream)
         with self._lock:
             self.written.append(ShardFile(self._name(key), SHARD_ROLE, stream.size, stream.sha256.hexdigest()))

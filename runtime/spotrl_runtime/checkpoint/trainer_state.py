@@ -316,7 +316,9 @@ def _saver(obj: Any) -> Callable[[IO[bytes]], None]:
 
 
 class HashingWriter(io.RawIOBase):
-    """A write-only file that hashes and counts what passes through to ``inner``."""
+    """A write-only file that hashes and counts what passes through to ``inner``: a trainer
+    file of a cut, or one file DCP writes a rank's shards into (``tell`` is the count). Closing
+    it leaves ``inner`` open: the store commits the object when its own ``open_write`` ends."""
 
     def __init__(self, inner: IO[bytes]):
         super().__init__()
@@ -334,5 +336,9 @@ class HashingWriter(io.RawIOBase):
         self.inner.write(view)
         return len(view)
 
+    def tell(self) -> int:
+        return self.size
+
     def flush(self) -> None:
-        self.inner.flush()
+        if not self.closed:
+            self.inner.flush()
