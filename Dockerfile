@@ -49,6 +49,9 @@ COPY README.md ./
 COPY operator ./operator
 COPY runtime ./runtime
 RUN uv pip install --no-cache --no-deps . && rm -rf /src/build
+# The demo policy, built now rather than by every fresh controller (models/prebuild.py).
+RUN python -m spotrl_runtime.models.prebuild /usr/share/spotrl/models && chmod -R a+rX /usr/share/spotrl
+ENV SPOTRL_PREBUILT_MODELS=/usr/share/spotrl/models
 USER 10001
 WORKDIR /home/spotrl
 ENTRYPOINT ["spotrl"]
@@ -72,6 +75,9 @@ COPY README.md ./
 COPY operator ./operator
 COPY runtime ./runtime
 RUN uv pip install --no-cache --no-deps . && rm -rf /src/build
+# The demo policy, built now rather than by every fresh controller (models/prebuild.py).
+RUN python -m spotrl_runtime.models.prebuild /usr/share/spotrl/models && chmod -R a+rX /usr/share/spotrl
+ENV SPOTRL_PREBUILT_MODELS=/usr/share/spotrl/models
 USER 10001
 WORKDIR /home/spotrl
 ENTRYPOINT ["spotrl"]

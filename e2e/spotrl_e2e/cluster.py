@@ -56,6 +56,16 @@ _STOP_ORDER = (
 )
 
 
+def runtime_image_env() -> dict[str, str]:
+    """The environment the runtime image sets (Dockerfile ``ENV``) that a pod's process here
+    must see too: the image ships the demo policy prebuilt (``SPOTRL_PREBUILT_MODELS``), so the
+    host's model cache stands in for that folder, built once if it is not there yet."""
+    from spotrl_runtime.models.cache import PREBUILT_ENV
+    from spotrl_runtime.models.tiny_arith import tiny_arith_dir
+
+    return {PREBUILT_ENV: str(tiny_arith_dir().parent)}
+
+
 class Cluster(KubeCluster):
     """A running test cluster. Every file lives under ``workdir``."""
 
@@ -122,6 +132,7 @@ class Cluster(KubeCluster):
             python_bin=str(Path(sys.executable).parent),
             control_port=self.control_port,
             nodes=self.node_specs,
+            image_env=runtime_image_env(),
         )
         config_path = self.workdir / "nodeagent.json"
         config.save(config_path)

@@ -83,6 +83,8 @@ class AgentConfig:
     # Crash-loop back-off: kubelet starts at 10 s and caps at 300 s; tests cannot wait that long.
     backoff_initial: float = 1.0
     backoff_max: float = 20.0
+    image_env: dict[str, str] = field(default_factory=dict)
+    """What the runtime image's ENV lines set (the Dockerfile's): every container gets it."""
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=1))

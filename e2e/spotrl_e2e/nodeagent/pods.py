@@ -388,6 +388,7 @@ class PodWorker(threading.Thread):
             "HOSTNAME": self.pod_name,
             "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1",
+            **cfg.image_env,
             "KUBERNETES_SERVICE_HOST": "127.0.0.1",
             "KUBERNETES_SERVICE_PORT": cfg.server.rsplit(":", 1)[1],
         }

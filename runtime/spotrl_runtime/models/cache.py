@@ -17,13 +17,28 @@ def model_cache_dir() -> Path:
     return Path(root) / "models"
 
 
+PREBUILT_ENV = "SPOTRL_PREBUILT_MODELS"
+"""Read-only folders (``os.pathsep``-separated) holding models built ahead of time, searched
+before the cache: the runtime image sets it to the builtin models it ships, so that a fresh
+controller on a new node does not build the demo policy again before it can restore."""
+
+
+def prebuilt_model_dirs() -> list[Path]:
+    return [Path(d) for d in os.environ.get(PREBUILT_ENV, "").split(os.pathsep) if d]
+
+
 def build_once(target: Path, build: Callable[[Path], None]) -> Path:
     """Returns ``target``, building it first with ``build(tmp_dir)`` if it does not exist yet.
+    A folder of the same name in one of :func:`prebuilt_model_dirs` is returned instead (names
+    carry the recipe's hash, so the same name is the same model).
 
     The folder appears atomically (built in a sibling temp folder, then renamed), and an exclusive
     file lock makes concurrent processes (a controller and its Ray workers) build it once: the
     others wait and then use it. A folder that exists is complete.
     """
+    for folder in prebuilt_model_dirs():
+        if (folder / target.name).is_dir():
+            return folder / target.name
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -246,3 +246,26 @@ def test_a_model_built_inside_a_process_group_on_rank_1_is_refused_not_cached(tm
     assert len(rank0["left"]) == 1, rank0
     assert "save_pretrained wrote no config.json, model.safetensors" in rank1["error"], rank1
     assert rank1["left"] == [], "nothing cached on rank 1"
+
+
+def test_a_prebuilt_model_is_used_as_is_and_nothing_is_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime image ships the demo policy (SPOTRL_PREBUILT_MODELS): a fresh controller
+    must take it rather than build it again into its own cache."""
+    from spotrl_runtime.models.cache import PREBUILT_ENV
+    from spotrl_runtime.models.prebuild import main as prebuild
+    from spotrl_runtime.models.tiny_arith import DEFAULT_RECIPE, NAME
+
+    shipped = tmp_path / "image" / "models"
+    built = build_once(shipped / f"{NAME}-{DEFAULT_RECIPE.key()}", lambda d: (d / "config.json").write_text("{}"))
+    monkeypatch.setenv(PREBUILT_ENV, f"{tmp_path / 'elsewhere'}:{shipped}")
+    monkeypatch.setenv("SPOTRL_CACHE", str(tmp_path / "home-cache"))
+    calls: list[Path] = []
+    assert build_once(tmp_path / "home-cache" / "models" / built.name, calls.append) == built
+    assert calls == [], "nothing is built when the image has it"
+    assert tiny_arith_dir() == built
+    assert not (tmp_path / "home-cache").exists()
+    # Another name (another recipe) is not in the image: it is built into the cache as before.
+    other = build_once(tmp_path / "home-cache" / "models" / "other-0", lambda d: (d / "x").write_text("1"))
+    assert other == tmp_path / "home-cache" / "models" / "other-0"
+    assert (other / "x").read_text() == "1"
+    assert prebuild([]) == 2, "the folder is required"
