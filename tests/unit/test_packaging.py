@@ -63,3 +63,13 @@ def test_every_dependency_is_pinned_in_constraints() -> None:
         missing = {n for n in _closure({extra}) if n != "spotrl"} - pinned
         assert not missing, f"{extra}: not pinned in constraints.txt: {sorted(missing)}; run `make lock`"
     assert re.search(r"^python-dateutil==2\.", (ROOT / "constraints.txt").read_text(), re.M)
+
+
+def test_no_two_test_modules_share_a_basename() -> None:
+    """pytest imports test modules by basename (rootdir mode, no __init__.py): two files named
+    alike in different folders fail collection in a clean clone ("import file mismatch"), which
+    a checkout with warm __pycache__ folders can hide."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
