@@ -187,6 +187,20 @@ def assert_enforces_restricted(cluster: Any, namespace: str) -> None:
     assert 'violates PodSecurity "restricted' in r.stderr, r.stderr
 
 
+def assert_stopped_after(cluster: Any, ns: str, pod: str, committed_at: str) -> None:
+    """``pod`` got a Killing event, and none before the barrier cut committed (to the second)."""
+    killed = [
+        e.get("lastTimestamp") or e.get("eventTime") or ""
+        for e in cluster.admin().get(
+            f"/api/v1/namespaces/{ns}/events", fieldSelector=f"involvedObject.name={pod},reason=Killing"
+        )["items"]
+    ]
+    assert killed, f"no Killing event for {pod}"
+    assert min(killed)[:19] >= committed_at[:19], (
+        f"{pod} was stopped at {min(killed)}, the cut committed at {committed_at}"
+    )
+
+
 def other_node(jobs: Jobs, name: str, than: str, attempt: int = 2) -> str:
     st = training(jobs, name, 1, attempt=attempt)
     assert st["attempt"] == attempt
@@ -222,16 +236,7 @@ def test_a_drain_after_a_notice_waits_for_the_barrier_cut_then_resumes_elsewhere
     finally:
         drain.stop()
     # The old controller was stopped (evicted, or deleted by the operator) only after the commit.
-    killed = [
-        e.get("lastTimestamp") or e.get("eventTime") or ""
-        for e in e2e_cluster.admin().get(
-            f"/api/v1/namespaces/{jobs.ns}/events", fieldSelector=f"involvedObject.name={pod},reason=Killing"
-        )["items"]
-    ]
-    assert killed, f"no Killing event for {pod}"
-    assert min(killed)[:19] >= committed_at[:19], (
-        f"{pod} was stopped at {min(killed)}, the cut committed at {committed_at}"
-    )
+    assert_stopped_after(e2e_cluster, jobs.ns, pod, committed_at)
     other_node(jobs, "tiny", node)
 
     st = succeeded(jobs, "tiny")

@@ -24,7 +24,15 @@ from typing import Any
 
 import pytest
 from operator_harness import TARGET, Jobs, JobStorage, wait_until
-from test_preemption import AWS_NOTICE, assert_same_stream, reference, succeeded, tiny_job, training
+from test_preemption import (
+    AWS_NOTICE,
+    assert_same_stream,
+    assert_stopped_after,
+    reference,
+    succeeded,
+    tiny_job,
+    training,
+)
 
 from spotrl_e2e.procs import ray_processes_on
 
@@ -186,16 +194,7 @@ def test_a_drained_trainer_node_waits_for_the_barrier_cut_and_the_group_resumes_
         assert drain.wait(300) == 0, drain.output()
     finally:
         drain.stop()
-    killed = [
-        e.get("lastTimestamp") or e.get("eventTime") or ""
-        for e in cluster.admin().get(
-            f"/api/v1/namespaces/{jobs.ns}/events", fieldSelector=f"involvedObject.name={pod},reason=Killing"
-        )["items"]
-    ]
-    assert killed, f"no Killing event for {pod}"
-    assert min(killed)[:19] >= committed_at[:19], (
-        f"{pod} was stopped at {min(killed)}, the cut committed at {committed_at}"
-    )
+    assert_stopped_after(cluster, jobs.ns, pod, committed_at)
 
     # A fresh attempt, controller and trainer pods, none on the drained node, resumes from the cut.
     st = training(jobs, NAME, st["lastCut"]["step"] + 1, attempt=2)
