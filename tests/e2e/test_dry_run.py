@@ -54,6 +54,7 @@ TINY = example("tiny-cpu.yaml")
 SPECS: dict[str, dict[str, Any]] = {
     "tiny-cpu": TINY,
     "gpu-qwen-gsm8k": example("gpu-qwen-gsm8k.yaml"),
+    "gpu-qwen-fsdp": example("gpu-qwen-fsdp.yaml"),
     "worker-pods": with_(
         TINY, "generation", workers=2, workerPods=True, resources={"cpu": "1500m", "memory": "2Gi", "gpu": 1}
     ),
@@ -187,6 +188,8 @@ def test_the_api_server_accepts_every_pod_the_operator_builds(
         resources.controller_pod(pod_owner, spec, SETTINGS, 3, names),
         resources.worker_pod(pod_owner, spec, SETTINGS, 3, 1, "10.0.0.7:6379", names),
     ]
+    if spec.training.parallelism.trainer_pods:
+        pods.append(resources.trainer_pod(pod_owner, spec, SETTINGS, 3, 1, "10.0.0.7:6379", names))
     # The deletion pod of retentionPolicy Delete: the job's tolerations, no avoid-list. It
     # passes Pod Security `restricted` like the others (the namespace enforces it).
     root = f"s3://bucket-x/root/{pod_owner.namespace}/{pod_owner.name}"
@@ -235,7 +238,9 @@ def test_the_api_server_accepts_the_other_objects_the_operator_builds(
     ]:
         dry_run(operator_client, plural, obj)
     for open_ in (False, True):
-        dry_run(operator_client, "poddisruptionbudgets", resources.disruption_budget(job_ref, open_), "policy/v1")
+        for trainers in (0, 4):
+            budget = resources.disruption_budget(job_ref, open_, trainers)
+            dry_run(operator_client, "poddisruptionbudgets", budget, "policy/v1")
     for peers in (SETTINGS.metrics_from, ({"namespaceSelector": {"matchLabels": {"team": "monitoring"}}},)):
         settings = replace(SETTINGS, metrics_from=peers)
         policy = resources.network_policy(job_ref, settings)
