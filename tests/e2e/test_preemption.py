@@ -312,8 +312,9 @@ def test_an_abrupt_node_loss_resumes_from_the_last_periodic_cut(
     # step away when the node goes: the steps after the cut are the ones trained again.
     st = jobs.wait(
         "tiny",
-        lambda s: (s.get("lastCut") or {}).get("kind") == "periodic"
-        and (s.get("step") or 0) - s["lastCut"]["step"] in (1, 2),
+        lambda s: (
+            (s.get("lastCut") or {}).get("kind") == "periodic" and (s.get("step") or 0) - s["lastCut"]["step"] in (1, 2)
+        ),
         TRAIN_TIMEOUT,
         "a periodic cut and a step past it",
     )
@@ -341,7 +342,8 @@ def test_an_abrupt_node_loss_resumes_from_the_last_periodic_cut(
     first, later = min(d["attempt"] for d in records), max(d["attempt"] for d in records)
     resumed_at = min(d["step"] for d in records if d["attempt"] == later)
     trained_before = {d["step"] for d in records if d["attempt"] == first}
-    assert resumed_at % 3 == 0 and cut["step"] <= resumed_at <= max(trained_before) + 1, (resumed_at, cut)
+    assert resumed_at % 3 == 0, (resumed_at, cut)
+    assert cut["step"] <= resumed_at <= max(trained_before) + 1, (resumed_at, cut)
     assert acc["stepsRetrained"] == len({s for s in trained_before if s >= resumed_at}), (acc, resumed_at)
     if st["resume"]["cutId"] == cut["id"]:
         assert resumed_at == cut["step"]
