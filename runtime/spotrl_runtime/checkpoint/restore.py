@@ -12,7 +12,7 @@ passes RESERVED batches through the gate again, in admission order, with the sav
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,7 +63,7 @@ class RestoredRun:
 
     owners: Owners
     trainer: TrainerSnapshot | ShardedCut | None
-    """The trainer's state: loaded (``torch.save/v1``), or where a trainer group loads it from
+    """The trainer's state: loaded (``torch.save/v2`` or ``v1``), or where a trainer group loads it from
     (``dcp/v1``: :class:`~spotrl_runtime.checkpoint.sharded.ShardedCut`); None without one."""
     manifest: Manifest
     cut_id: str
@@ -128,18 +128,17 @@ def restore_cut(
             trainer = _sharded_cut(storage, chosen, validated.manifest, cut)
         elif load_trainer and validated.manifest.trainer_format is not None:
             fmt = trainer_format or TorchSaveFormat()
-            if validated.manifest.trainer_format != fmt.name:
+            if validated.manifest.trainer_format not in fmt.reads:
                 raise TrainerStateError(
                     cut.location,
                     None,
                     f"the cut holds trainer state in format {validated.manifest.trainer_format!r}; "
-                    f"this restore reads {fmt.name!r}",
+                    f"this restore reads {', '.join(fmt.reads)}",
                 )
-            paths: Mapping[str, Path] = {
-                f.role: cut.local_path(f.path)
-                for f in validated.manifest.files
-                if f.path.startswith(f"{validated.manifest.data_dir}/trainer/")
-            }
+            paths: dict[str, list[Path]] = {}
+            for f in sorted(validated.manifest.files, key=lambda f: f.path):
+                if f.path.startswith(f"{validated.manifest.data_dir}/trainer/"):
+                    paths.setdefault(f.role, []).append(cut.local_path(f.path))
             try:
                 trainer = fmt.load(paths)
             except Exception as err:

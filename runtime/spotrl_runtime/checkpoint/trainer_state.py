@@ -1,7 +1,9 @@
 """The trainer's part of a cut: policy weights, optimizer state and RNG states.
 
 A single-process trainer writes plain ``state_dict``s with ``torch.save`` (format
-``torch.save/v1``: ``trainer/weights.pt``, ``trainer/optimizer.pt``, ``trainer/rng.pt``). A
+``torch.save/v2``: the weights in parts ``trainer/weights-00001-of-0000N.pt`` of about
+128 MiB each, written side by side, then ``trainer/optimizer.pt``, ``trainer/rng.pt``;
+``torch.save/v1``, one ``trainer/weights.pt``, is still read). A
 trainer group of FSDP2 ranks writes ``dcp/v1`` (:mod:`~spotrl_runtime.checkpoint.sharded`):
 every rank its own shards through ``torch.distributed.checkpoint``, listed in the same
 manifest (roles ``trainer-shard`` and ``trainer-shard-index``) as a
@@ -17,13 +19,15 @@ import io
 import json
 import random
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from spotrl_runtime.core.cut_format import TORCH_SAVE_FORMAT, TORCH_SAVE_V1
 from spotrl_runtime.core.validation import DCP_FORMAT
 
 if TYPE_CHECKING:
@@ -273,21 +277,74 @@ class TrainerStateFormat(Protocol):
     """How a trainer snapshot becomes files of a cut, and back."""
 
     name: str
+    """The format it writes (the manifest's ``trainer_format``)."""
+    reads: tuple[str, ...]
+    """The formats it loads."""
 
     def files(self, snapshot: TrainerSnapshot) -> list[TrainerFile]: ...
 
-    def load(self, paths: Mapping[str, Path]) -> TrainerSnapshot:
-        """Reads a snapshot back from local files, by role."""
+    def load(self, paths: Mapping[str, Sequence[Path]]) -> TrainerSnapshot:
+        """Reads a snapshot back from local files: role -> the role's files, in path order."""
         ...
 
 
-class TorchSaveFormat:
-    """``torch.save/v1``: one file per state_dict, loaded with ``weights_only=True``."""
+WEIGHT_PART_BYTES = 128 << 20
+MAX_WEIGHT_PARTS = 8
 
-    name = "torch.save/v1"
+
+def weight_parts(
+    weights: Mapping[str, Any], part_bytes: int | None = None, max_parts: int | None = None
+) -> list[dict[str, Any]]:
+    """Splits a state_dict into parts of about ``part_bytes`` (at most ``max_parts``), so that
+    they are serialised, hashed and written side by side: one file's sha256 runs on one core.
+    Entries that share a storage (tied weights) stay in one part, so that ``torch.save`` keeps
+    them one storage; every part keeps the state_dict's key order; the split depends only on
+    the keys and sizes. No part is empty. Defaults: :data:`WEIGHT_PART_BYTES`,
+    :data:`MAX_WEIGHT_PARTS`."""
+    part_bytes = part_bytes or WEIGHT_PART_BYTES
+    max_parts = max_parts or MAX_WEIGHT_PARTS
+    groups: dict[Any, list[str]] = {}
+    sizes: dict[Any, int] = {}
+    for key, value in weights.items():
+        if isinstance(value, torch.Tensor) and value.numel():
+            storage = value.untyped_storage()
+            ident: Any = (value.device.type, storage.data_ptr())
+            sizes[ident] = storage.nbytes()
+        else:
+            ident, sizes[key] = key, 0
+        groups.setdefault(ident, []).append(key)
+    total = sum(sizes.values())
+    n = max(1, min(max_parts, len(groups), -(-total // part_bytes)))
+    loads = [0] * n
+    part_of: dict[str, int] = {}
+    # Largest first, each to the lightest part (ties: the lowest index): balanced and stable.
+    for ident in sorted(groups, key=lambda i: -sizes[i]):
+        target = min(range(n), key=lambda p: (loads[p], p))
+        loads[target] += sizes[ident]
+        for key in groups[ident]:
+            part_of[key] = target
+    parts: list[dict[str, Any]] = [{} for _ in range(n)]
+    for key, value in weights.items():
+        parts[part_of[key]][key] = value
+    return [p for p in parts if p]
+
+
+def weight_part_name(index: int, count: int) -> str:
+    """``trainer/weights-00001-of-00004.pt``: part ``index`` (1-based) of ``count``."""
+    return f"trainer/weights-{index:05d}-of-{count:05d}.pt"
+
+
+class TorchSaveFormat:
+    """``torch.save/v2``: the weights in parts (:func:`weight_parts`), the optimizer and the RNG
+    in a file each, every file loaded with ``weights_only=True``. Reads ``torch.save/v1`` too
+    (the weights in one ``trainer/weights.pt``)."""
+
+    name = TORCH_SAVE_FORMAT
+    reads = (TORCH_SAVE_V1, TORCH_SAVE_FORMAT)
 
     def files(self, snapshot: TrainerSnapshot) -> list[TrainerFile]:
-        out = [TrainerFile("trainer/weights.pt", "weights", _saver(dict(snapshot.weights)))]
+        parts = weight_parts(snapshot.weights)
+        out = [TrainerFile(weight_part_name(i, len(parts)), "weights", _saver(part)) for i, part in enumerate(parts, 1)]
         if snapshot.optimizer is not None:
             out.append(TrainerFile("trainer/optimizer.pt", "optimizer", _saver(dict(snapshot.optimizer))))
         if snapshot.rng is not None:
@@ -300,12 +357,22 @@ class TorchSaveFormat:
         out.append(TrainerFile("trainer/meta.json", "trainer_meta", write_meta))
         return out
 
-    def load(self, paths: Mapping[str, Path]) -> TrainerSnapshot:
+    def load(self, paths: Mapping[str, Sequence[Path]]) -> TrainerSnapshot:
         def load(role: str) -> Any:
-            return torch.load(paths[role], map_location="cpu", weights_only=True) if role in paths else None
+            found = paths.get(role, ())
+            if len(found) > 1:
+                raise ValueError(f"{len(found)} files have the role {role}; one is written")
+            return torch.load(found[0], map_location="cpu", weights_only=True) if found else None
 
-        meta = json.loads(paths["trainer_meta"].read_bytes()) if "trainer_meta" in paths else {}
-        return TrainerSnapshot(weights=load("weights"), optimizer=load("optimizer"), rng=load("rng"), meta=meta)
+        weights: dict[str, Any] = {}
+        for path in paths.get("weights", ()):
+            part = torch.load(path, map_location="cpu", weights_only=True)
+            twice = sorted(weights.keys() & part.keys())
+            if twice:
+                raise ValueError(f"{path.name} holds {twice[0]!r}, which an earlier weights file holds too")
+            weights.update(part)
+        meta = json.loads(paths["trainer_meta"][0].read_bytes()) if paths.get("trainer_meta") else {}
+        return TrainerSnapshot(weights=weights, optimizer=load("optimizer"), rng=load("rng"), meta=meta)
 
 
 def _saver(obj: Any) -> Callable[[IO[bytes]], None]:
@@ -313,6 +380,22 @@ def _saver(obj: Any) -> Callable[[IO[bytes]], None]:
         torch.save(obj, f)
 
     return write
+
+
+_HASHERS: ThreadPoolExecutor | None = None
+_HASHERS_LOCK = threading.Lock()
+OVERLAP_BYTES = 1 << 20
+"""A write at least this big is hashed on a helper thread while it is written: sha256 and a
+file's write both release the GIL, so a tensor's bytes cost the slower of the two, not both
+(bench/bench_cut_weights.py)."""
+
+
+def _hashers() -> ThreadPoolExecutor:
+    global _HASHERS
+    with _HASHERS_LOCK:
+        if _HASHERS is None:
+            _HASHERS = ThreadPoolExecutor(4, thread_name_prefix="cut-sha256")
+        return _HASHERS
 
 
 class HashingWriter(io.RawIOBase):
@@ -331,9 +414,18 @@ class HashingWriter(io.RawIOBase):
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self.sha256.update(view)
+        if len(view) >= OVERLAP_BYTES:
+            # In order: the previous write's hash is done (each waits for its own), and the
+            # caller may reuse ``data`` once this returns, so this one's is done too.
+            hashed = _hashers().submit(self.sha256.update, view)
+            try:
+                self.inner.write(view)
+            finally:
+                hashed.result()
+        else:
+            self.sha256.update(view)
+            self.inner.write(view)
         self.size += len(view)
-        self.inner.write(view)
         return len(view)
 
     def tell(self) -> int:

@@ -31,6 +31,7 @@ log-probabilities (float64, so a restored row is bit-identical).
 from __future__ import annotations
 
 import json
+import re
 import struct
 import sys
 from array import array
@@ -63,9 +64,25 @@ OWNER_FILES: dict[str, str] = {
 }
 """Role -> file name of the owner files every cut has."""
 
-TRAINER_FORMAT_ROLES: dict[str, tuple[str, ...]] = {"torch.save/v1": ("weights", "trainer_meta")}
+TORCH_SAVE_V1 = "torch.save/v1"
+"""One process's trainer state, the weights in one ``trainer/weights.pt`` (read, no longer written)."""
+TORCH_SAVE_FORMAT = "torch.save/v2"
+"""One process's trainer state, the weights in parts ``trainer/weights-00001-of-0000N.pt``
+(:func:`weight_part_index`), each listed with the role ``weights``."""
+TRAINER_FORMAT_ROLES: dict[str, tuple[str, ...]] = {
+    TORCH_SAVE_V1: ("weights", "trainer_meta"),
+    TORCH_SAVE_FORMAT: ("weights", "trainer_meta"),
+}
 """Trainer formats this code reads -> the file roles a cut in that format must list.
 ``trainer_meta`` is a small JSON object holding at least ``trainer_step``."""
+WEIGHT_PART = re.compile(r"trainer/weights-(\d{5})-of-(\d{5})\.pt")
+
+
+def weight_part_index(name: str) -> tuple[int, int] | None:
+    """``trainer/weights-00002-of-00004.pt`` -> (2, 4); None for any other name."""
+    m = WEIGHT_PART.fullmatch(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
 
 _ROWS_MAGIC = b"SPOTRLR1"
 

@@ -62,6 +62,7 @@ from spotrl_runtime.core.cut_format import (
     MANIFEST_NAME,
     OWNER_FILES,
     READABLE_SCHEMA_VERSIONS,
+    TORCH_SAVE_FORMAT,
     TRAINER_FORMAT_ROLES,
     CutDocuments,
     Manifest,
@@ -69,6 +70,7 @@ from spotrl_runtime.core.cut_format import (
     decode_owner_files,
     document_counts,
     loader_position,
+    weight_part_index,
 )
 from spotrl_runtime.core.fields import RecordFormatError
 from spotrl_runtime.core.ledger import LedgerRecord, Phase
@@ -806,6 +808,8 @@ def check_trainer_state(loc: str, manifest: Manifest, docs: CutDocuments, source
                 )
         if fmt == DCP_FORMAT:
             check_trainer_shards(loc, manifest)
+        if fmt == TORCH_SAVE_FORMAT:
+            check_weight_parts(loc, manifest)
         meta_file = manifest.file("trainer_meta")
         assert meta_file is not None
         try:
@@ -837,6 +841,30 @@ def check_trainer_state(loc: str, manifest: Manifest, docs: CutDocuments, source
     if not tail and docs.trainer_step > 0 and docs.config.audit_tail > 0:
         raise TrainerStateError(
             loc, _path_of(manifest, "audit"), f"no audit record, but {docs.trainer_step} steps are trained", _NEWER
+        )
+
+
+def check_weight_parts(loc: str, manifest: Manifest) -> None:
+    """``trainer_state`` for a ``torch.save/v2`` cut: its ``weights`` files are parts
+    ``trainer/weights-<i>-of-<n>.pt`` of one count, each of 1..n listed once and nothing else
+    (a cut that lost or gained a part of its weights is refused here, not half loaded)."""
+    prefix = f"{manifest.data_dir}/"
+    parts: list[tuple[int, int]] = []
+    for f in manifest.files:
+        if f.role != "weights":
+            continue
+        index = weight_part_index(f.path[len(prefix) :]) if f.path.startswith(prefix) else None
+        if index is None:
+            raise TrainerStateError(
+                loc, f.path, f"a weights file of {TORCH_SAVE_FORMAT} is named trainer/weights-<i>-of-<n>.pt", _NEWER
+            )
+        parts.append(index)
+    counts = {n for _, n in parts}
+    want = list(range(1, parts[0][1] + 1)) if len(counts) == 1 else []
+    if sorted(i for i, _ in parts) != want:
+        listed = ", ".join(f"{i}-of-{n}" for i, n in sorted(parts))
+        raise TrainerStateError(
+            loc, MANIFEST_NAME, f"the weights' parts listed are {listed}: not each of one count, once", _NEWER
         )
 
 

@@ -213,7 +213,7 @@ class Trainer:
         (:meth:`wait_for_cuts`). ``last``: nothing is copied at all; the cut writer reads the
         live tensors, and the next optimizer step waits for the whole cut (a barrier: the
         trainer is parked and takes no further step). ``cut_copy = "locked"``: CPU copies
-        made right here, under the lock, as before. Written later as ``torch.save/v1``.
+        made right here, under the lock, as before. Written later as ``torch.save/v2``.
         """
         from spotrl_runtime.checkpoint.trainer_state import (
             BufferPool,

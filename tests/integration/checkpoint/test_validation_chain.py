@@ -3,7 +3,10 @@ with the named error, and `spotrl ckpt verify` exits non-zero naming the check."
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -12,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from cut_scenarios import DATASET, EXAMPLE_B, dataset_description, example_b_before_cut, loader_for
 
 from spotrl_e2e.forgery import CutSurgery
-from spotrl_runtime.checkpoint import restore_cut
+from spotrl_runtime.checkpoint import restore_cut, trainer_state
+from spotrl_runtime.checkpoint.trainer_state import TorchSaveFormat, TrainerFile, TrainerSnapshot
 from spotrl_runtime.cli import main as spotrl
 from spotrl_runtime.core import validation as v
 from spotrl_runtime.core.cut_format import (
@@ -313,7 +318,7 @@ def test_verify_via_the_installed_command(cut_root: Path) -> None:
     proc = subprocess.run([str(spotrl_bin), "ckpt", "verify", str(cut_root)], capture_output=True, text=True)
     assert proc.returncode == 1
     assert "FAILED check file_digest" in proc.stderr
-    assert "trainer/weights.pt" in proc.stderr
+    assert "trainer/weights-00001-of-00001.pt" in proc.stderr
 
 
 @pytest.mark.s3
@@ -344,7 +349,7 @@ def test_an_unreadable_trainer_file_is_check_trainer_state_not_a_torch_error(cut
             source=loader_for(EXAMPLE_B, DATASET),
         )
     assert info.value.check == "trainer_state"
-    assert "do not load as torch.save/v1" in str(info.value)
+    assert "do not load as torch.save/v2" in str(info.value)
 
 
 def test_a_trainer_format_without_its_files_is_check_trainer_state(cut_root: Path) -> None:
@@ -357,3 +362,130 @@ def test_a_trainer_format_without_its_files_is_check_trainer_state(cut_root: Pat
         restore_cut(
             LocalStorage(cut_root), dataset=DATASET, collate=PromptCollate(), source=loader_for(EXAMPLE_B, DATASET)
         )
+
+
+@pytest.fixture
+def parted_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A committed cut whose weights (example B's weight and bias) are two parts."""
+    monkeypatch.setattr(trainer_state, "WEIGHT_PART_BYTES", 8)
+    root = tmp_path / "job"
+    run = example_b_before_cut(LocalStorage(root))
+    run.cut()
+    names = [f["path"].split("/", 1)[1] for f in CutSurgery.only_cut(root).m["files"] if f["role"] == "weights"]
+    assert names == ["trainer/weights-00001-of-00002.pt", "trainer/weights-00002-of-00002.pt"]
+    return root
+
+
+def restore_b(root: Path) -> Any:
+    return restore_cut(
+        LocalStorage(root), dataset=DATASET, collate=PromptCollate(), source=loader_for(EXAMPLE_B, DATASET)
+    )
+
+
+def test_weights_in_two_parts_restore_exactly(parted_root: Path) -> None:
+    restored = restore_b(parted_root)
+    again = example_b_before_cut(None)
+    assert restored.trainer is not None
+    assert restored.trainer.weights.keys() == again.model.state_dict().keys()
+    for name, tensor in again.model.state_dict().items():
+        assert torch.equal(restored.trainer.weights[name], tensor), name
+
+
+def weights_entries(s: CutSurgery) -> list[dict[str, Any]]:
+    return [f for f in s.m["files"] if f["role"] == "weights"]
+
+
+def lose_second_part(s: CutSurgery) -> None:
+    second = weights_entries(s)[1]
+    s.m["files"].remove(second)
+    (s.cut / second["path"]).unlink()
+
+
+def add_a_third_part(s: CutSurgery) -> None:
+    extra = dict(weights_entries(s)[1])
+    extra["path"] = extra["path"].replace("weights-00002-of-00002.pt", "weights-00003-of-00002.pt")
+    shutil.copy(s.cut / weights_entries(s)[1]["path"], s.cut / extra["path"])
+    s.m["files"].append(extra)
+
+
+def rename_second_part(s: CutSurgery) -> None:
+    second = weights_entries(s)[1]
+    old = s.cut / second["path"]
+    second["path"] = second["path"].replace("weights-00002-of-00002.pt", "weights.pt")
+    old.rename(s.cut / second["path"])
+
+
+def count_parts_differently(s: CutSurgery) -> None:
+    second = weights_entries(s)[1]
+    old = s.cut / second["path"]
+    second["path"] = second["path"].replace("weights-00002-of-00002.pt", "weights-00002-of-00003.pt")
+    old.rename(s.cut / second["path"])
+
+
+@pytest.mark.parametrize(
+    ("forge", "says"),
+    [
+        (lose_second_part, "parts listed are 1-of-2:"),
+        (add_a_third_part, "parts listed are 1-of-2, 2-of-2, 3-of-2"),
+        (rename_second_part, "is named trainer/weights-<i>-of-<n>.pt"),
+        (count_parts_differently, "parts listed are 1-of-2, 2-of-3"),
+    ],
+)
+def test_a_cut_that_lost_or_gained_a_weights_part_is_check_trainer_state(
+    parted_root: Path, forge: Callable[[CutSurgery], None], says: str
+) -> None:
+    """Every file left matches its size and digest: only the parts' names and count can tell."""
+    surgery = CutSurgery.only_cut(parted_root)
+    forge(surgery)
+    surgery.save_manifest()
+    with pytest.raises(v.TrainerStateError, match=says) as info:
+        restore_b(parted_root)
+    assert info.value.check == "trainer_state"
+    proc = subprocess.run(
+        [sys.executable, "-m", "spotrl_runtime.cli", "ckpt", "verify", str(parted_root)], capture_output=True, text=True
+    )
+    assert proc.returncode == 1
+    assert "FAILED check trainer_state" in proc.stderr
+
+
+def test_two_parts_holding_one_tensor_do_not_load(parted_root: Path) -> None:
+    """Consistent names, sizes and digests, but the second part holds the first's tensor too:
+    merging would let one silently win."""
+    surgery = CutSurgery.only_cut(parted_root)
+    first, second = (surgery.cut / f["path"] for f in weights_entries(surgery))
+    both = {**torch.load(first, weights_only=True), **torch.load(second, weights_only=True)}
+    buf = io.BytesIO()
+    torch.save(both, buf)
+    entry = weights_entries(surgery)[1]
+    second.write_bytes(buf.getvalue())
+    entry.update(size=len(buf.getvalue()), sha256=hashlib.sha256(buf.getvalue()).hexdigest())
+    surgery.save_manifest()
+    with pytest.raises(v.TrainerStateError, match="which an earlier weights file holds too") as info:
+        restore_b(parted_root)
+    assert info.value.check == "trainer_state"
+
+
+class WritesTorchSaveV1(TorchSaveFormat):
+    """What cuts were before ``torch.save/v2``: the weights in one ``trainer/weights.pt``."""
+
+    name = "torch.save/v1"
+
+    def files(self, snapshot: TrainerSnapshot) -> list[TrainerFile]:
+        rest = [f for f in super().files(snapshot) if f.role != "weights"]
+        weights = dict(snapshot.weights)
+        return [TrainerFile("trainer/weights.pt", "weights", lambda f: torch.save(weights, f)), *rest]
+
+
+def test_a_torch_save_v1_cut_still_restores(tmp_path: Path) -> None:
+    root = tmp_path / "job"
+    run = example_b_before_cut(LocalStorage(root))
+    assert run.writer is not None
+    run.writer.trainer_format = WritesTorchSaveV1()
+    cut = run.cut()
+    assert cut.manifest.trainer_format == "torch.save/v1"
+    assert [f.path.split("/", 1)[1] for f in cut.manifest.files if f.role == "weights"] == ["trainer/weights.pt"]
+    assert spotrl(["ckpt", "verify", str(root)]) == 0
+    restored = restore_b(root)
+    assert restored.trainer is not None
+    for name, tensor in run.model.state_dict().items():
+        assert torch.equal(restored.trainer.weights[name], tensor), name
