@@ -175,6 +175,7 @@ def status_of(controller: Any) -> dict[str, Any]:
         "cut_estimate": _estimate_doc(controller.cuts[-1].estimate) if controller.cuts else None,
         "counters": dict(owners.counters.__dict__),
         "stats": dict(controller.stats),
+        "generation_workers": controller.parts.pool.workers(),
     }
 
 

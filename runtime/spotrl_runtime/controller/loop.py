@@ -214,12 +214,21 @@ class Controller:
                 pool.submit(reqs)
 
         while not self._stop.is_set():
+            if self._parked.is_set():
+                # A barrier is this controller's last word: nothing generated from now on can
+                # reach a cut (the cut holds the groups in flight as ADMITTED, to be sent again
+                # after the resume). Stopping the workers now gives their CPUs (a weight load,
+                # a generation) to the barrier's writer.
+                pool.shutdown()
+                log.info("parked: generation workers stopped (%d groups in flight stay in the ledger)", len(inflight))
+                return
             latest = None
             while not self._weights.empty():
                 latest = self._weights.get_nowait()
-            if latest is not None:
+            if latest is not None and pool.update_weights(
+                latest[0], latest[1], wait=False, cancelled=self._parked.is_set
+            ):
                 version = latest[1]
-                pool.update_weights(latest[0], version, wait=False)
             if not self._parked.is_set():
                 send(owners.pump(weight_version=version))
             for outcome in pool.poll(timeout=0.05):

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -42,6 +42,24 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger("spotrl.generation")
+
+WEIGHT_PUT_BYTES = 64 << 20
+"""Weights go to Ray's object store in parts of about this size, so that sending them can
+stop between two parts (a barrier needs the CPUs and memory bandwidth more)."""
+
+
+def _parts(state_dict: Mapping[str, torch.Tensor], part_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Consecutive entries of ``state_dict``, about ``part_bytes`` a part (a bigger tensor alone)."""
+    part: dict[str, torch.Tensor] = {}
+    size = 0
+    for key, value in state_dict.items():
+        part[key] = value
+        size += value.nbytes if hasattr(value, "nbytes") else 0
+        if size >= part_bytes:
+            yield part
+            part, size = {}, 0
+    if part or not state_dict:
+        yield part
 
 
 class GenerationPoolError(RuntimeError):
@@ -168,20 +186,33 @@ class GenerationPool:
 
     # ------------------------------------------------------------------ weights
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int, *, wait: bool = True) -> None:
-        """Sends new policy weights to every live worker (one ``ray.put``, each worker loads it).
+    def update_weights(
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        version: int,
+        *,
+        wait: bool = True,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> bool:
+        """Sends new policy weights to every live worker (``ray.put`` in parts of about
+        :data:`WEIGHT_PUT_BYTES`, each worker loads them all).
 
         Groups already sent to a worker are generated with the old weights; groups sent after this
         call with the new ones. ``wait=True`` returns once every ready worker has loaded them
         (which includes finishing what was queued before; a worker still starting loads them
         before its first group); outcomes that complete meanwhile are kept for the next
-        :meth:`poll`.
+        :meth:`poll`. ``cancelled`` is asked between parts: once it says yes (a barrier: the
+        weights will never be used), nothing is sent and False is returned.
         """
         import ray
 
-        ref = ray.put(dict(state_dict))
+        refs = []
+        for part in _parts(state_dict, WEIGHT_PUT_BYTES):
+            if cancelled is not None and cancelled():
+                return False
+            refs.append(ray.put(part))
         with self._lock:
-            self._latest_weights = (ref, version)
+            self._latest_weights = (tuple(refs), version)
             # A worker still starting loads them too, before any group (its calls run in order).
             load_refs = [(w.ready, self._send_load(w)) for w in self._workers.values() if w.alive]
         if wait:
@@ -192,6 +223,7 @@ class GenerationPool:
                     for r in ready:
                         self._complete(r)
                     self._dispatch()
+        return True
 
     # ------------------------------------------------------------------ introspection
 
@@ -313,8 +345,8 @@ class GenerationPool:
     def _send_load(self, worker: _Worker) -> Any:
         if self._latest_weights is None:
             return None
-        ref, version = self._latest_weights
-        call_ref = worker.actor.load_weights.remote(ref, version)
+        refs, version = self._latest_weights
+        call_ref = worker.actor.load_weights.remote(version, *refs)
         self._calls[call_ref] = _Call("load", worker.worker_id, version=version)
         worker.calls.add(call_ref)
         return call_ref

@@ -59,8 +59,12 @@ class GenerationWorker:
             outcomes.extend(self.generate([request]))
         return outcomes
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> int:
-        """Loads new policy weights; returns the version now in use."""
+    def load_weights(self, version: int, *parts: Mapping[str, torch.Tensor]) -> int:
+        """Loads new policy weights, sent as parts of one state_dict (each its own object in
+        Ray's store); returns the version now in use."""
+        state_dict: dict[str, torch.Tensor] = {}
+        for part in parts:
+            state_dict.update(part)
         self.backend.load_weights(state_dict, version)
         return self.backend.weight_version
 

@@ -49,6 +49,7 @@ class StandIn:
         self.resumed_from = None
         self.stats = dict.fromkeys(STATS, 0.0)
         self.history: list[dict[str, Any]] = []
+        self.parts = SimpleNamespace(pool=SimpleNamespace(workers=lambda: []))
         self.owners = SimpleNamespace(
             attempt=2,
             trainer_step=7,

@@ -44,6 +44,9 @@ def test_metrics_and_a_barrier_over_http(runs: Runs, tmp_path: Path) -> None:
     assert re.search(r'^spotrl_groups\{job="tiny",owner="ledger_admitted"\} ', metrics, re.M)
     assert 'spotrl_restore_groups_discarded_total{job="tiny"} 0.0' in metrics
 
+    status = json.loads(urllib.request.urlopen(f"{base}/status", timeout=10).read())
+    assert [w["alive"] for w in status["generation_workers"]] == [True] * len(status["generation_workers"]) != []
+
     req = urllib.request.Request(
         f"{base}/barrier", data=json.dumps({"reason": "test", "deadlineSeconds": 30}).encode(), method="POST"
     )
@@ -56,6 +59,9 @@ def test_metrics_and_a_barrier_over_http(runs: Runs, tmp_path: Path) -> None:
     status = json.loads(urllib.request.urlopen(f"{base}/status", timeout=10).read())
     assert status["parked"] is True
     assert status["step"] == cut_step
+    # A barrier is the controller's last word: its generation workers are stopped at once, and
+    # their CPUs (or GPUs) go to the cut.
+    assert [w["alive"] for w in status["generation_workers"]] == [False] * len(status["generation_workers"])
     assert stop(proc, signal.SIGTERM) == 143
     assert newest_cut(storage)[0] == cut_id
     assert max(d["step"] for d in audit(storage)) == cut_step - 1

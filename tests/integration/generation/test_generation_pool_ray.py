@@ -128,6 +128,48 @@ def test_weight_sync_reaches_every_worker_and_stamps_the_version(pool: Generatio
     assert changed  # the same seeds sample differently under the new weights
 
 
+def test_weights_sent_in_many_parts_generate_what_the_same_weights_do_in_process(
+    pool: GenerationPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spotrl_runtime.generation import build_backend
+    from spotrl_runtime.generation import pool as pool_module
+
+    weights = perturbed_weights(3)
+    monkeypatch.setattr(pool_module, "WEIGHT_PUT_BYTES", 4096)  # a part per tensor or two
+    assert len(list(pool_module._parts(weights, 4096))) > 10
+    assert pool.update_weights(weights, version=7)
+    local = build_backend(SPEC)
+    local.load_weights(weights, 7)
+    expected = local.generate(requests(0, 4))
+    pool.submit(requests(0, 4))
+    remote = {o.group_id: o for o in drain(pool, 4)}
+    for e in expected:
+        got = remote[e.group_id]
+        assert isinstance(got, GroupGenerated)
+        assert got.weight_version == 7
+        assert [s.completion_token_ids for s in got.samples] == [s.completion_token_ids for s in e.samples]
+
+
+def test_a_weight_update_cancelled_between_parts_sends_nothing(
+    pool: GenerationPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a barrier does to the weights still on their way (nothing will use them)."""
+    from spotrl_runtime.generation import pool as pool_module
+
+    monkeypatch.setattr(pool_module, "WEIGHT_PUT_BYTES", 4096)
+    asked = []
+
+    def cancelled() -> bool:
+        asked.append(1)
+        return len(asked) > 3  # three parts are put, then the barrier comes
+
+    assert pool.update_weights(perturbed_weights(4), version=9, cancelled=cancelled) is False
+    assert len(asked) == 4
+    assert [w["weight_version"] for w in pool.workers()] == [0, 0]
+    pool.submit(requests(0, 2))
+    assert {o.weight_version for o in drain(pool, 2) if isinstance(o, GroupGenerated)} == {0}
+
+
 def test_groups_sent_before_a_weight_update_keep_the_old_version(pool: GenerationPool) -> None:
     pool.submit(requests(0, 4))  # 2 calls per worker: all four are at the workers already
     pool.update_weights(perturbed_weights(2), version=5, wait=False)
