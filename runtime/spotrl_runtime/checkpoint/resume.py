@@ -169,9 +169,9 @@ def load_trainer(trainer: Any, snap: TrainerSnapshot | ShardedCut, cut_id: str =
         raise TrainerStateError(
             f"{uri}/cuts/{cut_id}",
             "trainer/",
-            "the cut holds a single-process trainer's state (torch.save/v1); a group of FSDP ranks resumes from "
+            "the cut holds a single-process trainer's state (torch.save); a group of FSDP ranks resumes from "
             "sharded cuts (dcp/v1) only",
-            "resume this run with training.parallelism.strategy single (its next cuts stay torch.save/v1), "
+            "resume this run with training.parallelism.strategy single (its next cuts stay torch.save), "
             "or start a new run with strategy fsdp",
         )
     try:
