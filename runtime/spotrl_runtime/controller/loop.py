@@ -188,7 +188,15 @@ class Controller:
             self.history.append(entry)
             for sink in self.options.sinks:
                 sink.on_step(owners.trainer_step, entry)
-            if every_steps and owners.trainer_step % every_steps == 0 and owners.trainer_step < self.target_steps:
+            # Not once a barrier was asked for while this step trained: the barrier's cut holds
+            # it, and a trainer group keeps only its newest capture (a periodic one taken now
+            # would replace the barrier's before it is written).
+            if (
+                every_steps
+                and owners.trainer_step % every_steps == 0
+                and owners.trainer_step < self.target_steps
+                and not self._parked.is_set()
+            ):
                 self._periodic_cut(f"every {every_steps} steps")
         return True
 
