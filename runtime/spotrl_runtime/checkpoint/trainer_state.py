@@ -27,7 +27,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from spotrl_runtime.core.cut_format import TORCH_SAVE_FORMAT, TORCH_SAVE_V1
+from spotrl_runtime.core.cut_format import TORCH_SAVE_FORMAT, TORCH_SAVE_V1, weight_part_name
 from spotrl_runtime.core.validation import DCP_FORMAT
 
 if TYPE_CHECKING:
@@ -327,11 +327,6 @@ def weight_parts(
     for key, value in weights.items():
         parts[part_of[key]][key] = value
     return [p for p in parts if p]
-
-
-def weight_part_name(index: int, count: int) -> str:
-    """``trainer/weights-00001-of-00004.pt``: part ``index`` (1-based) of ``count``."""
-    return f"trainer/weights-{index:05d}-of-{count:05d}.pt"
 
 
 class TorchSaveFormat:

@@ -78,6 +78,11 @@ TRAINER_FORMAT_ROLES: dict[str, tuple[str, ...]] = {
 WEIGHT_PART = re.compile(r"trainer/weights-(\d{5})-of-(\d{5})\.pt")
 
 
+def weight_part_name(index: int, count: int) -> str:
+    """``trainer/weights-00001-of-00004.pt``: part ``index`` (1-based) of ``count``."""
+    return f"trainer/weights-{index:05d}-of-{count:05d}.pt"
+
+
 def weight_part_index(name: str) -> tuple[int, int] | None:
     """``trainer/weights-00002-of-00004.pt`` -> (2, 4); None for any other name."""
     m = WEIGHT_PART.fullmatch(name)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from spotrl_runtime.checkpoint.trainer_state import weight_part_name, weight_parts
-from spotrl_runtime.core.cut_format import weight_part_index
+from spotrl_runtime.checkpoint.trainer_state import weight_parts
+from spotrl_runtime.core.cut_format import weight_part_index, weight_part_name
 
 MiB = 1 << 20
 
