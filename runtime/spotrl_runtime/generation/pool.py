@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -44,22 +44,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("spotrl.generation")
 
 WEIGHT_PUT_BYTES = 64 << 20
-"""Weights go to Ray's object store in parts of about this size, so that sending them can
-stop between two parts (a barrier needs the CPUs and memory bandwidth more)."""
-
-
-def _parts(state_dict: Mapping[str, torch.Tensor], part_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
-    """Consecutive entries of ``state_dict``, about ``part_bytes`` a part (a bigger tensor alone)."""
-    part: dict[str, torch.Tensor] = {}
-    size = 0
-    for key, value in state_dict.items():
-        part[key] = value
-        size += value.nbytes if hasattr(value, "nbytes") else 0
-        if size >= part_bytes:
-            yield part
-            part, size = {}, 0
-    if part or not state_dict:
-        yield part
+"""Weights go to Ray's object store in parts of about this size (split as a cut splits them,
+:func:`~spotrl_runtime.checkpoint.trainer_state.weight_parts`), so that sending them can stop
+between two parts (a barrier needs the CPUs and memory bandwidth more)."""
+WEIGHT_PUT_MAX_PARTS = 1024
 
 
 class GenerationPoolError(RuntimeError):
@@ -206,8 +194,10 @@ class GenerationPool:
         """
         import ray
 
+        from spotrl_runtime.checkpoint.trainer_state import weight_parts
+
         refs = []
-        for part in _parts(state_dict, WEIGHT_PUT_BYTES):
+        for part in weight_parts(state_dict, WEIGHT_PUT_BYTES, WEIGHT_PUT_MAX_PARTS):
             if cancelled is not None and cancelled():
                 return False
             refs.append(ray.put(part))

@@ -131,12 +131,13 @@ def test_weight_sync_reaches_every_worker_and_stamps_the_version(pool: Generatio
 def test_weights_sent_in_many_parts_generate_what_the_same_weights_do_in_process(
     pool: GenerationPool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from spotrl_runtime.checkpoint.trainer_state import weight_parts
     from spotrl_runtime.generation import build_backend
     from spotrl_runtime.generation import pool as pool_module
 
     weights = perturbed_weights(3)
     monkeypatch.setattr(pool_module, "WEIGHT_PUT_BYTES", 4096)  # a part per tensor or two
-    assert len(list(pool_module._parts(weights, 4096))) > 10
+    assert len(weight_parts(weights, pool_module.WEIGHT_PUT_BYTES, pool_module.WEIGHT_PUT_MAX_PARTS)) > 10
     assert pool.update_weights(weights, version=7)
     local = build_backend(SPEC)
     local.load_weights(weights, 7)
