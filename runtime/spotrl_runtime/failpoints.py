@@ -10,6 +10,7 @@ Unset (production), a point costs one dictionary lookup.
 
 Points: ``train.step`` (between taking a step's groups and committing it),
 ``dispatch.finish`` (a generated group of step N not yet handed to the replay buffer),
+``cut.periodic`` (step N is trained and audited, its periodic cut not yet captured),
 ``cut.captured`` (a barrier cut's in-memory capture is done) and ``cut.files_written`` (a
 cut's files are in storage, its manifest is not), and in a generation worker
 ``worker.generate`` (a batch of groups about to be generated; its step is the weight version

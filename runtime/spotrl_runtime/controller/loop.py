@@ -50,6 +50,7 @@ from spotrl_runtime.core.types import Rollout
 from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation import GroupFailed, GroupGenerated, GroupLost
 from spotrl_runtime.generation.rollouts import encode_prompt, make_request, score_group
+from spotrl_runtime.training.group import CaptureRefusedError
 
 log = logging.getLogger("spotrl.controller")
 
@@ -124,8 +125,9 @@ class Controller:
             t.start()
         try:
             finished = self._train_loop()
-            if finished:
-                self._periodic_cut("final").done.result()  # the trained policy, safe in storage
+            final = self._periodic_cut("final") if finished else None
+            if final is not None:
+                final.done.result()  # the trained policy, safe in storage
                 for sink in self.options.sinks:
                     sink.on_finished(self.owners.trainer_step)
                 return EXIT_OK
@@ -189,8 +191,8 @@ class Controller:
             for sink in self.options.sinks:
                 sink.on_step(owners.trainer_step, entry)
             # Not once a barrier was asked for while this step trained: the barrier's cut holds
-            # it, and a trainer group keeps only its newest capture (a periodic one taken now
-            # would replace the barrier's before it is written).
+            # it (and should one be captured after this check, a trainer group refuses the
+            # periodic capture rather than replace the barrier's).
             if (
                 every_steps
                 and owners.trainer_step % every_steps == 0
@@ -284,10 +286,17 @@ class Controller:
         barrier: no step follows): nothing is copied, the writer reads the live tensors."""
         return self.trainer.snapshot({"model": self.spec.policy.model}, last=last)
 
-    def _periodic_cut(self, reason: str) -> _CutJob:
+    def _periodic_cut(self, reason: str) -> _CutJob | None:
         """Captures now, on the trainer thread, so the cut lands exactly on this step boundary;
-        the cut-writer thread writes the files while training goes on."""
-        job = _CutJob(CutRequest.periodic(reason), snapshot=self.owners.capture(self._trainer_state))
+        the cut-writer thread writes the files while training goes on. None when a trainer
+        group refused it: a barrier captured since holds this step (and is the last word)."""
+        failpoint("cut.periodic", self.owners.trainer_step)
+        try:
+            snapshot = self.owners.capture(self._trainer_state)
+        except CaptureRefusedError as err:
+            log.info("periodic cut (%s) not taken: %s", reason, err)
+            return None
+        job = _CutJob(CutRequest.periodic(reason), snapshot=snapshot)
         self._last_cut_time = time.monotonic()
         self._cuts.put(job)
         return job

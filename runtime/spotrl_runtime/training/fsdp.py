@@ -71,6 +71,8 @@ class TrainerRank:
         self.trainer: Any = None
         self._ckpt_group: Any = None
         self._captured: dict[str, Any] = {}
+        self._barrier_token: str | None = None
+        """The token of a barrier's capture: while it is held, a periodic capture is refused."""
         self._lock = threading.Lock()
         self._storages: dict[str, Any] = {}
 
@@ -160,16 +162,25 @@ class TrainerRank:
 
     # ------------------------------------------------------------------ cuts
 
-    def capture(self) -> str:
+    def capture(self, last: bool = False) -> str:
         """Copies this rank's shards (model and optimizer) for a cut; the step may go on. The token
-        names the copy for :meth:`save` (a capture that is never saved is dropped by the next)."""
+        names the copy for :meth:`save`. A rank keeps one copy: a new capture drops an unsaved
+        periodic one, but never a barrier's (``last``): a periodic capture is then refused with
+        :class:`~spotrl_runtime.training.group.CaptureRefusedError` (the barrier's cut holds
+        everything it would)."""
         from spotrl_runtime.checkpoint.sharded import capture_sharded
+        from spotrl_runtime.training.group import CaptureRefusedError
 
         with self._lock:
+            if not last and self._barrier_token in self._captured:
+                raise CaptureRefusedError(
+                    f"rank {self.rank} holds the barrier's capture {self._barrier_token}, not yet written"
+                )
             state = capture_sharded(self.trainer.model, self.trainer.optimizer)
-        token = uuid.uuid4().hex
-        self._captured = {token: state}  # only the newest capture is kept
-        return token
+            token = uuid.uuid4().hex
+            self._captured = {token: state}
+            self._barrier_token = token if last else None
+            return token
 
     def save(self, token: str, storage_uri: str, folder: str, seconds_left: float | None) -> list[Any]:
         """Writes the captured shards into ``folder`` of the store (every rank at once, through

@@ -42,6 +42,12 @@ class TrainerGroupError(RuntimeError):
     """The group could not start; the message says what to change."""
 
 
+class CaptureRefusedError(RuntimeError):
+    """A periodic capture was refused: a rank holds a barrier's capture not yet written, and a
+    rank keeps one capture (its shards' copy), so the periodic one would replace it. The
+    barrier's cut holds every step the periodic one would: skip it."""
+
+
 class TrainerGroup:
     """See the module docstring. Start it with :meth:`start` (blocking until every rank is up)."""
 
@@ -219,11 +225,18 @@ class TrainerGroup:
     def snapshot(self, meta: Mapping[str, Any], *, last: bool = False) -> Any:
         """Captures every rank's shards now (call it between steps, under the cut's lock); the
         returned snapshot's ``write`` has every rank write them, later, into the cut's folder.
-        ``last`` (a barrier) changes nothing here: every rank copies its shards either way."""
+        Every rank copies its shards either way; ``last`` (a barrier) marks the copy as one no
+        periodic capture may replace before it is written (:class:`CaptureRefusedError`)."""
         from spotrl_runtime.checkpoint.sharded import DCP_FORMAT
         from spotrl_runtime.checkpoint.trainer_state import ShardedTrainerSnapshot
 
-        tokens = self._get([a.capture.remote() for a in self._actors])
+        try:
+            tokens = self._get([a.capture.remote(last) for a in self._actors])
+        except Exception as err:
+            cause = getattr(err, "cause", None)  # a rank's exception arrives wrapped by Ray
+            if isinstance(cause, CaptureRefusedError):
+                raise CaptureRefusedError(str(cause)) from None
+            raise
         actors = list(self._actors)
 
         def write(storage: Any, folder: str, deadline: Any) -> list[Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_runs import Runs, audit, newest_cut, stop, stream, wait_for
+from controller_runs import Runs, audit, newest_cut, stream, wait_for
 
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.controller.loop import EXIT_RANK_LOST
@@ -67,20 +67,32 @@ def test_a_run_resharded_2_to_1_to_2_to_3_ranks_trains_the_baseline(
 
 
 @pytest.mark.s3
-def test_sigterm_mid_step_with_two_ranks_cuts_both_to_s3_and_one_process_resumes(
+def test_a_periodic_capture_after_the_barriers_is_refused_and_the_barrier_cut_goes_to_s3(
     runs: Runs, baseline: list[tuple[int, list[int]]], s3_bucket: Any, tmp_path: Path
 ) -> None:
-    """SIGTERM while step 6 trains: the barrier cut holds every trained step, its shards go to
-    S3 straight from both ranks, and a single-process trainer (strategy single) reads them back
-    (a job may drop FSDP when its policy fits again): nothing is lost or trained twice."""
+    """The race a drain once lost: step 4 is trained and its periodic cut is about to be
+    captured when SIGTERM asks for a barrier; the barrier's capture is taken first, then the
+    periodic one arrives. A rank keeps one capture, so it must refuse the periodic one rather
+    than replace the barrier's (which then had nothing to write: BarrierFailed). The barrier cut
+    holds every trained step, its shards go to S3 straight from both ranks, and a single-process
+    trainer (strategy single) reads them back: nothing is lost or trained twice."""
     uri, marks = f"s3://{s3_bucket.bucket}/fsdp", tmp_path / "marks"
     marks.mkdir()
-    env = {**s3_bucket.env(), "SPOTRL_FAILPOINTS": "train.step@6=3", "SPOTRL_FAILPOINT_DIR": str(marks)}
+    points = "cut.periodic@4=120,cut.captured=120"
+    env = {**s3_bucket.env(), "SPOTRL_FAILPOINTS": points, "SPOTRL_FAILPOINT_DIR": str(marks)}
     proc = runs.start(runs.job(fsdp(2)), uri, **env)
-    wait_for(lambda: (marks / "train.step").exists(), 300, "step 6", proc)
-    rc = stop(proc, signal.SIGTERM)
+    wait_for(lambda: (marks / "cut.periodic").exists(), 300, "step 4's periodic cut", proc)
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: (marks / "cut.captured").exists(), 60, "the barrier's capture", proc)
+    (marks / "cut.periodic.release").touch()  # the periodic capture now comes after the barrier's
+    refused = "periodic cut (every 4 steps) not taken: rank"
+    wait_for(lambda: refused in runs.log_of(proc), 60, "the periodic capture refused", proc)
+    (marks / "cut.captured.release").touch()
+    rc = proc.wait(timeout=120)
     log = runs.log_of(proc)
     assert rc == 143, log
+    assert re.search(r"barrier cut \S+ committed at step 4 ", log), log
+    assert "no captured state" not in log, log
     store = S3Storage(
         s3_bucket.bucket,
         "fsdp",
@@ -92,11 +104,11 @@ def test_sigterm_mid_step_with_two_ranks_cuts_both_to_s3_and_one_process_resumes
     from spotrl_runtime.checkpoint.layout import newest_committed
 
     cut_id = newest_committed(store)
-    assert cut_id is not None
+    assert cut_id is not None, log
     manifest = manifest_of(store, cut_id)
     assert manifest["kind"] == "barrier", manifest["kind"]
     trained = len(AuditStore(store).documents())
-    assert manifest["trainer_step"] == trained, "the barrier holds every step trained"
+    assert manifest["trainer_step"] == trained == 4, "the barrier holds every step trained"
     files = shards(manifest)
     assert {re.search(r"__(\d+)_", f["path"]).group(1) for f in files if "distcp" in f["path"]} == {"0", "1"}, files  # type: ignore[union-attr]
     for f in files:  # every shard the manifest names is there, with its size
