@@ -7,8 +7,9 @@ from its last cuts: :mod:`spotrl_runtime.core.cut_estimate`). The shortest windo
 ``signals.deadlineCaps``, whichever is shorter: any of those notices may come. When the
 estimate does not fit, condition ``BarrierAtRisk`` is True, with the estimate, the window,
 what an abrupt loss would then cost and what would fit, and a Warning Event
-``BarrierAtRisk`` says so once; when it fits again the condition turns False with an Event
-``BarrierFits``.
+``BarrierAtRisk`` says so once; when it fits again, with room to spare (a smaller share of
+the window: an estimate at the edge does not flip it on every cut), the condition turns
+False with an Event ``BarrierFits``.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def _estimate(e: CutEstimateStatus) -> CutEstimate:
 
 
 def assess_job(b: Builder) -> Assessment | None:
-    """The assessment of the job's published estimate (None: no estimate yet)."""
+    """The assessment of the job's published estimate (None: no estimate yet), with the
+    stricter bar of a job already at risk."""
     if b.st.cut_estimate is None:
         return None
     ckpt = b.world.spec.checkpoint
@@ -54,6 +56,7 @@ def assess_job(b: Builder) -> Assessment | None:
         every_steps=ckpt.every_steps,
         every_seconds=ckpt.every_seconds,
         window_source=source,
+        was_at_risk=b.has_condition(CONDITION),
     )
 
 
@@ -61,10 +64,10 @@ def tend_barrier_risk(b: Builder) -> None:
     """Sets ``BarrierAtRisk`` from the estimate; an Event on each change of its value."""
     if b.st.phase in ("Succeeded", "Failed"):
         return
+    was = b.has_condition(CONDITION)
     a = assess_job(b)
     if a is None:
         return
-    was = b.has_condition(CONDITION)
     if a.at_risk:
         if not was:
             b.event("Warning", "BarrierAtRisk", a.message)

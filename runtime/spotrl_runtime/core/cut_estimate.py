@@ -31,6 +31,11 @@ HEADROOM = 0.8
 """A barrier fits when its estimate is within this share of the window: the rest is for the
 operator's request, the controller's answer and a cut slower than the last ones."""
 
+CLEAR_HEADROOM = 0.7
+"""A job at risk fits again only when its estimate is within this (smaller) share of the
+window: an estimate hovering at :data:`HEADROOM` does not flip the condition, and send an
+Event, on every cut."""
+
 BUSY_RISK = 0.1
 """A barrier that finds a periodic cut being written waits for it. When the cut writer is busy
 with periodic cuts this share of the time or more, a barrier is judged on that wait too."""
@@ -151,7 +156,13 @@ def busy_share(est: CutEstimate, every_steps: int, every_seconds: int) -> float 
 
 
 def assess(
-    est: CutEstimate, window_seconds: float, *, every_steps: int, every_seconds: int, window_source: str = ""
+    est: CutEstimate,
+    window_seconds: float,
+    *,
+    every_steps: int,
+    every_seconds: int,
+    window_source: str = "",
+    was_at_risk: bool = False,
 ) -> Assessment:
     """Whether a barrier cut of ``est`` fits ``window_seconds`` (the shortest deadline the
     job may get; ``window_source`` says whose it is), and if not, what an abrupt loss would
@@ -159,10 +170,12 @@ def assess(
 
     One writer writes every cut, so a barrier that arrives while a periodic cut is being
     written waits for it: up to two cuts' time. That counts when the writer is busy at
-    least :data:`BUSY_RISK` of the time."""
-    budget = window_seconds * HEADROOM
+    least :data:`BUSY_RISK` of the time. A job that ``was_at_risk`` is judged against
+    :data:`CLEAR_HEADROOM` of the window instead of :data:`HEADROOM` (hysteresis)."""
+    share = CLEAR_HEADROOM if was_at_risk else HEADROOM
+    budget = window_seconds * share
     whose = f" ({window_source})" if window_source else ""
-    window = f"{budget:.1f} s ({HEADROOM:.0%}) of the shortest barrier window, {window_seconds:g} s{whose}"
+    window = f"{budget:.1f} s ({share:.0%}) of the shortest barrier window, {window_seconds:g} s{whose}"
     what = (
         f"a barrier cut is estimated at {est.seconds:.1f} s ({_mb(est.bytes)} at {_mb(est.bytes_per_second)}/s "
         f"+ {est.overhead_seconds:.1f} s fixed, from the last {est.based_on_cuts} cut(s))"
