@@ -227,10 +227,14 @@ class Controller:
             if self._parked.is_set():
                 # A barrier is this controller's last word: nothing generated from now on can
                 # reach a cut (the cut holds the groups in flight as ADMITTED, to be sent again
-                # after the resume). Stopping the workers now gives their CPUs (a weight load,
-                # a generation) to the barrier's writer.
-                pool.shutdown()
-                log.info("parked: generation workers stopped (%d groups in flight stay in the ledger)", len(inflight))
+                # after the resume). Pausing the workers now gives their CPUs (a weight load,
+                # a generation) to the barrier's writer; they are killed when the run stops.
+                paused = pool.freeze()
+                log.info(
+                    "parked: generation paused (%d local worker(s) stopped; %d groups in flight stay in the ledger)",
+                    len(paused),
+                    len(inflight),
+                )
                 return
             latest = None
             while not self._weights.empty():

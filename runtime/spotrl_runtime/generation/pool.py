@@ -26,7 +26,11 @@ controller's loop.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
+import socket
 import threading
 import time
 from collections import deque
@@ -82,6 +86,16 @@ class _Worker:
     """What the worker's probe answered (host, pid ...)."""
 
 
+def _is_worker_process(pid: int) -> bool:
+    """Whether ``pid`` here is a generation worker's process (Ray names an actor's process
+    ``ray::<class>``)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f"ray::{GenerationWorker.__name__}".encode() in f.read()
+    except OSError:
+        return False
+
+
 class GenerationPool:
     """``num_workers`` :class:`GenerationWorker` actors, fed with group requests in FIFO order."""
 
@@ -125,6 +139,10 @@ class GenerationPool:
         self._outbox: list[GroupOutcome] = []
         self._latest_weights: tuple[Any, int] | None = None
         self._workers: dict[str, _Worker] = {}
+        self._frozen = False
+        """:meth:`freeze` was called: nothing more is sent to a worker."""
+        self._paused: list[int] = []
+        """Pids of the workers :meth:`freeze` paused, for :meth:`shutdown` to kill."""
         with self._lock:
             for i in range(num_workers):
                 worker = _Worker(f"{name}-{i}", None)
@@ -268,8 +286,8 @@ class GenerationPool:
             return len(self._queue)
 
     def workers(self) -> list[dict[str, Any]]:
-        """Per worker: id, alive, ready, host, confirmed weight version, restarts, groups
-        generated and lost."""
+        """Per worker: id, alive, ready, host, pid, paused (:meth:`freeze`), confirmed weight
+        version, restarts, groups generated and lost."""
         with self._lock:
             return [
                 {
@@ -278,6 +296,8 @@ class GenerationPool:
                     "ready": w.ready,
                     "host": w.info.get("host"),
                     "node_ip": w.info.get("node_ip"),
+                    "pid": w.info.get("pid"),
+                    "paused": w.info.get("pid") in self._paused,
                     "weight_version": w.weight_version,
                     "restarts": w.restarts,
                     "generated": w.generated,
@@ -293,11 +313,37 @@ class GenerationPool:
         with self._lock:
             return self._workers[worker_id].actor
 
+    def freeze(self) -> list[int]:
+        """Takes the workers' CPU away at once, for a barrier's writer: a worker in this process's
+        host (its pid namespace) is paused (SIGSTOP), not killed: a kill would have it, and Ray,
+        tear down its gigabytes beside the writer. Nothing is sent to any worker from now on;
+        :meth:`shutdown` ends them. Returns the pids paused."""
+        with self._lock:
+            self._frozen = True
+            self._queue.clear()
+            host = socket.gethostname()
+            for w in self._workers.values():
+                pid = w.info.get("pid")
+                if w.alive and w.info.get("host") == host and isinstance(pid, int) and pid not in self._paused:
+                    if not _is_worker_process(pid):
+                        continue  # the same host name, another pid namespace: not ours to stop
+                    try:
+                        os.kill(pid, signal.SIGSTOP)
+                    except ProcessLookupError:
+                        continue
+                    self._paused.append(pid)
+            return list(self._paused)
+
     def shutdown(self) -> None:
-        """Kills every worker actor. Groups in flight are abandoned (not reported)."""
+        """Kills every worker actor (a paused one at once, with SIGKILL). Groups in flight are
+        abandoned (not reported)."""
         import ray
 
         with self._lock:
+            for pid in self._paused:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self._paused.clear()
             for w in self._workers.values():
                 if w.alive:
                     ray.kill(w.actor, no_restart=True)
@@ -319,6 +365,8 @@ class GenerationPool:
         worker.calls.add(probe)
 
     def _dispatch(self) -> None:
+        if self._frozen:
+            return
         live = [w for w in self._workers.values() if w.alive and w.ready]
         while self._queue and live:
             worker = min(live, key=lambda w: len(w.calls))
@@ -333,7 +381,7 @@ class GenerationPool:
                 self._assigned[gid] = worker.worker_id
 
     def _send_load(self, worker: _Worker) -> Any:
-        if self._latest_weights is None:
+        if self._latest_weights is None or self._frozen:
             return None
         refs, version = self._latest_weights
         call_ref = worker.actor.load_weights.remote(version, *refs)

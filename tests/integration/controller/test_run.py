@@ -14,6 +14,15 @@ from controller_runs import Runs, audit, newest_cut, stop, wait_for
 pytestmark = pytest.mark.slow
 
 
+def process_state(pid: int) -> str | None:
+    """A process's state letter (R, S, T: stopped, Z: dead, not yet reaped), None when gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
 def test_a_short_run_learns(baseline: list[tuple[int, list[int]]], runs: Runs) -> None:
     rewards = [d["reward"] for d in audit(runs.base / "baseline")]
     assert len(rewards) == 16
@@ -59,9 +68,13 @@ def test_metrics_and_a_barrier_over_http(runs: Runs, tmp_path: Path) -> None:
     status = json.loads(urllib.request.urlopen(f"{base}/status", timeout=10).read())
     assert status["parked"] is True
     assert status["step"] == cut_step
-    # A barrier is the controller's last word: its generation workers are stopped at once, and
-    # their CPUs (or GPUs) go to the cut.
-    assert [w["alive"] for w in status["generation_workers"]] == [False] * len(status["generation_workers"])
+    # A barrier is the controller's last word: its generation workers are paused at once (their
+    # CPUs go to the cut, and nothing is torn down beside it), and killed when the run stops.
+    workers = status["generation_workers"]
+    assert [w["paused"] for w in workers] == [True] * len(workers)
+    assert [process_state(w["pid"]) for w in workers] == ["T"] * len(workers), "stopped (SIGSTOP)"
     assert stop(proc, signal.SIGTERM) == 143
+    gone = lambda: all(process_state(w["pid"]) in (None, "Z") for w in workers)  # noqa: E731
+    wait_for(gone, 30, "the paused workers killed with the run")
     assert newest_cut(storage)[0] == cut_id
     assert max(d["step"] for d in audit(storage)) == cut_step - 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -226,6 +227,46 @@ def test_a_killed_worker_loses_its_groups_and_the_other_finishes_them(ray_sessio
         assert states["gen-1"]["alive"] is True
     finally:
         pool.shutdown()
+
+
+def process_state(pid: int) -> str | None:
+    """A process's state letter (T: stopped, Z: dead, not yet reaped), None when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def test_a_frozen_pool_pauses_its_local_workers_sends_nothing_and_shutdown_kills_them(ray_session: Any) -> None:
+    """What a barrier does to generation: the worker stops taking CPU at once (SIGSTOP, no
+    teardown beside the cut's writer), nothing more reaches it, and it dies with the pool."""
+    pool = GenerationPool(SPEC, num_workers=1, max_restarts=0, actor_options=OPTIONS)
+    try:
+        pool.wait_ready()
+        (worker,) = pool.workers()
+        pid = worker["pid"]
+        assert process_state(pid) in ("R", "S"), "running before"
+        pool.submit(requests(0, 2, n=64, max_new_tokens=48, temperature=3.0))
+        assert pool.in_flight() == 2
+        assert pool.freeze() == [pid]
+        until(lambda: process_state(pid) == "T", "the worker stopped")  # a signal lands when it is scheduled
+        assert pool.workers()[0]["paused"] is True
+        pool.submit(requests(10, 2))
+        assert pool.update_weights(perturbed_weights(5), version=3) is True
+        time.sleep(0.5)
+        assert pool.in_flight() == 2, "nothing more was sent"
+        assert process_state(pid) == "T", "still paused"
+        assert pool.freeze() == [pid], "idempotent"
+    finally:
+        pool.shutdown()
+    until(lambda: process_state(pid) in (None, "Z"), "the worker killed")
+
+
+def until(predicate: Any, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def test_a_lost_worker_is_replaced_and_loads_the_newest_weights(ray_session: Any) -> None:
