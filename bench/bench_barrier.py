@@ -11,7 +11,10 @@ Then, in this process and on the same disk, the cut writer alone on the same sta
 was (the weights in one file, hashed then written) and as it is (the weights in parts
 written side by side, each hashed while it is written).
 
-    python bench/bench_barrier.py [--policies tiny,100m]
+Each policy's run is preempted ``--repeat`` times (a fresh `spotrl run` each time); the
+table gives the median and the range.
+
+    python bench/bench_barrier.py [--policies tiny,100m] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -168,6 +171,7 @@ def writer_alone(state: dict[str, Any], work: Path) -> dict[str, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policies", default="tiny,100m")
+    ap.add_argument("--repeat", type=int, default=5, help="preemptions per policy (a fresh run each)")
     ap.add_argument(
         "--delay",
         type=float,
@@ -179,23 +183,29 @@ def main() -> int:
     for name in args.policies.split(","):
         with tempfile.TemporaryDirectory(prefix=f"bench-barrier-{name}-") as tmp:
             work = Path(tmp)
-            cut_s, writer_s, cut_bytes = barrier_seconds(POLICIES[name], work, args.delay)
-            state = trainer_state(work)
+            samples = []
+            for i in range(max(1, args.repeat)):
+                one = work / f"run-{i}"
+                one.mkdir()
+                samples.append(barrier_seconds(POLICIES[name], one, args.delay))
+            state = trainer_state(one)
             plain_s, plain_bytes = plain_save_seconds(state, work)
             alone = writer_alone(state, work)
-        rows.append((name, cut_s, writer_s, cut_bytes, plain_s, plain_bytes, alone))
+        cuts, writers = [c for c, _, _ in samples], [w for _, w, _ in samples]
+        rows.append((name, cuts, writers, samples[-1][2], plain_s, plain_bytes, alone))
     print(
-        f"{'policy':8} {'SIGTERM→cut s':>14} {'cut writer s':>13} {'cut MB':>8} {'torch.save s':>13} "
+        f"{'policy':8} {'SIGTERM→cut s':>14} {'range':>11} {'cut writer s':>13} {'cut MB':>8} {'torch.save s':>13} "
         f"{'save MB':>8} {'ratio':>6} {'writer ratio':>13}"
     )
-    for name, cut_s, writer_s, cut_b, plain_s, plain_b, _ in rows:
+    for name, cuts, writers, cut_b, plain_s, plain_b, _ in rows:
+        cut_s, writer_s = statistics.median(cuts), statistics.median(writers)
         print(
-            f"{name:8} {cut_s:14.2f} {writer_s:13.2f} {cut_b / 1e6:8.1f} {plain_s:13.2f} {plain_b / 1e6:8.1f} "
-            f"{cut_s / plain_s:6.2f} {writer_s / plain_s:13.2f}"
+            f"{name:8} {cut_s:14.2f} {f'{min(cuts):.2f}-{max(cuts):.2f}':>11} {writer_s:13.2f} {cut_b / 1e6:8.1f} "
+            f"{plain_s:13.2f} {plain_b / 1e6:8.1f} {cut_s / plain_s:6.2f} {writer_s / plain_s:13.2f}"
         )
     print(
-        "ratio: SIGTERM→cut / torch.save+fsync of the same state (goal <= 1.5); writer ratio: the cut writer's "
-        "own time (capture to commit, from the run's log) / the same"
+        f"medians of {args.repeat} preemptions; ratio: SIGTERM→cut / torch.save+fsync of the same state (goal <= 1.5); "
+        "writer ratio: the cut writer's own time (capture to commit, from the run's log) / the same"
     )
     head = f"{'writer alone, before (one file) s':>34} {'after (parts) s':>16} {'before ratio':>13} {'after ratio':>12}"
     print(f"\n{'policy':8} {head}")
