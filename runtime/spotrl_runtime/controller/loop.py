@@ -51,6 +51,7 @@ from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation import GroupFailed, GroupGenerated, GroupLost
 from spotrl_runtime.generation.rollouts import encode_prompt, make_request, score_group
 from spotrl_runtime.training.group import CaptureRefusedError
+from spotrl_runtime.training.trainer import StepInterruptedError
 
 log = logging.getLogger("spotrl.controller")
 
@@ -164,7 +165,13 @@ class Controller:
             groups = owners.begin_step()
             try:
                 failpoint("train.step", owners.trainer_step)
-                metrics = trainer.train_step(groups)
+                # A barrier interrupts the step (between micro-batches: it waits for one, not
+                # for the whole step); the step's groups stay in the replay buffer, in the cut.
+                metrics = trainer.train_step(groups, interrupted=self._parked.is_set)
+            except StepInterruptedError as err:
+                owners.abort_step()
+                log.info("%s: a barrier came; its groups stay in the replay buffer", err)
+                return False
             except Exception:
                 owners.abort_step()
                 raise

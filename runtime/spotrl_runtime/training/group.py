@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from spotrl_runtime.core.types import FinishedGroup
@@ -190,8 +190,12 @@ class TrainerGroup:
 
     # ------------------------------------------------------------------ the step
 
-    def train_step(self, groups: Sequence[FinishedGroup]) -> dict[str, float]:
-        """One optimizer step over every rank; the metrics a single process would report."""
+    def train_step(
+        self, groups: Sequence[FinishedGroup], interrupted: Callable[[], bool] | None = None
+    ) -> dict[str, float]:
+        """One optimizer step over every rank; the metrics a single process would report.
+        ``interrupted`` is not asked: the ranks must run the same passes, so a barrier waits
+        for the group's step to end (the single process's stops between micro-batches)."""
         started = time.monotonic()
         plan = step_rows(groups)
         shares = split_rows(plan, self.world)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +63,12 @@ class TrainerConfig:
         )
 
 
+class StepInterruptedError(Exception):
+    """:meth:`Trainer.train_step` was asked to stop (a barrier came) before its optimizer step:
+    nothing of the step was applied (weights, optimizer, step count and RNG are as before it),
+    and its groups are trained by a later step."""
+
+
 class Trainer:
     """GRPO on a transformers causal LM. ``step`` counts optimizer steps taken (= weight version)."""
 
@@ -95,16 +101,33 @@ class Trainer:
 
     # ------------------------------------------------------------------ the step
 
-    def train_step(self, groups: Sequence[FinishedGroup]) -> dict[str, float]:
+    def train_step(
+        self, groups: Sequence[FinishedGroup], interrupted: Callable[[], bool] | None = None
+    ) -> dict[str, float]:
         """One optimizer step on ``groups``; returns its metrics.
 
         Groups whose rewards are all equal contribute nothing (zero advantage). If no group
         contributes, the weights stay as they are but the step still counts, so the weight
         version keeps matching the step number.
+
+        ``interrupted`` is asked between micro-batches and before the optimizer step: once it
+        says yes, the step stops there with :class:`StepInterruptedError`, having changed nothing
+        (a barrier then waits one micro-batch, not a whole step).
         """
+        from spotrl_runtime.checkpoint.trainer_state import capture_rng, restore_rng
+
         started = time.monotonic()
+        rng = capture_rng() if interrupted is not None else None
         self.optimizer.zero_grad(set_to_none=True)
-        metrics = self.compute_gradients(groups)
+        try:
+            metrics = self.compute_gradients(groups, interrupted)
+            if interrupted is not None and interrupted():
+                raise StepInterruptedError(f"step {self.step} interrupted before its optimizer step")
+        except StepInterruptedError:
+            self.optimizer.zero_grad(set_to_none=True)
+            if rng is not None:
+                restore_rng(rng)  # a dropout's draws are made again when the step is
+            raise
         lr = self.learning_rate_at(self.step)
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = lr
@@ -119,23 +142,32 @@ class Trainer:
         metrics.update(grad_norm=grad_norm, learning_rate=lr, step=float(self.step), seconds=time.monotonic() - started)
         return metrics
 
-    def compute_gradients(self, groups: Sequence[FinishedGroup]) -> dict[str, float]:
+    def compute_gradients(
+        self, groups: Sequence[FinishedGroup], interrupted: Callable[[], bool] | None = None
+    ) -> dict[str, float]:
         """Accumulates the step's loss gradient into ``.grad`` (no optimizer step) and returns the
         loss metrics. Each micro-batch's loss sum is divided by the step's token count, so the
         gradient is the same whatever ``micro_batch_size`` is."""
         plan = step_rows(groups)
-        sums = self.accumulate(plan.rows, plan.tokens)
+        sums = self.accumulate(plan.rows, plan.tokens, interrupted=interrupted)
         return step_metrics(plan, sums)
 
     def accumulate(
-        self, rows: Sequence[Row], total_tokens: int, *, micro_batches: int | None = None, loss_scale: float = 1.0
+        self,
+        rows: Sequence[Row],
+        total_tokens: int,
+        *,
+        micro_batches: int | None = None,
+        loss_scale: float = 1.0,
+        interrupted: Callable[[], bool] | None = None,
     ) -> LossSums:
         """Backward passes over ``rows`` in micro-batches, each micro-batch's loss sum divided by
         ``total_tokens`` (the whole step's, over every rank) and multiplied by ``loss_scale``.
 
         ``micro_batches`` pads the count with passes that contribute nothing: with FSDP every rank
         must run as many forward/backward passes (each one gathers parameters with the others),
-        whatever its share of the step's rows.
+        whatever its share of the step's rows. ``interrupted``: asked before each micro-batch
+        (:class:`StepInterruptedError`); one process only, since ranks must run the same passes.
         """
         mb = self.config.micro_batch_size
         chunks = [rows[start : start + mb] for start in range(0, len(rows), mb)]
@@ -143,7 +175,9 @@ class Trainer:
         sums = LossSums()
         self.model.train()
         try:
-            for chunk in chunks:
+            for i, chunk in enumerate(chunks):
+                if interrupted is not None and interrupted():
+                    raise StepInterruptedError(f"step {self.step} interrupted after {i} of {len(chunks)} micro-batches")
                 terms = self._micro_batch(chunk)
                 (terms.loss_sum * (loss_scale / total_tokens)).backward()
                 sums.add(terms)

@@ -186,3 +186,50 @@ def test_config_from_the_rljob_spec() -> None:
     assert config.temperature == 0.9
     assert config.clip_epsilon == 0.2
     assert TrainerConfig.from_rljob(SimpleNamespace(training=spec.training, generation=spec.generation)) == config
+
+
+def _with_dropout() -> torch.nn.Module:
+    """The small Llama with attention dropout: a step draws from the RNG."""
+    model = small_llama()
+    for m in model.modules():
+        if hasattr(m, "attention_dropout"):
+            m.attention_dropout = 0.5
+    return model
+
+
+@pytest.mark.parametrize("after", [0, 2, 3])
+def test_an_interrupted_step_changes_nothing_and_is_then_taken_as_if_never_begun(
+    groups: list[FinishedGroup], after: int
+) -> None:
+    """A barrier interrupts a step between micro-batches (``after`` of 3 done, the flat group
+    contributing none; 3: just before the optimizer step). Weights, optimizer, step count and
+    RNG are as before it, so the step taken later is bit for bit the one an uninterrupted
+    trainer takes."""
+    config = TrainerConfig(learning_rate=1e-2, micro_batch_size=4, seed=5)
+    reference = Trainer(_with_dropout(), config)
+    reference.train_step(groups[:2])
+    expected_metrics = reference.train_step(groups)
+    expected = _params(reference.model)
+
+    trainer = Trainer(_with_dropout(), config)
+    trainer.train_step(groups[:2])
+    before, rng = _params(trainer.model), torch.get_rng_state()
+    asked = []
+
+    def interrupted() -> bool:
+        asked.append(1)
+        return len(asked) > after
+
+    from spotrl_runtime.training.trainer import StepInterruptedError
+
+    with pytest.raises(StepInterruptedError, match="step 1 interrupted"):
+        trainer.train_step(groups, interrupted)
+    assert len(asked) == after + 1
+    assert trainer.step == 1
+    _assert_same(before, _params(trainer.model))
+    assert _grads(trainer.model) == {}
+    assert torch.equal(torch.get_rng_state(), rng)
+    metrics = trainer.train_step(groups)
+    _assert_same(expected, _params(trainer.model))
+    assert metrics["loss"] == expected_metrics["loss"]
+    assert trainer.step == 2
