@@ -50,7 +50,7 @@ from spotrl_runtime.core.types import Rollout
 from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation import GroupFailed, GroupGenerated, GroupLost
 from spotrl_runtime.generation.rollouts import encode_prompt, make_request, score_group
-from spotrl_runtime.training.group import CaptureRefusedError
+from spotrl_runtime.training.group import CaptureRefusedError, TrainerGroup
 from spotrl_runtime.training.trainer import StepInterruptedError
 
 log = logging.getLogger("spotrl.controller")
@@ -106,8 +106,9 @@ class Controller:
         self.history: list[dict[str, Any]] = []
         """One entry per step this process trained: step, reward, seconds ..."""
         self.cuts: list[CutInfo] = []
-        self.cut_estimator = CutEstimator()
-        """A barrier cut's seconds, estimated from this controller's committed cuts."""
+        self.cut_estimator = CutEstimator(waits_for_step=isinstance(self.trainer, TrainerGroup))
+        """A barrier cut's seconds, estimated from this controller's committed cuts (with a
+        trainer group, the step a barrier waits for)."""
 
     # ================================================================== run
 

@@ -71,12 +71,15 @@ class CutEstimate:
 
 
 class CutEstimator:
-    """A running estimate over the last :data:`RECENT_CUTS` committed cuts."""
+    """A running estimate over the last :data:`RECENT_CUTS` committed cuts. ``waits_for_step``:
+    a barrier waits for a running optimizer step to end (a trainer group's ranks must finish
+    it; one process stops it between micro-batches), so a step's seconds count as fixed."""
 
-    def __init__(self, recent: int = RECENT_CUTS):
+    def __init__(self, recent: int = RECENT_CUTS, *, waits_for_step: bool = False):
         if recent < 1:
             raise ValueError("recent must be at least 1")
         self._cuts: deque[CutSample] = deque(maxlen=recent)
+        self.waits_for_step = waits_for_step
 
     def add_cut(
         self, *, kind: str, bytes: int, seconds: float, timings: Mapping[str, float], step: int, at: float
@@ -89,11 +92,12 @@ class CutEstimator:
         return self.estimate()
 
     def estimate(self) -> CutEstimate | None:
-        return estimate(list(self._cuts))
+        return estimate(list(self._cuts), waits_for_step=self.waits_for_step)
 
 
-def estimate(cuts: list[CutSample]) -> CutEstimate | None:
-    """The estimate from ``cuts`` (oldest first); None without a cut that wrote bytes."""
+def estimate(cuts: list[CutSample], *, waits_for_step: bool = False) -> CutEstimate | None:
+    """The estimate from ``cuts`` (oldest first); None without a cut that wrote bytes.
+    ``waits_for_step``: the fixed part includes a step's seconds (once two cuts tell them)."""
     cuts = [c for c in cuts if c.bytes > 0]
     if not cuts:
         return None
@@ -106,6 +110,9 @@ def estimate(cuts: list[CutSample]) -> CutEstimate | None:
     if newest > 0:
         rate = min(rate, cuts[-1].bytes / newest)  # a store that just slowed down counts at once
     overhead = max(max(0.0, c.seconds - c.files_seconds) if c.files_seconds > 0 else 0.0 for c in cuts)
+    step_seconds = _step_seconds(cuts)
+    if waits_for_step and step_seconds:
+        overhead += step_seconds
     size = cuts[-1].bytes
     seconds = overhead + (size / rate if math.isfinite(rate) else 0.0)
     return CutEstimate(
@@ -114,7 +121,7 @@ def estimate(cuts: list[CutSample]) -> CutEstimate | None:
         bytes_per_second=round(rate, 1) if math.isfinite(rate) else 0.0,
         overhead_seconds=round(overhead, 3),
         based_on_cuts=len(cuts),
-        step_seconds=_step_seconds(cuts),
+        step_seconds=step_seconds,
     )
 
 

@@ -158,3 +158,17 @@ def test_every_seconds_counts_for_the_busy_share() -> None:
     a = assess(_est(9.0, step=None), 20, every_steps=0, every_seconds=30)
     assert a.at_risk
     assert a.busy_share == pytest.approx(0.3)
+
+
+def test_a_trainer_group_barrier_waits_for_its_step_so_a_step_counts_as_fixed() -> None:
+    cuts = [(100 * MB, 1.2, 1.0, 5, 100.0), (100 * MB, 1.2, 1.0, 10, 150.0)]  # 10 s a step
+    alone = feed(CutEstimator(), *cuts)
+    group = feed(CutEstimator(waits_for_step=True), *cuts)
+    assert alone is not None
+    assert group is not None
+    assert alone.seconds == pytest.approx(1.2)
+    assert group.overhead_seconds == pytest.approx(0.2 + 10.0)
+    assert group.seconds == pytest.approx(11.2)
+    first = feed(CutEstimator(waits_for_step=True), cuts[0])
+    assert first is not None
+    assert first.seconds == pytest.approx(1.2), "no step time known yet"
