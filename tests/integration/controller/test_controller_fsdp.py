@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_runs import Runs, audit, newest_cut, stream, wait_for
+from controller_runs import Runs, audit, newest_cut, stop, stream, wait_for
 
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.controller.loop import EXIT_RANK_LOST
@@ -67,16 +67,45 @@ def test_a_run_resharded_2_to_1_to_2_to_3_ranks_trains_the_baseline(
 
 
 @pytest.mark.s3
-def test_a_periodic_capture_after_the_barriers_is_refused_and_the_barrier_cut_goes_to_s3(
+def test_barriers_of_two_ranks_to_s3_before_a_periodic_capture_and_mid_step_then_one_process_resumes(
     runs: Runs, baseline: list[tuple[int, list[int]]], s3_bucket: Any, tmp_path: Path
 ) -> None:
-    """The race a drain once lost: step 4 is trained and its periodic cut is about to be
-    captured when SIGTERM asks for a barrier; the barrier's capture is taken first, then the
+    """Two preemptions of a 2-rank group, each a barrier cut whose shards go to S3 straight from
+    both ranks, then a single-process trainer (strategy single) reads the last one back (a job
+    may drop FSDP when its policy fits again): nothing is lost or trained twice.
+
+    The first is the race a drain once lost: step 4 is trained and its periodic cut is about to
+    be captured when SIGTERM asks for a barrier; the barrier's capture is taken first, then the
     periodic one arrives. A rank keeps one capture, so it must refuse the periodic one rather
-    than replace the barrier's (which then had nothing to write: BarrierFailed). The barrier cut
-    holds every trained step, its shards go to S3 straight from both ranks, and a single-process
-    trainer (strategy single) reads them back: nothing is lost or trained twice."""
-    uri, marks = f"s3://{s3_bucket.bucket}/fsdp", tmp_path / "marks"
+    than replace the barrier's (which then had nothing to write). The second comes mid-step
+    (step 6): the ranks finish it, and the barrier holds it."""
+    uri = f"s3://{s3_bucket.bucket}/fsdp"
+    store = S3Storage(
+        s3_bucket.bucket,
+        "fsdp",
+        endpoint_url=s3_bucket.endpoint,
+        region=s3_bucket.region,
+        access_key=s3_bucket.access_key,
+        secret_key=s3_bucket.secret_key,
+    )
+    from spotrl_runtime.checkpoint.layout import newest_committed
+
+    def barrier_of_both_ranks(log: str, step: int) -> str:
+        cut_id = newest_committed(store)
+        assert cut_id is not None, log
+        manifest = manifest_of(store, cut_id)
+        assert manifest["kind"] == "barrier", manifest["kind"]
+        trained = len(AuditStore(store).documents())
+        assert manifest["trainer_step"] == trained == step, "the barrier holds every step trained"
+        files = shards(manifest)
+        assert {re.search(r"__(\d+)_", f["path"]).group(1) for f in files if "distcp" in f["path"]} == {"0", "1"}, files  # type: ignore[union-attr]
+        for f in files:  # every shard the manifest names is there, with its size
+            info = store.head(f"cuts/{cut_id}/{f['path']}")
+            assert info is not None, f
+            assert info.size == f["size"], f
+        return cut_id
+
+    marks = tmp_path / "marks-1"
     marks.mkdir()
     points = "cut.periodic@4=120,cut.captured=120"
     env = {**s3_bucket.env(), "SPOTRL_FAILPOINTS": points, "SPOTRL_FAILPOINT_DIR": str(marks)}
@@ -93,32 +122,22 @@ def test_a_periodic_capture_after_the_barriers_is_refused_and_the_barrier_cut_go
     assert rc == 143, log
     assert re.search(r"barrier cut \S+ committed at step 4 ", log), log
     assert "no captured state" not in log, log
-    store = S3Storage(
-        s3_bucket.bucket,
-        "fsdp",
-        endpoint_url=s3_bucket.endpoint,
-        region=s3_bucket.region,
-        access_key=s3_bucket.access_key,
-        secret_key=s3_bucket.secret_key,
-    )
-    from spotrl_runtime.checkpoint.layout import newest_committed
+    cut_id = barrier_of_both_ranks(log, 4)
 
-    cut_id = newest_committed(store)
-    assert cut_id is not None, log
-    manifest = manifest_of(store, cut_id)
-    assert manifest["kind"] == "barrier", manifest["kind"]
-    trained = len(AuditStore(store).documents())
-    assert manifest["trainer_step"] == trained == 4, "the barrier holds every step trained"
-    files = shards(manifest)
-    assert {re.search(r"__(\d+)_", f["path"]).group(1) for f in files if "distcp" in f["path"]} == {"0", "1"}, files  # type: ignore[union-attr]
-    for f in files:  # every shard the manifest names is there, with its size
-        info = store.head(f"cuts/{cut_id}/{f['path']}")
-        assert info is not None, f
-        assert info.size == f["size"], f
+    marks = tmp_path / "marks-2"
+    marks.mkdir()
+    env = {**s3_bucket.env(), "SPOTRL_FAILPOINTS": "train.step@6=3", "SPOTRL_FAILPOINT_DIR": str(marks)}
+    proc = runs.start(runs.job(fsdp(2)), uri, **env)
+    wait_for(lambda: (marks / "train.step").exists(), 300, "step 6", proc)
+    rc = stop(proc, signal.SIGTERM)
+    log = runs.log_of(proc)
+    assert rc == 143, log
+    assert f"resumed from cut {cut_id} (barrier) at step 4" in log, log
+    cut_id = barrier_of_both_ranks(log, 7)
 
     rc, log = runs.run(runs.job(), uri, **s3_bucket.env())
     assert rc == 0, log
-    assert f"resumed from cut {cut_id} (barrier) at step {trained}" in log, log
+    assert f"resumed from cut {cut_id} (barrier) at step 7" in log, log
     records = AuditStore(store).documents()
     assert sorted(d["step"] for d in records) == [step for step, _ in baseline], "each step trained once"
     assert [(d["step"], d["idxs"]) for d in AuditStore(store).effective()] == baseline
