@@ -140,6 +140,14 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def process_state(pid: int) -> str | None:
+    """A process's state letter (R, S, T: stopped, Z: dead, not yet reaped), None when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
 def ray_processes_on(ip: str) -> list[str]:
     """Live processes of the Ray node bound to ``ip`` ("pid: command line"). Pods and worker
     nodes share this host, each on a loopback address of its own: this is what is left of one."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from spotrl_runtime.checkpoint.trainer_state import capture_rng, restore_rng
 from spotrl_runtime.core.types import FinishedGroup
 from spotrl_runtime.training.grpo import completion_logprobs, token_loss_terms
 from spotrl_runtime.training.rows import LossSums, Row, step_metrics, step_rows
@@ -114,8 +115,6 @@ class Trainer:
         says yes, the step stops there with :class:`StepInterruptedError`, having changed nothing
         (a barrier then waits one micro-batch, not a whole step).
         """
-        from spotrl_runtime.checkpoint.trainer_state import capture_rng, restore_rng
-
         started = time.monotonic()
         rng = capture_rng() if interrupted is not None else None
         self.optimizer.zero_grad(set_to_none=True)

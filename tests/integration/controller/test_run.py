@@ -11,16 +11,9 @@ from pathlib import Path
 import pytest
 from controller_runs import Runs, audit, newest_cut, stop, wait_for
 
+from spotrl_e2e.procs import process_state
+
 pytestmark = pytest.mark.slow
-
-
-def process_state(pid: int) -> str | None:
-    """A process's state letter (R, S, T: stopped, Z: dead, not yet reaped), None when gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[0]
 
 
 def test_a_short_run_learns(baseline: list[tuple[int, list[int]]], runs: Runs) -> None:

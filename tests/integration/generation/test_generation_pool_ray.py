@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from spotrl_e2e.procs import process_state
 from spotrl_runtime.generation import (
     BackendSpec,
     GenerationRequest,
@@ -227,14 +227,6 @@ def test_a_killed_worker_loses_its_groups_and_the_other_finishes_them(ray_sessio
         assert states["gen-1"]["alive"] is True
     finally:
         pool.shutdown()
-
-
-def process_state(pid: int) -> str | None:
-    """A process's state letter (T: stopped, Z: dead, not yet reaped), None when gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return None
 
 
 def test_a_frozen_pool_pauses_its_local_workers_sends_nothing_and_shutdown_kills_them(ray_session: Any) -> None:
