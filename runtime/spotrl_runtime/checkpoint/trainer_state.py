@@ -3,7 +3,8 @@
 A single-process trainer writes plain ``state_dict``s with ``torch.save`` (format
 ``torch.save/v2``: the weights in parts ``trainer/weights-00001-of-0000N.pt`` of about
 128 MiB each, written side by side, then ``trainer/optimizer.pt``, ``trainer/rng.pt``;
-``torch.save/v1``, one ``trainer/weights.pt``, is still read). A
+``torch.save/v1``, one ``trainer/weights.pt``, is still read), without the zip's per-record
+CRC32: each file's sha256 is in the manifest and checked first. A
 trainer group of FSDP2 ranks writes ``dcp/v1`` (:mod:`~spotrl_runtime.checkpoint.sharded`):
 every rank its own shards through ``torch.distributed.checkpoint``, listed in the same
 manifest (roles ``trainer-shard`` and ``trainer-shard-index``) as a
