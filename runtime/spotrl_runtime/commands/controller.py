@@ -45,7 +45,7 @@ def _required(name: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from spotrl_runtime.api.rljob import SpecError, parse_rljob
-    from spotrl_runtime.commands.run import controller_options, run_controller
+    from spotrl_runtime.commands.run import controller_options, run_controller, start_ray_early
 
     job_name, namespace = _required("SPOTRL_JOB"), os.environ.get("SPOTRL_NAMESPACE") or "default"
     storage, attempt_text = _required("SPOTRL_STORAGE"), _required("SPOTRL_ATTEMPT")
@@ -68,19 +68,23 @@ def run(args: argparse.Namespace) -> int:
     except SpecError as err:
         raise UsageError(f"RLJob {namespace}/{job_name}: " + "; ".join(f"{p}: {m}" for p, m in err.problems)) from None
     preflight.check_job_inputs(job, f"RLJob {namespace}/{job_name}")
-    options = controller_options(args, job, storage, metrics_host=metrics_host)
-    options.attempt = attempt
     # Ray listens on the pod's IP (worker pods join there); the barrier endpoint does not.
-    options.ray_host = pod_ip or "127.0.0.1"
-    options.on_ready.append(lambda c: bridge.note_start(c.parts.times, c.parts.audit))
-    options.on_ready.append(bridge.start)
     # spec.generation.workerPods: the workers are pods of their own that join this pod's Ray.
-    options.remote_workers = job.spec.generation.worker_pods
-    options.on_ray_head.append(bridge.publish_ray_head)
-    options.sinks.insert(0, bridge)
+    ray_host, remote_workers = pod_ip or "127.0.0.1", job.spec.generation.worker_pods
+    prestart = start_ray_early(args, job, ray_host=ray_host, remote_workers=remote_workers)
     try:
+        options = controller_options(args, job, storage, metrics_host=metrics_host)
+        options.prestart = prestart
+        options.attempt = attempt
+        options.ray_host = ray_host
+        options.remote_workers = remote_workers
+        options.on_ready.append(lambda c: bridge.note_start(c.parts.times, c.parts.audit))
+        options.on_ready.append(bridge.start)
+        options.on_ray_head.append(bridge.publish_ray_head)
+        options.sinks.insert(0, bridge)
         # A port taken in the pod (a sidecar) costs the endpoint, not the run: barriers come
         # through the RLJob, and the warning says what is missing.
         return run_controller(job, options, listeners_required=False)
     finally:
+        prestart.close()  # nothing, once the controller took it
         bridge.stop()

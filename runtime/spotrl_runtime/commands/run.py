@@ -110,12 +110,28 @@ def run(args: argparse.Namespace) -> int:
     preflight.check_listeners(args.http_host, args.http_port, metrics_host, args.metrics_port)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    options = controller_options(args, job, storage, metrics_host=metrics_host)
-    if args.worker_nodes:
-        options.remote_workers = True
-        options.ray_host = args.host or "127.0.0.1"
-        options.on_ray_head.append(_print_join_command)
-    return run_controller(job, options, args.summary_json)
+    ray_host = (args.host or "127.0.0.1") if args.worker_nodes else "127.0.0.1"
+    prestart = start_ray_early(args, job, ray_host=ray_host, remote_workers=args.worker_nodes)
+    try:
+        options = controller_options(args, job, storage, metrics_host=metrics_host)
+        options.prestart = prestart
+        options.remote_workers = args.worker_nodes
+        options.ray_host = ray_host
+        if args.worker_nodes:
+            options.on_ray_head.append(_print_join_command)
+        return run_controller(job, options, args.summary_json)
+    finally:
+        prestart.close()  # nothing, once the controller took it
+
+
+def start_ray_early(args: argparse.Namespace, job: Any, *, ray_host: str, remote_workers: bool) -> Any:
+    """Ray and the generation workers, begun on a thread before the controller's modules are
+    imported (:class:`~spotrl_runtime.controller.prestart.Prestart`); call its ``close`` when done."""
+    from spotrl_runtime.controller.prestart import Prestart
+
+    return Prestart(
+        job.spec, host=ray_host, remote_workers=remote_workers, num_cpus=None, device=lambda: _device(args.device)
+    )
 
 
 def _with_workers(job: Any, workers: int | None) -> Any:

@@ -3,8 +3,9 @@ drives, built and restored before it exists (:func:`assemble`), so that the cont
 every part from its first line on.
 
 Order matters for start-up time: Ray and the generation workers start first (a process each,
-importing torch and loading the policy) while this process opens the storage, loads the
-policy for training and restores the cut.
+importing torch and loading the policy; with ``options.prestart`` already on a thread, beside
+this process's imports: :mod:`~spotrl_runtime.controller.prestart`) while this process opens
+the storage, loads the policy for training and restores the cut, then warms the trainer up.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from spotrl_runtime.checkpoint.resume import SkippedCut, resume_or_start
 from spotrl_runtime.checkpoint.writer import CutWriter
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.controller.control import CutInfo, StatusSink
+from spotrl_runtime.controller.prestart import Prestart
 from spotrl_runtime.core.accounting import RestoreRecord
 from spotrl_runtime.core.owners import Owners, RecoveryConfig
 from spotrl_runtime.data import collate_for, describe_dataset, open_dataset
@@ -83,6 +85,9 @@ class ControllerOptions:
     worker nodes and the number of trainer nodes wanted, once Ray runs, before the controller
     waits for them (e.g. to write ``status.rayHead``)."""
     device: str = "cpu"
+    prestart: Prestart | None = None
+    """Ray and the generation pool, begun before the controller's imports (taken if its
+    settings still match these, else stopped and started again)."""
     sinks: list[StatusSink] = field(default_factory=list)
     on_ready: list[Callable[[Controller], object]] = field(default_factory=list)
     """Called once the run is restored and generation is up, before training starts (e.g.
@@ -156,11 +161,18 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
     by a SIGTERM, ends that wait early). Stops what it started if anything fails."""
     spec = job.spec
     par = spec.training.parallelism
-    ray = start_ray(options.ray_host, options.remote_workers, options.ray_num_cpus, remote_nodes=par.trainer_pods)
     pool: GenerationPool | None = None
+    prestart = options.prestart
+    if prestart is not None and prestart.matches(options.ray_host, options.remote_workers, options.ray_num_cpus):
+        ray, pool = prestart.take()
+    else:
+        if prestart is not None:
+            prestart.close()
+        ray = start_ray(options.ray_host, options.remote_workers, options.ray_num_cpus, remote_nodes=par.trainer_pods)
     trainer: Trainer | TrainerGroup | None = None
     try:
-        pool = generation_pool(spec, options.device, options.remote_workers)
+        if pool is None:
+            pool = generation_pool(spec, options.device, options.remote_workers)
         if options.remote_workers or par.trainer_pods:
             workers = spec.generation.workers if options.remote_workers else 0
             trainers = par.ranks if par.trainer_pods else 0
@@ -210,6 +222,9 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             fence=start.fence,
         )
         pool.update_weights(trainer.policy_state_dict(), trainer.step)
+        if isinstance(trainer, Trainer):
+            # While the workers start (their own processes): the first pass's one-time costs.
+            log.info("trainer warmed up in %.2f s while the generation workers start", trainer.warm_up())
         _wait_for_workers(job, options, pool, stop)
         start_times = StartTimes(process_started_at(), restored_at, time.time())
         if start.restored is not None:

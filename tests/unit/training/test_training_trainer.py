@@ -233,3 +233,32 @@ def test_an_interrupted_step_changes_nothing_and_is_then_taken_as_if_never_begun
     _assert_same(expected, _params(trainer.model))
     assert metrics["loss"] == expected_metrics["loss"]
     assert trainer.step == 2
+
+
+def test_a_warm_up_changes_nothing_and_the_steps_after_it_are_bit_for_bit_the_same(
+    groups: list[FinishedGroup],
+) -> None:
+    """The controller warms its trainer up (a forward and backward pass of dummy rows) while
+    the generation workers start: weights, gradients, optimizer, step count and RNG stay as they
+    were, so the run trains exactly as it would have without it (dropout draws included)."""
+    config = TrainerConfig(learning_rate=1e-2, micro_batch_size=4, seed=5)
+    reference = Trainer(_with_dropout(), config)
+    reference.train_step(groups[:2])
+    expected_metrics = reference.train_step(groups)
+    expected = _params(reference.model)
+
+    trainer = Trainer(_with_dropout(), config)
+    before, rng = _params(trainer.model), torch.get_rng_state()
+    seconds = trainer.warm_up(rows=3, tokens=12)
+    assert seconds >= 0
+    _assert_same(before, _params(trainer.model))
+    assert _grads(trainer.model) == {}
+    assert trainer.optimizer.state_dict()["state"] == {}
+    assert trainer.step == 0
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert not trainer.model.training, "back in eval mode, as between steps"
+    trainer.train_step(groups[:2])
+    trainer.warm_up()  # between steps too (a resumed trainer warms up after its restore)
+    metrics = trainer.train_step(groups)
+    _assert_same(expected, _params(trainer.model))
+    assert metrics["loss"] == expected_metrics["loss"]
