@@ -109,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
     metrics_host = args.metrics_host or "127.0.0.1"
     preflight.check_listeners(args.http_host, args.http_port, metrics_host, args.metrics_port)
 
+    # A port taken fails the run before Ray starts (start_listeners checks again, for a race).
+    probe_listeners(args.http_host or "127.0.0.1", args.http_port, metrics_host, args.metrics_port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ray_host = (args.host or "127.0.0.1") if args.worker_nodes else "127.0.0.1"
     prestart = start_ray_early(args, job, ray_host=ray_host, remote_workers=args.worker_nodes)
@@ -184,6 +186,29 @@ def controller_options(args: argparse.Namespace, job: Any, storage: str, *, metr
     )
 
 
+def _cannot_listen(flags: str, host: str, port: int, err: OSError) -> str:
+    return f"{flags} {host}:{port}: cannot listen there ({err.strerror or err})"
+
+
+def probe_listeners(http_host: str, http_port: int | None, metrics_host: str, metrics_port: int | None) -> None:
+    """Raises :class:`UsageError` if a listener's fixed port cannot be bound now (0: any port)."""
+    import socket
+
+    for host, port, flags in (
+        (http_host, http_port, "--http-host/--http-port"),
+        (metrics_host, metrics_port, "--metrics-host/--metrics-port"),
+    ):
+        if not port:
+            continue
+        try:
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listeners do
+                sock.bind((host, port))
+        except OSError as err:
+            problem = _cannot_listen(flags, host, port, err)
+            raise UsageError(f"{problem}; pick another port, or 0 for any free one") from None
+
+
 def start_listeners(endpoint: Any, options: Any, *, required: bool = True) -> list[Any]:
     """The controller's HTTP listeners (:mod:`spotrl_runtime.controller.http`) that ``options``
     asks for, started and announced. One that cannot listen is a :class:`UsageError` naming
@@ -202,7 +227,7 @@ def start_listeners(endpoint: Any, options: Any, *, required: bool = True) -> li
             try:
                 server = ControlServer(endpoint, host, port, private=private)
             except OSError as err:
-                problem = f"{flags} {host}:{port}: cannot listen there ({err.strerror or err})"
+                problem = _cannot_listen(flags, host, port, err)
                 if required:
                     raise UsageError(f"{problem}; pick another port, or 0 for any free one") from None
                 logging.getLogger("spotrl.controller").warning("%s; the run goes on without it", problem)

@@ -13,6 +13,7 @@ Ray is imported inside the functions that use it: importing this module (for
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -61,6 +62,14 @@ class RayRuntime:
         self.folder = None
 
 
+class _KeepsOurSigterm(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+_KEEPS_OUR_SIGTERM = _KeepsOurSigterm()
+
+
 def start_ray(
     host: str | None, remote_workers: bool, num_cpus: int | None, *, remote_nodes: bool = False
 ) -> RayRuntime:
@@ -82,6 +91,10 @@ def start_ray(
         )
     main = threading.current_thread() is threading.main_thread()
     handler = signal.getsignal(signal.SIGTERM) if main else None
+    if not main:
+        # Started early on a thread (controller.prestart): Ray then leaves SIGTERM to us, which
+        # is what we want, and says so in a warning that would reach every run's terminal.
+        logging.getLogger("ray._private.worker").addFilter(_KEEPS_OUR_SIGTERM)
     # A short private folder: Ray's unix sockets must fit in 107 bytes.
     folder = tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("SPOTRL_RAY_TMP", "/tmp"))
     ray.init(
