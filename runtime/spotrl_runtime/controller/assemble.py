@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -166,11 +165,6 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
     prestart = options.prestart
     if prestart is not None and prestart.matches(options.ray_host, options.remote_workers, options.ray_num_cpus):
         ray, pool = prestart.take()
-        if threading.current_thread() is threading.main_thread():
-            # Ray's core worker, started on the prestart thread, put its own SIGTERM handler in
-            # (which logs, then aborts the process at shutdown) and a thread cannot put ours
-            # back: the main thread does, as start_ray does when it runs there.
-            signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGTERM))
     else:
         if prestart is not None:
             prestart.close()

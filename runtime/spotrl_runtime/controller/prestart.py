@@ -17,6 +17,7 @@ be killed the moment it ended.
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -83,6 +84,7 @@ class Prestart:
     def take(self) -> tuple[RayRuntime, GenerationPool]:
         """Waits for the start, then hands Ray and the pool over; the caller stops them."""
         self._ready.wait()
+        _keep_our_sigterm()
         with self._lock:
             if self._taken:
                 raise RuntimeError("the prestarted Ray was taken already")
@@ -99,11 +101,22 @@ class Prestart:
                 return
             self._taken = True
         self._ready.wait()
+        _keep_our_sigterm()
         if self._result is not None:
             ray, pool = self._result
             _quietly(pool.shutdown)
             _quietly(ray.shutdown)
         self._hold.set()
+
+
+def _keep_our_sigterm() -> None:
+    """Puts this process's SIGTERM handler back in force. Ray's core worker, started on the
+    thread, installed its own (it logs, then aborts the process when Ray shuts down: exit -6
+    instead of 143 on a SIGTERM during start-up), and only the main thread can undo that, as
+    ``start_ray`` does when it runs there."""
+    handler = signal.getsignal(signal.SIGTERM)
+    if handler is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 def _quietly(stop: Callable[[], Any]) -> None:
