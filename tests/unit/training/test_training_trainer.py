@@ -197,6 +197,17 @@ def _with_dropout() -> torch.nn.Module:
     return model
 
 
+DROPOUT_CONFIG = TrainerConfig(learning_rate=1e-2, micro_batch_size=4, seed=5)
+
+
+def _two_steps_with_dropout(groups: list[FinishedGroup]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """The weights and the second step's metrics of an undisturbed trainer: groups[:2], then groups."""
+    reference = Trainer(_with_dropout(), DROPOUT_CONFIG)
+    reference.train_step(groups[:2])
+    metrics = reference.train_step(groups)
+    return _params(reference.model), metrics
+
+
 @pytest.mark.parametrize("after", [0, 2, 3])
 def test_an_interrupted_step_changes_nothing_and_is_then_taken_as_if_never_begun(
     groups: list[FinishedGroup], after: int
@@ -205,13 +216,8 @@ def test_an_interrupted_step_changes_nothing_and_is_then_taken_as_if_never_begun
     contributing none; 3: just before the optimizer step). Weights, optimizer, step count and
     RNG are as before it, so the step taken later is bit for bit the one an uninterrupted
     trainer takes."""
-    config = TrainerConfig(learning_rate=1e-2, micro_batch_size=4, seed=5)
-    reference = Trainer(_with_dropout(), config)
-    reference.train_step(groups[:2])
-    expected_metrics = reference.train_step(groups)
-    expected = _params(reference.model)
-
-    trainer = Trainer(_with_dropout(), config)
+    expected, expected_metrics = _two_steps_with_dropout(groups)
+    trainer = Trainer(_with_dropout(), DROPOUT_CONFIG)
     trainer.train_step(groups[:2])
     before, rng = _params(trainer.model), torch.get_rng_state()
     asked = []
@@ -241,13 +247,8 @@ def test_a_warm_up_changes_nothing_and_the_steps_after_it_are_bit_for_bit_the_sa
     """The controller warms its trainer up (a forward and backward pass of dummy rows) while
     the generation workers start: weights, gradients, optimizer, step count and RNG stay as they
     were, so the run trains exactly as it would have without it (dropout draws included)."""
-    config = TrainerConfig(learning_rate=1e-2, micro_batch_size=4, seed=5)
-    reference = Trainer(_with_dropout(), config)
-    reference.train_step(groups[:2])
-    expected_metrics = reference.train_step(groups)
-    expected = _params(reference.model)
-
-    trainer = Trainer(_with_dropout(), config)
+    expected, expected_metrics = _two_steps_with_dropout(groups)
+    trainer = Trainer(_with_dropout(), DROPOUT_CONFIG)
     before, rng = _params(trainer.model), torch.get_rng_state()
     seconds = trainer.warm_up(rows=3, tokens=12)
     assert seconds >= 0
