@@ -186,27 +186,39 @@ def controller_options(args: argparse.Namespace, job: Any, storage: str, *, metr
     )
 
 
+def _listeners(http_host: str, http_port: int | None, metrics_host: str, metrics_port: int | None) -> list[Any]:
+    """(host, port, private, flags) of each listener asked for (port None: not asked for)."""
+    return [
+        (host, port, private, flags)
+        for host, port, private, flags in (
+            (http_host, http_port, True, "--http-host/--http-port"),
+            (metrics_host, metrics_port, False, "--metrics-host/--metrics-port"),
+        )
+        if port is not None
+    ]
+
+
 def _cannot_listen(flags: str, host: str, port: int, err: OSError) -> str:
     return f"{flags} {host}:{port}: cannot listen there ({err.strerror or err})"
+
+
+def _pick_another(problem: str) -> UsageError:
+    return UsageError(f"{problem}; pick another port, or 0 for any free one")
 
 
 def probe_listeners(http_host: str, http_port: int | None, metrics_host: str, metrics_port: int | None) -> None:
     """Raises :class:`UsageError` if a listener's fixed port cannot be bound now (0: any port)."""
     import socket
 
-    for host, port, flags in (
-        (http_host, http_port, "--http-host/--http-port"),
-        (metrics_host, metrics_port, "--metrics-host/--metrics-port"),
-    ):
-        if not port:
+    for host, port, _, flags in _listeners(http_host, http_port, metrics_host, metrics_port):
+        if port == 0:
             continue
         try:
             with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listeners do
                 sock.bind((host, port))
         except OSError as err:
-            problem = _cannot_listen(flags, host, port, err)
-            raise UsageError(f"{problem}; pick another port, or 0 for any free one") from None
+            raise _pick_another(_cannot_listen(flags, host, port, err)) from None
 
 
 def start_listeners(endpoint: Any, options: Any, *, required: bool = True) -> list[Any]:
@@ -215,21 +227,16 @@ def start_listeners(endpoint: Any, options: Any, *, required: bool = True) -> li
     its flags, or with ``required=False`` a warning, and the run goes on without it."""
     from spotrl_runtime.controller.http import ControlServer
 
-    wanted = [
-        (options.http_host, options.http_port, True, "--http-host/--http-port"),
-        (options.metrics_host, options.metrics_port, False, "--metrics-host/--metrics-port"),
-    ]
+    wanted = _listeners(options.http_host, options.http_port, options.metrics_host, options.metrics_port)
     servers: list[ControlServer] = []
     try:
         for host, port, private, flags in wanted:
-            if port is None:
-                continue
             try:
                 server = ControlServer(endpoint, host, port, private=private)
             except OSError as err:
                 problem = _cannot_listen(flags, host, port, err)
                 if required:
-                    raise UsageError(f"{problem}; pick another port, or 0 for any free one") from None
+                    raise _pick_another(problem) from None
                 logging.getLogger("spotrl.controller").warning("%s; the run goes on without it", problem)
                 continue
             servers.append(server.start())
