@@ -16,7 +16,7 @@
    signal → request, request → committed cut, eviction (the old controller's deletion)
    → the fresh controller's first trained step, as the bench sees them; and the phase
    table: the median and p95 of each phase of ``status.lastRecovery`` (what the operator
-   and the controller recorded: notice → requested → committed → old pod gone → fresh pod
+   and the controller recorded: notice → requested → committed → old pod deleted → fresh pod
    scheduled → process started → cut restored → generation ready → first trained step).
 
 The operator runs as ``python -m spotrl_operator`` (admin kubeconfig, no leader election,
@@ -203,8 +203,8 @@ def controller_exists() -> bool:
 PHASES = (
     ("noticeToRequested", "1 notice → requested"),
     ("requestedToCommitted", "2 requested → committed"),
-    ("committedToDeleted", "3 committed → pod gone"),
-    ("deletedToScheduled", "  pod gone → scheduled"),
+    ("committedToDeleted", "3 committed → pod deleted"),
+    ("deletedToScheduled", "  deleted → scheduled"),
     ("scheduledToStarted", "4 scheduled → started"),
     ("startedToRestored", "5 started → restored"),
     ("restoredToReady", "6 restored → gen. ready"),

@@ -49,7 +49,7 @@ from spotrl_operator.world import (
     World,
 )
 from spotrl_runtime.api import times
-from spotrl_runtime.api.rljob import EXIT_RANK_LOST, BarrierStatus, FailureBudget, RecoveryMarks
+from spotrl_runtime.api.rljob import EXIT_RANK_LOST, BarrierStatus, FailureBudget, RecoveryMarks, RLJobStatus
 
 # A pod stuck in Terminating on a node whose kubelet stopped answering is never confirmed
 # gone; after this long we force-delete it so a fresh controller can start.
@@ -229,6 +229,20 @@ def _is_preemption(pod: PodView, world: World) -> bool:
     return barrier is not None and barrier.state in ("Requested", "Committed", "Missed")
 
 
+def _may_still_write(st: RLJobStatus, pod: PodView, world: World) -> bool:
+    """Whether the fresh controller must wait for ``pod``, which is being deleted, to exit: its
+    SIGTERM may still be writing a cut that the fresh one must resume from. Not after its
+    barrier cut committed: from then on it makes no more moves (a SIGTERM is answered with the
+    same cut), its status writes test its attempt, and the fence that the next attempt claims
+    refuses anything it might still write. So the fresh controller starts while the old pod
+    terminates (the pod of an older attempt than the status's was let go that way already), and
+    not for a pod on a lost node (nobody will confirm its exit: it is force-deleted)."""
+    if pod.node in world.lost_nodes or pod.attempt < st.attempt:
+        return False
+    barrier = st.barrier
+    return not (barrier is not None and barrier.state == "Committed" and barrier.attempt == pod.attempt)
+
+
 def _suspend(b: Builder, current: PodView | None) -> float | None:
     world = b.world
     if current is None:
@@ -261,7 +275,7 @@ def _suspend(b: Builder, current: PodView | None) -> float | None:
 
 def _start(b: Builder) -> float | None:
     world, st = b.world, b.st
-    blocking = [p for p in world.pods if p.deleting_since is not None and p.node not in world.lost_nodes]
+    blocking = [p for p in world.pods if p.deleting_since is not None and _may_still_write(st, p, world)]
     if blocking:
         # The previous controller may still be writing its SIGTERM cut; a new one must see it.
         b.phase(st.phase or "Pending", f"waiting for {blocking[0].name} to exit")

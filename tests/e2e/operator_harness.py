@@ -260,6 +260,27 @@ class Jobs:
     def reasons(self, name: str) -> list[str]:
         return [e["reason"] for e in self.events(name)]
 
+    def barrier_commit(self, name: str, timeout: float) -> tuple[str, str]:
+        """``(cutId, committedAt)`` of the job's barrier cut, once it committed. ``status.barrier``
+        shows the commit only until the operator starts the next attempt, which it does as soon
+        as it acts on it (the old pod need not exit first), so this reads what stays: the
+        ``BarrierCommitted`` Event and the operator's recovery marks (``status.recovering``,
+        later ``status.lastRecovery``)."""
+        found: list[tuple[str, str]] = []
+
+        def committed() -> bool:
+            said = [e["message"] for e in self.events(name) if e["reason"] == "BarrierCommitted"]
+            st = self.status(name)
+            barrier = st.get("barrier") or {}
+            marks = [barrier if barrier.get("state") == "Committed" else {}, st.get("recovering"), st.get("lastRecovery")]
+            at = next((m["committedAt"] for m in marks if m and m.get("committedAt")), None)
+            if said and at:
+                found.append((said[-1].rsplit(" committed cut ", 1)[1], at))
+            return bool(found)
+
+        wait_until(committed, timeout, f"{name}'s barrier cut to commit")
+        return found[-1]
+
     def delete(self, name: str, timeout: float = 60) -> None:
         """Deletes the RLJob and waits until the operator's finalizer let it go."""
         self.admin.delete(self.url(name))

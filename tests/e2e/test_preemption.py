@@ -229,9 +229,8 @@ def test_a_drain_after_a_notice_waits_for_the_barrier_cut_then_resumes_elsewhere
 
     drain = e2e_cluster.drain(node, timeout=300)
     try:
-        st = jobs.wait("tiny", lambda s: (s.get("barrier") or {}).get("state") == "Committed", 120, "the barrier cut")
-        assert int(st["lastCut"]["id"]) >= int(st["barrier"]["cutId"])
-        committed_at = st["barrier"]["committedAt"]
+        cut, committed_at = jobs.barrier_commit("tiny", 120)
+        assert int(jobs.status("tiny")["lastCut"]["id"]) >= int(cut)
         assert drain.wait(300) == 0, drain.output()
     finally:
         drain.stop()
@@ -371,7 +370,8 @@ def test_the_leading_operator_pod_killed_mid_barrier_is_finished_by_the_standby(
     e2e_cluster.taint(node, AWS_NOTICE, "true")
     drain = e2e_cluster.drain(node, timeout=300)
     try:
-        jobs.wait("tiny", lambda s: bool(s.get("barrier")), 60, "the barrier request")
+        # The barrier, or already the next attempt (it starts as soon as the cut commits).
+        jobs.wait("tiny", lambda s: bool(s.get("barrier")) or s.get("attempt", 0) > 1, 60, "the barrier request")
         e2e_cluster.kubectl("delete", "pod", leader, "-n", ns, "--grace-period=0", "--force")
         wait_until(
             lambda: e2e_cluster.admin().get(lease)["spec"].get("holderIdentity") not in (None, leader),

@@ -601,7 +601,11 @@ class RecoveryMarks(ApiObject):
     requested_at: str | None = Field(default=None, description="When the barrier was requested.")
     committed_at: str | None = Field(default=None, description="When the barrier cut committed.")
     interrupted_at: str | None = Field(default=None, description="When the operator saw the attempt's work stop.")
-    pod_deleted_at: str | None = Field(default=None, description="When the old controller pod was seen gone.")
+    pod_deleted_at: str | None = Field(
+        default=None,
+        description="When the old controller pod was seen deleted: being deleted, after a committed barrier (the fresh "
+        "controller does not wait for it to exit); else gone.",
+    )
 
 
 class AttemptTimes(ApiObject):
@@ -622,7 +626,8 @@ class RecoveryPhases(ApiObject):
     requested_to_committed: float | None = Field(default=None, description="2. barrier requested -> cut committed.")
     committed_to_deleted: float | None = Field(
         default=None,
-        description="3. committed (abrupt loss: interruption seen) -> old controller pod gone.",
+        description="3. committed (abrupt loss: interruption seen) -> old controller pod deleted (being deleted, "
+        "after a committed barrier; else gone).",
     )
     deleted_to_scheduled: float | None = Field(
         default=None, description="Between 3 and 4: the fresh pod created and scheduled."

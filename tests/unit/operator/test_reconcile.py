@@ -116,15 +116,15 @@ def test_a_graceful_preemption_end_to_end() -> None:
     assert of(again, DeletePod) == [DeletePod("j-controller-1")]
     assert "BarrierCommitted" not in events(again)
 
-    # The old pod is terminating: wait for it (its SIGTERM path may still write).
+    # The old pod is terminating after its commit: a fresh controller at once, without waiting
+    # for it to exit (test_after_a_committed_barrier_only_the_fresh_controller_does_not_wait),
+    # away from the draining node, and the PDB closes.
+    t2 = t1 + timedelta(seconds=1)
     terminating = replace(running(), deleting_since=t1)
-    p4 = reconcile(world(now=t1, status=p3.status, pods=(terminating,), pdb_open=True))
-    assert of(p4, CreateControllerPod) == []
-
-    # It is gone: a fresh controller, away from the draining node, and the PDB closes.
-    t2 = t1 + timedelta(seconds=5)
     spot_a = frozenset({"spot-a"})
-    p5 = reconcile(world(now=t2, status=p3.status, pdb_open=True, unusable_nodes=spot_a, avoid_nodes=spot_a))
+    p5 = reconcile(
+        world(now=t2, status=p3.status, pods=(terminating,), pdb_open=True, unusable_nodes=spot_a, avoid_nodes=spot_a)
+    )
     assert of(p5, CreateControllerPod) == [CreateControllerPod(2, frozenset({"spot-a"}))]
     assert of(p5, CloseDisruptionBudget) == [CloseDisruptionBudget()]
     assert p5.status is not None
@@ -166,6 +166,37 @@ def test_a_missed_deadline_is_reported_and_falls_back() -> None:
     assert any(c.type == "BarrierMissed" and c.status == "True" for c in p2.status.conditions)
     assert of(p2, OpenDisruptionBudget) == [OpenDisruptionBudget()]
     assert of(p2, DeletePod) == [DeletePod("j-controller-1")]
+
+
+def test_after_a_committed_barrier_only_the_fresh_controller_does_not_wait() -> None:
+    """A controller being deleted may still write its SIGTERM cut, which the next attempt must
+    resume from: the fresh controller waits for it to exit. Not once its barrier committed (it
+    makes no more moves): then the next attempt starts while the old pod terminates."""
+    notice = Signal("taint", "spot-a", "karpenter.sh/disrupted")
+    p1 = reconcile(world(status=RLJobStatus(phase="Running", attempt=1), pods=(running(),), signals=(notice,)))
+    assert p1.status is not None and p1.status.barrier is not None
+    terminating = replace(running(), deleting_since=T0)
+
+    def starts(barrier_update: dict[str, object] | None) -> list[CreateControllerPod]:
+        barrier = None if barrier_update is None else p1.status.barrier.model_copy(update=barrier_update)
+        st = p1.status.model_copy(update={"barrier": barrier})
+        return of(reconcile(world(now=T0 + timedelta(seconds=1), status=st, pods=(terminating,))), CreateControllerPod)
+
+    assert starts({"state": "Committed", "cut_id": "c-8"}) == [CreateControllerPod(2, frozenset())]
+    assert starts({"state": "Requested"}) == [], "still cutting"
+    assert starts({"state": "Missed"}) == [], "its SIGTERM may still cut"
+    assert starts({"state": "Failed"}) == [], "its SIGTERM may still cut"
+    assert starts(None) == [], "no barrier (evicted, drained without notice): its SIGTERM cuts"
+    assert starts({"state": "Committed", "attempt": 0}) == [], "a commit of another attempt says nothing of this pod"
+
+    # Attempt 2 is on the status; its pod not yet seen while attempt 1's still terminates: the
+    # pass creates attempt 2 again (same name: a no-op), never a third, and does not wait.
+    committed = p1.status.model_copy(update={"barrier": p1.status.barrier.model_copy(update={"state": "Committed"})})
+    p2 = reconcile(world(now=T0 + timedelta(seconds=1), status=committed, pods=(terminating,)))
+    assert p2.status is not None and p2.status.attempt == 2 and p2.status.barrier is None
+    p3 = reconcile(world(now=T0 + timedelta(seconds=2), status=p2.status, pods=(terminating,)))
+    assert of(p3, CreateControllerPod) == [CreateControllerPod(2, frozenset())]
+    assert p3.status is not None and p3.status.attempt == 2 and p3.status.preemptions == 1
 
 
 def test_an_abrupt_node_loss_gets_no_barrier_and_a_forced_delete() -> None:
