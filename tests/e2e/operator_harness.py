@@ -272,7 +272,8 @@ class Jobs:
             said = [e["message"] for e in self.events(name) if e["reason"] == "BarrierCommitted"]
             st = self.status(name)
             barrier = st.get("barrier") or {}
-            marks = [barrier if barrier.get("state") == "Committed" else {}, st.get("recovering"), st.get("lastRecovery")]
+            answered = barrier if barrier.get("state") == "Committed" else {}
+            marks = [answered, st.get("recovering"), st.get("lastRecovery")]
             at = next((m["committedAt"] for m in marks if m and m.get("committedAt")), None)
             if said and at:
                 found.append((said[-1].rsplit(" committed cut ", 1)[1], at))

@@ -174,7 +174,8 @@ def test_after_a_committed_barrier_only_the_fresh_controller_does_not_wait() -> 
     makes no more moves): then the next attempt starts while the old pod terminates."""
     notice = Signal("taint", "spot-a", "karpenter.sh/disrupted")
     p1 = reconcile(world(status=RLJobStatus(phase="Running", attempt=1), pods=(running(),), signals=(notice,)))
-    assert p1.status is not None and p1.status.barrier is not None
+    assert p1.status is not None
+    assert p1.status.barrier is not None
     terminating = replace(running(), deleting_since=T0)
 
     def starts(barrier_update: dict[str, object] | None) -> list[CreateControllerPod]:
@@ -193,10 +194,14 @@ def test_after_a_committed_barrier_only_the_fresh_controller_does_not_wait() -> 
     # pass creates attempt 2 again (same name: a no-op), never a third, and does not wait.
     committed = p1.status.model_copy(update={"barrier": p1.status.barrier.model_copy(update={"state": "Committed"})})
     p2 = reconcile(world(now=T0 + timedelta(seconds=1), status=committed, pods=(terminating,)))
-    assert p2.status is not None and p2.status.attempt == 2 and p2.status.barrier is None
+    assert p2.status is not None
+    assert p2.status.attempt == 2
+    assert p2.status.barrier is None
     p3 = reconcile(world(now=T0 + timedelta(seconds=2), status=p2.status, pods=(terminating,)))
     assert of(p3, CreateControllerPod) == [CreateControllerPod(2, frozenset())]
-    assert p3.status is not None and p3.status.attempt == 2 and p3.status.preemptions == 1
+    assert p3.status is not None
+    assert p3.status.attempt == 2
+    assert p3.status.preemptions == 1
 
 
 def test_an_abrupt_node_loss_gets_no_barrier_and_a_forced_delete() -> None:
