@@ -1,3 +1,29 @@
-"""Fixtures shared by every test folder: the S3 server and the test control plane (see e2e/README.md)."""
+"""Fixtures shared by every test folder: the S3 server and the test control plane (see e2e/README.md),
+and one short folder for the Ray files of every process the tests start."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 pytest_plugins = ["spotrl_e2e.pytest_plugin"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ray_tmp() -> Iterator[Path]:
+    """``SPOTRL_RAY_TMP`` of the controllers and worker nodes the tests start: one folder for
+    the session, short because Ray's socket paths must fit in 107 bytes (a test's tmp_path may
+    not), and removed at the end with whatever a SIGKILLed process could not remove itself.
+    ``SPOTRL_TEST_RAY_TMP`` picks another parent folder for it."""
+    parent = os.environ.get("SPOTRL_TEST_RAY_TMP", "/tmp")
+    folder = Path(tempfile.mkdtemp(prefix="spotrl-ray-", dir=parent))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPOTRL_RAY_TMP", str(folder))
+        mp.setenv("SPOTRL_TEST_RAY_TMP", str(folder))
+        yield folder
+    shutil.rmtree(folder, ignore_errors=True)

@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -84,6 +86,10 @@ class Cluster(KubeCluster):
         self.node_specs: list[NodeSpec] = [NodeSpec.from_dict(asdict(n)) for n in nodes]
         self._initial_nodes = [n.name for n in self.node_specs]
         self.agent: Process | None = None
+        self.ray_tmp: Path | None = None
+        """The pods' folder for Ray's files (their SPOTRL_RAY_TMP): short, since Ray's socket
+        paths must fit in 107 bytes, which a folder under ``workdir`` may not; removed at stop
+        with whatever a killed pod left there."""
         self.control_port = 0
         self.startup_seconds: dict[str, float] = {}
         self._http = urllib3.PoolManager(retries=False)
@@ -132,7 +138,7 @@ class Cluster(KubeCluster):
             python_bin=str(Path(sys.executable).parent),
             control_port=self.control_port,
             nodes=self.node_specs,
-            image_env=runtime_image_env(),
+            image_env={**runtime_image_env(), "SPOTRL_RAY_TMP": str(self._make_ray_tmp())},
         )
         config_path = self.workdir / "nodeagent.json"
         config.save(config_path)
@@ -145,9 +151,14 @@ class Cluster(KubeCluster):
 
         self.agent.wait_ready(healthy, 30, "ready (control channel /healthz)")
 
+    def _make_ray_tmp(self) -> Path:
+        self.ray_tmp = Path(tempfile.mkdtemp(prefix="spotrl-ray-", dir="/tmp"))
+        return self.ray_tmp
+
     def _save_state(self) -> None:
         state = {
             "server": self.server,
+            "ray_tmp": str(self.ray_tmp) if self.ray_tmp else None,
             "kubeconfig": str(self.kubeconfig),
             "control_port": self.control_port,
             "ports": self.controlplane.ports.__dict__,
@@ -170,6 +181,7 @@ class Cluster(KubeCluster):
             setattr(self.controlplane.ports, k, v)
         self.control_port = state["control_port"]
         self.startup_seconds = state["startup_seconds"]
+        self.ray_tmp = Path(state["ray_tmp"]) if state.get("ray_tmp") else None
         return self
 
     def stop(self) -> None:
@@ -178,6 +190,9 @@ class Cluster(KubeCluster):
             self.agent.stop(timeout=15)
             self.agent = None
         self.controlplane.stop()
+        if self.ray_tmp is not None:
+            shutil.rmtree(self.ray_tmp, ignore_errors=True)
+            self.ray_tmp = None
 
     # ------------------------------------------------------------------ clients
     def _admin_credentials(self) -> Credentials:
@@ -298,6 +313,10 @@ def stop_dir(workdir: Path) -> list[str]:
         for pidfile in [workdir / f"{name}.pid", *workdir.glob(f"*/{name}.pid")]:
             if stop_pidfile(pidfile, marker, timeout=15):
                 stopped.append(name)
+    state_file = workdir / "cluster.json"
+    ray_tmp = json.loads(state_file.read_text()).get("ray_tmp") if state_file.exists() else None
+    if ray_tmp and Path(ray_tmp).name.startswith("spotrl-ray-"):
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     return stopped
 
 

@@ -11,7 +11,6 @@ the storage, loads the policy for training and restores the cut, then warms the 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from spotrl_runtime.checkpoint.resume import SkippedCut, resume_or_start
 from spotrl_runtime.checkpoint.writer import CutWriter
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.controller.control import CutInfo, StatusSink
-from spotrl_runtime.controller.prestart import Prestart
+from spotrl_runtime.controller.prestart import Prestart, process_started_at
 from spotrl_runtime.core.accounting import RestoreRecord
 from spotrl_runtime.core.owners import Owners, RecoveryConfig
 from spotrl_runtime.data import collate_for, describe_dataset, open_dataset
@@ -92,20 +91,6 @@ class ControllerOptions:
     on_ready: list[Callable[[Controller], object]] = field(default_factory=list)
     """Called once the run is restored and generation is up, before training starts (e.g.
     to start the Kubernetes bridge, which may ask for a barrier at once)."""
-
-
-def process_started_at() -> float:
-    """When this process started (Unix seconds): its age from /proc (the start in clock ticks
-    since boot against the uptime, both on the same clock: /proc/stat's whole-second boot
-    time would be up to a second off) taken from now; now where there is no /proc."""
-    try:
-        with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return time.time() - max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return time.time()
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ be killed the moment it ended.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -29,6 +30,20 @@ if TYPE_CHECKING:
     from spotrl_runtime.generation.pool import GenerationPool
 
 log = logging.getLogger("spotrl.controller")
+
+
+def process_started_at() -> float:
+    """When this process started (Unix seconds): its age from /proc (the start in clock ticks
+    since boot against the uptime, both on the same clock: /proc/stat's whole-second boot
+    time would be up to a second off) taken from now; now where there is no /proc."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
 
 
 class Prestart:
@@ -46,6 +61,7 @@ class Prestart:
     ) -> None:
         self._args = (spec, host, remote_workers, num_cpus, device)
         self._started = time.monotonic()
+        self._began_after = time.time() - process_started_at()
         self._result: tuple[RayRuntime, GenerationPool] | None = None
         self._error: BaseException | None = None
         self._taken = False
@@ -72,7 +88,11 @@ class Prestart:
                 self._error = err
                 return
             self._result = (ray, pool)
-            log.info("Ray and the generation pool started in %.2f s", time.monotonic() - self._started)
+            log.info(
+                "Ray and the generation pool started in %.2f s (begun %.2f s after the process started)",
+                time.monotonic() - self._started,
+                self._began_after,
+            )
         finally:
             self._ready.set()
         self._hold.wait()  # Ray's processes live as long as this thread (see the module's docstring)

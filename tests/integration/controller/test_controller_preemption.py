@@ -187,8 +187,10 @@ def test_a_corrupted_or_foreign_cut_stops_resume_with_the_named_check(runs: Runs
     more = runs.job({"training.totalSteps": 6, "checkpoint.everySteps": 2})
     # Asked for by name, a damaged cut is refused (`--resume auto` would skip it loudly:
     # test_forged_cuts.py checks that).
+    rays_before = set(runs.ray_tmp.glob("ray-*"))
     rc, log = runs.run(more, storage, "--resume", cut_id)
     assert rc == 3, log
+    assert set(runs.ray_tmp.glob("ray-*")) <= rays_before, "the refused run stopped the Ray it had started"
     assert "[file_digest]" in log
     assert "sha256" in log
     assert victim.rsplit("/", 1)[-1] in log
