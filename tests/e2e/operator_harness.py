@@ -261,7 +261,7 @@ class Jobs:
         return [e["reason"] for e in self.events(name)]
 
     def barrier_commit(self, name: str, timeout: float) -> tuple[str, str]:
-        """``(cutId, committedAt)`` of the job's barrier cut, once it committed. ``status.barrier``
+        """``(cutId, committedAt)`` of the job's first barrier cut, once it committed. ``status.barrier``
         shows the commit only until the operator starts the next attempt, which it does as soon
         as it acts on it (the old pod need not exit first), so this reads what stays: the
         ``BarrierCommitted`` Event and the operator's recovery marks (``status.recovering``,
