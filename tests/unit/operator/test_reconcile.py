@@ -274,6 +274,14 @@ def test_crashes_back_off_count_against_the_budget_and_finally_fail() -> None:
     assert p1.status.retry_after == iso(T0 + timedelta(seconds=10))
     assert "ControllerCrashed" in events(p1)
 
+    # A pass whose pod cache has not seen the deletion yet (or a restarted operator) finds the
+    # same failed pod again: the crash is not counted twice, and its backoff does not move.
+    again = reconcile(world(now=T0 + timedelta(seconds=1), status=p1.status, pods=(crashed,)))
+    assert again.status is not None
+    assert (again.status.restarts, again.status.retry_after) == (1, p1.status.retry_after)
+    assert of(again, DeletePod) == [DeletePod("j-controller-1")]
+    assert "ControllerCrashed" not in events(again)
+
     # Before the backoff ends nothing starts; after it, attempt 2 starts and is no preemption.
     wait = reconcile(world(now=T0 + timedelta(seconds=5), status=p1.status))
     assert of(wait, CreateControllerPod) == []
@@ -282,6 +290,16 @@ def test_crashes_back_off_count_against_the_budget_and_finally_fail() -> None:
     assert of(p2, CreateControllerPod) == [CreateControllerPod(2, frozenset())]
     assert p2.status is not None
     assert p2.status.preemptions == 0
+    # A cache behind a fresh read still shows attempt 1's failed pod after attempt 2 was created.
+    stale = reconcile(world(now=T0 + timedelta(seconds=11), status=p2.status, pods=(crashed,)))
+    assert stale.status is not None
+    assert (stale.status.restarts, stale.status.attempt) == (1, 2)
+    assert stale.status.controller_pod is None, "attempt 2's pod is not seen yet: it is created again, not lost"
+    assert of(reconcile(world(now=T0 + timedelta(seconds=12), status=stale.status)), CreateControllerPod) == [
+        CreateControllerPod(2, frozenset())
+    ]
+    assert of(stale, DeletePod) == [DeletePod("j-controller-1")]
+    assert "ControllerCrashed" not in events(stale)
 
     # Second crash doubles the wait; the third exceeds maxCrashes=2.
     p3 = reconcile(
