@@ -98,9 +98,13 @@ def _lifecycle(b: Builder) -> float | None:
         if stuck and p.node in world.lost_nodes:
             b.act(DeletePod(p.name, force=True))
     current = live[-1] if live else None
-    if current is not None and current.attempt >= b.st.attempt:
-        # (An older attempt's pod is a cache behind the status: it is not the attempt's pod, and
-        # taking it for that would make the next pass count the real one as vanished.)
+    if current is not None and current.attempt < b.st.attempt:
+        # A view behind the status (a pod cache that lags a fresh read): an older attempt's pod,
+        # not yet seen deleting, is never the job's controller. Taking it for one would count its
+        # crash again, ask it for a barrier, or make the next pass think the real one vanished.
+        b.act(DeletePod(current.name))
+        return 1.0
+    if current is not None:
         b.update(controller_pod=current.name, controller_node=current.node)
     _account_time_lost(b)
     _note_skipped_cuts(b)
@@ -197,10 +201,9 @@ def _finished(b: Builder, pod: PodView) -> float | None:
         b.interrupted()
         b.phase("Rescheduling", f"controller {pod.name} was stopped on node {pod.node} ({pod.disruption or 'node'})")
         return 1.0
-    if b.st.retry_after is not None or pod.attempt < b.st.attempt:
+    if b.st.retry_after is not None:
         # This crash was counted already: a pass whose pod cache has not seen the deletion yet
-        # (or a restarted operator) finds the same failed pod again, before the next attempt
-        # (which clears retry_after) or after it was created.
+        # (or a restarted operator) finds the same failed pod again. The next attempt clears it.
         return 1.0
     restarts = b.st.restarts + 1
     why = (

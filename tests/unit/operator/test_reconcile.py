@@ -204,6 +204,25 @@ def test_after_a_committed_barrier_only_the_fresh_controller_does_not_wait() -> 
     assert p3.status.preemptions == 1
 
 
+def test_an_older_attempts_pod_in_a_lagging_view_is_let_go_not_taken_for_the_controller() -> None:
+    """After attempt 2 was created (its pod seen or not), a pod cache behind a fresh read may
+    still show attempt 1's pod as not deleting: it is deleted again and nothing else happens
+    (no barrier for it, no crash counted, attempt 2's pod not thought lost)."""
+    notice = Signal("taint", "spot-a", "karpenter.sh/disrupted")
+    for seen in (None, "j-controller-2"):
+        st = RLJobStatus(phase="Rescheduling", attempt=2, restarts=0, preemptions=1, controller_pod=seen)
+        for old in (running(), replace(running(), phase="Failed", exit_code=1)):
+            plan = reconcile(world(status=st, pods=(old,), signals=(notice,)))
+            assert plan.actions == [DeletePod("j-controller-1")], plan.actions
+            after = plan.status or st  # None: the status is left as it was
+            assert (after.attempt, after.restarts, after.barrier, after.controller_pod) == (2, 0, None, seen)
+    # Once the view catches up, attempt 2's unseen pod is created again (same name), not counted lost.
+    fresh = reconcile(world(status=RLJobStatus(phase="Rescheduling", attempt=2, preemptions=1)))
+    assert of(fresh, CreateControllerPod) == [CreateControllerPod(2, frozenset())]
+    assert fresh.status is not None
+    assert (fresh.status.attempt, fresh.status.preemptions) == (2, 1)
+
+
 def test_an_abrupt_node_loss_gets_no_barrier_and_a_forced_delete() -> None:
     st = RLJobStatus(phase="Running", attempt=1)
     lost = Signal("node-not-ready", "spot-a", "NodeStatusUnknown")
