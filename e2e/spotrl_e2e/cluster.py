@@ -130,6 +130,7 @@ class Cluster(KubeCluster):
             pki.node(spec.name)
             pki.node_serving(spec.name, f"127.0.{i}.1")
         self.control_port = free_port()
+        self.ray_tmp = Path(tempfile.mkdtemp(prefix="spotrl-ray-", dir="/tmp"))
         config = AgentConfig(
             server=self.server,
             ca=str(self.ca),
@@ -138,7 +139,7 @@ class Cluster(KubeCluster):
             python_bin=str(Path(sys.executable).parent),
             control_port=self.control_port,
             nodes=self.node_specs,
-            image_env={**runtime_image_env(), "SPOTRL_RAY_TMP": str(self._make_ray_tmp())},
+            image_env={**runtime_image_env(), "SPOTRL_RAY_TMP": str(self.ray_tmp)},
         )
         config_path = self.workdir / "nodeagent.json"
         config.save(config_path)
@@ -150,10 +151,6 @@ class Cluster(KubeCluster):
             return self._control("GET", "/healthz").get("ready") is True
 
         self.agent.wait_ready(healthy, 30, "ready (control channel /healthz)")
-
-    def _make_ray_tmp(self) -> Path:
-        self.ray_tmp = Path(tempfile.mkdtemp(prefix="spotrl-ray-", dir="/tmp"))
-        return self.ray_tmp
 
     def _save_state(self) -> None:
         state = {
