@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -212,13 +213,53 @@ PHASES = (
 )
 
 
+def pod_log(cluster: Cluster, ns: str, pod: str) -> str:
+    """The pod's log so far ("" before it has one)."""
+    try:
+        return cluster.pod_log(ns, pod)
+    except Exception:  # not created or not started yet
+        return ""
+
+
+def standby_cost(pod: str, seconds: float = 10.0) -> tuple[float, float]:
+    """(CPU cores used, resident MiB) of a waiting standby: every process on this machine that
+    runs for ``pod`` (the node agent runs pods as local processes; Ray's inherit the pod's
+    environment), its CPU time over ``seconds``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def processes() -> dict[int, tuple[float, int]]:
+        out = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if f"SPOTRL_POD_NAME={pod}".encode() not in (entry / "environ").read_bytes().split(b"\0"):
+                    continue
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                rss = int((entry / "statm").read_text().split()[1]) * page
+                out[int(entry.name)] = ((int(fields[11]) + int(fields[12])) / tick, rss)
+            except (OSError, ValueError, IndexError):
+                continue
+        return out
+
+    before = processes()
+    time.sleep(seconds)
+    after = processes()
+    cpu = sum(t - before[pid][0] for pid, (t, _) in after.items() if pid in before)
+    return cpu / seconds, sum(rss for _, rss in after.values()) / 2**20
+
+
 def bench_preemptions(
-    cluster: Cluster, s3: Any, preemptions: int
-) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    cluster: Cluster, s3: Any, preemptions: int, standby: bool = False
+) -> tuple[dict[str, list[float]], dict[str, list[float]], tuple[float, float] | None]:
     """The tiny job preempted K times (notice taint + drain): the three latencies the bench
-    sees per preemption, and each phase of ``status.lastRecovery`` (with its total)."""
+    sees per preemption, and each phase of ``status.lastRecovery`` (with its total). With
+    ``standby`` (``spec.standby``), each notice comes once the next attempt's standby is warm,
+    and what the standby costs while it waits (CPU cores, resident MiB) is measured before the
+    first (else None)."""
     admin = cluster.admin()
-    ns = cluster.create_namespace("bench-preempt")
+    ns = cluster.create_namespace("bench-standby" if standby else "bench-preempt")
     admin.create(
         path("v1", "secrets", ns),
         {
@@ -231,9 +272,14 @@ def bench_preemptions(
     job = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
     job["spec"]["training"]["totalSteps"] = 10_000
     job["spec"]["checkpoint"].update(
-        {"storage": f"s3://{s3.bucket}/tiny", "s3Endpoint": s3.endpoint, "credentialsSecret": "s3"}
+        {
+            "storage": f"s3://{s3.bucket}/{'tiny-standby' if standby else 'tiny'}",
+            "s3Endpoint": s3.endpoint,
+            "credentialsSecret": "s3",
+        }
     )
     job["spec"]["scheduling"]["nodeSelector"] = {"karpenter.sh/capacity-type": "spot"}
+    job["spec"]["standby"] = standby
     admin.create(path(RLJOBS, "rljobs", ns), job)
     url = path(RLJOBS, "rljobs", ns, "tiny-arith")
 
@@ -252,9 +298,19 @@ def bench_preemptions(
 
     out: dict[str, list[float]] = {"signal → request": [], "request → committed cut": [], "eviction → first step": []}
     phases: dict[str, list[float]] = {}
+    cost: tuple[float, float] | None = None
     for k in range(preemptions):
         attempt = k + 1
         st, _ = wait(lambda s, a=attempt: s.get("stepAttempt") == a and (s.get("step") or 0) >= 1, 600)
+        if standby:
+            following = f"tiny-arith-controller-{attempt + 1}"
+            deadline = time.monotonic() + 300
+            while f"waiting for status.attempt to reach {attempt + 1}" not in pod_log(cluster, ns, following):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"standby {following} not warm: {pod_log(cluster, ns, following)[-2000:]}")
+                time.sleep(0.2)
+            if k == 0:
+                cost = standby_cost(following)
         node = st["controllerNode"]
         t0 = time.monotonic()
         cluster.taint(node, TAINT, "true")
@@ -272,6 +328,8 @@ def bench_preemptions(
         _, t_step = wait(lambda s, a=attempt + 1: s.get("stepAttempt") == a, 600)
         st, _ = wait(lambda s, a=attempt + 1: (s.get("lastRecovery") or {}).get("attempt") == a, 60)
         recovered = st["lastRecovery"]
+        if standby and not recovered.get("standby"):
+            raise AssertionError(f"attempt {attempt + 1} did not start from the standby: {recovered}")
         for key, label in PHASES:
             value = (recovered.get("phases") or {}).get(key)
             if value is not None:
@@ -286,7 +344,7 @@ def bench_preemptions(
         out["eviction → first step"].append(t_step - t_evict)
         print(f"  preemption {attempt}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in out.items()), flush=True)
     admin.delete(url)
-    return out, phases
+    return out, phases, cost
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,12 +353,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--extra-nodes", default="0,20", help="extra nodes watched (comma-separated, increasing)")
     p.add_argument("--rounds", type=int, default=5, help="notice rounds per configuration")
     p.add_argument("--preemptions", type=int, default=5, help="preemptions of the tiny job (needs the controller)")
+    p.add_argument(
+        "--standby",
+        choices=("both", "off", "on"),
+        default="both",
+        help="preempt the tiny job without spec.standby, with it, or both in turn (default: both, the baseline first)",
+    )
     args = p.parse_args(argv)
     jobs = [int(x) for x in args.jobs.split(",") if x]
     extra_nodes = [int(x) for x in args.extra_nodes.split(",") if x]
+    modes = {"both": (False, True), "off": (False,), "on": (True,)}[args.standby]
 
     from spotrl_e2e.s3 import S3Server
 
+    results: list[tuple[bool, dict[str, list[float]], dict[str, list[float]], tuple[float, float] | None]] = []
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp:
         workdir = Path(tmp)
         cluster = Cluster(workdir / "cluster").start()
@@ -312,13 +378,12 @@ def main(argv: list[str] | None = None) -> int:
             op = start_operator(cluster, workdir)
             print("signal → barrier request (ms: median p95 max)", flush=True)
             rows = bench_signals(cluster, jobs, extra_nodes, args.rounds)
-            preempt: dict[str, list[float]] = {}
-            phases: dict[str, list[float]] = {}
             if args.preemptions and controller_exists():
                 s3 = S3Server(workdir / "s3").start()
                 bucket = s3.create_bucket("bench")
-                print("repeated preemptions of the tiny job", flush=True)
-                preempt, phases = bench_preemptions(cluster, bucket, args.preemptions)
+                for standby in modes:
+                    print(f"repeated preemptions of the tiny job, spec.standby {str(standby).lower()}", flush=True)
+                    results.append((standby, *bench_preemptions(cluster, bucket, args.preemptions, standby)))
         finally:
             if op is not None:
                 op.stop()
@@ -332,16 +397,24 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(" | ".join(row))
     print()
-    if preempt:
-        print("repeated preemptions with the real controller (s: median, p95)")
+    if not results:
+        print("repeated preemptions with the real controller: n/a (`spotrl controller` is not there yet)")
+    baseline = None
+    for standby, preempt, phases, cost in results:
+        print(f"repeated preemptions with the real controller, spec.standby {str(standby).lower()} (s: median, p95)")
         for what, values in preempt.items():
             print(f"  {what:<26} {statistics.median(values):6.2f} {pct(values, 0.95):6.2f}  (n={len(values)})")
-        print()
+        first_step = statistics.median(preempt["eviction → first step"])
+        if baseline is None:
+            baseline = first_step
+        else:
+            print(f"  eviction → first step against spec.standby false: {first_step / baseline:.2f}x")
+        if cost is not None:
+            print(f"  the waiting standby: {cost[0]:.3f} CPU cores, {cost[1] / 1024:.2f} GiB resident")
         print("where the seconds go: status.lastRecovery phases (s: median, p95)")
         for label, values in phases.items():
             print(f"  {label:<26} {statistics.median(values):6.2f} {pct(values, 0.95):6.2f}  (n={len(values)})")
-    else:
-        print("repeated preemptions with the real controller: n/a (`spotrl controller` is not there yet)")
+        print()
     return 0
 
 

@@ -34,6 +34,7 @@ from typing import Any
 from spotrl_operator import resources, retention
 from spotrl_operator.observe import STATUS_FIELDS, Snapshot, job_ref, node_lost, rljob_path
 from spotrl_operator.reconcile import crash_backoff
+from spotrl_operator.resources import STANDBY_LABEL
 from spotrl_operator.settings import Settings
 from spotrl_operator.world import (
     CloseDisruptionBudget,
@@ -43,6 +44,7 @@ from spotrl_operator.world import (
     Event,
     OpenDisruptionBudget,
     Plan,
+    PromoteStandby,
     RequestBarrier,
     set_condition,
 )
@@ -141,6 +143,8 @@ def action_key(job: str, action: object) -> tuple[str, str]:
         return f"create-pod/{name}", f"creating pod {name}"
     if isinstance(action, DeletePod):
         return f"delete-pod/{action.name}", f"deleting pod {action.name}"
+    if isinstance(action, PromoteStandby):
+        return f"promote-pod/{action.name}", f"taking the standby label off pod {action.name}"
     if isinstance(action, OpenDisruptionBudget | CloseDisruptionBudget):
         return "pdb", f"{'opening' if isinstance(action, OpenDisruptionBudget) else 'closing'} the PodDisruptionBudget"
     return type(action).__name__, type(action).__name__
@@ -329,7 +333,9 @@ class Actuator:
         ns = ref.namespace
         if isinstance(action, CreateControllerPod):
             spec = api.parse_spec(job["spec"])
-            pod = resources.controller_pod(ref, spec, self.settings, action.attempt, action.avoid_nodes)
+            pod = resources.controller_pod(
+                ref, spec, self.settings, action.attempt, action.avoid_nodes, standby=action.standby
+            )
             self.ensure_children(job)
             try:
                 self.kube.create(path("v1", "pods", ns), pod)
@@ -347,6 +353,9 @@ class Actuator:
                     raise
         elif isinstance(action, DeletePod):
             self.kube.delete(path("v1", "pods", ns, action.name), grace_seconds=0 if action.force else None)
+        elif isinstance(action, PromoteStandby):
+            # A merge patch with null removes the label, and is a no-op once it is gone.
+            self.kube.patch(path("v1", "pods", ns, action.name), {"metadata": {"labels": {STANDBY_LABEL: None}}})
         elif isinstance(action, OpenDisruptionBudget | CloseDisruptionBudget):
             self.set_disruption_budget(job, open_=isinstance(action, OpenDisruptionBudget))
         elif isinstance(action, RequestBarrier):

@@ -30,6 +30,7 @@ from spotrl_operator.resources import (
     INDEX_LABELS,
     JOB_LABEL,
     ROLE_LABEL,
+    STANDBY_LABEL,
     JobRef,
     budget_trainers,
     check_job,
@@ -128,6 +129,13 @@ def is_controller_pod(pod: Obj) -> bool:
     return role_of(pod) == "controller"
 
 
+def is_standby(pod: Obj, status_attempt: int) -> bool:
+    """A controller pod made ahead of its attempt (``spec.standby``) that is not the
+    controller yet: its attempt is above the status's. Once the status reaches it, it is."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(STANDBY_LABEL) == "true" and (_int_label(labels, ATTEMPT_LABEL) or 0) > status_attempt
+
+
 def is_worker_pod(pod: Obj) -> bool:
     return role_of(pod) == "worker"
 
@@ -192,6 +200,7 @@ def pod_view(pod: Obj) -> PodView:
         disruption=disruption,
         index=_int_label(labels, INDEX_LABELS.get(labels.get(ROLE_LABEL, ""), "")),
         scheduled_at=_scheduled_at(pod),
+        standby=labels.get(STANDBY_LABEL) == "true",
     )
 
 
@@ -227,7 +236,9 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
     status = api.RLJobStatus.model_validate(status_doc)
     extra = (*settings.extra_taint_keys, *spec.preemption.extra_taint_keys)
 
-    pods = [p for p in snap.pods if is_controller_pod(p)]
+    controllers = [p for p in snap.pods if is_controller_pod(p)]
+    pods = [p for p in controllers if not is_standby(p, status.attempt)]
+    standbys = [p for p in controllers if is_standby(p, status.attempt)]
     workers = [p for p in snap.pods if is_worker_pod(p)]
     trainers = [p for p in snap.pods if is_trainer_pod(p)]
     signals: list[Signal] = []
@@ -278,6 +289,7 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
         spec=spec,
         status=status,
         pods=tuple(pod_view(p) for p in pods),
+        standbys=tuple(pod_view(p) for p in standbys),
         workers=tuple(pod_view(p) for p in workers),
         trainers=tuple(pod_view(p) for p in trainers),
         signals=tuple(signals),

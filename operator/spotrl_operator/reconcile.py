@@ -35,6 +35,7 @@ from datetime import datetime, timedelta
 
 from spotrl_operator import recovery
 from spotrl_operator.cut_risk import tend_barrier_risk
+from spotrl_operator.standby import tend_standby, usable
 from spotrl_operator.trainers import tend_trainers, trainer_notices
 from spotrl_operator.workers import tend_workers
 from spotrl_operator.world import (
@@ -45,6 +46,7 @@ from spotrl_operator.world import (
     OpenDisruptionBudget,
     Plan,
     PodView,
+    PromoteStandby,
     RequestBarrier,
     World,
 )
@@ -79,6 +81,7 @@ def reconcile(world: World) -> Plan:
     tend_workers(b)
     tend_trainers(b)
     tend_barrier_risk(b)
+    tend_standby(b)
     return b.finish()
 
 
@@ -106,6 +109,8 @@ def _lifecycle(b: Builder) -> float | None:
         return 1.0
     if current is not None:
         b.update(controller_pod=current.name, controller_node=current.node)
+        if current.standby and current.deleting_since is None:
+            b.act(PromoteStandby(current.name))  # promoted, but the label is still on: again
     _account_time_lost(b)
     _note_skipped_cuts(b)
 
@@ -301,6 +306,14 @@ def _start(b: Builder) -> float | None:
         b.act(CreateControllerPod(st.attempt, world.avoid_nodes))
         return 1.0
 
+    standby = next((p for p in world.standbys if p.attempt == st.attempt + 1), None)
+    if standby is not None and not usable(b, standby):
+        # The standby has the next attempt's name: it goes first, then a fresh pod is made.
+        if standby.deleting_since is None:
+            b.act(DeletePod(standby.name))
+        b.phase(st.phase or "Pending", f"waiting for the standby {standby.name} to go (it cannot take over)")
+        return 1.0
+
     first = st.attempt == 0
     crash = retry_after is not None
     resumed_from_suspend = st.phase == "Suspended" or (st.barrier is not None and st.barrier.reason == "suspend")
@@ -325,6 +338,10 @@ def _start(b: Builder) -> float | None:
         worker_retry_after=None,
         worker_backoff_seconds=None,
     )
+    if standby is not None:
+        # Its attempt is on the status now: it stops waiting and claims the job. The create
+        # below is a no-op (the standby has the name), and kept for an operator that restarts.
+        b.act(PromoteStandby(standby.name))
     b.act(CreateControllerPod(attempt, world.avoid_nodes))
     if world.pdb_open or world.pdb_stale:
         b.act(CloseDisruptionBudget())
@@ -332,6 +349,14 @@ def _start(b: Builder) -> float | None:
         b.update(training_since=times.rfc3339(world.now))
         b.event("Normal", "ControllerCreated", "controller attempt 1")
         b.phase("Pending", "starting the controller")
+    elif standby is not None:
+        b.event(
+            "Normal",
+            "StandbyPromoted",
+            f"controller attempt {attempt}: the standby {standby.name} on node {standby.node} takes over, "
+            "resuming from the newest committed cut",
+        )
+        b.phase("Rescheduling", f"the standby {standby.name} takes over as attempt {attempt}")
     else:
         b.event("Normal", "ControllerCreated", f"controller attempt {attempt}, resuming from the newest committed cut")
         b.phase("Rescheduling", f"starting controller attempt {attempt}")

@@ -51,6 +51,13 @@ def compose(
     m = marks if marks is not None and marks.attempt < attempt else None
     first_step = (t.first_step_at if t else None) or times.rfc3339_micro(now)
     committed = m.committed_at if m else None
+    marks_in_order = (m.notice_at, m.requested_at, m.interrupted_at, m.pod_deleted_at) if m else ()
+    origin = next((x for x in marks_in_order if x), None)
+    # A pod scheduled before the recovery began was the warm standby (spec.standby): its start
+    # ("started") is when it saw its attempt, and it has no scheduling phase of its own.
+    standby = scheduled_at is not None and origin is not None and scheduled_at.timestamp() < (times.unix(origin) or 0)
+    if standby:
+        scheduled_at = None
     rec = LastRecovery(
         attempt=attempt,
         kind="barrier" if committed else "abrupt",
@@ -64,6 +71,7 @@ def compose(
         restored_at=t.restored_at if t else None,
         ready_at=t.ready_at if t else None,
         first_step_at=first_step,
+        standby=standby,
     )
     # With a barrier the pod's removal starts at the commit; after an abrupt loss, at the
     # moment the operator saw the work stop.
@@ -78,7 +86,6 @@ def compose(
         restored_to_ready=_seconds(rec.restored_at, rec.ready_at),
         ready_to_first_step=_seconds(rec.ready_at, first_step),
     )
-    origin = next((x for x in (rec.notice_at, rec.requested_at, rec.interrupted_at, rec.pod_deleted_at) if x), None)
     return rec.model_copy(
         update={
             "phases": phases,
@@ -103,4 +110,5 @@ def describe(rec: LastRecovery) -> str:
     parts = [f"{label} {sec:.1f}s" for label, sec in phase_seconds(rec)]
     total = f"; total {rec.total_seconds:.1f}s" if rec.total_seconds is not None else ""
     lost = f", {rec.seconds_lost:.1f}s lost" if rec.seconds_lost is not None else ""
-    return f"attempt {rec.attempt} recovered ({rec.kind}): " + ", ".join(parts) + total + lost
+    how = f"{rec.kind}, the standby took over" if rec.standby else rec.kind
+    return f"attempt {rec.attempt} recovered ({how}): " + ", ".join(parts) + total + lost

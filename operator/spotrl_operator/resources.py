@@ -20,6 +20,9 @@ from spotrl_runtime.api import rljob as api
 JOB_LABEL = "spotrl.dev/job"
 ROLE_LABEL = "spotrl.dev/role"
 ATTEMPT_LABEL = "spotrl.dev/attempt"
+STANDBY_LABEL = "spotrl.dev/standby"
+"""On a controller pod made ahead of its attempt (``spec.standby``): while ``status.attempt`` is
+below the pod's, it is the job's standby, not its controller."""
 WORKER_INDEX_LABEL = "spotrl.dev/worker-index"
 TRAINER_INDEX_LABEL = "spotrl.dev/trainer-index"
 INDEX_LABELS = {"worker": WORKER_INDEX_LABEL, "trainer": TRAINER_INDEX_LABEL}
@@ -233,12 +236,16 @@ def disruption_budget(ref: JobRef, open_: bool, trainers: int = 0) -> dict[str, 
     eviction of one of them gets 429 until a cut commits; open: minAvailable 0. An integer
     minAvailable, not maxUnavailable: for that the disruption controller would need the scale
     of the pods' owner, and an RLJob has none."""
-    selector: dict[str, Any] = {"matchLabels": {JOB_LABEL: ref.name, ROLE_LABEL: "controller"}}
-    if trainers:
-        selector = {
-            "matchLabels": {JOB_LABEL: ref.name},
-            "matchExpressions": [{"key": ROLE_LABEL, "operator": "In", "values": ["controller", "trainer"]}],
-        }
+    roles = ["controller", "trainer"] if trainers else ["controller"]
+    selector: dict[str, Any] = {
+        "matchLabels": {JOB_LABEL: ref.name},
+        "matchExpressions": [
+            {"key": ROLE_LABEL, "operator": "In", "values": roles},
+            # A standby (spec.standby) holds nothing yet; counted, it would let the drain evict
+            # the controller it stands by for. The operator takes the label off as it promotes it.
+            {"key": STANDBY_LABEL, "operator": "DoesNotExist"},
+        ],
+    }
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
@@ -347,10 +354,16 @@ def _placement(spec: api.RLJobSpec, avoid_nodes: Iterable[str]) -> dict[str, Any
 
 
 def controller_pod(
-    ref: JobRef, spec: api.RLJobSpec, settings: Settings, attempt: int, avoid_nodes: Iterable[str] = ()
+    ref: JobRef,
+    spec: api.RLJobSpec,
+    settings: Settings,
+    attempt: int,
+    avoid_nodes: Iterable[str] = (),
+    standby: bool = False,
 ) -> dict[str, Any]:
     """The job's controller (trainer, recovery core; generation workers as Ray actors unless
-    ``generation.workerPods``)."""
+    ``generation.workerPods``). ``standby``: made before its attempt is on the status
+    (``spec.standby``); the same pod, labelled so, which warms up and waits for its attempt."""
     n = names(ref.name)
     sched = spec.scheduling
     env, env_from = _runtime_env(ref, spec, settings, attempt, storage=True)
@@ -386,7 +399,12 @@ def controller_pod(
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _meta(ref, controller_pod_name(ref.name, attempt), "controller", {ATTEMPT_LABEL: str(attempt)}),
+        "metadata": _meta(
+            ref,
+            controller_pod_name(ref.name, attempt),
+            "controller",
+            {ATTEMPT_LABEL: str(attempt), **({STANDBY_LABEL: "true"} if standby else {})},
+        ),
         "spec": _restricted(pod_spec),
     }
 

@@ -40,6 +40,8 @@ class PodView:
     """Worker and trainer pods: the pod's index within the attempt."""
     scheduled_at: datetime | None = None
     """When the pod was bound to a node (its PodScheduled condition turned True)."""
+    standby: bool = False
+    """A controller pod that still carries the standby label (``spec.standby``)."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,9 @@ class World:
     spec: RLJobSpec
     status: RLJobStatus
     pods: tuple[PodView, ...] = ()
-    """The job's controller pods."""
+    """The job's controller pods (its standby not among them)."""
+    standbys: tuple[PodView, ...] = ()
+    """Controller pods made ahead of their attempt (``spec.standby``), waiting for it."""
     workers: tuple[PodView, ...] = ()
     """The job's generation worker pods (``spec.generation.workerPods``), of every attempt."""
     trainers: tuple[PodView, ...] = ()
@@ -80,6 +84,8 @@ class World:
 class CreateControllerPod:
     attempt: int
     avoid_nodes: frozenset[str]
+    standby: bool = False
+    """Made ahead of its attempt, to wait warm for it (:mod:`~spotrl_operator.standby`)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,14 @@ class DeletePod:
 
 
 @dataclass(frozen=True)
+class PromoteStandby:
+    """Takes the standby label off the pod that is now the job's controller, so that the
+    PodDisruptionBudget holds it (its attempt is on the status already)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
 class RequestBarrier:
     barrier: BarrierStatus
     provider: str
@@ -142,6 +156,7 @@ Action = (
     | CreateWorkerPod
     | CreateTrainerPod
     | DeletePod
+    | PromoteStandby
     | RequestBarrier
     | OpenDisruptionBudget
     | CloseDisruptionBudget

@@ -5,6 +5,7 @@ with test-guarded JSON patches, stale answers refused, other attempts ignored, s
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -187,4 +188,92 @@ def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identit
         (data / "stop").touch()
         for n in range(1, 6):
             (data / f"go-{n}").touch()
+        admin.delete(f"{jobs_url}/j")
+
+
+# A standby's wait, as `spotrl controller` runs it (spotrl_runtime.controller.standby), with a
+# stand-in for the prestarted Ray (none is started here).
+STANDBY = """
+import json, logging, pathlib, sys, time
+logging.basicConfig(level=logging.INFO)
+from spotrl_runtime.api.rljob import parse_rljob
+from spotrl_runtime.controller.assemble import ControllerOptions
+from spotrl_runtime.controller.kube_bridge import KubeBridge
+from spotrl_runtime.controller.standby import StandbyStopped, stand_by
+out = pathlib.Path(sys.argv[1])
+class Prestart:
+    def wait(self, workers=False):
+        (out / "prestart-waited").write_text(str(workers))
+bridge = KubeBridge.from_env()
+options = ControllerOptions(storage_uri="s3://bucket-x/j")
+try:
+    rljob = stand_by(parse_rljob(bridge.read_job()), bridge, options, Prestart())
+except StandbyStopped:
+    (out / "stopped").write_text(str(time.time()))
+    time.sleep(5)
+    sys.exit(143)
+policy = [c.__name__ for c in type(options.policy[0]).__mro__]
+got = {"attempt": rljob["status"]["attempt"], "started_at": options.started_at, "policy": policy}
+(out / "promoted").write_text(json.dumps(got))
+"""
+
+
+def test_a_standby_warms_up_claims_nothing_and_goes_on_when_its_attempt_comes(cluster: Cluster, namespace: str) -> None:
+    apply_crd(cluster)
+    admin = cluster.admin()
+    jobs_url = path(RLJOBS, "rljobs", namespace)
+    job = admin.create(jobs_url, tiny_job("j", checkpoint={"storage": "s3://bucket-x/j"}))
+    ref = resources.JobRef("j", namespace, job["metadata"]["uid"])
+    for obj, plural, version in (
+        (resources.service_account(ref), "serviceaccounts", "v1"),
+        (resources.role(ref), "roles", "rbac.authorization.k8s.io/v1"),
+        (resources.role_binding(ref), "rolebindings", "rbac.authorization.k8s.io/v1"),
+    ):
+        admin.create(path(version, plural, namespace), obj)
+    status_url = f"{jobs_url}/j/status"
+    admin.patch(status_url, {"status": {"attempt": 1, "phase": "Running"}})
+
+    def standby(name: str, attempt: int) -> Path:
+        env = [
+            {"name": "SPOTRL_JOB", "value": "j"},
+            {"name": "SPOTRL_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "SPOTRL_ATTEMPT", "value": str(attempt)},
+        ]
+        pod = python_pod(name, STANDBY, service_account="j-runtime", env=env, node="spot-b", grace_seconds=30)
+        admin.create(path("v1", "pods", namespace), pod)
+        cluster.wait_pod(namespace, name, "Running", timeout=30)
+        wait_until(
+            lambda: f"waiting for status.attempt to reach {attempt}" in cluster.pod_log(namespace, name),
+            120,
+            f"{name} to be warm; log:\n{cluster.pod_log(namespace, name)}",
+        )
+        return cluster.pod_dir(namespace, name) / "volumes" / "data"
+
+    try:
+        data = standby("standby-2", 2)
+        assert (data / "prestart-waited").read_text() == "True", "it waits for its generation workers too"
+        seen = admin.get(f"{jobs_url}/j")["metadata"]["resourceVersion"]
+        time.sleep(2)
+        assert not (data / "promoted").exists(), "it went on before its attempt came"
+        assert admin.get(f"{jobs_url}/j")["metadata"]["resourceVersion"] == seen, "a standby wrote to the RLJob"
+
+        # Another attempt's change is not its own: it goes on waiting.
+        admin.patch(status_url, {"status": {"phase": "Checkpointing"}})
+        time.sleep(1)
+        assert not (data / "promoted").exists()
+        came = time.time()
+        admin.patch(status_url, {"status": {"attempt": 2}})
+        wait_until((data / "promoted").exists, 10, "the standby to see its attempt")
+        got = json.loads((data / "promoted").read_text())
+        assert got["attempt"] == 2
+        assert "PreTrainedModel" in got["policy"], "the policy was loaded while it waited"
+        assert came - 1 <= got["started_at"] <= time.time(), "its start counts from its attempt, not its process"
+
+        # A SIGTERM while waiting ends it at once, not at the end of the watch or the grace period.
+        data = standby("standby-3", 3)
+        deleted = time.time()
+        admin.delete(path("v1", "pods", namespace, "standby-3"))
+        wait_until((data / "stopped").exists, 10, "the standby to stop on SIGTERM")
+        assert float((data / "stopped").read_text()) - deleted < 5
+    finally:
         admin.delete(f"{jobs_url}/j")

@@ -248,6 +248,100 @@ def test_a_drain_after_a_notice_waits_for_the_barrier_cut_then_resumes_elsewhere
     assert_same_stream(reference, e2e_storage, "tiny")
 
 
+def test_with_a_standby_the_warm_pod_takes_over_after_the_barrier_cut(
+    cluster: Any,
+    jobs: Jobs,
+    start_operator: Any,
+    e2e_storage: JobStorage,
+    reference: dict[int, Any],
+    tmp_path: Path,
+) -> None:
+    """spec.standby: the next attempt's controller pod waits warm on the other spot node, is
+    not counted by the PodDisruptionBudget (an eviction of the controller is still refused),
+    and is the pod that takes over: the same pod, not a new one, with the same prompts trained.
+    The tiny job trains its 12 steps faster than a standby warms up on 2 cores: step 3 is held
+    (a failpoint) until the standby is warm."""
+    if TARGET == "kind":
+        pytest.skip("holds a step through the operator's --runtime-env; the kind operator is the chart's")
+    held = tmp_path / "failpoints"
+    held.mkdir()
+    held.chmod(0o777)  # the pods' user writes its marks here
+    start_operator(
+        args=(
+            "--runtime-env",
+            "SPOTRL_FAILPOINTS=train.step@3=300",
+            "--runtime-env",
+            f"SPOTRL_FAILPOINT_DIR={held}",
+        )
+    )
+    job = tiny_job("tiny", e2e_storage, SPOT)
+    job["spec"]["standby"] = True
+    cluster.admin().create(f"/api/v1/namespaces/{jobs.ns}/secrets", e2e_storage.secret())
+    jobs.create(job)
+    st = training(jobs, "tiny", 1)
+    node, pod = st["controllerNode"], st["controllerPod"]
+
+    def standby() -> dict[str, Any] | None:
+        pods = [p for p in jobs.pods("tiny") if p["metadata"]["name"] == "tiny-controller-2"]
+        return pods[0] if pods else None
+
+    wait_until(lambda: (standby() or {}).get("status", {}).get("phase") == "Running", 120, "the standby to run")
+    waiting = standby()
+    assert waiting is not None
+    assert waiting["metadata"]["labels"].get("spotrl.dev/standby") == "true"
+    assert waiting["spec"]["nodeName"] != node, "the standby shares the controller's node"
+    wait_until(
+        lambda: "waiting for status.attempt to reach 2" in cluster.pod_log(jobs.ns, "tiny-controller-2"),
+        300,
+        "the standby to be warm",
+    )
+    wait_until((held / "train.step").exists, 60, "step 3 to be held")
+    st = jobs.status("tiny")
+    assert (st["attempt"], st["controllerPod"], st.get("standbyPod")) == (1, pod, "tiny-controller-2")
+    # The standby holds nothing: the budget still holds the controller alone.
+    code, message = cluster.evict(jobs.ns, pod)
+    assert code == 429, f"the controller was evicted with a standby running: {code} {message}"
+
+    cluster.taint(node, KARPENTER, "true")
+    drain = cluster.drain(node, timeout=300)
+    (held / "train.step.release").touch()  # the barrier interrupts the held step
+    try:
+        jobs.barrier_commit("tiny", 120)
+        assert drain.wait(300) == 0, drain.output()
+    finally:
+        drain.stop()
+    st = training(jobs, "tiny", 1, attempt=2)
+    took_over = standby()
+    assert took_over is not None
+    assert took_over["metadata"]["uid"] == waiting["metadata"]["uid"], "a new pod was made instead"
+    assert st["controllerPod"] == "tiny-controller-2"
+    assert st["controllerNode"] == waiting["spec"]["nodeName"]
+    wait_until(
+        lambda: "spotrl.dev/standby" not in ((standby() or {}).get("metadata", {}).get("labels") or {}),
+        30,
+        "the operator to take the standby label off",
+    )
+    cluster.untaint(node, KARPENTER)
+    cluster.uncordon(node)
+
+    st = succeeded(jobs, "tiny")
+    assert (st["preemptions"], st["restarts"]) == (1, 0)
+    rec = st["lastRecovery"]
+    assert (rec["attempt"], rec["kind"], rec["standby"]) == (2, "barrier", True), rec
+    assert "scheduledAt" not in rec, rec
+    assert "scheduledToStarted" not in rec["phases"], rec
+    reasons = set(jobs.reasons("tiny"))
+    assert {"StandbyCreated", "StandbyPromoted", "BarrierCommitted", "Recovered"} <= reasons, reasons
+    assert "StandbyFailed" not in reasons
+    assert_same_stream(reference, e2e_storage, "tiny")
+    # Done: no standby is kept for a job that has nothing left to train.
+    wait_until(
+        lambda: not [p for p in jobs.pods("tiny") if p["metadata"]["labels"].get("spotrl.dev/standby") == "true"],
+        60,
+        "the last standby to go",
+    )
+
+
 RECOVERY_PHASES = (
     "noticeToRequested",
     "requestedToCommitted",

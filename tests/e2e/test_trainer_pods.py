@@ -150,7 +150,10 @@ def check_trainer_pods(
     # (else it would find the budget stale and close it again on every pass).
     assert pdb["spec"]["selector"] == {
         "matchLabels": {"spotrl.dev/job": NAME},
-        "matchExpressions": [{"key": "spotrl.dev/role", "operator": "In", "values": ["controller", "trainer"]}],
+        "matchExpressions": [
+            {"key": "spotrl.dev/role", "operator": "In", "values": ["controller", "trainer"]},
+            {"key": "spotrl.dev/standby", "operator": "DoesNotExist"},
+        ],
     }
     if TARGET != "kind":
         ranks = rank_pods(cluster, jobs, st["controllerPod"])

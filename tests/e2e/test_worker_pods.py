@@ -115,7 +115,7 @@ def test_worker_pods_train_and_a_lost_worker_node_costs_no_restore(
         assert up() == worker_ips, (up(), worker_ips)
         assert controller_ip not in up()
         pdb = cluster.admin().get(f"/apis/policy/v1/namespaces/{jobs.ns}/poddisruptionbudgets/tiny-controller")
-        assert pdb["spec"]["selector"]["matchLabels"]["spotrl.dev/role"] == "controller"
+        assert pdb["spec"]["selector"]["matchExpressions"][0]["values"] == ["controller"]
 
         # The node of a worker (not the controller's) is lost abruptly.
         victim = next(

@@ -495,6 +495,14 @@ class RLJobSpec(ApiObject):
     scheduling: Scheduling = Field(default_factory=Scheduling, description="Placement of the pods.")
     failure_budget: FailureBudget = Field(default_factory=FailureBudget, description="Crash retries.")
     suspend: bool = Field(default=False, description="true: take a barrier cut and stop the pods; false resumes.")
+    standby: bool = Field(
+        default=False,
+        description=(
+            "true: keep the next attempt's controller pod warm on another node (imports, Ray, generation "
+            "workers and the policy loaded), idle until a preemption or crash makes it the controller. Costs "
+            "a second controller pod's resources while idle."
+        ),
+    )
 
     rules = (
         Rule(
@@ -665,6 +673,11 @@ class LastRecovery(ApiObject):
     seconds_lost: float | None = Field(
         default=None, ge=0, description="What this preemption added to secondsLost (retraining included)."
     )
+    standby: bool = Field(
+        default=False,
+        description="true: a warm standby controller (spec.standby) took over; its pod was scheduled before the "
+        "recovery began, so scheduledAt and the phases up to startedAt are left out.",
+    )
 
 
 class Accounting(ApiObject):
@@ -772,6 +785,15 @@ class RLJobStatus(ApiObject):
         default=None,
         ge=0,
         description="Trainer pods of the current attempt that run (training.parallelism.trainerPods).",
+    )
+    standby_pod: str | None = Field(
+        default=None, description="The warm standby controller's pod (spec.standby), once it runs; none else."
+    )
+    standby_failed_attempt: int | None = Field(
+        default=None,
+        ge=0,
+        description="The attempt during which a standby pod failed by itself: no other standby is made "
+        "until the next attempt (the Event StandbyFailed says why).",
     )
     trainers_attempt: int | None = Field(
         default=None,

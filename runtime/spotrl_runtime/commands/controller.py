@@ -6,6 +6,11 @@ server, and runs it with the Kubernetes bridge: barrier requests arrive through 
 status, and steps and cuts are reported there. With ``spec.generation.workerPods`` its Ray
 head listens on the pod's IP and its address goes to ``status.rayHead`` for the worker pods.
 
+A pod made as the job's standby (``spec.standby``: its attempt is above ``status.attempt``)
+warms up (imports, Ray, the generation workers, the policy), then waits, claiming and serving
+nothing, until the operator writes its attempt onto the status; then it runs as the controller
+(:mod:`~spotrl_runtime.controller.standby`).
+
 Its HTTP endpoint is two listeners: GET /metrics (and /healthz) on the pod's IP, port 9400,
 for Prometheus; /metrics, /status and POST /barrier on 127.0.0.1:8080, which only the pod
 itself reaches, or you with ``kubectl port-forward pod/<pod> 8080``. ``--http-host 0.0.0.0``
@@ -17,6 +22,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
+import time
 from typing import Any
 
 from spotrl_runtime.commands import preflight
@@ -43,9 +50,21 @@ def _required(name: str) -> str:
     return value
 
 
-def run(args: argparse.Namespace) -> int:
+def _parse(rljob: dict[str, Any], namespace: str, name: str) -> Any:
+    """The RLJob as the API server has it, checked; a :class:`UsageError` names what is wrong."""
     from spotrl_runtime.api.rljob import SpecError, parse_rljob
+
+    try:
+        job = parse_rljob(rljob)
+    except SpecError as err:
+        raise UsageError(f"RLJob {namespace}/{name}: " + "; ".join(f"{p}: {m}" for p, m in err.problems)) from None
+    preflight.check_job_inputs(job, f"RLJob {namespace}/{name}")
+    return job
+
+
+def run(args: argparse.Namespace) -> int:
     from spotrl_runtime.commands.run import controller_options, run_controller, start_ray_early
+    from spotrl_runtime.controller.standby import StandbyStopped, stand_by, status_attempt
 
     job_name, namespace = _required("SPOTRL_JOB"), os.environ.get("SPOTRL_NAMESPACE") or "default"
     storage, attempt_text = _required("SPOTRL_STORAGE"), _required("SPOTRL_ATTEMPT")
@@ -63,17 +82,27 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     bridge = KubeBridge(job_name, namespace, attempt)
-    try:
-        job = parse_rljob(bridge.read_job())
-    except SpecError as err:
-        raise UsageError(f"RLJob {namespace}/{job_name}: " + "; ".join(f"{p}: {m}" for p, m in err.problems)) from None
-    preflight.check_job_inputs(job, f"RLJob {namespace}/{job_name}")
+    rljob = bridge.read_job()
+    job = _parse(rljob, namespace, job_name)
     # Ray listens on the pod's IP (worker pods join there); the barrier endpoint does not.
     # spec.generation.workerPods: the workers are pods of their own that join this pod's Ray.
     ray_host, remote_workers = pod_ip or "127.0.0.1", job.spec.generation.worker_pods
     prestart = start_ray_early(args, job, ray_host=ray_host, remote_workers=remote_workers)
     try:
         options = controller_options(args, job, storage, metrics_host=metrics_host)
+        if status_attempt(rljob) < attempt:  # a standby (spec.standby): warm, then wait for its attempt
+            try:
+                promoted = stand_by(job, bridge, options, prestart)
+            except StandbyStopped:
+                print("spotrl: stopped while standing by (nothing to keep)", file=sys.stderr)
+                return 143  # as a controller stopped by SIGTERM
+            if promoted["metadata"].get("generation") != rljob["metadata"].get("generation"):
+                # The spec changed while it waited: what it warmed up may not fit any more.
+                job = _parse(promoted, namespace, job_name)
+                prestart.close()
+                prestart = start_ray_early(args, job, ray_host=ray_host, remote_workers=remote_workers)
+                options = controller_options(args, job, storage, metrics_host=metrics_host)
+                options.started_at = time.time()
         options.prestart = prestart
         options.attempt = attempt
         options.ray_host = ray_host

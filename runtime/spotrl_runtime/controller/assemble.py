@@ -87,6 +87,12 @@ class ControllerOptions:
     prestart: Prestart | None = None
     """Ray and the generation pool, begun before the controller's imports (taken if its
     settings still match these, else stopped and started again)."""
+    policy: tuple[Any, Any] | None = None
+    """The policy and its tokenizer, loaded already (a standby loads them while it waits);
+    used once, in place of loading ``spec.policy`` for training."""
+    started_at: float | None = None
+    """When this controller's start counts from (a standby: when its attempt came); default:
+    when the process started."""
     sinks: list[StatusSink] = field(default_factory=list)
     on_ready: list[Callable[[Controller], object]] = field(default_factory=list)
     """Called once the run is restored and generation is up, before training starts (e.g.
@@ -180,7 +186,8 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             trainer = TrainerGroup.from_rljob(spec, options.device, pad_token_id=tokenizer.pad_token_id or 0)
             trainer.start(timeout=options.worker_wait_seconds, stop=stop)
         else:
-            model, tokenizer = load_policy(spec.policy, options.device)
+            model, tokenizer = options.policy or load_policy(spec.policy, options.device)
+            options.policy = None
             trainer = Trainer(model, TrainerConfig.from_rljob(spec), pad_token_id=tokenizer.pad_token_id or 0)
         reward = load_reward(spec.reward)
         start = resume_or_start(
@@ -211,7 +218,7 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             # While the workers start (their own processes): the first pass's one-time costs.
             log.info("trainer warmed up in %.2f s while the generation workers start", trainer.warm_up())
         _wait_for_workers(job, options, pool, stop)
-        start_times = StartTimes(process_started_at(), restored_at, time.time())
+        start_times = StartTimes(options.started_at or process_started_at(), restored_at, time.time())
         if start.restored is not None:
             _record_restore(audit, start.restored, start.owners.attempt, start_times)
     except BaseException:

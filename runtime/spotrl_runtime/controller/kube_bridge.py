@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from spotrl_runtime.api import rljob as api
@@ -151,6 +151,15 @@ class KubeBridge:
 
     # ------------------------------------------------------------------ barrier requests
     def _watch_loop(self) -> None:
+        for rljob in self._states():
+            try:
+                self.handle(rljob)
+            except Exception as err:  # one state it cannot act on: the next may do
+                log.warning("RLJob %s/%s: %s", self.namespace, self.job, err)
+
+    def _states(self) -> Iterator[Obj]:
+        """Every state of the RLJob as the API server shows it: listed, then watched (listed
+        again after a 410), until :meth:`stop`. Network trouble and API restarts: it watches again."""
         from kubernetes.watch.watch import iter_resp_lines
 
         rv: str | None = None
@@ -159,8 +168,7 @@ class KubeBridge:
             try:
                 if rv is None:
                     listing = self._api.list_job()
-                    for item in listing.get("items") or []:
-                        self.handle(item)
+                    yield from listing.get("items") or []
                     rv = str((listing.get("metadata") or {}).get("resourceVersion") or "0")
                 resp = self._api.watch(rv)
                 try:
@@ -175,7 +183,7 @@ class KubeBridge:
                             break
                         rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
                         if event.get("type") in ("ADDED", "MODIFIED"):
-                            self.handle(obj)
+                            yield obj
                 finally:
                     resp.release_conn()
                 backoff = 0.5
@@ -185,6 +193,15 @@ class KubeBridge:
                 log.warning("watching RLJob %s/%s: %s; again in %.1f s", self.namespace, self.job, err, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
+
+    def wait_for_attempt(self) -> Obj:
+        """A standby's wait (``spec.standby``): returns the RLJob once ``status.attempt`` reaches
+        this controller's attempt, which the operator writes when this pod is to take over.
+        Until then this controller claims nothing and writes nothing."""
+        for rljob in self._states():
+            if int((rljob.get("status") or {}).get("attempt") or 0) >= self.attempt:
+                return rljob
+        raise RuntimeError("the bridge was stopped while waiting for its attempt")
 
     def handle(self, rljob: Obj) -> bool:
         """Looks at one observed state of the RLJob; starts answering a new request addressed

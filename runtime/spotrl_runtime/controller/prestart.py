@@ -101,6 +101,17 @@ class Prestart:
         """Whether it was started with these settings (the options may change after it began)."""
         return self._args[1:4] == (host, remote_workers, num_cpus)
 
+    def wait(self, workers: bool = False) -> None:
+        """Waits until the start is done (raising what it raised), then puts this
+        process's SIGTERM handler back in force. ``workers``: also until the generation workers
+        of this process's Ray have built their backend (none to wait for with remote workers)."""
+        self._ready.wait()
+        _keep_our_sigterm()
+        if self._error is not None:
+            raise self._error
+        if workers and self._result is not None and not self._args[2]:
+            self._result[1].wait_ready()
+
     def take(self) -> tuple[RayRuntime, GenerationPool]:
         """Waits for the start, then hands Ray and the pool over; the caller stops them."""
         self._ready.wait()

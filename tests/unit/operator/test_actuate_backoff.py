@@ -190,7 +190,10 @@ def test_the_budget_is_set_whole_and_a_trainer_pod_is_created_as_one() -> None:
             "path": "/spec/selector",
             "value": {
                 "matchLabels": {"spotrl.dev/job": "tiny"},
-                "matchExpressions": [{"key": "spotrl.dev/role", "operator": "In", "values": ["controller", "trainer"]}],
+                "matchExpressions": [
+                    {"key": "spotrl.dev/role", "operator": "In", "values": ["controller", "trainer"]},
+                    {"key": "spotrl.dev/standby", "operator": "DoesNotExist"},
+                ],
             },
         },
     ]

@@ -189,11 +189,19 @@ def test_a_trainer_pods_node_raises_the_jobs_signals_and_its_disruption_is_on_it
 def test_a_budget_that_holds_other_pods_than_the_job_wants_is_stale() -> None:
     trainers = job()
     trainers["spec"]["training"]["parallelism"] = {"strategy": "fsdp", "ranks": 2, "trainerPods": True}
-    controller_only = {"matchLabels": {"spotrl.dev/job": "j", "spotrl.dev/role": "controller"}}
+    no_standby = {"key": "spotrl.dev/standby", "operator": "DoesNotExist"}
+    controller_only = {
+        "matchLabels": {"spotrl.dev/job": "j"},
+        "matchExpressions": [{"key": "spotrl.dev/role", "operator": "In", "values": ["controller"]}, no_standby],
+    }
     both = {
         "matchLabels": {"spotrl.dev/job": "j"},
-        "matchExpressions": [{"key": "spotrl.dev/role", "operator": "In", "values": ["controller", "trainer"]}],
+        "matchExpressions": [
+            {"key": "spotrl.dev/role", "operator": "In", "values": ["controller", "trainer"]},
+            no_standby,
+        ],
     }
+    before_standbys = {"matchLabels": {"spotrl.dev/job": "j", "spotrl.dev/role": "controller"}}
 
     def world(doc: dict[str, Any], min_available: int, selector: dict[str, Any]) -> Any:
         pdb = trim_pdb(
@@ -206,6 +214,7 @@ def test_a_budget_that_holds_other_pods_than_the_job_wants_is_stale() -> None:
     assert world(trainers, 1, controller_only).pdb_stale is True, "made before the job had trainer pods"
     assert world(trainers, 2, both).pdb_stale is True, "ranks changed"
     assert world(job(), 3, both).pdb_stale is True
+    assert world(job(), 1, before_standbys).pdb_stale is True, "an older operator's budget would hold a standby"
     assert (world(trainers, 0, controller_only).pdb_stale, world(trainers, 0, both).pdb_open) == (False, True)
 
 

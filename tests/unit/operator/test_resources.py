@@ -78,7 +78,10 @@ def test_the_budget_holds_the_trainer_pods_with_the_controller() -> None:
     assert closed["minAvailable"] == 3
     assert closed["selector"] == {
         "matchLabels": {"spotrl.dev/job": "tiny"},
-        "matchExpressions": [{"key": "spotrl.dev/role", "operator": "In", "values": ["controller", "trainer"]}],
+        "matchExpressions": [
+            {"key": "spotrl.dev/role", "operator": "In", "values": ["controller", "trainer"]},
+            {"key": "spotrl.dev/standby", "operator": "DoesNotExist"},
+        ],
     }
     assert resources.disruption_budget(REF, open_=True, trainers=2)["spec"]["minAvailable"] == 0
     assert resources.budget_trainers(TRAINER_SPEC) == 2
@@ -191,8 +194,8 @@ def test_the_worker_pod() -> None:
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["spot-a"]}]}]
     # The PDB holds the controller only: a worker is never waited for.
-    selector = resources.disruption_budget(REF, open_=False)["spec"]["selector"]["matchLabels"]
-    assert selector["spotrl.dev/role"] == "controller"
+    selector = resources.disruption_budget(REF, open_=False)["spec"]["selector"]["matchExpressions"]
+    assert selector[0] == {"key": "spotrl.dev/role", "operator": "In", "values": ["controller"]}
 
 
 TRAINER_SPEC = parse_spec(
