@@ -1,7 +1,7 @@
 """Operator latencies on the test control plane (real API server, controllers, node agent).
 
     PYTHONPATH=e2e python bench/bench_operator.py [--jobs 1,10,100] [--extra-nodes 0,20]
-                                                  [--rounds 5] [--preemptions 5]
+                                                  [--rounds 5] [--preemptions 5] [--standby both]
 
 1. **signal → barrier request**, and how it grows with the number of RLJobs and of nodes
    the operator watches. N RLJobs whose controller pods idle on node spot-a: the bench
@@ -18,6 +18,10 @@
    table: the median and p95 of each phase of ``status.lastRecovery`` (what the operator
    and the controller recorded: notice → requested → committed → old pod deleted → fresh pod
    scheduled → process started → cut restored → generation ready → first trained step).
+   ``--standby both`` (the default) runs this twice in turn, without ``spec.standby`` and
+   with it (each notice then comes once the next attempt's standby is warm), prints the
+   second's eviction → first step as a ratio of the first's, and what the waiting standby
+   costs: its CPU over 10 s and its memory (PSS), summed over its processes.
 
 The operator runs as ``python -m spotrl_operator`` (admin kubeconfig, no leader election,
 reconcile interval 2 s), so the figures include its real watch and write paths.
@@ -222,11 +226,11 @@ def pod_log(cluster: Cluster, ns: str, pod: str) -> str:
 
 
 def standby_cost(pod: str, seconds: float = 10.0) -> tuple[float, float]:
-    """(CPU cores used, resident MiB) of a waiting standby: every process on this machine that
+    """(CPU cores used, MiB of memory) of a waiting standby: every process on this machine that
     runs for ``pod`` (the node agent runs pods as local processes; Ray's inherit the pod's
-    environment), its CPU time over ``seconds``."""
+    environment), its CPU time over ``seconds`` and its proportional set size (shared pages
+    split among the processes that map them, so the libraries Ray's processes share count once)."""
     tick = os.sysconf("SC_CLK_TCK")
-    page = os.sysconf("SC_PAGE_SIZE")
 
     def processes() -> dict[int, tuple[float, int]]:
         out = {}
@@ -237,9 +241,10 @@ def standby_cost(pod: str, seconds: float = 10.0) -> tuple[float, float]:
                 if f"SPOTRL_POD_NAME={pod}".encode() not in (entry / "environ").read_bytes().split(b"\0"):
                     continue
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                rss = int((entry / "statm").read_text().split()[1]) * page
-                out[int(entry.name)] = ((int(fields[11]) + int(fields[12])) / tick, rss)
-            except (OSError, ValueError, IndexError):
+                rollup = (entry / "smaps_rollup").read_text().splitlines()
+                pss = next(int(line.split()[1]) for line in rollup if line.startswith("Pss:")) * 1024
+                out[int(entry.name)] = ((int(fields[11]) + int(fields[12])) / tick, pss)
+            except (OSError, ValueError, IndexError, StopIteration):
                 continue
         return out
 
@@ -247,7 +252,7 @@ def standby_cost(pod: str, seconds: float = 10.0) -> tuple[float, float]:
     time.sleep(seconds)
     after = processes()
     cpu = sum(t - before[pid][0] for pid, (t, _) in after.items() if pid in before)
-    return cpu / seconds, sum(rss for _, rss in after.values()) / 2**20
+    return cpu / seconds, sum(pss for _, pss in after.values()) / 2**20
 
 
 def bench_preemptions(
@@ -256,7 +261,7 @@ def bench_preemptions(
     """The tiny job preempted K times (notice taint + drain): the three latencies the bench
     sees per preemption, and each phase of ``status.lastRecovery`` (with its total). With
     ``standby`` (``spec.standby``), each notice comes once the next attempt's standby is warm,
-    and what the standby costs while it waits (CPU cores, resident MiB) is measured before the
+    and what the standby costs while it waits (CPU cores, MiB of memory) is measured before the
     first (else None)."""
     admin = cluster.admin()
     ns = cluster.create_namespace("bench-standby" if standby else "bench-preempt")
@@ -410,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"  eviction → first step against spec.standby false: {first_step / baseline:.2f}x")
         if cost is not None:
-            print(f"  the waiting standby: {cost[0]:.3f} CPU cores, {cost[1] / 1024:.2f} GiB resident")
+            print(f"  the waiting standby: {cost[0]:.3f} CPU cores, {cost[1] / 1024:.2f} GiB (PSS)")
         print("where the seconds go: status.lastRecovery phases (s: median, p95)")
         for label, values in phases.items():
             print(f"  {label:<26} {statistics.median(values):6.2f} {pct(values, 0.95):6.2f}  (n={len(values)})")

@@ -323,7 +323,7 @@ def _start(b: Builder) -> float | None:
         marks = b.st.recovering or RecoveryMarks(attempt=st.attempt)
         if marks.pod_deleted_at is None:
             marks = marks.model_copy(update={"pod_deleted_at": times.rfc3339_micro(world.now)})
-        b.update(recovering=marks)
+        b.update(recovering=marks.model_copy(update={"standby": standby is not None}))
     elif b.st.recovering is not None:
         b.update(recovering=None)  # a crash or a suspend: no preemption to measure
     attempt = st.attempt + 1

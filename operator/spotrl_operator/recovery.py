@@ -51,11 +51,9 @@ def compose(
     m = marks if marks is not None and marks.attempt < attempt else None
     first_step = (t.first_step_at if t else None) or times.rfc3339_micro(now)
     committed = m.committed_at if m else None
-    marks_in_order = (m.notice_at, m.requested_at, m.interrupted_at, m.pod_deleted_at) if m else ()
-    origin = next((x for x in marks_in_order if x), None)
-    # A pod scheduled before the recovery began was the warm standby (spec.standby): its start
-    # ("started") is when it saw its attempt, and it has no scheduling phase of its own.
-    standby = scheduled_at is not None and origin is not None and scheduled_at.timestamp() < (times.unix(origin) or 0)
+    # The warm standby (spec.standby) was scheduled before the recovery began: no scheduling
+    # phase of its own, and its start ("started") is when it saw its attempt.
+    standby = bool(m and m.standby)
     if standby:
         scheduled_at = None
     rec = LastRecovery(
@@ -86,6 +84,7 @@ def compose(
         restored_to_ready=_seconds(rec.restored_at, rec.ready_at),
         ready_to_first_step=_seconds(rec.ready_at, first_step),
     )
+    origin = next((x for x in (rec.notice_at, rec.requested_at, rec.interrupted_at, rec.pod_deleted_at) if x), None)
     return rec.model_copy(
         update={
             "phases": phases,

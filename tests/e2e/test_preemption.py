@@ -298,6 +298,9 @@ def test_with_a_standby_the_warm_pod_takes_over_after_the_barrier_cut(
     wait_until((held / "train.step").exists, 60, "step 3 to be held")
     st = jobs.status("tiny")
     assert (st["attempt"], st["controllerPod"], st.get("standbyPod")) == (1, pod, "tiny-controller-2")
+    wide = cluster.kubectl("get", "rljobs", "-n", jobs.ns, "-o", "wide").stdout
+    assert "STANDBY" in wide.splitlines()[0], wide
+    assert "tiny-controller-2" in wide.splitlines()[1], wide
     # The standby holds nothing: the budget still holds the controller alone.
     code, message = cluster.evict(jobs.ns, pod)
     assert code == 429, f"the controller was evicted with a standby running: {code} {message}"

@@ -197,6 +197,7 @@ def crd() -> dict[str, Any]:
                             "priority": 1,
                             "jsonPath": ".status.accounting.stepsRetrained",
                         },
+                        {"name": "Standby", "type": "string", "priority": 1, "jsonPath": ".status.standbyPod"},
                         {"name": "Message", "type": "string", "priority": 1, "jsonPath": ".status.message"},
                     ],
                     "schema": {"openAPIV3Schema": openapi_schema()},

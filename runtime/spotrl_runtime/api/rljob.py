@@ -614,6 +614,9 @@ class RecoveryMarks(ApiObject):
         description="When the old controller pod was seen deleted: being deleted, after a committed barrier (the fresh "
         "controller does not wait for it to exit); else gone.",
     )
+    standby: bool = Field(
+        default=False, description="The next attempt is the warm standby (spec.standby): no pod is scheduled for it."
+    )
 
 
 class AttemptTimes(ApiObject):
@@ -675,8 +678,9 @@ class LastRecovery(ApiObject):
     )
     standby: bool = Field(
         default=False,
-        description="true: a warm standby controller (spec.standby) took over; its pod was scheduled before the "
-        "recovery began, so scheduledAt and the phases up to startedAt are left out.",
+        description="true: the warm standby controller (spec.standby) took over; its pod was scheduled before the "
+        "recovery began, so scheduledAt and the scheduling phases are left out, and startedAt is when it saw its "
+        "attempt.",
     )
 
 

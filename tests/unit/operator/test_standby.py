@@ -245,27 +245,46 @@ def test_observed_a_standby_is_no_controller_until_the_status_reaches_its_attemp
 
 
 def test_a_recovery_by_the_standby_has_no_scheduling_phase() -> None:
+    """Marked when the standby is promoted, not guessed from times: a fresh pod's PodScheduled
+    has whole seconds, and a recovery can take less than one."""
     marks = RecoveryMarks(
         attempt=1,
-        notice_at=rfc3339_micro(T0),
-        requested_at=rfc3339_micro(T0),
-        committed_at=rfc3339_micro(T0 + timedelta(seconds=0.3)),
-        pod_deleted_at=rfc3339_micro(T0 + timedelta(seconds=0.4)),
+        notice_at=rfc3339_micro(T0 + timedelta(seconds=0.5)),
+        requested_at=rfc3339_micro(T0 + timedelta(seconds=0.5)),
+        committed_at=rfc3339_micro(T0 + timedelta(seconds=0.8)),
+        pod_deleted_at=rfc3339_micro(T0 + timedelta(seconds=0.9)),
     )
     t = AttemptTimes(
         attempt=2,
-        started_at=rfc3339_micro(T0 + timedelta(seconds=0.5)),
+        started_at=rfc3339_micro(T0 + timedelta(seconds=1.0)),
         restored_at=rfc3339_micro(T0 + timedelta(seconds=2)),
         ready_at=rfc3339_micro(T0 + timedelta(seconds=2.5)),
         first_step_at=rfc3339_micro(T0 + timedelta(seconds=3)),
     )
-    early = T0 - timedelta(minutes=5)
-    rec = compose(marks, t, 2, early, T0 + timedelta(seconds=4))
-    assert rec.standby
-    assert rec.scheduled_at is None
-    assert rec.phases.deleted_to_scheduled is None
-    assert rec.phases.scheduled_to_started is None
-    assert rec.total_seconds == 3.0
-    fresh = compose(marks, t, 2, T0 + timedelta(seconds=0.45), T0 + timedelta(seconds=4))
+    fresh = compose(marks, t, 2, T0, T0 + timedelta(seconds=4))  # scheduled at T0.95, truncated to T0
     assert not fresh.standby
-    assert fresh.phases.deleted_to_scheduled is not None
+    assert fresh.scheduled_at == iso(T0)
+    assert fresh.phases.scheduled_to_started == 1.0
+    took_over = compose(marks.model_copy(update={"standby": True}), t, 2, T0 - timedelta(minutes=5), T0)
+    assert took_over.standby
+    assert took_over.scheduled_at is None
+    assert took_over.phases.deleted_to_scheduled is None
+    assert took_over.phases.scheduled_to_started is None
+    assert took_over.total_seconds == 2.5
+
+
+def test_the_promotion_marks_the_recovery() -> None:
+    barrier = BarrierStatus(
+        request_id="r", reason="cordon", attempt=1, state="Committed", cut_id="9", deadline=iso(T0), handled=True
+    )
+    marks = RecoveryMarks(attempt=1, notice_at=rfc3339_micro(T0), requested_at=rfc3339_micro(T0))
+    st = TRAINING.model_copy(update={"barrier": barrier, "recovering": marks})
+    old = (controller(deleting_since=T0),)
+    with_standby = reconcile(world(status=st, pods=old, standbys=(standby(),)))
+    without = reconcile(world(status=st, pods=old))
+    assert with_standby.status is not None
+    assert without.status is not None
+    assert with_standby.status.recovering is not None
+    assert without.status.recovering is not None
+    assert with_standby.status.recovering.standby
+    assert not without.status.recovering.standby
