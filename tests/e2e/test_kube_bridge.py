@@ -63,9 +63,9 @@ def rfc3339(dt: datetime) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identity(
-    cluster: Cluster, namespace: str
-) -> None:
+def job_with_runtime_identity(cluster: Cluster, namespace: str) -> tuple[str, str]:
+    """RLJob ``j`` at attempt 1, Running, with the runtime's ServiceAccount, Role and RoleBinding
+    as the operator makes them (no operator runs). Returns (the RLJobs' URL, j's status URL)."""
     apply_crd(cluster)
     admin = cluster.admin()
     jobs_url = path(RLJOBS, "rljobs", namespace)
@@ -79,6 +79,14 @@ def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identit
         admin.create(path(version, plural, namespace), obj)
     status_url = f"{jobs_url}/j/status"
     admin.patch(status_url, {"status": {"attempt": 1, "phase": "Running"}})
+    return jobs_url, status_url
+
+
+def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identity(
+    cluster: Cluster, namespace: str
+) -> None:
+    admin = cluster.admin()
+    jobs_url, status_url = job_with_runtime_identity(cluster, namespace)
 
     env = [
         {"name": "SPOTRL_JOB", "value": "j"},
@@ -219,19 +227,8 @@ got = {"attempt": rljob["status"]["attempt"], "started_at": options.started_at, 
 
 
 def test_a_standby_warms_up_claims_nothing_and_goes_on_when_its_attempt_comes(cluster: Cluster, namespace: str) -> None:
-    apply_crd(cluster)
     admin = cluster.admin()
-    jobs_url = path(RLJOBS, "rljobs", namespace)
-    job = admin.create(jobs_url, tiny_job("j", checkpoint={"storage": "s3://bucket-x/j"}))
-    ref = resources.JobRef("j", namespace, job["metadata"]["uid"])
-    for obj, plural, version in (
-        (resources.service_account(ref), "serviceaccounts", "v1"),
-        (resources.role(ref), "roles", "rbac.authorization.k8s.io/v1"),
-        (resources.role_binding(ref), "rolebindings", "rbac.authorization.k8s.io/v1"),
-    ):
-        admin.create(path(version, plural, namespace), obj)
-    status_url = f"{jobs_url}/j/status"
-    admin.patch(status_url, {"status": {"attempt": 1, "phase": "Running"}})
+    jobs_url, status_url = job_with_runtime_identity(cluster, namespace)
 
     def standby(name: str, attempt: int) -> Path:
         env = [

@@ -35,6 +35,9 @@ SPEC_DOC = {
     "standby": True,
 }
 SPEC = parse_spec(SPEC_DOC)
+COMMITTED = BarrierStatus(
+    request_id="r", reason="cordon", attempt=1, state="Committed", cut_id="9", deadline=iso(T0), handled=True
+)
 TRAINING = RLJobStatus(phase="Running", attempt=1, step=3, step_attempt=1, controller_pod="j-controller-1")
 
 
@@ -145,9 +148,7 @@ def test_a_failed_standby_is_said_once_and_not_replaced_until_the_next_attempt()
 def test_after_a_committed_barrier_the_standby_takes_over_as_the_next_attempt() -> None:
     """The lifecycle writes attempt 2 as always; the create is a no-op (the standby has the
     name) and the label comes off. Nothing makes a third attempt or deletes the standby."""
-    barrier = BarrierStatus(
-        request_id="r", reason="cordon", attempt=1, state="Committed", cut_id="9", deadline=iso(T0), handled=True
-    )
+    barrier = COMMITTED
     st = TRAINING.model_copy(update={"barrier": barrier})
     old = controller(deleting_since=T0)
     spot_a = frozenset({"spot-a"})
@@ -175,9 +176,7 @@ def test_after_a_committed_barrier_the_standby_takes_over_as_the_next_attempt() 
 
 
 def test_a_standby_that_cannot_take_over_goes_first_then_a_fresh_controller_is_made() -> None:
-    barrier = BarrierStatus(
-        request_id="r", reason="cordon", attempt=1, state="Committed", cut_id="9", deadline=iso(T0), handled=True
-    )
+    barrier = COMMITTED
     st = TRAINING.model_copy(update={"barrier": barrier})
     both = frozenset({"spot-a", "spot-b"})
     for unusable in (
@@ -274,9 +273,7 @@ def test_a_recovery_by_the_standby_has_no_scheduling_phase() -> None:
 
 
 def test_the_promotion_marks_the_recovery() -> None:
-    barrier = BarrierStatus(
-        request_id="r", reason="cordon", attempt=1, state="Committed", cut_id="9", deadline=iso(T0), handled=True
-    )
+    barrier = COMMITTED
     marks = RecoveryMarks(attempt=1, notice_at=rfc3339_micro(T0), requested_at=rfc3339_micro(T0))
     st = TRAINING.model_copy(update={"barrier": barrier, "recovering": marks})
     old = (controller(deleting_since=T0),)
