@@ -249,7 +249,7 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
             unusable.add(name)
         if node_lost(node):
             lost.add(name)
-    for pod in workers:  # a worker's node that is gone is lost; it raises no signal for the job
+    for pod in (*workers, *standbys):  # a node gone under them is lost; it raises no signal for the job
         node_name = (pod.get("spec") or {}).get("nodeName")
         if node_name and node_name not in snap.nodes:
             lost.add(node_name)

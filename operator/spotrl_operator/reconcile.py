@@ -308,8 +308,11 @@ def _start(b: Builder) -> float | None:
 
     standby = next((p for p in world.standbys if p.attempt == st.attempt + 1), None)
     if standby is not None and not usable(b, standby):
-        # The standby has the next attempt's name: it goes first, then a fresh pod is made.
-        if standby.deleting_since is None:
+        # The standby has the next attempt's name: it goes first, then a fresh pod is made
+        # (at once on a node that stopped answering: nobody would confirm its exit).
+        if standby.node is not None and standby.node in world.lost_nodes:
+            b.act(DeletePod(standby.name, force=True))
+        elif standby.deleting_since is None:
             b.act(DeletePod(standby.name))
         b.phase(st.phase or "Pending", f"waiting for the standby {standby.name} to go (it cannot take over)")
         return 1.0

@@ -60,7 +60,11 @@ def tend_standby(b: Builder) -> None:
         if why is None:
             kept = pod
             continue
-        if pod.deleting_since is None:
+        if pod.node is not None and pod.node in world.lost_nodes:
+            # Nothing to save, and its name is the next attempt's: no waiting for a node that
+            # may never confirm the deletion (again each pass, as a graceful one may hang).
+            b.act(DeletePod(pod.name, force=True))
+        elif pod.deleting_since is None:
             b.act(DeletePod(pod.name))
             if why == "failed":
                 b.update(standby_failed_attempt=st.attempt)

@@ -285,3 +285,36 @@ def test_the_promotion_marks_the_recovery() -> None:
     assert without.status.recovering is not None
     assert with_standby.status.recovering.standby
     assert not without.status.recovering.standby
+
+
+def test_a_standby_on_a_node_that_stopped_answering_is_force_deleted_and_never_waited_for() -> None:
+    """A graceful delete on a dead node never completes; the standby holds nothing and its name
+    is the next attempt's, so it is force-deleted (again each pass) instead of blocking it."""
+    lost = frozenset({"spot-b"})
+    going = standby(deleting_since=T0)
+    plan = reconcile(world(pods=(controller(),), standbys=(going,), lost_nodes=lost, unusable_nodes=lost))
+    assert of(plan, DeletePod) == [DeletePod("j-controller-2", force=True)]
+    # The controller's node goes too (a wave): the lifecycle force-deletes it rather than wait.
+    both = frozenset({"spot-a", "spot-b"})
+    st = TRAINING.model_copy(update={"barrier": COMMITTED})
+    w = world(status=st, pods=(controller(deleting_since=T0),), standbys=(standby(),), lost_nodes=both)
+    plan = reconcile(replace(w, unusable_nodes=both))
+    assert DeletePod("j-controller-2", force=True) in of(plan, DeletePod)
+    assert of(plan, PromoteStandby) == []
+
+
+def test_a_standby_whose_node_object_is_gone_is_on_a_lost_node() -> None:
+    settings = Settings()
+    ref = JobRef(name="j", namespace="ns", uid="u")
+    doc = {
+        "apiVersion": "spotrl.dev/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "j", "namespace": "ns", "uid": "u", "generation": 1, "resourceVersion": "5"},
+        "spec": SPEC_DOC,
+        "status": {"attempt": 1},
+    }
+    warm = controller_pod(ref, SPEC, settings, 2, standby=True)
+    warm["spec"]["nodeName"] = "deleted-node"
+    w = world_of(Snapshot(job=doc, pods=(warm,), nodes={}), settings, T0)
+    assert "deleted-node" in w.lost_nodes
+    assert "deleted-node" in w.unusable_nodes
