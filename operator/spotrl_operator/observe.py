@@ -286,6 +286,7 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
     return World(
         now=now or datetime.now(UTC),
         generation=int(meta.get("generation") or 0),
+        job=str(meta.get("name") or ""),
         spec=spec,
         status=status,
         pods=tuple(pod_view(p) for p in pods),

@@ -23,6 +23,7 @@ fails (then no other until the next attempt, so a standby that cannot start does
 
 from __future__ import annotations
 
+from spotrl_operator.resources import controller_pod_name
 from spotrl_operator.world import Builder, CreateControllerPod, DeletePod, PodView
 
 
@@ -35,7 +36,8 @@ def usable(b: Builder, pod: PodView) -> bool:
 
 def tend_standby(b: Builder) -> None:
     """Makes the job's standby, or lets go of one that is not wanted, and keeps
-    ``status.standbyPod`` in step."""
+    ``status.standbyPod`` in step (named from the pass that creates it: a plan's Events go out
+    with its status write, and this one would otherwise write nothing)."""
     world, st = b.world, b.st
     spec = world.spec
     if st.attempt != world.status.attempt:
@@ -74,7 +76,7 @@ def tend_standby(b: Builder) -> None:
                     "StandbyFailed",
                     f"standby {pod.name} failed ({exit_why}); no other standby until the next attempt",
                 )
-    b.update(standby_pod=kept.name if kept is not None and kept.phase == "Running" else None)
+    b.update(standby_pod=kept.name if kept is not None else None)
 
     made = any(p.attempt == following for p in world.standbys)  # also one still going: same name
     ready_to_stand_by = (
@@ -87,6 +89,8 @@ def tend_standby(b: Builder) -> None:
     if wanted and ready_to_stand_by and not made and current is not None:
         avoid = world.avoid_nodes | ({current.node} if current.node else set())
         b.act(CreateControllerPod(following, frozenset(avoid), standby=True))
+        # Named on the status in the same pass: that write is what carries the Event out.
+        b.update(standby_pod=controller_pod_name(world.job, following))
         b.event("Normal", "StandbyCreated", f"standby controller for attempt {following}, off node {current.node}")
 
 

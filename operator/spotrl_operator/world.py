@@ -52,6 +52,8 @@ class World:
     generation: int
     spec: RLJobSpec
     status: RLJobStatus
+    job: str = ""
+    """The RLJob's name (its pods' names derive from it)."""
     pods: tuple[PodView, ...] = ()
     """The job's controller pods (its standby not among them)."""
     standbys: tuple[PodView, ...] = ()

@@ -791,7 +791,8 @@ class RLJobStatus(ApiObject):
         description="Trainer pods of the current attempt that run (training.parallelism.trainerPods).",
     )
     standby_pod: str | None = Field(
-        default=None, description="The warm standby controller's pod (spec.standby), once it runs; none else."
+        default=None,
+        description="The warm standby controller's pod (spec.standby), from its creation until it goes or takes over.",
     )
     standby_failed_attempt: int | None = Field(
         default=None,

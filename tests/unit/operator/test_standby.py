@@ -42,7 +42,7 @@ TRAINING = RLJobStatus(phase="Running", attempt=1, step=3, step_attempt=1, contr
 
 
 def world(**kw: object) -> World:
-    base = World(now=T0, generation=1, spec=SPEC, status=TRAINING)
+    base = World(now=T0, generation=1, spec=SPEC, status=TRAINING, job="j")
     return replace(base, **kw)  # type: ignore[arg-type]
 
 
@@ -69,6 +69,8 @@ def test_a_standby_is_made_for_the_next_attempt_off_the_controllers_node_once_it
     assert "StandbyCreated" in events(plan)
     assert plan.status is not None
     assert plan.status.attempt == 1, "a standby changes no attempt"
+    # Named on the status in the same pass: the Event goes out with that write, and only then.
+    assert plan.status.standby_pod == "j-controller-2"
 
     # Not before the controller trained a step of its attempt (its start would share the cores),
     # not while a barrier is in flight, not when the job does not ask for one.
@@ -91,7 +93,10 @@ def test_a_running_standby_is_kept_and_named_on_the_status() -> None:
     assert plan.status.standby_pod == "j-controller-2"
     pending = reconcile(world(pods=(controller(),), standbys=(standby(phase="Pending", node=None),)))
     assert pending.status is not None
-    assert pending.status.standby_pod is None, "named once it runs"
+    assert pending.status.standby_pod == "j-controller-2", "named from its creation on"
+    gone = reconcile(world(status=plan.status, pods=(controller(),), spec=parse_spec({**SPEC_DOC, "standby": False})))
+    assert gone.status is not None
+    assert gone.status.standby_pod is None
 
 
 def test_a_standby_is_let_go_when_its_node_goes_the_job_stops_wanting_it_or_it_shares_the_node() -> None:
