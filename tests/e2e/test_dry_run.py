@@ -186,6 +186,7 @@ def test_the_api_server_accepts_every_pod_the_operator_builds(
     user_terms = 2 if spec_name == "affinity-spread-scheduler" else 1 if names else 0
     pods = [
         resources.controller_pod(pod_owner, spec, SETTINGS, 3, names),
+        resources.controller_pod(pod_owner, spec, SETTINGS, 4, names, standby=True),  # spec.standby's
         resources.worker_pod(pod_owner, spec, SETTINGS, 3, 1, "10.0.0.7:6379", names),
     ]
     if spec.training.parallelism.trainer_pods:

@@ -198,8 +198,10 @@ class KubeBridge:
         """A standby's wait (``spec.standby``): returns the RLJob once ``status.attempt`` reaches
         this controller's attempt, which the operator writes when this pod is to take over.
         Until then this controller claims nothing and writes nothing."""
+        from spotrl_runtime.controller.standby import status_attempt
+
         for rljob in self._states():
-            if int((rljob.get("status") or {}).get("attempt") or 0) >= self.attempt:
+            if status_attempt(rljob) >= self.attempt:
                 return rljob
         raise RuntimeError("the bridge was stopped while waiting for its attempt")
 

@@ -41,6 +41,20 @@ COMMITTED = BarrierStatus(
 TRAINING = RLJobStatus(phase="Running", attempt=1, step=3, step_attempt=1, controller_pod="j-controller-1")
 
 
+REF = JobRef(name="j", namespace="ns", uid="u")
+
+
+def rljob_doc() -> dict:
+    """RLJob j at attempt 1, as the API server returns it (for :func:`world_of`)."""
+    return {
+        "apiVersion": "spotrl.dev/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "j", "namespace": "ns", "uid": "u", "generation": 1, "resourceVersion": "5"},
+        "spec": SPEC_DOC,
+        "status": {"attempt": 1},
+    }
+
+
 def world(**kw: object) -> World:
     base = World(now=T0, generation=1, spec=SPEC, status=TRAINING, job="j")
     return replace(base, **kw)  # type: ignore[arg-type]
@@ -216,16 +230,9 @@ def test_a_crash_restart_takes_the_standby_too() -> None:
 
 def test_observed_a_standby_is_no_controller_until_the_status_reaches_its_attempt() -> None:
     settings = Settings()
-    ref_job = {
-        "apiVersion": "spotrl.dev/v1alpha1",
-        "kind": "RLJob",
-        "metadata": {"name": "j", "namespace": "ns", "uid": "u", "generation": 1, "resourceVersion": "5"},
-        "spec": SPEC_DOC,
-        "status": {"attempt": 1},
-    }
-    ref = JobRef(name="j", namespace="ns", uid="u")
-    fresh = controller_pod(ref, SPEC, settings, 1)
-    warm = controller_pod(ref, SPEC, settings, 2, ("spot-a",), standby=True)
+    ref_job = rljob_doc()
+    fresh = controller_pod(REF, SPEC, settings, 1)
+    warm = controller_pod(REF, SPEC, settings, 2, ("spot-a",), standby=True)
     assert "spotrl.dev/standby" not in fresh["metadata"]["labels"]
     assert warm["metadata"]["labels"]["spotrl.dev/standby"] == "true"
     assert warm["metadata"]["name"] == "j-controller-2", "the next attempt's own name"
@@ -244,7 +251,7 @@ def test_observed_a_standby_is_no_controller_until_the_status_reaches_its_attemp
     assert [p.name for p in w.pods] == ["j-controller-1"]
     assert w.standbys == ()
     # The budget holds no pod that carries the label.
-    exprs = disruption_budget(ref, open_=False)["spec"]["selector"]["matchExpressions"]
+    exprs = disruption_budget(REF, open_=False)["spec"]["selector"]["matchExpressions"]
     assert {"key": "spotrl.dev/standby", "operator": "DoesNotExist"} in exprs
 
 
@@ -310,15 +317,8 @@ def test_a_standby_on_a_node_that_stopped_answering_is_force_deleted_and_never_w
 
 def test_a_standby_whose_node_object_is_gone_is_on_a_lost_node() -> None:
     settings = Settings()
-    ref = JobRef(name="j", namespace="ns", uid="u")
-    doc = {
-        "apiVersion": "spotrl.dev/v1alpha1",
-        "kind": "RLJob",
-        "metadata": {"name": "j", "namespace": "ns", "uid": "u", "generation": 1, "resourceVersion": "5"},
-        "spec": SPEC_DOC,
-        "status": {"attempt": 1},
-    }
-    warm = controller_pod(ref, SPEC, settings, 2, standby=True)
+    doc = rljob_doc()
+    warm = controller_pod(REF, SPEC, settings, 2, standby=True)
     warm["spec"]["nodeName"] = "deleted-node"
     w = world_of(Snapshot(job=doc, pods=(warm,), nodes={}), settings, T0)
     assert "deleted-node" in w.lost_nodes
