@@ -19,9 +19,11 @@ from typing import Any
 
 from spotrl_runtime.checkpoint.fence import Fence, claimed_attempts
 from spotrl_runtime.checkpoint.layout import list_cut_folders, manifest_key
+from spotrl_runtime.checkpoint.ownership import prove_ownership
 from spotrl_runtime.checkpoint.restore import RestoredRun, restore_cut
 from spotrl_runtime.checkpoint.sharded import ShardedCut, ShardError
 from spotrl_runtime.checkpoint.trainer_state import TrainerSnapshot, restore_rng
+from spotrl_runtime.core.identity import JobIdentity
 from spotrl_runtime.core.owners import Owners, PromptSource, RecoveryConfig
 from spotrl_runtime.core.types import Prompt
 from spotrl_runtime.core.validation import BYTE_LEVEL_CHECKS, CutCheckError, Expectations, TrainerStateError
@@ -59,7 +61,7 @@ class Start:
 def resume_or_start(
     storage: Storage,
     *,
-    job: str,
+    job: JobIdentity,
     config: RecoveryConfig,
     dataset: PromptDataset,
     collate: PromptCollate,
@@ -71,14 +73,17 @@ def resume_or_start(
     dataset_description: Mapping[str, Any] | None = None,
     encode: Callable[[Prompt], Sequence[int]] | None = None,
 ) -> Start:
-    """Claims the job for this controller's attempt (:class:`~spotrl_runtime.checkpoint.fence.Fence`),
-    then restores the owners and the trainer (``trainer``: weights, optimizer, RNG, step) from the
-    cut ``resume`` asks for, or starts new owners over ``loader``.
+    """Proves that ``storage`` is ``job``'s (:func:`~spotrl_runtime.checkpoint.ownership.prove_ownership`:
+    a store of another job is refused before anything is written there), claims the job for
+    this controller's attempt (:class:`~spotrl_runtime.checkpoint.fence.Fence`), then restores
+    the owners and the trainer (``trainer``: weights, optimizer, RNG, step) from the cut
+    ``resume`` asks for, or starts new owners over ``loader``.
 
     ``auto`` takes the newest committed cut that passes the whole validation chain: a newer cut
     refused by a byte-level check (a missing or damaged file, :data:`BYTE_LEVEL_CHECKS`) is
     skipped loudly (``Start.skipped``); any other refusal means a bug or tampering and stops
     the run. Raises :class:`ResumeError`, and the chain's errors."""
+    prove_ownership(storage, job)
     committed = [f.cut_id for f in list_cut_folders(storage) if f.committed]
     newest = committed[-1] if committed else None
     if resume == "never" and newest is not None:
@@ -88,10 +93,10 @@ def resume_or_start(
         )
     if attempt is None:
         attempt = _next_attempt(storage, newest, latest_audited_attempt)
-    fence = Fence(storage, attempt).claim()
+    fence = Fence(storage, attempt, job).claim()
     if resume == "never" or (resume == "auto" and newest is None):
         return Start(Owners(config, loader, attempt=attempt), None, fence)
-    expect = Expectations(job=job, config=config, dataset=dataset_description)
+    expect = Expectations(job=job.name, config=config, dataset=dataset_description)
 
     def restore(cut_id: str) -> RestoredRun:
         restored = restore_cut(

@@ -27,6 +27,7 @@ from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.controller.control import CutInfo, StatusSink
 from spotrl_runtime.controller.prestart import Prestart, process_started_at
 from spotrl_runtime.core.accounting import RestoreRecord
+from spotrl_runtime.core.identity import JobIdentity
 from spotrl_runtime.core.owners import Owners, RecoveryConfig
 from spotrl_runtime.data import collate_for, describe_dataset, open_dataset
 from spotrl_runtime.data.loader import PromptLoader
@@ -192,7 +193,7 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         reward = load_reward(spec.reward)
         start = resume_or_start(
             storage,
-            job=job.name,
+            job=JobIdentity.of(job.metadata),
             config=RecoveryConfig.from_spec(spec),
             dataset=dataset,
             collate=collate,

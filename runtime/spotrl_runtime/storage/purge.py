@@ -2,8 +2,9 @@
 (``spec.checkpoint.retentionPolicy: Delete``, ``spotrl ckpt delete``).
 
 A job owns the cut folders (``cuts/``), the pointer (``LATEST.json``), the audit log
-(``audit/``) and the controllers' fence claims (``attempts/``); other keys under the same root
-are not its and stay. The names are spelled out here, not imported from the checkpoint
+(``audit/``), the controllers' fence claims (``attempts/``) and the store's identity file
+(``JOB.json``, deleted last: a store half purged is still the job's); other keys under the
+same root are not its and stay. The names are spelled out here, not imported from the checkpoint
 package: that package imports torch, and the operator's image (which runs the deletion) has
 none. A unit test keeps them equal.
 
@@ -21,6 +22,8 @@ from spotrl_runtime.storage.base import Storage
 
 JOB_PREFIXES = ("cuts/", "audit/", "attempts/")
 JOB_KEYS = ("LATEST.json",)
+OWNER_KEY = "JOB.json"
+"""The store's identity file (:mod:`spotrl_runtime.checkpoint.ownership`)."""
 
 
 def job_prefix_problem(uri: str, namespace: str, name: str) -> str | None:
@@ -42,15 +45,15 @@ def job_prefix_problem(uri: str, namespace: str, name: str) -> str | None:
 def job_keys(store: Storage) -> list[str]:
     """Every key the job owns under ``store``'s root, sorted."""
     keys = [info.key for prefix in JOB_PREFIXES for info in store.list(prefix)]
-    keys += [k for k in JOB_KEYS if store.head(k) is not None]
+    keys += [k for k in (*JOB_KEYS, OWNER_KEY) if store.head(k) is not None]
     return sorted(keys)
 
 
 def purge(store: Storage) -> list[str]:
     """Deletes what the job owns under ``store``'s root; returns the keys deleted. The pointer
     goes first, so a restore that races the deletion finds no committed cut rather than a
-    pointer to a half-deleted one."""
+    pointer to a half-deleted one; the identity file goes last."""
     keys = job_keys(store)
-    for key in sorted(keys, key=lambda k: k not in JOB_KEYS):
+    for key in sorted(keys, key=lambda k: (k == OWNER_KEY, k not in JOB_KEYS)):
         store.delete(key)
     return keys

@@ -43,6 +43,7 @@ from spotrl_runtime.checkpoint.sharded import (
 )
 from spotrl_runtime.checkpoint.trainer_state import ShardedTrainerSnapshot
 from spotrl_runtime.cli import main as spotrl
+from spotrl_runtime.core.identity import JobIdentity
 from spotrl_runtime.core.validation import FileDigestError, OrphanFileError, TrainerStateError
 from spotrl_runtime.data import PromptCollate
 from spotrl_runtime.storage import LocalStorage, Storage, StorageDeadlineError, deadline_scope
@@ -407,7 +408,7 @@ def resume(root: Path) -> Any:
     zero_weights(trainer.model)
     start = resume_or_start(
         LocalStorage(root),
-        job=JOB,
+        job=JobIdentity(JOB),
         config=EXAMPLE_B,
         dataset=DATASET,
         collate=PromptCollate(),

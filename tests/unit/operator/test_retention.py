@@ -124,12 +124,17 @@ def test_the_deletion_pod_gets_the_jobs_secret_from_the_kubelet_and_no_token() -
 
 def test_purge_deletes_what_the_job_owns_and_nothing_else(tmp_path: Path) -> None:
     store = open_storage(str(tmp_path / "team-a" / "tiny"))
-    owned = ["cuts/0000000001/manifest.json", "audit/0000.jsonl", "attempts/0000000002", "LATEST.json"]
+    owned = ["cuts/0000000001/manifest.json", "audit/0000.jsonl", "attempts/0000000002", "LATEST.json", "JOB.json"]
     others = ["notes/keep.txt", "cutsx/not-a-cut"]
     for key in owned + others:
         store.put_bytes(key, b"x")
+    deleted: list[str] = []
+    delete = store.delete
+    store.delete = lambda key: (deleted.append(key), delete(key))[1]  # type: ignore[method-assign]
     assert sorted(purge(store)) == sorted(owned)
     assert sorted(i.key for i in store.list("")) == sorted(others)
+    assert deleted[0] == "LATEST.json", "the pointer first: no restore finds a half-deleted cut"
+    assert deleted[-1] == "JOB.json", "the identity last: a store half purged is still the job's"
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
