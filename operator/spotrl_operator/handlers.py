@@ -5,8 +5,8 @@
   the RLJob, of one of its pods, or of a Node under them (so a notice becomes a barrier
   request within one pass, not one period).
 - **Indexes** (Kopf's watch caches) hold the job's pods (controllers, generation workers
-  and trainers), its PDB and every Node, trimmed; a pass reads them and sends no request unless
-  it has something to write.
+  and trainers), its PDB, every Node, trimmed, and every RLJob's effective storage; a pass
+  reads them and sends no request unless it has something to write.
 - **create/resume** make the job's ServiceAccount, Role, RoleBinding, Service and PDB
   (retried with :class:`kopf.TemporaryError`); **delete** (a finalizer) stops the pods and
   applies ``spec.checkpoint.retentionPolicy``.
@@ -32,11 +32,12 @@ import kopf
 from spotrl_operator import retention
 from spotrl_operator.actuate import Actuator, ConflictError, failure_budget
 from spotrl_operator.metrics import Metrics
-from spotrl_operator.observe import Snapshot, fetch, trim_node, trim_pdb, trim_pod, world_of
+from spotrl_operator.observe import Snapshot, fetch, job_storage, trim_node, trim_pdb, trim_pod, world_of
 from spotrl_operator.reconcile import reconcile
 from spotrl_operator.resources import JOB_LABEL, ROLE_LABEL
 from spotrl_operator.settings import Settings
 from spotrl_operator.signals import node_signals, pod_signals
+from spotrl_operator.storage_overlap import JobStorage
 from spotrl_operator.world import CreateControllerPod, Plan, RequestBarrier
 from spotrl_runtime.api import rljob as api
 from spotrl_runtime.api.rljob import SpecError
@@ -130,6 +131,13 @@ async def pods_by_node(namespace: str | None, labels: kopf.Labels, spec: kopf.Sp
     return {node: (namespace, labels[JOB_LABEL])} if node else None
 
 
+@kopf.index(*RLJOBS)
+async def job_storages(body: kopf.Body, memo: Any, **_: Any) -> dict[Any, Any] | None:
+    """Every RLJob's effective storage, to find two jobs on one store (:mod:`~spotrl_operator.storage_overlap`)."""
+    found = job_storage(dict(body), ctx_of(memo).settings)
+    return {None: found} if found is not None else None
+
+
 @kopf.index("policy", "v1", "poddisruptionbudgets", labels={JOB_LABEL: kopf.PRESENT})
 async def job_pdbs(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return {(namespace, labels[JOB_LABEL]): trim_pdb(dict(body))}
@@ -178,8 +186,12 @@ async def pod_changed(namespace: str | None, labels: kopf.Labels, body: kopf.Bod
 
 
 @kopf.on.event(*RLJOBS)
-async def rljob_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    ctx_of(memo).wake(namespace, name)
+async def rljob_changed(type: str, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    ctx = ctx_of(memo)
+    ctx.wake(namespace, name)
+    if type == "DELETED":  # a job held by this one's storage (StorageConflict) may start now
+        for event in ctx.wakeups.values():
+            event.set()
 
 
 # ----------------------------------------------------------------------------- children
@@ -223,6 +235,7 @@ async def lifecycle(
     job_pods: kopf.Index[tuple[str, str], Obj] = kwargs["job_pods"]
     job_pdbs: kopf.Index[tuple[str, str], Obj] = kwargs["job_pdbs"]
     nodes_index: kopf.Index[str, Obj] = kwargs["nodes_index"]
+    storages: kopf.Index[None, JobStorage] = kwargs["job_storages"]
     namespace = namespace or ""
     wake = ctx.wakeup(namespace, name)
     pending: tuple[str, Obj] | None = None  # (resourceVersion before our write, the job it returned)
@@ -237,6 +250,7 @@ async def lifecycle(
                 pods=tuple(job_pods.get((namespace, name), ())),
                 nodes=cached_nodes(nodes_index),
                 pdb=_first(job_pdbs.get((namespace, name))),
+                peers=tuple(storages.get(None, ())),
             )
             delay, written = await ctx.io(pass_once, ctx, snap, logger)
             pending = (job["metadata"].get("resourceVersion", ""), written) if written is not None else None
@@ -264,7 +278,7 @@ def pass_once(ctx: Context, snap: Snapshot, logger: kopf.Logger) -> tuple[float,
         except ConflictError:
             ctx.metrics.reconciles.labels("conflict").inc()
             try:
-                fresh = fetch(ctx.kube, ns, name, snap.nodes)
+                fresh = fetch(ctx.kube, ns, name, snap.nodes, snap.peers)
             except KubeError as err:
                 return _pass_failed(ctx, snap.job, err, logger), None
             if fresh is None:

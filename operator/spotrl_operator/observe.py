@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from spotrl_operator import placement
+from spotrl_operator import placement, storage_overlap
 from spotrl_operator.resources import (
     ATTEMPT_LABEL,
     INDEX_LABELS,
@@ -36,9 +36,11 @@ from spotrl_operator.resources import (
     check_job,
     disruption_budget,
     names,
+    storage_uri,
 )
 from spotrl_operator.settings import Settings
 from spotrl_operator.signals import Signal, node_signals, pod_signals
+from spotrl_operator.storage_overlap import JobStorage
 from spotrl_operator.world import PodView, World
 from spotrl_runtime.api import rljob as api
 from spotrl_runtime.api import times
@@ -59,11 +61,26 @@ class Snapshot:
     """Every Node the operator knows, by name (trimmed by :func:`trim_node`)."""
     pdb: Obj | None = None
     """The job's PodDisruptionBudget: its ``spec`` as :func:`trim_pdb` keeps it."""
+    peers: tuple[JobStorage, ...] = ()
+    """Every RLJob's effective storage (:func:`job_storage`), this one's included."""
 
 
 def job_ref(job: Obj) -> JobRef:
     meta = job["metadata"]
     return JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", ""))
+
+
+def job_storage(job: Obj, settings: Settings) -> JobStorage | None:
+    """An RLJob's effective storage (None: its spec does not parse, or it has none: both are
+    said on the job itself)."""
+    try:
+        spec = api.parse_spec(job.get("spec") or {})
+        uri = storage_uri(job_ref(job), spec, settings)
+    except (ValueError, KeyError):
+        return None
+    meta = job["metadata"]
+    endpoint = spec.checkpoint.s3_endpoint or settings.default_s3_endpoint or ""
+    return JobStorage(meta["namespace"], meta["name"], str(meta.get("creationTimestamp") or ""), uri, endpoint)
 
 
 # --------------------------------------------------------------------- trimming (for caches)
@@ -275,6 +292,8 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
         check_job(job_ref(job), spec, settings)
     except ValueError as err:
         config_error = str(err)
+    mine = job_storage(job, settings)
+    shared = storage_overlap.conflict(mine, snap.peers) if mine is not None else None
     pdb_spec = (snap.pdb or {}).get("spec") or {}
     min_available = pdb_spec.get("minAvailable", 1)
     closed = disruption_budget(job_ref(job), open_=False, trainers=budget_trainers(spec))["spec"]
@@ -301,6 +320,7 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
         pdb_stale=stale,
         deadline_caps=dict(settings.deadline_caps),
         config_error=config_error,
+        storage_conflict=shared,
     )
 
 
@@ -315,10 +335,17 @@ def rljob_path(namespace: str, name: str | None = None) -> str:
     return path(api.API_VERSION, api.PLURAL, namespace, name)
 
 
-def fetch(kube: Kube, namespace: str, name: str, nodes: Mapping[str, Obj] | None = None) -> Snapshot | None:
+def fetch(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    nodes: Mapping[str, Obj] | None = None,
+    peers: tuple[JobStorage, ...] = (),
+) -> Snapshot | None:
     """A fresh snapshot from the API server (None once the RLJob is gone). ``nodes``: the
     node cache, if there is one (nodes change rarely and are not guarded by the job's
-    resourceVersion); without it the nodes are listed too."""
+    resourceVersion); without it the nodes are listed too. ``peers``: the other jobs'
+    storages, as the cache has them."""
     job = kube.get_or_none(rljob_path(namespace, name))
     if job is None:
         return None
@@ -328,7 +355,7 @@ def fetch(kube: Kube, namespace: str, name: str, nodes: Mapping[str, Obj] | None
     pdb = trim_pdb(pdb) if pdb is not None else None
     if nodes is None:
         nodes = nodes_of(kube.get(path("v1", "nodes")).get("items") or [])
-    return Snapshot(job=job, pods=tuple(pods), nodes=nodes, pdb=pdb)
+    return Snapshot(job=job, pods=tuple(pods), nodes=nodes, pdb=pdb, peers=peers)
 
 
 def nodes_of(items: Iterable[Obj]) -> dict[str, Obj]:

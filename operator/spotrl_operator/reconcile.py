@@ -51,7 +51,14 @@ from spotrl_operator.world import (
     World,
 )
 from spotrl_runtime.api import times
-from spotrl_runtime.api.rljob import EXIT_RANK_LOST, BarrierStatus, FailureBudget, RecoveryMarks, RLJobStatus
+from spotrl_runtime.api.rljob import (
+    EXIT_RANK_LOST,
+    EXIT_REFUSED,
+    BarrierStatus,
+    FailureBudget,
+    RecoveryMarks,
+    RLJobStatus,
+)
 
 # A pod stuck in Terminating on a node whose kubelet stopped answering is never confirmed
 # gone; after this long we force-delete it so a fresh controller can start.
@@ -113,6 +120,7 @@ def _lifecycle(b: Builder) -> float | None:
             b.act(PromoteStandby(current.name))  # promoted, but the label is still on: again
     _account_time_lost(b)
     _note_skipped_cuts(b)
+    _note_storage_conflict(b)
 
     if world.config_error:
         for p in live:
@@ -184,6 +192,53 @@ def _note_skipped_cuts(b: Builder) -> None:
     b.condition("CutSkipped", True, "DamagedCut", message)
 
 
+def _note_storage_conflict(b: Builder) -> None:
+    """An older RLJob's storage overlaps this one's: the ``StorageConflict`` condition (and a
+    Warning Event, once), until it is fixed. :func:`_start` starts no controller meanwhile."""
+    conflict = b.world.storage_conflict
+    if conflict is not None:
+        if not b.has_condition("StorageConflict"):
+            b.event("Warning", "StorageConflict", conflict)
+        b.condition("StorageConflict", True, "StorageShared", conflict)
+    elif b.has_condition("StorageConflict"):
+        b.condition("StorageConflict", False, "OwnStorage", "no other RLJob's storage overlaps this job's")
+
+
+def _held(b: Builder) -> bool:
+    """Whether no controller may start now: the storage is shared with an older job, or this
+    spec's controller refused its storage (exit 3). A changed spec lifts the refusal."""
+    st, world = b.st, b.world
+    if world.storage_conflict is not None:
+        b.phase("Pending", world.storage_conflict)
+        return True
+    if st.refused_generation is None:
+        return False
+    if st.refused_generation == world.generation:
+        b.phase("Pending", st.message or "the controller refused its storage")
+        return True
+    b.update(refused_generation=None)
+    again = f"the spec changed (generation {world.generation}): trying again"
+    b.condition("StorageRefused", False, "SpecChanged", again)
+    return False
+
+
+def _refused(b: Builder, pod: PodView) -> float | None:
+    """The controller refused its storage (exit 3): a configuration error, not a crash. Said
+    once; no restart counted and none made until the spec changes."""
+    if b.st.refused_generation == b.world.generation:
+        return None  # said already: a pass whose pod cache has not seen the deletion yet
+    why = pod.exit_message or "the run cannot start from its storage"
+    msg = (
+        f"controller {pod.name} refused its storage: {why}; fix spec.checkpoint.storage (or the store), then "
+        "change the spec to try again (e.g. suspend and resume the job)"
+    )[:1000]
+    b.update(refused_generation=b.world.generation, retry_after=None)
+    b.event("Warning", "StorageRefused", msg)
+    b.condition("StorageRefused", True, "Refused", msg)
+    b.phase("Pending", msg)
+    return None
+
+
 def _finished(b: Builder, pod: PodView) -> float | None:
     world, spec = b.world, b.world.spec
     if pod.phase == "Succeeded" and (b.st.step or 0) >= spec.training.total_steps:
@@ -191,6 +246,8 @@ def _finished(b: Builder, pod: PodView) -> float | None:
         b.phase("Succeeded", f"trained {spec.training.total_steps} steps")
         return None
     b.act(DeletePod(pod.name))
+    if pod.phase == "Failed" and pod.exit_code == EXIT_REFUSED:
+        return _refused(b, pod)
     if pod.phase == "Failed" and pod.exit_code == EXIT_RANK_LOST:
         b.interrupted()
         why = f" ({pod.exit_message})" if pod.exit_message else ""
@@ -295,6 +352,9 @@ def _start(b: Builder) -> float | None:
         # The previous controller may still be writing its SIGTERM cut; a new one must see it.
         b.phase(st.phase or "Pending", f"waiting for {blocking[0].name} to exit")
         return 1.0
+    refused = st.refused_generation is not None
+    if _held(b):
+        return None
     retry_after = times.parse(st.retry_after)
     if retry_after is not None and world.now < retry_after:
         return (retry_after - world.now).total_seconds()
@@ -320,7 +380,7 @@ def _start(b: Builder) -> float | None:
     first = st.attempt == 0
     crash = retry_after is not None
     resumed_from_suspend = st.phase == "Suspended" or (st.barrier is not None and st.barrier.reason == "suspend")
-    if not (first or crash or resumed_from_suspend):
+    if not (first or crash or resumed_from_suspend or refused):
         b.interrupted()  # it vanished: evicted, drained, moved by us, or its node was lost
         b.update(preemptions=st.preemptions + 1)
         marks = b.st.recovering or RecoveryMarks(attempt=st.attempt)

@@ -80,6 +80,9 @@ class World:
     """Barrier deadline caps in seconds by notice provider (:attr:`Signal.provider`)."""
     config_error: str | None = None
     """Why the job cannot run at all as configured (e.g. no storage anywhere); it fails."""
+    storage_conflict: str | None = None
+    """Why no controller may start: an older RLJob's storage overlaps this one's
+    (:func:`~spotrl_operator.storage_overlap.conflict`)."""
 
 
 @dataclass(frozen=True)

@@ -573,6 +573,12 @@ class RayHead(ApiObject):
     )
 
 
+EXIT_REFUSED = 3
+"""The controller's exit code when the run cannot start from its storage: the store belongs to
+another job, a cut fails the validation chain, or ``--resume`` asks for what is not there. The
+operator reads it as a configuration error (condition ``StorageRefused``): no crash is counted
+and no new controller starts until the spec changes."""
+
 EXIT_RANK_LOST = 5
 """The controller's exit code when a trainer rank (its process, pod or node) was lost without
 notice: the operator reads it as a preemption of the trainer group (a new attempt restores
@@ -764,6 +770,12 @@ class RLJobStatus(ApiObject):
         default=None, description="When the current controller was created (attempt 1) or trained its first step."
     )
     retry_after: str | None = Field(default=None, description="Crash backoff: no new controller before this time.")
+    refused_generation: int | None = Field(
+        default=None,
+        ge=0,
+        description="The spec generation whose controller refused its storage (exit 3: another job's store, a cut "
+        "that fails the validation chain); no controller starts until the spec changes.",
+    )
     ray_head: RayHead | None = Field(
         default=None, description="The current controller's Ray head, for worker pods (set by the controller)."
     )

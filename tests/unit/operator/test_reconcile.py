@@ -518,7 +518,7 @@ def test_suspend_reuses_a_barrier_already_in_flight_and_a_failed_one_still_stops
 def test_the_running_condition_follows_the_phase() -> None:
     p1 = reconcile(world(status=RLJobStatus(phase="Pending", attempt=1), pods=(running(),)))
     assert p1.status is not None
-    crashed = replace(running(), phase="Failed", exit_code=3)
+    crashed = replace(running(), phase="Failed", exit_code=1)
     p2 = reconcile(world(status=p1.status, pods=(crashed,)))
     assert p2.status is not None
     (cond,) = [c for c in p2.status.conditions if c.type == "Running"]

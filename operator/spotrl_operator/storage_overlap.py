@@ -1,0 +1,76 @@
+"""Two RLJobs on one storage: which one waits (pure: no I/O).
+
+A job's *effective storage* is where its cuts go: ``spec.checkpoint.storage``, else the
+operator's default root plus ``<namespace>/<name>``, on ``spec.checkpoint.s3Endpoint`` (else
+the operator's default endpoint). Two jobs whose storages are the same, or one inside the
+other, would read and write one store; the controller refuses a store of another job before it
+writes anything (:mod:`spotrl_runtime.checkpoint.ownership`), but the operator sees it first,
+from the RLJobs alone: the newer job (by creation time, then namespace and name) gets the
+condition ``StorageConflict`` naming the older one, and no controller pod, until one of them
+moves or goes.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+
+@dataclass(frozen=True)
+class JobStorage:
+    """One RLJob's effective storage, and what orders it among jobs."""
+
+    namespace: str
+    name: str
+    created: str
+    """metadata.creationTimestamp (RFC 3339, so string order is time order)."""
+    storage: str
+    endpoint: str = ""
+    """The S3 endpoint ("": the default, AWS's)."""
+
+    @property
+    def age_key(self) -> tuple[str, str, str]:
+        return (self.created, self.namespace, self.name)
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def _place(uri: str, endpoint: str) -> tuple[str, tuple[str, ...]]:
+    """Where a storage URI points: (the store it is on, its path segments)."""
+    if uri.startswith("s3://"):
+        parsed = urlparse(uri)
+        return f"s3 {endpoint.rstrip('/')} {parsed.netloc}", tuple(s for s in parsed.path.split("/") if s)
+    path = urlparse(uri).path if uri.startswith("file://") else uri
+    norm = posixpath.normpath(path)
+    return "file" + (" /" if norm.startswith("/") else ""), tuple(s for s in norm.split("/") if s and s != ".")
+
+
+def overlaps(a: JobStorage, b: JobStorage) -> bool:
+    """Whether the two storages are one, or one lies inside the other."""
+    (store_a, path_a), (store_b, path_b) = _place(a.storage, a.endpoint), _place(b.storage, b.endpoint)
+    if store_a != store_b:
+        return False
+    n = min(len(path_a), len(path_b))
+    return path_a[:n] == path_b[:n]
+
+
+def conflict(me: JobStorage, jobs: Iterable[JobStorage]) -> str | None:
+    """Why ``me`` must wait (None: it need not): the oldest other job, older than ``me``, whose
+    storage overlaps its own."""
+    elders = sorted(
+        (j for j in jobs if (j.namespace, j.name) != (me.namespace, me.name) and j.age_key < me.age_key),
+        key=lambda j: j.age_key,
+    )
+    other = next((j for j in elders if overlaps(me, j)), None)
+    if other is None:
+        return None
+    same = _place(me.storage, me.endpoint) == _place(other.storage, other.endpoint)
+    return (
+        f"the checkpoint storage {me.storage} {'is also' if same else 'overlaps'} the storage of RLJob {other} "
+        f"({other.storage}), created before this one; "
+        "two jobs on one store would refuse each other's cuts: give this job its own spec.checkpoint.storage "
+        f"(or delete {other}); no controller starts until then"
+    )
