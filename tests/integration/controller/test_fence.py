@@ -52,3 +52,36 @@ def test_a_fenced_controller_stops_and_writes_nothing_more(
     assert all(m["trainer_step"] <= 5 for m in manifests if m["attempt"] == 0), "the fenced one cut nothing more"
     assert any(m["attempt"] == 1 for m in manifests)
     assert stream(storage) == baseline
+
+
+def test_a_job_pointed_at_another_jobs_store_is_refused_and_fences_nobody(
+    runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path
+) -> None:
+    """The slip of two jobs on one --storage: the second is refused before it writes anything
+    (no claim, no audit, no cut), so the first is never fenced and trains the baseline's prompts."""
+    storage = tmp_path / "shared-store"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    first = runs.start(runs.job(), storage, SPOTRL_FAILPOINTS="train.step@5=120", SPOTRL_FAILPOINT_DIR=str(marks))
+    wait_for(lambda: (marks / "train.step").exists(), 300, "the first job to reach step 5", first)
+    wait_for(lambda: any(f.committed for f in list_cut_folders(open_storage(str(storage)))), 30, "its cut at step 4")
+
+    def files() -> dict[str, bytes]:
+        return {str(p.relative_to(storage)): p.read_bytes() for p in sorted(storage.rglob("*")) if p.is_file()}
+
+    before = files()
+    other = runs.job()
+    other.write_text(other.read_text().replace("name: tiny", "name: tiny-b"))
+    rc, log = runs.run(other, storage, "--max-steps", "3", timeout=180)
+    assert rc == 3, log
+    assert "[job_identity]" in log
+    assert "the store belongs to job 'tiny', not 'tiny-b'; point the job at its own checkpoint storage" in log
+    assert files() == before, "the refused job wrote into the other job's store"
+
+    (marks / "train.step.release").touch()
+    rc = first.wait(timeout=420)
+    log = runs.log_of(first)
+    assert rc == 0, log
+    assert "fenced" not in log
+    assert claimed_attempts(open_storage(str(storage))) == [0]
+    assert stream(storage) == baseline
