@@ -33,9 +33,10 @@ log = logging.getLogger("spotrl.ownership")
 _TODO = "point the job at its own checkpoint storage"
 
 
-def prove_ownership(storage: Storage, job: JobIdentity) -> None:
+def prove_ownership(storage: Storage, job: JobIdentity, *, claim: bool = True) -> None:
     """Returns once ``storage`` is ``job``'s: ``JOB.json`` names it, or the store holds nothing
-    of another job and ``JOB.json`` was just written (create-only) for it. Raises
+    of another job and ``JOB.json`` was just written (create-only) for it (``claim=False``:
+    only checked, nothing written, as ``spotrl ckpt verify`` does). Raises
     :class:`~spotrl_runtime.core.validation.ForeignCutError` (check ``job_identity``) naming
     the file that belongs to another job; nothing is written then."""
     loc = storage.uri.rstrip("/")
@@ -45,6 +46,8 @@ def prove_ownership(storage: Storage, job: JobIdentity) -> None:
             if not other.same_job(job):
                 what = "cut" if key.endswith(MANIFEST_NAME) else "claim"
                 raise ForeignCutError(loc, key, f"the {what} belongs to job {str(other)!r}, not {str(job)!r}", _TODO)
+        if not claim:
+            return
         try:
             storage.put_bytes(OWNER_KEY, json.dumps(job.to_json(), sort_keys=True).encode(), create_only=True)
             log.info("%s is job %s's store from now on (%s written)", loc, job, OWNER_KEY)

@@ -127,7 +127,9 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    from spotrl_runtime.checkpoint.ownership import prove_ownership
     from spotrl_runtime.checkpoint.restore import DatasetLookup, validate_stored_cut
+    from spotrl_runtime.core.identity import JobIdentity
     from spotrl_runtime.core.validation import CHECKS, CutCheckError, Expectations, check_manifest
     from spotrl_runtime.data import DatasetError, reopen_dataset
     from spotrl_runtime.storage import StorageError
@@ -164,6 +166,9 @@ def run_verify(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+        if expect.job is not None:  # as a resume would, it refuses a store of another job
+            who = JobIdentity(args.job) if args.job or job is None else JobIdentity.of(job.metadata)
+            prove_ownership(target.storage, who, claim=False)
         validated = validate_stored_cut(target.storage, target.cut_id, DatasetLookup(dataset, collate), expect)
     except CutCheckError as err:
         return _fail(args, target.cut_id, err.check, err.detail, 1, err.path)

@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-from cut_scenarios import example_b_before_cut
+from cut_scenarios import JOB, example_b_before_cut
 
+from spotrl_runtime.checkpoint.ownership import prove_ownership
 from spotrl_runtime.cli import main as spotrl
+from spotrl_runtime.core.identity import JobIdentity
 from spotrl_runtime.storage import LocalStorage
+from spotrl_runtime.storage.purge import OWNER_KEY
 
 
 @pytest.fixture
@@ -86,3 +89,22 @@ def test_verify_a_torn_cut_and_an_empty_root(job: Path, tmp_path: Path, capsys: 
     assert spotrl(["ckpt", "verify", str(job)]) == 0
     assert spotrl(["ckpt", "verify", str(tmp_path / "nothing-here")]) == 1
     assert "holds no committed cut" in capsys.readouterr().err
+
+
+def test_verify_for_a_job_refuses_a_store_of_another_and_writes_nothing(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """'Will it resume?' answers as the resume does: a store whose JOB.json names another job is
+    refused although its cuts are valid, and the check leaves the store as it was."""
+    assert spotrl(["ckpt", "verify", str(job), "--job", JOB]) == 0, capsys.readouterr().err
+    assert not (job / OWNER_KEY).exists(), "verify claimed the store"
+    prove_ownership(LocalStorage(job), JobIdentity(JOB))
+    assert spotrl(["ckpt", "verify", str(job), "--job", JOB, "--json"]) == 0
+    capsys.readouterr()
+    (job / OWNER_KEY).write_text(json.dumps({"name": "someone-else", "namespace": None, "uid": None}))
+    before = sorted(p.name for p in job.iterdir())
+    assert spotrl(["ckpt", "verify", str(job), "--job", JOB, "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert (out["check"], out["path"]) == ("job_identity", OWNER_KEY)
+    assert "the store belongs to job 'someone-else'" in out["error"]
+    assert sorted(p.name for p in job.iterdir()) == before
