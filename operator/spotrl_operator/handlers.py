@@ -133,7 +133,10 @@ async def pods_by_node(namespace: str | None, labels: kopf.Labels, spec: kopf.Sp
 
 @kopf.index(*RLJOBS)
 async def job_storages(body: kopf.Body, memo: Any, **_: Any) -> dict[Any, Any] | None:
-    """Every RLJob's effective storage, to find two jobs on one store (:mod:`~spotrl_operator.storage_overlap`)."""
+    """Every RLJob's effective storage, to find two jobs on one store (:mod:`~spotrl_operator.storage_overlap`).
+    A job being deleted holds no other back: it writes no more once its pods are gone."""
+    if body.get("metadata", {}).get("deletionTimestamp"):
+        return None
     found = job_storage(dict(body), ctx_of(memo).settings)
     return {None: found} if found is not None else None
 

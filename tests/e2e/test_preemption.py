@@ -686,3 +686,62 @@ def test_a_double_preemption_with_the_operator_killed_in_each_ends_with_the_same
     assert (st["preemptions"], st["restarts"]) == (2, 0), json.dumps(st, indent=1)
     assert "NodeLost" in jobs.reasons("twice")
     assert_same_stream(reference, e2e_storage, "twice")
+
+
+def test_two_jobs_on_one_storage_the_newer_waits_and_a_refusal_is_no_crash(
+    e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage, reference: dict[int, Any]
+) -> None:
+    """The slip of two RLJobs on one storage. While the first trains, the second waits with
+    StorageConflict and no pod; the first is never fenced and trains the undisturbed stream.
+    Once the first is deleted (its cuts retained), the second's controller finds the store is
+    another job's and refuses it (exit 3) without writing there: StorageRefused, no crash, no
+    new pod, until its spec names its own storage."""
+    jobs = e2e_jobs
+    start(e2e_cluster, jobs, e2e_storage, "tiny", SPOT)
+    training(jobs, "tiny", 2)
+    second = tiny_job("tiny-b", e2e_storage, SPOT)
+    second["spec"]["checkpoint"]["storage"] = e2e_storage.uri("tiny")
+    jobs.create(second)
+    st = jobs.wait(
+        "tiny-b", lambda s: any(c["type"] == "StorageConflict" for c in s.get("conditions") or []), 60, "the conflict"
+    )
+    (cond,) = [c for c in st["conditions"] if c["type"] == "StorageConflict"]
+    assert cond["status"] == "True"
+    assert f"is also the storage of RLJob {jobs.ns}/tiny ({e2e_storage.uri('tiny')})" in cond["message"]
+    assert st["phase"] == "Pending"
+    assert "StorageConflict" in jobs.reasons("tiny-b")
+
+    st = succeeded(jobs, "tiny")
+    assert (st["preemptions"], st["restarts"], st["attempt"]) == (0, 0, 1), "the first job was never fenced"
+    assert_same_stream(reference, e2e_storage, "tiny")
+    assert jobs.pods("tiny-b") == [], "the second job started no pod while the first one's storage was shared"
+
+    def objects() -> dict[str, str]:
+        pages = (
+            e2e_storage.client().get_paginator("list_objects_v2").paginate(Bucket=e2e_storage.bucket, Prefix="tiny/")
+        )
+        return {o["Key"]: o["ETag"] for page in pages for o in page.get("Contents") or []}
+
+    before = objects()
+    jobs.delete("tiny")  # retentionPolicy Retain: its cuts stay, and so does its JOB.json
+    st = jobs.wait(
+        "tiny-b",
+        lambda s: any(c["type"] == "StorageRefused" and c["status"] == "True" for c in s.get("conditions") or []),
+        TRAIN_TIMEOUT,
+        "the second job's controller to refuse the first one's store",
+    )
+    (cond,) = [c for c in st["conditions"] if c["type"] == "StorageRefused"]
+    assert "[job_identity]" in cond["message"], cond
+    assert "the store belongs to job" in cond["message"], cond
+    assert (st["restarts"], st["attempt"], st["phase"]) == (0, 1, "Pending"), json.dumps(st, indent=1)
+    assert objects() == before, "the refused controller wrote into the other job's store"
+    time.sleep(5)  # several passes: nothing more is started or counted
+    st = jobs.status("tiny-b")
+    assert (st["restarts"], st["attempt"]) == (0, 1)
+    assert not [p for p in jobs.pods("tiny-b") if p["status"].get("phase") not in ("Failed", "Succeeded")]
+
+    jobs.patch_spec("tiny-b", {"checkpoint": {"storage": e2e_storage.uri("tiny-b")}, "training": {"totalSteps": 2}})
+    st = jobs.wait("tiny-b", lambda s: s.get("phase") in ("Succeeded", "Failed"), TRAIN_TIMEOUT, "tiny-b to finish")
+    assert st["phase"] == "Succeeded", json.dumps(st, indent=1)
+    assert (st["attempt"], st["restarts"], st["preemptions"]) == (2, 0, 0)
+    assert objects() == before
