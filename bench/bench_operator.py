@@ -378,8 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         s3 = None
         op = None
         try:
-            cluster.kubectl("apply", "-f", str(REPO / "crds" / "rljobs.spotrl.dev.yaml"))
-            cluster.kubectl("wait", "--for=condition=Established", "crd/rljobs.spotrl.dev", "--timeout=30s")
+            cluster.install_crd(REPO / "crds" / "rljobs.spotrl.dev.yaml")
             op = start_operator(cluster, workdir)
             print("signal → barrier request (ms: median p95 max)", flush=True)
             rows = bench_signals(cluster, jobs, extra_nodes, args.rounds)

@@ -30,11 +30,14 @@ JSON_PATCH = "application/json-patch+json"
 
 
 class ApiError(RuntimeError):
-    """The API server refused a request; ``status`` is the HTTP code, ``body`` its Status object."""
+    """The API server refused a request; ``status`` is the HTTP code, ``body`` its Status object,
+    ``retry_after`` the seconds its Retry-After header asks to wait before trying again (None
+    without one)."""
 
-    def __init__(self, method: str, path: str, status: int, body: Obj | str):
+    def __init__(self, method: str, path: str, status: int, body: Obj | str, retry_after: float | None = None):
         self.status = status
         self.body = body
+        self.retry_after = retry_after
         self.reason = body.get("reason", "") if isinstance(body, dict) else ""
         message = body.get("message", body) if isinstance(body, dict) else body
         self.message = str(message)
@@ -116,7 +119,8 @@ class KubeClient:
         except json.JSONDecodeError:
             decoded = text
         if resp.status >= 400:
-            raise ApiError(method, url_path, resp.status, decoded)
+            retry_after = retry_after_seconds(resp.headers.get("Retry-After"))
+            raise ApiError(method, url_path, resp.status, decoded, retry_after)
         return decoded if isinstance(decoded, dict) else {"raw": decoded}
 
     def get(self, url_path: str, **params: Any) -> Obj:
@@ -191,7 +195,8 @@ class KubeClient:
         try:
             if resp.status >= 400:
                 body = resp.read().decode("utf-8", "replace")
-                raise ApiError("WATCH", url_path, resp.status, _json_or_text(body))
+                retry_after = retry_after_seconds(resp.headers.get("Retry-After"))
+                raise ApiError("WATCH", url_path, resp.status, _json_or_text(body), retry_after)
             buf = b""
             for chunk in resp.stream(64 * 1024):
                 buf += chunk
@@ -231,6 +236,87 @@ class KubeClient:
                     f"timed out after {timeout:.0f} s waiting for {what} ({url_path}); last seen:\n{shown}"
                 )
             time.sleep(interval)
+
+
+def wait_crd_served(
+    client: KubeClient,
+    name: str,
+    timeout: float = 30,
+    *,
+    interval: float = 0.2,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Obj:
+    """Waits until the API server serves the resource of the CRD ``name`` (just created or
+    applied); returns the CRD.
+
+    A new CRD's status has no conditions for a moment (``kubectl wait
+    --for=condition=Established`` then fails at once), and once Established, a list of its
+    resource may still be answered 429 "storage is (re)initializing" while the API server
+    fills its watch cache. So this waits for the condition Established, then for one list
+    of the resource to be answered; a 429 with Retry-After is waited out as it asks. Every
+    wait, those included, ends at ``timeout``: then a TimeoutError names the CRD, what was
+    awaited and the last answer. Any other refusal is raised as it comes."""
+    deadline = clock() + timeout
+    crd_url = path("apiextensions.k8s.io/v1", "customresourcedefinitions", name=name)
+
+    def established() -> tuple[Obj | None, str]:
+        crd = client.get_or_none(crd_url)
+        if crd is None:
+            return None, "the CRD is not there"
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+            return crd, ""
+        return None, f"status.conditions {json.dumps(conditions)}"
+
+    crd = _until_served(established, f"CRD {name} to be Established", deadline, interval, clock, sleep)
+    spec = crd["spec"]
+    version = next((v["name"] for v in spec["versions"] if v.get("storage")), spec["versions"][0]["name"])
+    list_url = path(f"{spec['group']}/{version}", spec["names"]["plural"])
+
+    def listed() -> tuple[Obj | None, str]:
+        # No limit: the API server sends a list with a limit to etcd while the cache is not
+        # ready, so it would answer before the lists of the tests and of the operator do.
+        return client.get(list_url), ""
+
+    _until_served(listed, f"CRD {name}'s storage to answer a list of {list_url}", deadline, interval, clock, sleep)
+    return crd
+
+
+def _until_served(
+    probe: Callable[[], tuple[Obj | None, str]],
+    what: str,
+    deadline: float,
+    interval: float,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> Obj:
+    """``probe()`` until it returns an object, every ``interval`` s, or as long as a 429's
+    Retry-After asks; a TimeoutError at ``deadline`` with the last thing seen."""
+    seen = "no answer yet"
+    while True:
+        pause = interval
+        try:
+            obj, seen = probe()
+            if obj is not None:
+                return obj
+        except ApiError as err:
+            if err.status != 429 or err.retry_after is None:
+                raise
+            seen, pause = str(err), max(err.retry_after, interval)
+        left = deadline - clock()
+        if left <= 0:
+            raise TimeoutError(f"timed out waiting for {what}; the last answer: {seen}")
+        sleep(min(pause, left))
+
+
+def retry_after_seconds(header: str | None) -> float | None:
+    """The seconds of a Retry-After header in its delay form (the API server's); None without
+    one, or for the date form."""
+    try:
+        return max(0.0, float(header)) if header else None
+    except ValueError:
+        return None
 
 
 def _json_or_text(text: str) -> Obj | str:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from spotrl_e2e.kube import ApiError, Credentials, KubeClient, path
+from spotrl_e2e.kube import ApiError, Credentials, KubeClient, path, wait_crd_served
 from spotrl_e2e.nodeagent.config import Taint
 
 Obj = dict[str, Any]
@@ -135,6 +135,12 @@ class KubeCluster(ABC):
             return self.kubectl("apply", "-f", str(manifest)).stdout
         text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest)
         return self.kubectl("apply", "-f", "-", input=text).stdout
+
+    def install_crd(self, manifest: Path, timeout: float = 30) -> Obj:
+        """``kubectl apply`` of a CRD's file; returns the CRD once the API server serves its
+        resource (Established, and its storage answering lists: :func:`wait_crd_served`)."""
+        self.kubectl("apply", "-f", str(manifest))
+        return wait_crd_served(self.admin(), yaml.safe_load(manifest.read_text())["metadata"]["name"], timeout)
 
     # ------------------------------------------------------------------ namespaces & pods
     def create_namespace(self, prefix: str = "test", pod_security: str | None = None) -> str:

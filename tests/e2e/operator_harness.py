@@ -43,16 +43,8 @@ NOWHERE = {"spotrl.dev/test-placement": "nowhere"}
 
 
 def apply_crd(cluster: Cluster) -> None:
-    """The generated CRD, applied and Established. (Not `kubectl wait`: it fails at once on a CRD
-    whose status has no conditions yet, as just after the apply.)"""
-    cluster.kubectl("apply", "-f", str(CRD))
-
-    def established(crd: Obj | None) -> bool:
-        conds = ((crd or {}).get("status") or {}).get("conditions") or []
-        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
-
-    url = path("apiextensions.k8s.io/v1", "customresourcedefinitions", name="rljobs.spotrl.dev")
-    cluster.admin().wait_for(url, established, 30, "the RLJob CRD to be Established")
+    """The generated CRD, applied, and served (see :meth:`KubeCluster.install_crd`)."""
+    cluster.install_crd(CRD)
 
 
 def helm(cluster: Cluster, *args: str, timeout: float = 120) -> str:
