@@ -32,10 +32,7 @@ if $DOCKER image inspect "$TAG" >/dev/null 2>&1; then
   echo "UV_IMAGE=$UV_TAG"
   exit 0
 fi
-command -v debootstrap >/dev/null || {
-  apt-get update -q >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap >&2
-}
+"$(dirname "${BASH_SOURCE[0]}")/../toolchain/system-packages.sh" base-image debootstrap:debootstrap
 t0=$SECONDS
 root=$(mktemp -d /var/tmp/spotrl-rootfs.XXXXXX)
 trap 'rm -rf "$root"' EXIT

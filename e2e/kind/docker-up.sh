@@ -10,10 +10,7 @@ LOG=${SPOTRL_DOCKER_LOG:-/var/log/spotrl-dockerd.log}
 WRAPPER=/usr/local/libexec/spotrl/runc-wrapper
 DOCKER=/usr/bin/docker   # Debian's client matches its daemon (BuildKit without buildx)
 
-if ! command -v dockerd >/dev/null; then
-  apt-get update -q >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends docker.io >&2
-fi
+"$HERE/../toolchain/system-packages.sh" docker-up dockerd:docker.io
 
 wait_ready() {
   for _ in $(seq 60); do

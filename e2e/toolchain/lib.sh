@@ -14,7 +14,7 @@
 
 toolchain_lock() {
   local cache=$1
-  command -v flock >/dev/null || { echo "toolchain: flock is missing: apt-get install util-linux" >&2; return 1; }
+  "$(dirname "${BASH_SOURCE[0]}")/system-packages.sh" toolchain flock:util-linux || return 1
   mkdir -p "$cache"
   # The descriptor stays open (and the lock held) until this shell exits, however it exits.
   exec {TOOLCHAIN_LOCK_FD}>>"$cache/.toolchain.lock"
