@@ -65,9 +65,16 @@ e2e-kind: install toolchain ## every end-to-end test on a kind cluster built her
 e2e-kind-ci: install toolchain ## the kind subset CI runs: the chart installed, a drain after a notice, an abrupt node loss
 	SPOTRL_KIND_SUBSET=ci e2e/kind/run.sh $(PYTEST_ARGS)
 
-test: lint toolchain ## everything CI runs: lint, types, every pytest suite (and the 20 slowest), then the kind subset
-	$(PY) -m pytest --durations=20 $(PYTEST_ARGS)
-	$(MAKE) --no-print-directory e2e-kind-ci PYTEST_ARGS=
+REPORT ?= .out/test-report
+
+test: lint toolchain ## everything CI runs: lint, types, every pytest suite, the kind subset; where the time went: .out/test-report
+	@e2e/toolchain/system-packages.sh "make test" pgrep:procps curl:curl debootstrap:debootstrap dockerd:docker.io
+	@mkdir -p $(REPORT) && rm -f $(REPORT)/pytest.xml .e2e-kind/timings
+	@rc=0; $(PY) -m pytest --durations=20 --junitxml=$(REPORT)/pytest.xml $(PYTEST_ARGS) || rc=$$?; \
+	  if [ $$rc = 0 ]; then $(MAKE) --no-print-directory e2e-kind-ci PYTEST_ARGS= || rc=$$?; fi; \
+	  PYTHONPATH=e2e $(PY) -m spotrl_e2e.durations $(REPORT)/pytest.xml .e2e-kind/timings > $(REPORT)/durations.txt \
+	    && echo "== where the time went ($(REPORT)/durations.txt)" && head -n 60 $(REPORT)/durations.txt; \
+	  exit $$rc
 
 bench: install ## run every benchmark in bench/ (each prints a small table; S3 ones start their own versitygw)
 	@set -e; for f in bench/bench_*.py; do echo "== $$f"; PYTHONPATH=e2e $(PY) $$f; done

@@ -1,0 +1,111 @@
+"""Where ``make test``'s time goes: per suite, per module and per test, from pytest's JUnit XML,
+and the kind subset's phases (``.e2e-kind/timings``).
+
+``make test`` writes ``.out/test-report/pytest.xml`` and then this report
+(``.out/test-report/durations.txt``) on every run, failed ones included::
+
+    python -m spotrl_e2e.durations .out/test-report/pytest.xml [.e2e-kind/timings] [--top 30]
+
+A test's seconds are pytest's "total": its setup, call and teardown, so a session fixture
+(a control plane, an S3 server, a baseline run) counts where it is first set up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class TestTime:
+    module: str
+    """The test file, as a path: ``tests/e2e/test_preemption.py``."""
+    name: str
+    seconds: float
+    outcome: str
+    """passed, failed, error or skipped."""
+
+    @property
+    def suite(self) -> str:
+        """``tests/unit``, ``tests/e2e``, ``tests/integration/controller`` ..."""
+        parts = self.module.split("/")
+        depth = 3 if len(parts) > 3 and parts[1] == "integration" else 2
+        return "/".join(parts[:depth])
+
+
+def read_junit(text: str) -> list[TestTime]:
+    """Every test case of a pytest JUnit XML report."""
+    out = []
+    for case in ET.fromstring(text).iter("testcase"):
+        # A module that fails to import is reported with its dotted path as the name.
+        classname = case.get("classname") or case.get("name") or ""
+        parts = classname.split(".")
+        # pytest names the class path: tests.e2e.test_x or tests.e2e.test_x.TestClass
+        mod_parts = parts if not parts or not parts[-1][:1].isupper() else parts[:-1]
+        outcome = "passed"
+        for tag in ("failure", "error", "skipped"):
+            if case.find(tag) is not None:
+                outcome = {"failure": "failed"}.get(tag, tag)
+        out.append(TestTime("/".join(mod_parts) + ".py", case.get("name") or "", float(case.get("time") or 0), outcome))
+    return out
+
+
+def read_phases(text: str) -> list[tuple[str, float]]:
+    """The kind run's ``PHASE SECONDS`` lines."""
+    rows = []
+    for line in text.splitlines():
+        name, _, secs = line.strip().rpartition(" ")
+        if name and secs.replace(".", "", 1).isdigit():
+            rows.append((name, float(secs)))
+    return rows
+
+
+def report(tests: list[TestTime], phases: list[tuple[str, float]], top: int = 30) -> str:
+    """The text of the report."""
+    total = sum(t.seconds for t in tests)
+    lines = [f"pytest: {len(tests)} tests, {total:.0f} s"]
+    by_suite: dict[str, list[TestTime]] = defaultdict(list)
+    by_module: dict[str, list[TestTime]] = defaultdict(list)
+    for t in tests:
+        by_suite[t.suite].append(t)
+        by_module[t.module].append(t)
+    lines += ["", f"{'suite':<34} {'tests':>6} {'seconds':>9} {'share':>6}"]
+    for suite, ts in sorted(by_suite.items(), key=lambda kv: -sum(t.seconds for t in kv[1])):
+        secs = sum(t.seconds for t in ts)
+        lines.append(f"{suite:<34} {len(ts):>6} {secs:>9.1f} {secs / (total or 1):>6.1%}")
+    lines += ["", f"{'module':<62} {'tests':>6} {'seconds':>9}"]
+    modules = sorted(by_module.items(), key=lambda kv: -sum(t.seconds for t in kv[1]))
+    for module, ts in modules[:top]:
+        lines.append(f"{module:<62} {len(ts):>6} {sum(t.seconds for t in ts):>9.1f}")
+    lines += ["", f"the {min(top, len(tests))} slowest tests:"]
+    for t in sorted(tests, key=lambda t: -t.seconds)[:top]:
+        lines.append(f"{t.seconds:>8.1f} s  {t.outcome:<7} {t.module}::{t.name}")
+    if phases:
+        lines += ["", f"kind subset: {sum(s for _, s in phases):.0f} s"]
+        lines += [f"  {name:<20} {secs:>7.0f} s" for name, secs in phases]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m spotrl_e2e.durations", description=__doc__)
+    p.add_argument("junit", help="pytest's --junitxml report")
+    p.add_argument("timings", nargs="?", help="the kind run's phase timings (PHASE SECONDS lines)")
+    p.add_argument("--top", type=int, default=30)
+    args = p.parse_args(argv)
+    try:
+        tests = read_junit(Path(args.junit).read_text())
+    except (OSError, ET.ParseError) as err:
+        print(f"durations: {args.junit}: {err}", file=sys.stderr)
+        return 1
+    timings = Path(args.timings) if args.timings else None
+    phases = read_phases(timings.read_text()) if timings is not None and timings.exists() else []
+    print(report(tests, phases, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,48 @@
+"""The durations report `make test` writes: suites, modules and tests ranked by their seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spotrl_e2e.durations import main, read_junit, read_phases, report
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="5">
+<testcase classname="tests.e2e.test_preemption" name="test_drain[aws-notice]" time="120.5"/>
+<testcase classname="tests.e2e.test_preemption" name="test_loss" time="80.0"><failure message="x"/></testcase>
+<testcase classname="tests.integration.controller.test_fence" name="test_fenced" time="60.25"/>
+<testcase classname="tests.unit.operator.test_reconcile" name="test_a" time="0.5"/>
+<testcase classname="tests.unit.test_cli.TestRun" name="test_b" time="0.01"><skipped/></testcase>
+<testcase classname="" name="tests.unit.test_broken" time="0.2"><error message="collection failure"/></testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_tests_are_grouped_by_suite_and_module() -> None:
+    tests = read_junit(JUNIT)
+    assert [(t.module, t.suite, t.outcome) for t in tests] == [
+        ("tests/e2e/test_preemption.py", "tests/e2e", "passed"),
+        ("tests/e2e/test_preemption.py", "tests/e2e", "failed"),
+        ("tests/integration/controller/test_fence.py", "tests/integration/controller", "passed"),
+        ("tests/unit/operator/test_reconcile.py", "tests/unit", "passed"),
+        ("tests/unit/test_cli.py", "tests/unit", "skipped"),
+        ("tests/unit/test_broken.py", "tests/unit", "error"),
+    ]
+    text = report(tests, read_phases("docker 3\nload 325\nnot a line\n"), top=2)
+    lines = text.splitlines()
+    assert lines[0] == "pytest: 6 tests, 261 s"
+    suites = lines[lines.index(next(line for line in lines if line.startswith("suite"))) + 1 :][:3]
+    assert [s.split()[0] for s in suites] == ["tests/e2e", "tests/integration/controller", "tests/unit"]
+    assert "the 2 slowest tests:" in lines
+    slowest = lines[lines.index("the 2 slowest tests:") + 1 :][:2]
+    assert slowest[0].split()[:3] == ["120.5", "s", "passed"]
+    assert "failed  tests/e2e/test_preemption.py::test_loss" in slowest[1]
+    assert "kind subset: 328 s" in lines
+    assert any(line.split() == ["load", "325", "s"] for line in lines)
+
+
+def test_the_command_reads_the_files_and_says_what_is_missing(tmp_path: Path, capsys: object) -> None:
+    xml = tmp_path / "pytest.xml"
+    xml.write_text(JUNIT)
+    assert main([str(xml), str(tmp_path / "no-timings")]) == 0
+    assert main([str(tmp_path / "missing.xml")]) == 1
