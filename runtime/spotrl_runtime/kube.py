@@ -5,6 +5,13 @@ The official client brings authentication (kubeconfig, in-cluster token, token r
 and TLS; its generated models are slow and lossy for custom resources, so we send and
 receive plain dicts through :meth:`ApiClient.call_api` instead. Errors come back as
 :class:`KubeError` with the API server's status code and message.
+
+An answer that says "later" (429 or 503 with Retry-After: a watch cache still filling after
+a CRD was created or the API server restarted, or API Priority and Fairness) is waited out
+as it asks and the request sent again, for reads and the idempotent writes (GET, PUT,
+DELETE), within bounds: :data:`RETRY_LIMIT` times, :data:`RETRY_WAIT_MAX` s a wait,
+:data:`RETRY_TOTAL_MAX` s in all; then it is raised. Never a POST: an eviction's 429 is the
+PodDisruptionBudget's answer.
 """
 
 # Not spotrl_e2e.kube: the product needs kubeconfig/in-cluster auth with token refresh, and ships without test code.
@@ -12,6 +19,8 @@ receive plain dicts through :meth:`ApiClient.call_api` instead. Errors come back
 from __future__ import annotations
 
 import json
+import logging
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -20,15 +29,48 @@ Obj = dict[str, Any]
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
+RETRY_STATUSES = frozenset({429, 503})
+RETRY_METHODS = frozenset({"GET", "PUT", "DELETE"})
+RETRY_LIMIT = 4  # retries of one request
+RETRY_WAIT_MAX = 5.0  # seconds, one wait (the API server asks 1 s, up to 30 after a long outage)
+RETRY_TOTAL_MAX = 15.0  # seconds, all the waits of one request
+
+log = logging.getLogger("spotrl.kube")
+_sleep = time.sleep  # the tests' clock
+
 
 class KubeError(RuntimeError):
-    """The API server refused a request (``status`` is the HTTP code, 0 when unreachable)."""
+    """The API server refused a request (``status`` is the HTTP code, 0 when unreachable;
+    ``retry_after`` the seconds its Retry-After header asked for, None without one)."""
 
-    def __init__(self, method: str, path: str, status: int, reason: str, message: str):
+    def __init__(
+        self, method: str, path: str, status: int, reason: str, message: str, retry_after: float | None = None
+    ):
         self.status = status
         self.reason = reason
         self.message = message
+        self.retry_after = retry_after
         super().__init__(f"{method} {path}: HTTP {status} {reason}: {message}")
+
+
+def retry_wait(method: str, err: KubeError, retries: int, waited: float) -> float | None:
+    """How long to wait before sending again a request that ``err`` refused, after
+    ``retries`` retries that waited ``waited`` s in all; None: raise ``err``."""
+    if method not in RETRY_METHODS or err.status not in RETRY_STATUSES or err.retry_after is None:
+        return None
+    wait = min(err.retry_after, RETRY_WAIT_MAX)
+    if retries >= RETRY_LIMIT or waited + wait > RETRY_TOTAL_MAX:
+        return None
+    return wait
+
+
+def _retry_after(headers: Any) -> float | None:
+    """Retry-After in its delay form (the API server's), from the answer's headers."""
+    value = headers.get("Retry-After") if headers is not None else None
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:  # the date form
+        return None
 
 
 def path(
@@ -47,7 +89,9 @@ def path(
 
 
 class Kube:
-    """One API server, one identity. Thread-safe (the client's connection pool is)."""
+    """One API server, one identity. Thread-safe (the client's connection pool is).
+    ``api_client``: see :meth:`connect`; one made elsewhere keeps its own urllib3 retries
+    (by default those retry a Retry-After answer too, under this class's own)."""
 
     def __init__(self, api_client: Any, timeout: float = 15.0):
         self.api_client = api_client
@@ -56,15 +100,20 @@ class Kube:
     @classmethod
     def connect(cls, kubeconfig: str | None = None) -> Kube:
         """Loads ``kubeconfig``, else $KUBECONFIG or ~/.kube/config, else the in-cluster account."""
+        import urllib3
         from kubernetes import client, config
 
-        if kubeconfig:
-            return cls(config.new_client_from_config(config_file=kubeconfig))
         cfg = client.Configuration()
-        try:
-            config.load_kube_config(client_configuration=cfg)
-        except config.ConfigException:
-            config.load_incluster_config(client_configuration=cfg)
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        else:
+            try:
+                config.load_kube_config(client_configuration=cfg)
+            except config.ConfigException:
+                config.load_incluster_config(client_configuration=cfg)
+        # urllib3's default (3 retries) also retries a 429 or 503 with Retry-After, as long as
+        # it asks; _call does that, within bounds. Connection and read errors: as before.
+        cfg.retries = urllib3.Retry(3, respect_retry_after_header=False)
         return cls(client.ApiClient(cfg))
 
     def request(
@@ -86,6 +135,27 @@ class Kube:
         return self._call("GET", url_path, None, params, "application/json", timeout)
 
     def _call(
+        self,
+        method: str,
+        url_path: str,
+        body: Any,
+        params: dict[str, Any] | None,
+        content_type: str,
+        timeout: float | tuple[float, float] | None,
+    ) -> Any:
+        retries, waited = 0, 0.0
+        while True:
+            try:
+                return self._call_once(method, url_path, body, params, content_type, timeout)
+            except KubeError as err:
+                wait = retry_wait(method, err, retries, waited)
+                if wait is None:
+                    raise
+                log.info("%s; sending it again in %.1f s (Retry-After)", err, wait)
+                _sleep(wait)
+                retries, waited = retries + 1, waited + wait
+
+    def _call_once(
         self,
         method: str,
         url_path: str,
@@ -116,7 +186,8 @@ class Kube:
                 reason, message = status_obj.get("reason", reason), status_obj.get("message", message)
             except (ValueError, AttributeError):
                 pass
-            raise KubeError(method, url_path, int(err.status or 0), str(reason), str(message)) from None
+            retry_after = _retry_after(err.headers)
+            raise KubeError(method, url_path, int(err.status or 0), str(reason), str(message), retry_after) from None
         except OSError as err:  # connection refused, reset, TLS ...
             raise KubeError(method, url_path, 0, "Unreachable", str(err)) from None
 
