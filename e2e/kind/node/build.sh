@@ -47,7 +47,7 @@ fi
 
 fail() { echo "kind-node: $*" >&2; exit 1; }
 [[ $(id -u) == 0 ]] || fail "needs root (debootstrap, and docker runs privileged containers)"
-command -v debootstrap >/dev/null || fail "debootstrap is missing: apt-get install debootstrap"
+"$repo/e2e/toolchain/system-packages.sh" kind-node debootstrap:debootstrap
 $DOCKER info >/dev/null 2>&1 || fail "docker does not answer: run e2e/kind/docker-up.sh"
 
 mkdir -p "$cache"
