@@ -30,6 +30,7 @@ import threading
 from typing import Any
 
 from spotrl_runtime.commands import preflight
+from spotrl_runtime.processes import descendants
 
 ROLES = ("worker", "trainer")
 """What a node offers: one generation worker slot, or one trainer rank's slot."""
@@ -114,27 +115,6 @@ def _die_with_parent() -> None:
     _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _descendants(root: int) -> list[int]:
-    """Every live process below ``root``, from /proc (children before grandchildren)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out: list[int] = []
-    todo = list(children.get(root, []))
-    while todo:
-        pid = todo.pop(0)
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     node_ip = args.node_ip or os.environ.get("SPOTRL_POD_IP") or "127.0.0.1"
     if node_ip in ("0.0.0.0", "::"):
@@ -188,7 +168,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(STOP_SECONDS)
     for _ in range(3):
-        left = _descendants(os.getpid())
+        left = descendants(os.getpid())
         if not left:
             break
         for pid in left:

@@ -1,0 +1,32 @@
+"""The processes below this one, read from /proc (Linux): what a Ray node or an aborted
+controller must stop before it goes, so that nothing of it keeps running."""
+
+from __future__ import annotations
+
+import os
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below ``root``, from /proc (children before grandchildren); [] where
+    there is no /proc."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out: list[int] = []
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop(0)
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
