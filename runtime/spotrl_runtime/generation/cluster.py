@@ -13,18 +13,22 @@ Ray is imported inside the functions that use it: importing this module (for
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import signal
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from spotrl_runtime.api.rljob import RLJobSpec
 from spotrl_runtime.generation.backend import BackendSpec
 from spotrl_runtime.generation.pool import GenerationPool
+
+log = logging.getLogger("spotrl.generation")
 
 WORKER_RESOURCE = "spotrl.dev/worker"
 """The Ray resource a worker node offers (one unit) and each remote worker actor asks for."""
@@ -59,7 +63,20 @@ class RayRuntime:
 
         ray.shutdown()
         shutil.rmtree(self.folder, ignore_errors=True)
+        _RAY_FOLDERS.discard(self.folder)
         self.folder = None
+
+
+_RAY_FOLDERS: set[str] = set()
+"""The private folders of the Ray instances this process started and has not stopped."""
+
+
+def remove_ray_folders() -> None:
+    """Removes the folders of :data:`_RAY_FOLDERS`: for a process that stops at once, without
+    ``ray.shutdown`` (an abort, once it has killed Ray's processes)."""
+    for folder in list(_RAY_FOLDERS):
+        shutil.rmtree(folder, ignore_errors=True)
+        _RAY_FOLDERS.discard(folder)
 
 
 class _KeepsOurSigterm(logging.Filter):
@@ -68,6 +85,38 @@ class _KeepsOurSigterm(logging.Filter):
 
 
 _KEEPS_OUR_SIGTERM = _KeepsOurSigterm()
+
+
+@contextlib.contextmanager
+def _ray_processes_in_sessions_of_their_own() -> Iterator[None]:
+    """While it lasts, each process ``ray.init`` starts (the GCS, the raylet, Ray's monitors)
+    begins a session of its own, and the raylet's children (its agents, the generation
+    workers, the trainer ranks) are in the raylet's. A signal to the controller's process
+    group (Ctrl-C in its terminal, ``kill -- -PGID``) then reaches the controller alone, which
+    takes its barrier cut with Ray and the ranks alive and stops them after it. They still die
+    with the controller: Ray starts each with a parent-death signal (SIGKILL), and the
+    raylet's children go with the raylet.
+
+    Ray offers no setting for this: its one spawner, ``ray._private.services.ConsolePopen``
+    (Ray is pinned by constraints.txt), is given ``start_new_session`` for the duration."""
+    from ray._private import services
+
+    spawner = getattr(services, "ConsolePopen", None)
+    if spawner is None:  # pragma: no cover - another Ray: say so, and go on without
+        log.warning("Ray's processes share this process's group: a signal to the group reaches them too")
+        yield
+        return
+
+    class InSessionOfItsOwn(spawner):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["start_new_session"] = True
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = InSessionOfItsOwn  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        services.ConsolePopen = spawner  # type: ignore[misc]
 
 
 def start_ray(
@@ -97,15 +146,17 @@ def start_ray(
         logging.getLogger("ray._private.worker").addFilter(_KEEPS_OUR_SIGTERM)
     # A short private folder: Ray's unix sockets must fit in 107 bytes.
     folder = tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("SPOTRL_RAY_TMP", "/tmp"))
-    ray.init(
-        num_cpus=0 if remote_workers else num_cpus or max(1, os.cpu_count() or 1),
-        include_dashboard=False,
-        _temp_dir=folder,
-        _node_ip_address=bind,
-        log_to_driver=False,
-        configure_logging=False,
-        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
-    )
+    _RAY_FOLDERS.add(folder)
+    with _ray_processes_in_sessions_of_their_own():
+        ray.init(
+            num_cpus=0 if remote_workers else num_cpus or max(1, os.cpu_count() or 1),
+            include_dashboard=False,
+            _temp_dir=folder,
+            _node_ip_address=bind,
+            log_to_driver=False,
+            configure_logging=False,
+            runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
+        )
     if main and handler is not None:
         signal.signal(signal.SIGTERM, handler)
     return RayRuntime(folder)
