@@ -1,15 +1,16 @@
 """`spotrl run -f RLJOB.yaml`: run a job in this process tree, no cluster needed.
 
 Cuts go to ``--storage`` (default: ``spec.checkpoint.storage``, else ``./spotrl-runs/<name>``).
-SIGTERM takes a barrier cut and exits 143; run the same command again (``--resume auto``)
-to carry on from it.
+SIGTERM or Ctrl-C (SIGINT) takes a barrier cut and exits 143 or 130; run the same command
+again (``--resume auto``) to carry on from it. A second Ctrl-C says how to abort, and a third
+stops at once without the cut (:mod:`~spotrl_runtime.controller.signals`).
 
 ``--http-port P`` serves /metrics, /status and POST /barrier on 127.0.0.1 (``--http-host``
 0.0.0.0 lets anyone who reaches this machine ask for a barrier); ``--metrics-port`` serves
 only /metrics and /healthz.
 
-Exit codes: 0 every step trained; 143 stopped by SIGTERM (with its barrier cut, or saying
-why there is none); 2 a bad flag, file or RLJob field (one line names it; nothing was
+Exit codes: 0 every step trained; 143 stopped by SIGTERM, 130 by SIGINT (with its barrier
+cut, or saying why there is none); 2 a bad flag, file or RLJob field (one line names it; nothing was
 started); 3 the run cannot start from this storage (a cut fails the validation chain, or
 ``--resume`` asks for what is not there); 4 fenced (another controller claimed the job;
 this one wrote nothing more); 1 any other error.
@@ -21,7 +22,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -252,23 +252,27 @@ def start_listeners(endpoint: Any, options: Any, *, required: bool = True) -> li
 def run_controller(job: Any, options: Any, summary_json: str | None = None, *, listeners_required: bool = True) -> int:
     """Assembles and runs a Controller; shared by `run` and `controller`. The HTTP listeners
     start first, so /status answers while the run starts (``listeners_required``: see
-    :func:`start_listeners`). A SIGTERM before training starts ends start-up (exit 143, no
-    cut: nothing happened since the cut it restores from); from then on it takes a barrier cut."""
+    :func:`start_listeners`). A SIGTERM or SIGINT before training starts ends start-up (exit 143
+    or 130, no cut: nothing happened since the cut it restores from); from then on it takes a
+    barrier cut (:mod:`~spotrl_runtime.controller.signals`: also what a 2nd and 3rd Ctrl-C do)."""
     from spotrl_runtime.controller.http import Endpoint
+    from spotrl_runtime.controller.signals import StopSignals
 
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signals = StopSignals(lambda _: stop.set(), "stopping start-up (nothing trained yet: no cut is needed)").install()
     total = job.spec.training.total_steps
     endpoint = Endpoint(job.name, options.attempt, min(total, options.max_steps or total))
     servers = start_listeners(endpoint, options, required=listeners_required)
     try:
-        return _assemble_and_run(job, options, endpoint, stop, summary_json)
+        return _assemble_and_run(job, options, endpoint, stop, signals, summary_json)
     finally:
         for server in servers:
             server.stop()
 
 
-def _assemble_and_run(job: Any, options: Any, endpoint: Any, stop: threading.Event, summary_json: str | None) -> int:
+def _assemble_and_run(
+    job: Any, options: Any, endpoint: Any, stop: threading.Event, signals: Any, summary_json: str | None
+) -> int:
     # The controller's modules import torch (and Ray when it starts): only now, so that the
     # CLI's other commands and --help stay quick.
     from spotrl_runtime.checkpoint.fence import FencedError
@@ -282,7 +286,7 @@ def _assemble_and_run(job: Any, options: Any, endpoint: Any, stop: threading.Eve
     from spotrl_runtime.training.group import RankLostError, TrainerGroupError
 
     if stop.is_set():
-        return EXIT_TERMINATED
+        return signals.exit_code()
     try:
         parts = assemble(job, options, stop)
     except FencedError as err:
@@ -295,13 +299,15 @@ def _assemble_and_run(job: Any, options: Any, endpoint: Any, stop: threading.Eve
         print(f"spotrl: {err}", file=sys.stderr)
         return 3
     controller = Controller(job, options, parts, stop)
-    signal.signal(signal.SIGTERM, lambda *_: controller.on_sigterm())
+    signals.stop_with(controller.on_stop_signal, "taking a barrier cut, then stopping")
     if stop.is_set():
         parts.shutdown()
-        return EXIT_TERMINATED
+        return signals.exit_code()
     endpoint.serve(controller)
     try:
         rc = controller.run()
+        if rc == EXIT_TERMINATED:
+            rc = signals.exit_code()  # 130 after SIGINT
     except (FencedError, CutConflictError) as err:
         print(f"spotrl: {err}", file=sys.stderr)
         rc = EXIT_FENCED

@@ -19,7 +19,7 @@ Everything it drives (storage, owners, trainer, workers, cut writer) is built an
 before it exists, by :func:`~spotrl_runtime.controller.assemble.assemble`; where the workers
 run is :mod:`spotrl_runtime.generation.cluster`'s business.
 
-A barrier (:meth:`Controller.request_barrier`, from SIGTERM, the HTTP endpoint or the
+A barrier (:meth:`Controller.request_barrier`, from SIGTERM or SIGINT, the HTTP endpoint or the
 Kubernetes bridge) parks the controller: nothing more is admitted or trained, the cut is
 taken, and the process waits to be stopped. Exit codes: 0 every step trained, 143 stopped
 by SIGTERM (after its barrier cut), 4 fenced (a newer controller claimed the job; this one
@@ -424,8 +424,10 @@ class Controller:
             log.info("barrier cut %s committed at step %d in %.2f s (%s)", info.cut_id, info.step, info.seconds, reason)
             return info
 
-    def on_sigterm(self) -> None:
-        """SIGTERM: take a barrier cut within the deadline (unless one exists), then stop."""
+    def on_stop_signal(self, name: str = "SIGTERM") -> None:
+        """SIGTERM or SIGINT (``name``, the barrier's reason): take a barrier cut within the
+        deadline (unless one exists), then stop. Returns at once; the cut runs on a thread.
+        What further signals do: :mod:`spotrl_runtime.controller.signals`."""
         if self._terminated:
             return
         self._terminated = True
@@ -437,11 +439,11 @@ class Controller:
                     # the cut it restores from, and no cut writer runs yet.
                     return
                 if not (self.owners.trainer_step >= self.target_steps and not self._parked.is_set()):
-                    self.request_barrier("SIGTERM", Deadline.after(self.options.sigterm_deadline))
+                    self.request_barrier(name, Deadline.after(self.options.sigterm_deadline))
             except BarrierFailed as err:
-                # Missed or failed: said, and the process still stops as SIGTERM asked (143);
-                # the last committed cut stands, and no torn cut is left.
-                log.error("SIGTERM: %s; stopping without a barrier cut (the last committed cut stands)", err)
+                # Missed or failed: said, and the process still stops as the signal asked (143
+                # or 130); the last committed cut stands, and no torn cut is left.
+                log.error("%s: %s; stopping without a barrier cut (the last committed cut stands)", name, err)
             except Exception as err:
                 self._failure = err
             finally:
