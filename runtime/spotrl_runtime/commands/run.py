@@ -10,10 +10,12 @@ stops at once without the cut (:mod:`~spotrl_runtime.controller.signals`).
 only /metrics and /healthz.
 
 Exit codes: 0 every step trained; 143 stopped by SIGTERM, 130 by SIGINT (with its barrier
-cut, or saying why there is none); 2 a bad flag, file or RLJob field (one line names it; nothing was
-started); 3 the run cannot start from this storage (a cut fails the validation chain, or
-``--resume`` asks for what is not there); 4 fenced (another controller claimed the job;
-this one wrote nothing more); 1 any other error.
+cut, or saying why there is none); 2 a bad flag, file or RLJob field (one line names it;
+nothing was started); 3 the run cannot start from this storage (it belongs to another job, a
+cut fails the validation chain, or ``--resume`` asks for what is not there; nothing was
+written there); 4 fenced (another controller claimed the job; this one wrote nothing more);
+5 a trainer rank lost; 1 any other error (Ray or the trainer group could not start, the
+generation workers did not come).
 """
 
 from __future__ import annotations
@@ -280,7 +282,14 @@ def _assemble_and_run(
     from spotrl_runtime.checkpoint.resume import ResumeError
     from spotrl_runtime.checkpoint.writer import CutConflictError
     from spotrl_runtime.controller.assemble import ControllerError, assemble
-    from spotrl_runtime.controller.loop import EXIT_FENCED, EXIT_RANK_LOST, EXIT_TERMINATED, Controller
+    from spotrl_runtime.controller.loop import (
+        EXIT_ERROR,
+        EXIT_FENCED,
+        EXIT_RANK_LOST,
+        EXIT_REFUSED,
+        EXIT_TERMINATED,
+        Controller,
+    )
     from spotrl_runtime.core.validation import CutCheckError
     from spotrl_runtime.generation.cluster import RayStartError
     from spotrl_runtime.training.group import RankLostError, TrainerGroupError
@@ -295,9 +304,12 @@ def _assemble_and_run(
     except RankLostError as err:
         print(f"spotrl: {err}; the next controller restores from the last cut", file=sys.stderr)
         return EXIT_RANK_LOST
-    except (CutCheckError, NoCommittedCutError, ControllerError, ResumeError, RayStartError, TrainerGroupError) as err:
+    except (CutCheckError, NoCommittedCutError, ResumeError) as err:
         print(f"spotrl: {err}", file=sys.stderr)
-        return 3
+        return EXIT_REFUSED
+    except (ControllerError, RayStartError, TrainerGroupError) as err:
+        print(f"spotrl: {err}", file=sys.stderr)
+        return EXIT_ERROR
     controller = Controller(job, options, parts, stop)
     signals.stop_with(controller.on_stop_signal, "taking a barrier cut, then stopping")
     if stop.is_set():

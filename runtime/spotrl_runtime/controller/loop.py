@@ -22,8 +22,10 @@ run is :mod:`spotrl_runtime.generation.cluster`'s business.
 A barrier (:meth:`Controller.request_barrier`, from SIGTERM or SIGINT, the HTTP endpoint or the
 Kubernetes bridge) parks the controller: nothing more is admitted or trained, the cut is
 taken, and the process waits to be stopped. Exit codes: 0 every step trained, 143 stopped
-by SIGTERM (after its barrier cut), 4 fenced (a newer controller claimed the job; this one
-stopped before auditing or cutting anything more), 1 an error (the message names it).
+by SIGTERM (after its barrier cut), 3 refused (the run cannot start from its storage: another
+job's store, a cut that fails the validation chain), 4 fenced (a newer controller claimed the
+job; this one stopped before auditing or cutting anything more), 5 a trainer rank lost, 1 an
+error (the message names it).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from spotrl_runtime.api.rljob import RLJob
+from spotrl_runtime.api.rljob import EXIT_RANK_LOST, EXIT_REFUSED, RLJob
 from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.checkpoint.fence import FencedError
 from spotrl_runtime.checkpoint.writer import CutConflictError, CutRequest
@@ -60,9 +62,6 @@ EXIT_ERROR = 1
 EXIT_TERMINATED = 143
 EXIT_FENCED = 4
 """Another controller owns the job (a newer attempt claimed it): this one wrote nothing more."""
-EXIT_RANK_LOST = 5
-"""A trainer rank (its process, pod or node) was lost without notice: a preemption of the
-trainer group. The next controller restores from the last committed cut."""
 STATS = ("groups_generated", "groups_retried", "groups_lost_redispatched", "prompts_dropped", "tokens_generated")
 """What :attr:`Controller.stats` counts."""
 
@@ -483,4 +482,4 @@ class Controller:
         return self._parked.is_set()
 
 
-__all__ = ["Controller", "ControllerError", "ControllerOptions", "OwnershipError"]
+__all__ = ["EXIT_RANK_LOST", "EXIT_REFUSED", "Controller", "ControllerError", "ControllerOptions", "OwnershipError"]
