@@ -84,7 +84,8 @@ def test_an_older_store_is_adopted_by_its_own_job_only(tmp_path: Path) -> None:
         Fence(store, 0).claim()  # an old claim: it names no job
         run.cut()
     err = refused(LocalStorage(tmp_path / "foreign"), B)
-    assert err.path is not None and err.path.endswith("manifest.json")
+    assert err.path is not None
+    assert err.path.endswith("manifest.json")
     assert f"the cut belongs to job {JOB!r}, not 'team-a/tiny-b'" in str(err)
     own = LocalStorage(tmp_path / "own")
     prove_ownership(own, JobIdentity(JOB))
@@ -181,6 +182,6 @@ def test_a_forged_claim_that_takes_the_jobs_next_attempt_is_named(store: Storage
     prove_ownership(store, A)
     forged = {"attempt": 2, "job": B.to_json(), "host": "h", "pid": 1, "claimed_at": "x"}
     store.put_bytes(claim_key(2), json.dumps(forged).encode(), create_only=True)
-    with pytest.raises(FencedError, match="attempt 2 .* is claimed already by job 'team-a/tiny-b'"):
+    with pytest.raises(FencedError, match=r"attempt 2 .* is claimed already by job 'team-a/tiny-b'"):
         Fence(store, 2, A).claim()
     Fence(store, 3, A).claim()  # the operator's next attempt goes on
