@@ -34,6 +34,12 @@ TINY_JOB: dict[str, Any] = {
 }
 
 
+def fsdp(ranks: int) -> dict[str, Any]:
+    """:meth:`Runs.job` overrides for a trainer group of ``ranks`` FSDP2 ranks (gloo on CPU)."""
+    # The controller's Ray has 2 CPUs and the generation worker takes one: the ranks share the other.
+    return {"training.parallelism": {"strategy": "fsdp", "ranks": ranks, "cpusPerRank": round(1 / ranks, 3)}}
+
+
 class Runs:
     """Starts `spotrl run` processes that share one model cache and short Ray folders."""
 
@@ -43,6 +49,7 @@ class Runs:
         self.ray_tmp = Path(os.environ.get("SPOTRL_TEST_RAY_TMP", "/tmp"))
         self.n = 0
         self.logs: dict[int, Path] = {}
+        self.markers: dict[int, str] = {}
 
     def job(self, overrides: dict[str, Any] | None = None) -> Path:
         doc = json.loads(json.dumps(TINY_JOB))
@@ -68,20 +75,27 @@ class Runs:
         env.update(extra)
         return env
 
-    def start(self, job: Path, storage: Path | str, *args: str, **env: str) -> subprocess.Popen[str]:
+    def start(
+        self, job: Path, storage: Path | str, *args: str, new_session: bool = False, **env: str
+    ) -> subprocess.Popen[str]:
+        """`spotrl run` in the background. ``new_session``: as the leader of a process group of
+        its own (its pid is the group's id), as a shell starts a command, for ``os.killpg``."""
         self.n += 1
         path = self.base / f"run-{self.n}.log"
         log = open(path, "w")  # noqa: SIM115 - the child writes it; closed when we drop it
+        marker = f"{self.base}#{self.n}"
         proc = subprocess.Popen(
             [sys.executable, "-m", "spotrl_runtime.cli", "run", "-f", str(job), "--storage", str(storage), *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,
-            env=self.env(**env),
+            env=self.env(**env, SPOTRL_TEST_RUN=marker),
             cwd=self.base,
+            start_new_session=new_session,
         )
         log.close()
         self.logs[proc.pid] = path
+        self.markers[proc.pid] = marker
         return proc
 
     def run(self, job: Path, storage: Path | str, *args: str, timeout: float = 420, **env: str) -> tuple[int, str]:
@@ -95,6 +109,41 @@ class Runs:
 
     def log_of(self, proc: subprocess.Popen[str]) -> str:
         return self.logs[proc.pid].read_text()
+
+    def processes_of(self, proc: subprocess.Popen[str]) -> list[int]:
+        """The live processes of the run ``proc`` started (Ray's, the generation workers, the
+        trainer ranks, wherever they were reparented): those with its ``SPOTRL_TEST_RUN``."""
+        entry = f"SPOTRL_TEST_RUN={self.markers[proc.pid]}".encode()
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+            except OSError:
+                continue  # gone, or not ours to read
+            if int(pid) != proc.pid and entry in environ.split(b"\0"):
+                found.append(int(pid))
+        return found
+
+    def assert_nothing_left(self, proc: subprocess.Popen[str], timeout: float = 30) -> None:
+        """Waits until no process of the run that ``proc`` (exited) started is alive."""
+        left: list[int] = []
+
+        def gone() -> bool:
+            left[:] = self.processes_of(proc)
+            return not left
+
+        try:
+            wait_for(gone, timeout, "the run's processes to stop")
+        except AssertionError:
+            names = [_command(pid) for pid in left]
+            raise AssertionError(f"still running {timeout:.0f} s after the run exited: {names}") from None
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120] or str(pid)
+    except OSError:
+        return str(pid)
 
 
 def audit(storage: Path, *extra: str) -> list[dict[str, Any]]:

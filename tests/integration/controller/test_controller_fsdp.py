@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_runs import Runs, audit, newest_cut, stop, stream, wait_for
+from controller_runs import Runs, audit, fsdp, newest_cut, stop, stream, wait_for
 
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.controller.loop import EXIT_RANK_LOST
@@ -22,11 +22,6 @@ from spotrl_runtime.storage import open_storage
 from spotrl_runtime.storage.s3 import S3Storage
 
 pytestmark = pytest.mark.slow
-
-
-def fsdp(ranks: int) -> dict[str, Any]:
-    # The controller's Ray has 2 CPUs and the generation worker takes one: the ranks share the other.
-    return {"training.parallelism": {"strategy": "fsdp", "ranks": ranks, "cpusPerRank": round(1 / ranks, 3)}}
 
 
 def manifest_of(store: Any, cut_id: str) -> dict[str, Any]:

@@ -78,6 +78,8 @@ def test_sigkill_at_random_points_then_resume_from_the_last_periodic_cut(
         time.sleep(rng.uniform(0, 0.3))
         assert stop(proc, signal.SIGKILL) == -signal.SIGKILL
         kills += 1
+        # Ray's processes, in sessions of their own, still die with the controller.
+        runs.assert_nothing_left(proc)
         _, kind, cut_step = newest_cut(storage)
         assert kind == "periodic"
         trained = max(d["step"] for d in audit(storage, "--all")) + 1

@@ -1,0 +1,145 @@
+"""Ctrl-C (SIGINT) and SIGTERM, sent to `spotrl run`'s pid or to its whole process group (a
+terminal's Ctrl-C, ``kill -- -PGID``): the barrier cut commits while Ray, the generation
+workers and the trainer ranks are alive, the run exits 130 or 143 and leaves nothing running,
+and the same command resumes from the cut, training the uninterrupted run's prompts with
+nothing retrained. A second Ctrl-C only warns; a third stops at once, without the cut.
+
+The signal comes in step 4, before the first periodic cut (everySteps 4): without a barrier
+cut the next run would start again at step 1."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from controller_runs import Runs, audit, fsdp, newest_cut, stream, wait_for
+
+from spotrl_e2e.procs import process_state
+from spotrl_runtime.checkpoint.layout import list_cut_folders, newest_committed
+from spotrl_runtime.storage import open_storage
+
+pytestmark = pytest.mark.slow
+
+
+RAY_PARTS = ("gcs_server", "raylet/raylet", "ray::GenerationWorker", "ray::TrainerRank")
+
+
+def ray_processes(runs: Runs, proc: subprocess.Popen[str]) -> dict[int, str]:
+    """Every process of the run but the controller (pid: command line), less Ray's idle
+    workers, which Ray starts and ends as it likes: its GCS, raylet, monitors and agents, the
+    generation workers, the trainer ranks."""
+    out = {}
+    for pid in runs.processes_of(proc):
+        with contextlib.suppress(OSError):
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if not cmd.startswith("ray::IDLE"):
+                out[pid] = cmd[:100]
+    return out
+
+
+def alive(pid: int) -> bool:
+    state = process_state(pid)
+    return state is not None and state != "Z"
+
+
+def send(proc: subprocess.Popen[str], sig: int, to: str) -> None:
+    """``sig`` to the run's pid, or to its process group (it leads one: ``new_session``)."""
+    if to == "group":
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "sig", "to"),
+    [
+        pytest.param("single", signal.SIGINT, "pid", id="single-SIGINT-pid"),
+        pytest.param("single", signal.SIGINT, "group", id="single-SIGINT-group"),
+        pytest.param("single", signal.SIGTERM, "group", id="single-SIGTERM-group"),
+        pytest.param("fsdp", signal.SIGTERM, "group", id="fsdp-SIGTERM-group"),
+        pytest.param("fsdp", signal.SIGINT, "group", id="fsdp-SIGINT-group"),
+    ],
+)
+def test_a_stop_signal_commits_a_barrier_cut_and_the_resume_trains_the_baseline(
+    runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path, strategy: str, sig: int, to: str
+) -> None:
+    storage, marks = tmp_path / "cuts", tmp_path / "marks"
+    marks.mkdir()
+    name = signal.Signals(sig).name
+    job = runs.job(fsdp(2) if strategy == "fsdp" else None)
+    # Held in step 4, and the barrier's cut once captured, so that the test sees who is alive then.
+    env = {"SPOTRL_FAILPOINTS": "train.step@3=3,cut.captured=60", "SPOTRL_FAILPOINT_DIR": str(marks)}
+    proc = runs.start(job, storage, new_session=True, **env)
+    wait_for(lambda: (marks / "train.step").exists(), 300, "step 4", proc)
+    trained_before = len(audit(storage, "--all"))
+    ray = ray_processes(runs, proc)
+    wanted = RAY_PARTS[: 4 if strategy == "fsdp" else 3]
+    assert [part for part in wanted if not any(part in cmd for cmd in ray.values())] == [], ray
+    sent = time.monotonic()
+    send(proc, sig, to)
+    wait_for(lambda: (marks / "cut.captured").exists(), 60, "the barrier's capture", proc)
+    assert {pid: cmd for pid, cmd in ray.items() if not alive(pid)} == {}, "all of Ray lives on to the cut"
+    (marks / "cut.captured.release").touch()
+    rc = proc.wait(timeout=90)
+    seconds = time.monotonic() - sent
+    log = runs.log_of(proc)
+    committed = re.search(rf"barrier cut \S+ committed at step \d+ in ([\d.]+) s \({name}\)", log)
+    assert committed is not None, log
+    assert rc == 128 + sig, log
+    assert f"spotrl: {name}: taking a barrier cut, then stopping (exit {128 + sig})" in log, log
+    assert "GCS may have been killed" not in log, log
+    assert "trainer rank was lost" not in log, log
+    print(f"{strategy} {name} to the {to}: cut in {committed.group(1)} s, exit {seconds:.1f} s after the signal")
+    runs.assert_nothing_left(proc)
+
+    cut_id, kind, cut_step = newest_cut(storage)
+    assert kind == "barrier"
+    first = audit(storage, "--all")
+    # The single process's barrier interrupts step 4; the ranks finish it, and the cut holds it.
+    assert trained_before == 3
+    assert cut_step == len(first) == (4 if strategy == "fsdp" else 3), (cut_step, [d["step"] for d in first])
+
+    until = cut_step + 2
+    rc, log = runs.run(job, storage, "--max-steps", str(until))
+    assert rc == 0, log
+    assert f"resumed from cut {cut_id} (barrier) at step {cut_step}" in log, log
+    retrained = [d["step"] for d in audit(storage, "--all") if d["attempt"] > 0 and d["step"] < cut_step]
+    assert retrained == [], "a stop by a signal retrains nothing"
+    assert stream(storage) == baseline[:until]
+
+
+def test_a_second_ctrl_c_warns_and_a_third_stops_at_once_without_the_cut(runs: Runs, tmp_path: Path) -> None:
+    """Ctrl-C in a terminal (SIGINT to the process group) while the barrier cut is held just
+    after its capture: the second press only says how to abort, the third aborts. Exit 130,
+    no barrier cut (its folder has no manifest, so nothing resumes from it), nothing running."""
+    storage, marks = tmp_path / "cuts", tmp_path / "marks"
+    marks.mkdir()
+    env = {"SPOTRL_FAILPOINTS": "cut.captured=120", "SPOTRL_FAILPOINT_DIR": str(marks)}
+    proc = runs.start(runs.job(), storage, new_session=True, **env)
+    wait_for(lambda: re.search(r"step +2/", runs.log_of(proc)) is not None, 300, "step 2", proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    wait_for(lambda: (marks / "cut.captured").exists(), 60, "the barrier's capture", proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    warning = "spotrl: cutting, press Ctrl-C again to abort"
+    wait_for(lambda: warning in runs.log_of(proc), 30, "the warning", proc)
+    time.sleep(1.0)
+    assert proc.poll() is None, "the second Ctrl-C does not stop the run"
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    rc = proc.wait(timeout=30)
+    seconds = time.monotonic() - sent
+    log = runs.log_of(proc)
+    assert rc == 130, log
+    assert "spotrl: aborted: stopping now without a barrier cut (the last committed cut stands; exit 130)" in log
+    assert "Traceback" not in log, log
+    print(f"the third Ctrl-C: exit {seconds:.2f} s after it")
+    runs.assert_nothing_left(proc, timeout=10)
+
+    assert newest_committed(open_storage(str(storage))) is None, "no cut: the first periodic one was at step 4"
+    assert all(not f.committed for f in list_cut_folders(open_storage(str(storage))))
