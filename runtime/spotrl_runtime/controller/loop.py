@@ -22,7 +22,7 @@ run is :mod:`spotrl_runtime.generation.cluster`'s business.
 A barrier (:meth:`Controller.request_barrier`, from SIGTERM or SIGINT, the HTTP endpoint or the
 Kubernetes bridge) parks the controller: nothing more is admitted or trained, the cut is
 taken, and the process waits to be stopped. Exit codes: 0 every step trained, 143 stopped
-by SIGTERM (after its barrier cut), 3 refused (the run cannot start from its storage: another
+by SIGTERM and 130 by SIGINT (after its barrier cut), 3 refused (the run cannot start from its storage: another
 job's store, a cut that fails the validation chain), 4 fenced (a newer controller claimed the
 job; this one stopped before auditing or cutting anything more), 5 a trainer rank lost, 1 an
 error (the message names it).
