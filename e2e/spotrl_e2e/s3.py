@@ -7,10 +7,13 @@ import secrets
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotrl_e2e.procs import Process, free_port
 from spotrl_e2e.tools import Tools, find_tools
+
+if TYPE_CHECKING:
+    from spotrl_runtime.storage.s3 import S3Storage
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,21 @@ class S3Bucket:
             aws_secret_access_key=self.secret_key,
             region_name=self.region,
             config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+        )
+
+    def storage(self, prefix: str, **options: Any) -> S3Storage:
+        """Our :class:`~spotrl_runtime.storage.s3.S3Storage` on ``<bucket>/<prefix>`` of this
+        server (``options``: multipart sizes and the like)."""
+        from spotrl_runtime.storage.s3 import S3Storage
+
+        return S3Storage(
+            self.bucket,
+            prefix,
+            endpoint_url=self.endpoint,
+            region=self.region,
+            access_key=self.access_key,
+            secret_key=self.secret_key,
+            **options,
         )
 
     def env(self) -> dict[str, str]:

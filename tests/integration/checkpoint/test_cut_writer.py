@@ -221,15 +221,9 @@ def test_the_lock_is_released_before_files_are_written(tmp_path: Path) -> None:
 
 @pytest.mark.s3
 def test_big_weights_go_up_in_parallel_parts_and_come_back_exactly(s3_bucket: Any, tmp_path: Path) -> None:
-    from spotrl_runtime.storage.s3 import S3Storage
 
-    storage = S3Storage(
-        s3_bucket.bucket,
+    storage = s3_bucket.storage(
         "jobs/big",
-        endpoint_url=s3_bucket.endpoint,
-        region=s3_bucket.region,
-        access_key=s3_bucket.access_key,
-        secret_key=s3_bucket.secret_key,
         multipart_threshold=8 * 1024 * 1024,
         part_size=5 * 1024 * 1024,
         parallelism=4,

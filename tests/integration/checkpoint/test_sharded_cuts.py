@@ -136,16 +136,7 @@ def digest(data: bytes) -> tuple[int, str]:
 
 
 def s3_store(bucket: Any, prefix: str = "job") -> Storage:
-    from spotrl_runtime.storage.s3 import S3Storage
-
-    return S3Storage(
-        bucket.bucket,
-        prefix,
-        endpoint_url=bucket.endpoint,
-        region=bucket.region,
-        access_key=bucket.access_key,
-        secret_key=bucket.secret_key,
-    )
+    return bucket.storage(prefix)
 
 
 def assert_files_are_the_stored_objects(storage: Storage, folder: str, per_rank: list[list[ShardFile]]) -> None:

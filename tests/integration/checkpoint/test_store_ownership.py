@@ -19,7 +19,6 @@ from spotrl_runtime.core.identity import JobIdentity
 from spotrl_runtime.core.validation import ForeignCutError
 from spotrl_runtime.storage import LocalStorage, Storage
 from spotrl_runtime.storage.purge import OWNER_KEY
-from spotrl_runtime.storage.s3 import S3Storage
 
 A = JobIdentity("tiny-arith", "team-a", "uid-a")
 B = JobIdentity("tiny-b", "team-a", "uid-b")
@@ -29,15 +28,7 @@ B = JobIdentity("tiny-b", "team-a", "uid-b")
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
     if request.param == "local":
         return LocalStorage(tmp_path / "store")
-    bucket = request.getfixturevalue("s3_bucket")
-    return S3Storage(
-        bucket.bucket,
-        "jobs/shared",
-        endpoint_url=bucket.endpoint,
-        region=bucket.region,
-        access_key=bucket.access_key,
-        secret_key=bucket.secret_key,
-    )
+    return request.getfixturevalue("s3_bucket").storage("jobs/shared")
 
 
 def keys(store: Storage) -> dict[str, bytes]:

@@ -19,7 +19,6 @@ from controller_runs import Runs, audit, fsdp, newest_cut, stop, stream, wait_fo
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.controller.loop import EXIT_RANK_LOST
 from spotrl_runtime.storage import open_storage
-from spotrl_runtime.storage.s3 import S3Storage
 
 pytestmark = pytest.mark.slow
 
@@ -75,14 +74,7 @@ def test_barriers_of_two_ranks_to_s3_before_a_periodic_capture_and_mid_step_then
     than replace the barrier's (which then had nothing to write). The second comes mid-step
     (step 6): the ranks finish it, and the barrier holds it."""
     uri = f"s3://{s3_bucket.bucket}/fsdp"
-    store = S3Storage(
-        s3_bucket.bucket,
-        "fsdp",
-        endpoint_url=s3_bucket.endpoint,
-        region=s3_bucket.region,
-        access_key=s3_bucket.access_key,
-        secret_key=s3_bucket.secret_key,
-    )
+    store = s3_bucket.storage("fsdp")
     from spotrl_runtime.checkpoint.layout import newest_committed
 
     def barrier_of_both_ranks(log: str, step: int) -> str:

@@ -25,14 +25,7 @@ DEADLINE = 8
 
 def _store(bucket: Any) -> S3Storage:
     """The job's store, read directly (not through the proxy)."""
-    return S3Storage(
-        bucket.bucket,
-        "job",
-        endpoint_url=bucket.endpoint,
-        region=bucket.region,
-        access_key=bucket.access_key,
-        secret_key=bucket.secret_key,
-    )
+    return bucket.storage("job")
 
 
 def _stream(bucket: Any) -> list[tuple[int, list[int]]]:
