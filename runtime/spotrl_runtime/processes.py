@@ -3,7 +3,10 @@ controller must stop before it goes, so that nothing of it keeps running."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+from collections.abc import Callable
 
 
 def descendants(root: int) -> list[int]:
@@ -30,3 +33,17 @@ def descendants(root: int) -> list[int]:
         out.append(pid)
         todo.extend(children.get(pid, []))
     return out
+
+
+def kill_descendants(between: Callable[[], object] | None = None, tries: int = 3) -> None:
+    """SIGKILLs every process below this one, looking again up to ``tries`` times (a process
+    may start one while we look); ``between`` runs after each round (e.g. to reap them)."""
+    for _ in range(tries):
+        left = descendants(os.getpid())
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if between is not None:
+            between()

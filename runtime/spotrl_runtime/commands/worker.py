@@ -30,7 +30,7 @@ import threading
 from typing import Any
 
 from spotrl_runtime.commands import preflight
-from spotrl_runtime.processes import descendants
+from spotrl_runtime.processes import kill_descendants
 
 ROLES = ("worker", "trainer")
 """What a node offers: one generation worker slot, or one trainer rank's slot."""
@@ -167,14 +167,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(STOP_SECONDS)
-    for _ in range(3):
-        left = descendants(os.getpid())
-        if not left:
-            break
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        _reap(timeout=2.0)
+    kill_descendants(between=lambda: _reap(timeout=2.0))
     if proc.poll() is None:
         proc.kill()
         proc.wait(5)

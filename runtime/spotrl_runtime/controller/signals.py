@@ -34,7 +34,6 @@ process of a cgroup (systemd's ``KillMode=control-group``) reaches them all; use
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -81,15 +80,9 @@ def abort_now(code: int) -> NoReturn:
     trainer ranks) SIGKILLed first, Ray's folders removed, then ``os._exit(code)``: nothing more
     is written, and no cut writer thread lives on to commit a cut after the abort."""
     from spotrl_runtime.generation.cluster import remove_ray_folders
-    from spotrl_runtime.processes import descendants
+    from spotrl_runtime.processes import kill_descendants
 
-    for _ in range(3):  # a process may start one while we look
-        left = descendants(os.getpid())
-        if not left:
-            break
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+    kill_descendants()
     remove_ray_folders()
     os._exit(code)
 
