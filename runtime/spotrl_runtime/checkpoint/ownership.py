@@ -30,7 +30,7 @@ from spotrl_runtime.storage.purge import OWNER_KEY
 
 log = logging.getLogger("spotrl.ownership")
 
-_WHAT_TO_DO = "point the job at its own checkpoint storage"
+_ADVICE = "point the job at its own checkpoint storage"
 
 
 def prove_ownership(storage: Storage, job: JobIdentity, *, claim: bool = True) -> None:
@@ -45,7 +45,7 @@ def prove_ownership(storage: Storage, job: JobIdentity, *, claim: bool = True) -
         for key, other in _traces(storage):
             if not other.same_job(job):
                 what = "cut" if key.endswith(MANIFEST_NAME) else "claim"
-                raise ForeignCutError(loc, key, f"the {what} belongs to job {str(other)!r}, not {str(job)!r}", _WHAT_TO_DO)
+                raise ForeignCutError(loc, key, f"the {what} belongs to job {str(other)!r}, not {str(job)!r}", _ADVICE)
         if not claim:
             return
         try:
@@ -56,10 +56,10 @@ def prove_ownership(storage: Storage, job: JobIdentity, *, claim: bool = True) -
             owner = _stored_owner(storage, loc)  # another controller wrote it first: whose is it?
             if owner is None:
                 raise ForeignCutError(
-                    loc, OWNER_KEY, "was written and then removed while this job started", _WHAT_TO_DO
+                    loc, OWNER_KEY, "was written and then removed while this job started", _ADVICE
                 ) from None
     if not owner.same_job(job):
-        raise ForeignCutError(loc, OWNER_KEY, f"the store belongs to job {str(owner)!r}, not {str(job)!r}", _WHAT_TO_DO)
+        raise ForeignCutError(loc, OWNER_KEY, f"the store belongs to job {str(owner)!r}, not {str(job)!r}", _ADVICE)
 
 
 def _stored_owner(storage: Storage, loc: str) -> JobIdentity | None:
