@@ -47,3 +47,26 @@ def kill_descendants(between: Callable[[], object] | None = None, tries: int = 3
                 os.kill(pid, signal.SIGKILL)
         if between is not None:
             between()
+
+
+def in_sessions(sessions: set[int]) -> list[int]:
+    """Every live process (other than this one; a zombie is not live) whose session id is one
+    of ``sessions``, from /proc; [] where there is no /proc."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                # after "(comm)": state ppid pgrp session ...
+                fields = f.read().rsplit(")", 1)[1].split()
+            state, sid = fields[0], int(fields[3])
+        except (OSError, ValueError, IndexError):
+            continue
+        if sid in sessions and state not in ("Z", "X"):
+            found.append(int(entry))
+    return found

@@ -20,13 +20,14 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from spotrl_runtime.api.rljob import RLJobSpec
 from spotrl_runtime.generation.backend import BackendSpec
 from spotrl_runtime.generation.pool import GenerationPool
+from spotrl_runtime.reaper import Reaper
 
 log = logging.getLogger("spotrl.generation")
 
@@ -49,6 +50,9 @@ class RayRuntime:
     folder: str | None
     """None: Ray was already running (a test's), and is left alone."""
 
+    reaper: Reaper | None = None
+    """Stops Ray's processes and removes the folder if this process dies first."""
+
     @property
     def address(self) -> str:
         """The head's GCS address, for worker nodes to join."""
@@ -65,6 +69,9 @@ class RayRuntime:
         shutil.rmtree(self.folder, ignore_errors=True)
         _RAY_FOLDERS.discard(self.folder)
         self.folder = None
+        if self.reaper is not None:
+            self.reaper.close()
+            self.reaper = None
 
 
 _RAY_FOLDERS: set[str] = set()
@@ -88,14 +95,15 @@ _KEEPS_OUR_SIGTERM = _KeepsOurSigterm()
 
 
 @contextlib.contextmanager
-def _ray_processes_in_sessions_of_their_own() -> Iterator[None]:
+def _ray_processes_in_sessions_of_their_own(started: Callable[[int], None]) -> Iterator[None]:
     """While it lasts, each process ``ray.init`` starts (the GCS, the raylet, Ray's monitors)
     begins a session of its own, and the raylet's children (its agents, the generation
     workers, the trainer ranks) are in the raylet's. A signal to the controller's process
     group (Ctrl-C in its terminal, ``kill -- -PGID``) then reaches the controller alone, which
     takes its barrier cut with Ray and the ranks alive and stops them after it. They still die
     with the controller: Ray starts each with a parent-death signal (SIGKILL), and the
-    raylet's children go with the raylet.
+    raylet's children go with the raylet, or else with the :class:`Reaper` that ``started``
+    tells of each new session (its leader's pid) as it starts.
 
     Ray offers no setting for this: its one spawner, ``ray._private.services.ConsolePopen``
     (Ray is pinned by constraints.txt), is given ``start_new_session`` for the duration."""
@@ -111,6 +119,7 @@ def _ray_processes_in_sessions_of_their_own() -> Iterator[None]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["start_new_session"] = True
             super().__init__(*args, **kwargs)
+            started(self.pid)
 
     services.ConsolePopen = InSessionOfItsOwn  # type: ignore[misc]
     try:
@@ -147,19 +156,25 @@ def start_ray(
     # A short private folder: Ray's unix sockets must fit in 107 bytes.
     folder = tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("SPOTRL_RAY_TMP", "/tmp"))
     _RAY_FOLDERS.add(folder)
-    with _ray_processes_in_sessions_of_their_own():
-        ray.init(
-            num_cpus=0 if remote_workers else num_cpus or max(1, os.cpu_count() or 1),
-            include_dashboard=False,
-            _temp_dir=folder,
-            _node_ip_address=bind,
-            log_to_driver=False,
-            configure_logging=False,
-            runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
-        )
+    reaper = Reaper()
+    reaper.folder(folder)
+    try:
+        with _ray_processes_in_sessions_of_their_own(reaper.session):
+            ray.init(
+                num_cpus=0 if remote_workers else num_cpus or max(1, os.cpu_count() or 1),
+                include_dashboard=False,
+                _temp_dir=folder,
+                _node_ip_address=bind,
+                log_to_driver=False,
+                configure_logging=False,
+                runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
+            )
+    except BaseException:
+        reaper.close()  # what started of Ray goes with it
+        raise
     if main and handler is not None:
         signal.signal(signal.SIGTERM, handler)
-    return RayRuntime(folder)
+    return RayRuntime(folder, reaper)
 
 
 def generation_pool(spec: RLJobSpec, device: str, remote_workers: bool) -> GenerationPool:
