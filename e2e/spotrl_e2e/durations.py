@@ -1,13 +1,17 @@
 """Where ``make test``'s time goes: per suite, per module and per test, from pytest's JUnit XML,
 and the kind subset's phases (``.e2e-kind/timings``).
 
-``make test`` writes ``.out/test-report/pytest.xml`` and then this report
-(``.out/test-report/durations.txt``) on every run, failed ones included::
+``make test`` (``e2e/suite.sh``) writes ``.out/test-report/pytest-a.xml`` and ``pytest-b.xml``
+(two pytest processes side by side) and ``pytest-alone.xml`` (the tests marked ``alone``, run
+with nothing beside them), then this report (``.out/test-report/durations.txt``) on every
+run, failed ones included::
 
-    python -m spotrl_e2e.durations .out/test-report/pytest.xml [.e2e-kind/timings] [--top 30]
+    python -m spotrl_e2e.durations REPORT.xml [REPORT.xml ...] [--kind .e2e-kind/timings] [--top 30]
 
 A test's seconds are pytest's "total": its setup, call and teardown, so a session fixture
-(a control plane, an S3 server, a baseline run) counts where it is first set up.
+(a control plane, an S3 server, a baseline run) counts where it is first set up. Runs side by
+side add up to more seconds than the wall time; the second line gives each run's wall time
+(its report's ``testsuite`` time).
 """
 
 from __future__ import annotations
@@ -54,6 +58,13 @@ def read_junit(text: str) -> list[TestTime]:
     return out
 
 
+def read_wall(text: str) -> float:
+    """The seconds the pytest run took, start to end (its ``testsuite`` elements' time)."""
+    root = ET.fromstring(text)
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    return sum(float(s.get("time") or 0) for s in suites)
+
+
 def read_phases(text: str) -> list[tuple[str, float]]:
     """The kind run's ``PHASE SECONDS`` lines."""
     rows = []
@@ -64,10 +75,14 @@ def read_phases(text: str) -> list[tuple[str, float]]:
     return rows
 
 
-def report(tests: list[TestTime], phases: list[tuple[str, float]], top: int = 30) -> str:
-    """The text of the report."""
+def report(
+    tests: list[TestTime], phases: list[tuple[str, float]], top: int = 30, walls: list[tuple[str, float]] | None = None
+) -> str:
+    """The text of the report; ``walls``: (run, seconds start to end) of each pytest run."""
     total = sum(t.seconds for t in tests)
     lines = [f"pytest: {len(tests)} tests, {total:.0f} s"]
+    if walls:
+        lines.append("wall time: " + ", ".join(f"{name} {secs:.0f} s" for name, secs in walls))
     by_suite: dict[str, list[TestTime]] = defaultdict(list)
     by_module: dict[str, list[TestTime]] = defaultdict(list)
     for t in tests:
@@ -92,18 +107,23 @@ def report(tests: list[TestTime], phases: list[tuple[str, float]], top: int = 30
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m spotrl_e2e.durations", description=__doc__)
-    p.add_argument("junit", help="pytest's --junitxml report")
-    p.add_argument("timings", nargs="?", help="the kind run's phase timings (PHASE SECONDS lines)")
+    p.add_argument("junit", nargs="+", help="pytest's --junitxml reports (one per pytest run)")
+    p.add_argument("--kind", help="the kind run's phase timings (PHASE SECONDS lines); missing: none")
     p.add_argument("--top", type=int, default=30)
     args = p.parse_args(argv)
-    try:
-        tests = read_junit(Path(args.junit).read_text())
-    except (OSError, ET.ParseError) as err:
-        print(f"durations: {args.junit}: {err}", file=sys.stderr)
-        return 1
-    timings = Path(args.timings) if args.timings else None
+    tests: list[TestTime] = []
+    walls = []
+    for junit in args.junit:
+        try:
+            text = Path(junit).read_text()
+            tests += read_junit(text)
+            walls.append((Path(junit).stem, read_wall(text)))
+        except (OSError, ET.ParseError) as err:
+            print(f"durations: {junit}: {err}", file=sys.stderr)
+            return 1
+    timings = Path(args.kind) if args.kind else None
     phases = read_phases(timings.read_text()) if timings is not None and timings.exists() else []
-    print(report(tests, phases, args.top))
+    print(report(tests, phases, args.top, walls))
     return 0
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from spotrl_e2e.durations import main, read_junit, read_phases, report
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
@@ -41,8 +43,20 @@ def test_tests_are_grouped_by_suite_and_module() -> None:
     assert any(line.split() == ["load", "325", "s"] for line in lines)
 
 
-def test_the_command_reads_the_files_and_says_what_is_missing(tmp_path: Path, capsys: object) -> None:
-    xml = tmp_path / "pytest.xml"
-    xml.write_text(JUNIT)
-    assert main([str(xml), str(tmp_path / "no-timings")]) == 0
-    assert main([str(tmp_path / "missing.xml")]) == 1
+def test_the_command_reads_the_files_and_says_what_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    xml = tmp_path / "pytest-a.xml"
+    xml.write_text(JUNIT.replace('tests="5"', 'tests="5" time="200.5"'))
+    alone = tmp_path / "pytest-alone.xml"
+    alone.write_text(
+        '<testsuites><testsuite name="pytest" time="10.0">'
+        '<testcase classname="tests.integration.storage.test_storage_faults" name="test_stall" time="9.5"/>'
+        "</testsuite></testsuites>"
+    )
+    assert main([str(xml), str(alone), "--kind", str(tmp_path / "no-timings")]) == 0
+    first, second = capsys.readouterr().out.splitlines()[:2]
+    assert first == "pytest: 7 tests, 271 s"  # 261.46 + 9.5
+    assert second == "wall time: pytest-a 200 s, pytest-alone 10 s"
+    assert main([str(xml), str(tmp_path / "missing.xml")]) == 1
+    assert "missing.xml" in capsys.readouterr().err
