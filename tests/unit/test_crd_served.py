@@ -161,6 +161,7 @@ def test_storage_that_never_initializes_times_out_at_the_deadline_not_after_its_
     assert clock.now - start <= 10.03
 
 
+@pytest.mark.alone
 def test_the_real_clock_is_bounded_too() -> None:
     api = ScriptedApi(Clock(), crd_answers=[NOT_YET], list_answers=[{}])
     start = time.monotonic()

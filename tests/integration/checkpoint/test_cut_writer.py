@@ -178,6 +178,7 @@ def test_barrier_past_its_deadline_commits_nothing(tmp_path: Path) -> None:
     assert read_pointer(storage)["cut_id"] == first.cut_id  # type: ignore[index]
 
 
+@pytest.mark.alone
 def test_the_lock_is_released_before_files_are_written(tmp_path: Path) -> None:
     """Generation results keep flowing while a cut writes its (big) files."""
     storage = LocalStorage(tmp_path)

@@ -144,6 +144,7 @@ def test_a_failed_manifest_write_is_settled_by_reading_it_back(
         assert not files_kept
 
 
+@pytest.mark.alone
 def test_a_stalled_barrier_put_misses_its_deadline_in_time(s3_bucket: Any, fault_proxy: FaultProxy) -> None:
     """The server never answers the barrier cut's manifest PUT (the 60 s read timeout would
     hold it): the barrier gives up at its deadline, names it, and the last committed cut stands."""

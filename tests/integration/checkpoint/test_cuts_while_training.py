@@ -93,6 +93,7 @@ def slow_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ts, "copy_into", late)
 
 
+@pytest.mark.alone
 def test_a_periodic_cut_taken_while_training_goes_on_restores_exactly_the_captured_step(
     tmp_path: Path, slow_copy: None
 ) -> None:

@@ -168,6 +168,7 @@ def test_transfers_under_a_heavy_random_mix_of_faults(
         print(f"\nfault figures (transfers, seed {seed}): requests {requests}, faults {faults}, retries {s.retries}")
 
 
+@pytest.mark.alone
 def test_a_stalled_put_is_abandoned_at_the_deadline(s3_bucket: Any, fault_proxy: FaultProxy, tmp_path: Path) -> None:
     s = store(s3_bucket, fault_proxy, read_timeout=30.0, multipart_threshold=6 * MiB, part_size=5 * MiB)
     fault_proxy.add("stall", method="PUT", key="stalled")  # never answers
