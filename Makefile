@@ -8,7 +8,7 @@ UV      ?= $(shell command -v uv 2>/dev/null || echo $(VENV)/bin/uv)
 EXTRAS  ?= operator,runtime,dev
 PYTEST_ARGS ?=
 
-.PHONY: help install lock generate lint typecheck test test-fast toolchain scan bench demo cluster-up cluster-down test-cluster test-e2e e2e-kind e2e-kind-ci images clean
+.PHONY: help install lock generate lint typecheck test test-changed test-fast toolchain scan bench demo cluster-up cluster-down test-cluster test-e2e e2e-kind e2e-kind-ci images clean
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -69,15 +69,27 @@ REPORT ?= .out/test-report
 
 test: lint toolchain ## everything CI runs: lint, types, every pytest suite, the kind subset; where the time went: .out/test-report
 	@e2e/toolchain/system-packages.sh "make test" pgrep:procps curl:curl debootstrap:debootstrap dockerd:docker.io
-	@mkdir -p $(REPORT) && rm -f $(REPORT)/pytest.xml .e2e-kind/timings
-	@rc=0; $(PY) -m pytest --durations=20 --junitxml=$(REPORT)/pytest.xml $(PYTEST_ARGS) || rc=$$?; \
-	  if [ $$rc = 0 ]; then $(MAKE) --no-print-directory e2e-kind-ci PYTEST_ARGS= || rc=$$?; fi; \
-	  PYTHONPATH=e2e $(PY) -m spotrl_e2e.durations $(REPORT)/pytest.xml .e2e-kind/timings > $(REPORT)/durations.txt \
+	@mkdir -p $(REPORT) && rm -f $(REPORT)/pytest*.xml .e2e-kind/timings
+	@echo "== the kind cluster is set up beside pytest (log: $(REPORT)/kind-setup.log)"
+	@rc=0; SPOTRL_KIND_SUBSET=ci SPOTRL_KIND_PHASES=setup e2e/kind/run.sh >$(REPORT)/kind-setup.log 2>&1 & kind=$$!; \
+	  PY=$(PY) e2e/suite.sh $(REPORT) $(PYTEST_ARGS) || rc=$$?; \
+	  if wait $$kind; then \
+	    if [ $$rc = 0 ]; then SPOTRL_KIND_SUBSET=ci SPOTRL_KIND_PHASES=tests e2e/kind/run.sh || rc=$$?; \
+	    else SPOTRL_KIND_PHASES=down e2e/kind/run.sh || true; fi; \
+	  else \
+	    krc=$$?; echo "== the kind setup failed (exit $$krc); the end of $(REPORT)/kind-setup.log:"; \
+	    tail -n 60 $(REPORT)/kind-setup.log; [ $$rc != 0 ] || rc=$$krc; \
+	  fi; \
+	  PYTHONPATH=e2e $(PY) -m spotrl_e2e.durations $(REPORT)/pytest-*.xml --kind .e2e-kind/timings > $(REPORT)/durations.txt \
 	    && echo "== where the time went ($(REPORT)/durations.txt)" && head -n 60 $(REPORT)/durations.txt; \
 	  exit $$rc
 
 bench: install ## run every benchmark in bench/ (each prints a small table; S3 ones start their own versitygw)
 	@set -e; for f in bench/bench_*.py; do echo "== $$f"; PYTHONPATH=e2e $(PY) $$f; done
+
+test-changed: install ## the tests a change touches (against origin/main, else HEAD; BASE=<ref> picks another)
+	@paths=$$(PYTHONPATH=e2e $(PY) -m spotrl_e2e.changed $(if $(BASE),--base $(BASE))); \
+	  if [ -n "$$paths" ]; then $(PY) -m pytest $$paths $(PYTEST_ARGS); fi
 
 test-fast: install ## the quick subset for local work: unit tests only
 	$(PY) -m pytest tests/unit -m "not slow" $(PYTEST_ARGS)
