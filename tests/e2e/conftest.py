@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import os
 import re
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_harness import TARGET, Jobs, JobStorage, OperatorProcess, apply_crd, install_operator_identity
+from operator_harness import (
+    TARGET,
+    Jobs,
+    JobStorage,
+    OperatorProcess,
+    apply_crd,
+    install_operator_identity,
+    kind_bucket,
+)
 
 from spotrl_e2e.cluster import Cluster
 
@@ -124,15 +131,6 @@ def e2e_module_storage(request: pytest.FixtureRequest) -> Iterator[JobStorage]:
     b = server.create_bucket("reference")
     yield JobStorage(b.bucket, b.endpoint, b.endpoint, b.access_key, b.secret_key, b.region)
     server.delete_bucket(b)
-
-
-def kind_bucket() -> JobStorage:
-    """A fresh bucket on the kind cluster's S3 server."""
-    host = os.environ["SPOTRL_E2E_S3_HOST_ENDPOINT"]
-    keys = os.environ["SPOTRL_E2E_S3_ACCESS_KEY"], os.environ["SPOTRL_E2E_S3_SECRET_KEY"]
-    storage = JobStorage(f"e2e-{uuid.uuid4().hex[:12]}", os.environ["SPOTRL_E2E_S3_POD_ENDPOINT"], host, *keys)
-    storage.client().create_bucket(Bucket=storage.bucket)
-    return storage
 
 
 @pytest.fixture

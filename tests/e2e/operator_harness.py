@@ -359,3 +359,12 @@ class JobStorage:
             "metadata": {"name": name},
             "stringData": {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key},
         }
+
+
+def kind_bucket() -> JobStorage:
+    """A fresh bucket on the kind cluster's S3 server (the one run.sh started)."""
+    host = os.environ["SPOTRL_E2E_S3_HOST_ENDPOINT"]
+    keys = os.environ["SPOTRL_E2E_S3_ACCESS_KEY"], os.environ["SPOTRL_E2E_S3_SECRET_KEY"]
+    storage = JobStorage(f"e2e-{uuid.uuid4().hex[:12]}", os.environ["SPOTRL_E2E_S3_POD_ENDPOINT"], host, *keys)
+    storage.client().create_bucket(Bucket=storage.bucket)
+    return storage

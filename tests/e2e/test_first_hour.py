@@ -21,9 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_harness import TARGET, Jobs, JobStorage
-
-from conftest import kind_bucket
+from operator_harness import TARGET, Jobs, JobStorage, kind_bucket
 
 pytestmark = [
     pytest.mark.slow,
