@@ -18,8 +18,7 @@
 #
 # SPOTRL_KIND_PHASES=setup runs 1-5 and leaves the cluster (and dockerd) up, saying how to
 # reach it in $ARTIFACTS/setup.env; SPOTRL_KIND_PHASES=tests then runs 6-7 on it, and
-# SPOTRL_KIND_PHASES=down only 7. `make test` runs the setup beside pytest, so the build and
-# the 5 GB load cost no wall time of their own.
+# SPOTRL_KIND_PHASES=down only 7. `KIND_BESIDE=1 make test` runs the setup beside pytest.
 #
 # Needs the repository's .venv and toolchain (make install toolchain), root for dockerd.
 # Extra arguments go to pytest. Prints the seconds of each phase (also in $ARTIFACTS/timings).
