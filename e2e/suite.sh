@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# pytest over tests/ for `make test`: two pytest processes side by side, then the tests
-# marked `alone` by themselves. Most tests spend their time waiting (a process start, a
-# watch, a barrier), so two at a time finish sooner on 2 cores than one.
+# pytest over tests/ for `make test`: the suite, then the tests marked `alone` by themselves
+# (they assert timing windows of a second or so). SPOTRL_SUITE_PARTS=2 runs the suite as two
+# pytest processes side by side instead (see below for why that is not the default).
 #
 #   e2e/suite.sh REPORT_DIR [PYTEST ARGS...]
 #

@@ -1,31 +1,40 @@
-"""The processes below this one, read from /proc (Linux): what a Ray node or an aborted
-controller must stop before it goes, so that nothing of it keeps running."""
+"""Processes read from /proc (Linux): those below this one (what a Ray node or an aborted
+controller must stop before it goes) and those in given sessions (what the reaper stops once
+a controller is gone), and how to kill them so that nothing keeps running."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+
+def _stats() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/<pid>/stat after "(comm)": state ppid pgrp session ...) of
+    every process; nothing where there is no /proc."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        yield int(entry), fields
 
 
 def descendants(root: int) -> list[int]:
     """Every live process below ``root``, from /proc (children before grandchildren); [] where
     there is no /proc."""
     children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
+    for pid, fields in _stats():
+        with contextlib.suppress(ValueError, IndexError):
+            children.setdefault(int(fields[1]), []).append(pid)
     out: list[int] = []
     todo = list(children.get(root, []))
     while todo:
@@ -35,11 +44,22 @@ def descendants(root: int) -> list[int]:
     return out
 
 
-def kill_descendants(between: Callable[[], object] | None = None, tries: int = 3) -> None:
-    """SIGKILLs every process below this one, looking again up to ``tries`` times (a process
-    may start one while we look); ``between`` runs after each round (e.g. to reap them)."""
+def in_sessions(sessions: set[int]) -> list[int]:
+    """Every live process (other than this one; a zombie is not live) whose session id is one
+    of ``sessions``, from /proc; [] where there is no /proc."""
+    found = []
+    for pid, fields in _stats():
+        with contextlib.suppress(ValueError, IndexError):
+            if pid != os.getpid() and int(fields[3]) in sessions and fields[0] not in ("Z", "X"):
+                found.append(pid)
+    return found
+
+
+def kill_all(find: Callable[[], list[int]], between: Callable[[], object] | None = None, tries: int = 3) -> None:
+    """SIGKILLs every process ``find`` returns, looking again up to ``tries`` times (one may
+    start another while we look); ``between`` runs after each round (to reap them, or wait)."""
     for _ in range(tries):
-        left = descendants(os.getpid())
+        left = find()
         if not left:
             return
         for pid in left:
@@ -49,24 +69,6 @@ def kill_descendants(between: Callable[[], object] | None = None, tries: int = 3
             between()
 
 
-def in_sessions(sessions: set[int]) -> list[int]:
-    """Every live process (other than this one; a zombie is not live) whose session id is one
-    of ``sessions``, from /proc; [] where there is no /proc."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    found = []
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                # after "(comm)": state ppid pgrp session ...
-                fields = f.read().rsplit(")", 1)[1].split()
-            state, sid = fields[0], int(fields[3])
-        except (OSError, ValueError, IndexError):
-            continue
-        if sid in sessions and state not in ("Z", "X"):
-            found.append(int(entry))
-    return found
+def kill_descendants(between: Callable[[], object] | None = None, tries: int = 3) -> None:
+    """SIGKILLs every process below this one (see :func:`kill_all`)."""
+    kill_all(lambda: descendants(os.getpid()), between, tries)

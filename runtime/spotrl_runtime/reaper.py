@@ -17,7 +17,6 @@ Run as ``python -m spotrl_runtime.reaper``; it imports nothing heavy.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import signal
 import subprocess
@@ -25,7 +24,7 @@ import sys
 import time
 from typing import IO
 
-from spotrl_runtime.processes import in_sessions
+from spotrl_runtime.processes import in_sessions, kill_all
 
 
 class Reaper:
@@ -84,14 +83,7 @@ def watch(stdin: IO[bytes], rounds: int = 5) -> None:
     for raw in stdin:
         lines.append(raw.decode(errors="replace"))
     sessions, folders = parse(lines)
-    for _ in range(rounds):
-        left = in_sessions(sessions)
-        if not left:
-            break
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
+    kill_all(lambda: in_sessions(sessions), between=lambda: time.sleep(0.1), tries=rounds)
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
 
