@@ -208,14 +208,16 @@ def other_node(jobs: Jobs, name: str, than: str, attempt: int = 2) -> str:
     return str(st["controllerNode"])
 
 
-@pytest.mark.parametrize(
-    "taint",
-    [pytest.param(AWS_NOTICE, id="aws-notice", marks=pytest.mark.kind_ci), pytest.param(KARPENTER, id="karpenter")],
-)
+@pytest.mark.kind_ci
 def test_a_drain_after_a_notice_waits_for_the_barrier_cut_then_resumes_elsewhere(
-    e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage, reference: dict[int, Any], taint: str
+    e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage, reference: dict[int, Any]
 ) -> None:
+    """The AWS termination handler's taint, then a drain. Karpenter's taint (``karpenter.sh/
+    disrupted``) then a drain is the standby test's preemption below, with the same assertions
+    on the notice, the refused eviction and the stop after the commit (and Karpenter's taint is
+    the notice of the unusable-nodes and double-preemption tests too)."""
     jobs = e2e_jobs
+    taint = AWS_NOTICE
     assert_enforces_restricted(e2e_cluster, jobs.ns)
     start(e2e_cluster, jobs, e2e_storage, "tiny", SPOT)
     st = training(jobs, "tiny", 2)
@@ -309,10 +311,11 @@ def test_with_a_standby_the_warm_pod_takes_over_after_the_barrier_cut(
     drain = cluster.drain(node, timeout=300)
     (held / "train.step.release").touch()  # the barrier interrupts the held step
     try:
-        jobs.barrier_commit("tiny", 120)
+        _, committed_at = jobs.barrier_commit("tiny", 120)
         assert drain.wait(300) == 0, drain.output()
     finally:
         drain.stop()
+    assert_stopped_after(cluster, jobs.ns, pod, committed_at)
     st = training(jobs, "tiny", 1, attempt=2)
     took_over = standby()
     assert took_over is not None
@@ -334,7 +337,8 @@ def test_with_a_standby_the_warm_pod_takes_over_after_the_barrier_cut(
     assert "scheduledAt" not in rec, rec
     assert "scheduledToStarted" not in rec["phases"], rec
     reasons = set(jobs.reasons("tiny"))
-    assert {"StandbyCreated", "StandbyPromoted", "BarrierCommitted", "Recovered"} <= reasons, reasons
+    said = {"PreemptionNotice", "StandbyCreated", "StandbyPromoted", "BarrierCommitted", "Recovered"}
+    assert said <= reasons, reasons
     assert "StandbyFailed" not in reasons
     assert_same_stream(reference, e2e_storage, "tiny")
     # Done: no standby is kept for a job that has nothing left to train.

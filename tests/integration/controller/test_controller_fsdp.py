@@ -31,14 +31,15 @@ def shards(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return [f for f in manifest["files"] if f["path"].split("/", 1)[1].startswith("trainer/dcp/")]
 
 
-def test_a_run_resharded_2_to_1_to_2_to_3_ranks_trains_the_baseline(
+def test_a_run_resharded_2_to_1_to_3_ranks_trains_the_baseline(
     runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path
 ) -> None:
-    """One run, four attempts on 2, 1, 2 and 3 ranks (each resumes from the last one's cut, so
-    2->1, 1->2 and 2->3 reshard on load), trains the uninterrupted single process's stream."""
+    """One run, three attempts on 2, 1 and 3 ranks (each resumes from the last one's cut, so
+    2->1 shrinks and 1->3 grows to a count that does not divide the last one's), trains the
+    uninterrupted single process's stream."""
     storage = tmp_path / "cuts"
     cut_id, writers = None, 0
-    for ranks, until in ((2, 4), (1, 8), (2, 12), (3, None)):
+    for ranks, until in ((2, 4), (1, 8), (3, None)):
         rc, log = runs.run(runs.job(fsdp(ranks)), storage, *(["--max-steps", str(until)] if until else []))
         assert rc == 0, log
         assert f"trainer group: {ranks} FSDP2 ranks" in log, log
@@ -57,7 +58,7 @@ def test_a_run_resharded_2_to_1_to_2_to_3_ranks_trains_the_baseline(
     assert stream(storage) == baseline
     records = audit(storage, "--all")
     assert sorted(d["step"] for d in records) == [step for step, _ in baseline], "each step trained once"
-    assert sorted({d["attempt"] for d in records}) == [0, 1, 2, 3]
+    assert sorted({d["attempt"] for d in records}) == [0, 1, 2]
 
 
 @pytest.mark.s3
