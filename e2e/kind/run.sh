@@ -149,37 +149,57 @@ if [ "$PHASES" != tests ]; then
   # the workers, the runtime on the workers (in the CI subset only the spot workers, where its
   # tests place their jobs). Not `kind load`: that writes a tar of the image and imports it
   # into every node at once, which for the 5.6 GB runtime image needs ~40 GB of disk at the
-  # peak. Here `docker save` is piped into each node's containerd, as many nodes at a time as
-  # the free disk allows (an import holds the image twice until it is unpacked), and the
-  # layer blobs are dropped from the node's content store once unpacked (what containerd's
-  # discard_unpacked_layers does for pulls), so each node keeps one copy, as snapshots.
-  load_one() {
-    local image=$1 node=$2 want have layers
-    want=$($DOCKER image inspect -f '{{.Id}}' "$image")
-    have=$($DOCKER exec "$node" crictl inspecti -o go-template --template '{{.status.id}}' "$image" 2>/dev/null || true)
-    [ "$have" = "$want" ] && return 0
+  # peak. Here one `docker save` is piped (tee) into the containerd of as many nodes at a time
+  # as the free disk allows (an import holds the image twice until it is unpacked): dockerd
+  # spends ~55 s of CPU writing the runtime image's tar, once for all of them rather than once
+  # a node. The layer blobs are then dropped from each node's content store (what
+  # containerd's discard_unpacked_layers does for pulls), so each node keeps one copy, as
+  # snapshots.
+  needs() { # image node: does the node lack this build of the image?
+    local want have
+    want=$($DOCKER image inspect -f '{{.Id}}' "$1")
+    have=$($DOCKER exec "$2" crictl inspecti -o go-template --template '{{.status.id}}' "$1" 2>/dev/null || true)
+    [ "$have" = "$want" ] && return 1
     # A kept cluster with an older build: remove that first (the disk holds one copy).
-    [ -n "$have" ] && $DOCKER exec "$node" crictl rmi "$image" >/dev/null
-    $DOCKER save "$image" | $DOCKER exec -i "$node" ctr -n k8s.io images import --digests --snapshotter overlayfs - >/dev/null
+    if [ -n "$have" ]; then $DOCKER exec "$2" crictl rmi "$1" >/dev/null || true; fi
+    return 0
+  }
+  load_into() { # image node...: one save, tee'd into each node's import
+    local image=$1 fifos dir pids=() node rc=0 layers
+    shift
+    dir=$(mktemp -d)
+    fifos=()
+    for node in "$@"; do
+      mkfifo "$dir/$node"
+      fifos+=("$dir/$node")
+      $DOCKER exec -i "$node" ctr -n k8s.io images import --digests --snapshotter overlayfs - <"$dir/$node" >/dev/null &
+      pids+=($!)
+    done
+    $DOCKER save "$image" | tee "${fifos[@]}" >/dev/null || rc=$?
+    for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
+    rm -rf "$dir"
+    ((rc == 0)) || { echo "e2e-kind: loading $image into $* failed (exit $rc)" >&2; return "$rc"; }
     layers=$($DOCKER image inspect "$image" -f '{{range .RootFS.Layers}}{{.}} {{end}}')
-    # shellcheck disable=SC2086
-    $DOCKER exec "$node" ctr -n k8s.io content rm $layers >/dev/null 2>&1 || true
-    echo "loaded $image into $node"
+    for node in "$@"; do
+      # shellcheck disable=SC2086
+      $DOCKER exec "$node" ctr -n k8s.io content rm $layers >/dev/null 2>&1 || true
+      echo "loaded $image into $node"
+    done
   }
   load() {
-    local image=$1 size free at_once t0=$SECONDS pids=() node
+    local image=$1 size free at_once t0=$SECONDS node lacking=()
     shift
+    for node in "$@"; do needs "$image" "$node" && lacking+=("$node"); done
+    ((${#lacking[@]})) || { echo "$image: already on $*"; return 0; }
     size=$($DOCKER image inspect -f '{{.Size}}' "$image")
     free=$(($(df -B1 --output=avail /var/lib/docker | tail -1) - 4 * 1024 ** 3))
     at_once=$((free / (2 * size + 1)))
     ((at_once >= 1)) || { echo "e2e-kind: too little disk to load $image ($((2 * size / 1024 ** 3)) GB needed)" >&2; return 1; }
-    for node in "$@"; do
-      load_one "$image" "$node" &
-      pids+=($!)
-      if ((${#pids[@]} >= at_once)); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
+    while ((${#lacking[@]})); do
+      load_into "$image" "${lacking[@]:0:at_once}" || return
+      lacking=("${lacking[@]:at_once}")
     done
-    for pid in "${pids[@]}"; do wait "$pid"; done
-    echo "$image: $((SECONDS - t0)) s, up to $at_once node(s) at once"
+    echo "$image: $((SECONDS - t0)) s, up to $at_once node(s) from one save"
   }
   source "$ROOT/e2e/toolchain/versions.env"
   read -r -a workers <<<"$(kubectl get nodes -l '!node-role.kubernetes.io/control-plane' -o jsonpath='{.items[*].metadata.name}')"

@@ -59,11 +59,13 @@ def send(proc: subprocess.Popen[str], sig: int, to: str) -> None:
 @pytest.mark.parametrize(
     ("strategy", "sig", "to"),
     [
+        # Each signal, target and strategy at least once. That a signal to the group reaches
+        # the controller alone is one mechanism for either signal (Ray's processes in sessions
+        # of their own): proven with ranks and without. SIGTERM to the pid is the kubelet's
+        # stop, which the controller preemption tests send.
         pytest.param("single", signal.SIGINT, "pid", id="single-SIGINT-pid"),
         pytest.param("single", signal.SIGINT, "group", id="single-SIGINT-group"),
-        pytest.param("single", signal.SIGTERM, "group", id="single-SIGTERM-group"),
         pytest.param("fsdp", signal.SIGTERM, "group", id="fsdp-SIGTERM-group"),
-        pytest.param("fsdp", signal.SIGINT, "group", id="fsdp-SIGINT-group"),
     ],
 )
 def test_a_stop_signal_commits_a_barrier_cut_and_the_resume_trains_the_baseline(
