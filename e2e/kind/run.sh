@@ -155,7 +155,7 @@ if [ "$PHASES" != tests ]; then
   # a node. The layer blobs are then dropped from each node's content store (what
   # containerd's discard_unpacked_layers does for pulls), so each node keeps one copy, as
   # snapshots.
-  needs() { # image node: does the node lack this build of the image?
+  needs() { # image node: does the node lack this build of the image? (an older one goes)
     local want have
     want=$($DOCKER image inspect -f '{{.Id}}' "$1")
     have=$($DOCKER exec "$2" crictl inspecti -o go-template --template '{{.status.id}}' "$1" 2>/dev/null || true)
@@ -165,10 +165,9 @@ if [ "$PHASES" != tests ]; then
     return 0
   }
   load_into() { # image node...: one save, tee'd into each node's import
-    local image=$1 fifos dir pids=() node rc=0 layers
+    local image=$1 fifos=() dir pids=() node rc=0 layers
     shift
     dir=$(mktemp -d)
-    fifos=()
     for node in "$@"; do
       mkfifo "$dir/$node"
       fifos+=("$dir/$node")

@@ -95,6 +95,20 @@ _KEEPS_OUR_SIGTERM = _KeepsOurSigterm()
 
 
 @contextlib.contextmanager
+def _replaced(owner: Any, values: dict[str, Any]) -> Iterator[None]:
+    """While it lasts, ``owner``'s attributes named in ``values`` are those values; then they
+    are what they were. For the places where Ray (pinned by constraints.txt) has no setting."""
+    saved = {name: getattr(owner, name) for name in values}
+    for name, value in values.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(owner, name, value)
+
+
+@contextlib.contextmanager
 def _ray_processes_in_sessions_of_their_own(started: Callable[[int], None]) -> Iterator[None]:
     """While it lasts, each process ``ray.init`` starts (the GCS, the raylet, Ray's monitors)
     begins a session of its own, and the raylet's children (its agents, the generation
@@ -121,11 +135,8 @@ def _ray_processes_in_sessions_of_their_own(started: Callable[[int], None]) -> I
             super().__init__(*args, **kwargs)
             started(self.pid)
 
-    services.ConsolePopen = InSessionOfItsOwn  # type: ignore[misc]
-    try:
+    with _replaced(services, {"ConsolePopen": InSessionOfItsOwn}):
         yield
-    finally:
-        services.ConsolePopen = spawner  # type: ignore[misc]
 
 
 _UNUSED_HEAD_SERVICES = ("start_api_server", "start_monitor", "start_log_monitor")
@@ -144,8 +155,7 @@ def _without_unused_head_services() -> Iterator[None]:
     ``Node`` that start them (Ray is pinned by constraints.txt) do nothing for the duration."""
     from ray._private import node
 
-    saved = {name: node.Node.__dict__.get(name) for name in _UNUSED_HEAD_SERVICES}
-    if None in saved.values():  # pragma: no cover - another Ray: start what it starts
+    if not all(name in node.Node.__dict__ for name in _UNUSED_HEAD_SERVICES):  # pragma: no cover
         log.warning("Ray's head starts its dashboard, monitor and log monitor (this Ray has other names for them)")
         yield
         return
@@ -153,13 +163,8 @@ def _without_unused_head_services() -> Iterator[None]:
     def left_out(self: Any, **_: Any) -> None:
         return None
 
-    for name in _UNUSED_HEAD_SERVICES:
-        setattr(node.Node, name, left_out)
-    try:
+    with _replaced(node.Node, dict.fromkeys(_UNUSED_HEAD_SERVICES, left_out)):
         yield
-    finally:
-        for name, method in saved.items():
-            setattr(node.Node, name, method)
 
 
 def start_ray(
