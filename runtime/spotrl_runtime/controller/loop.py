@@ -100,6 +100,10 @@ class Controller:
         self._barrier_cut: CutInfo | None = None
         self._cuts: queue.Queue[_CutJob | None] = queue.Queue()
         self._weights: queue.Queue[tuple[dict[str, Any], int]] = queue.Queue()
+        self._wake = threading.Event()
+        """The dispatcher's doorbell: rung when a step is committed (the gate may open, new
+        weights wait), on a barrier and on stop. With no call in flight the dispatcher sleeps
+        on it instead of spinning (which took a core and the GIL from the trainer)."""
         self._last_cut_time = time.monotonic()
         self.stats: dict[str, float] = dict.fromkeys(STATS, 0.0)
         self.history: list[dict[str, Any]] = []
@@ -139,6 +143,7 @@ class Controller:
             return EXIT_TERMINATED
         finally:
             self._stop.set()
+            self._wake.set()
             self._cuts.put(None)
             # After a SIGTERM the grace period is running out: a thread stuck in storage (a
             # periodic cut's stalled upload) is not waited for long; it is a daemon.
@@ -181,6 +186,7 @@ class Controller:
             self._raise_failure()
             self.parts.fence.check()
             self._weights.put((trainer.policy_state_dict(), trainer.step))
+            self._wake.set()
             seconds = time.monotonic() - t0
             rewards = [r.reward for g in groups for r in g.rollouts]
             reward = sum(rewards) / len(rewards) if rewards else 0.0
@@ -231,6 +237,8 @@ class Controller:
                 pool.submit(reqs)
 
         while not self._stop.is_set():
+            # Cleared before the state is read: a ring from here on ends the wait below.
+            self._wake.clear()
             if self._parked.is_set():
                 # A barrier is this controller's last word: nothing generated from now on can
                 # reach a cut (the cut holds the groups in flight as ADMITTED, to be sent again
@@ -252,7 +260,12 @@ class Controller:
                 version = latest[1]
             if not self._parked.is_set():
                 send(owners.pump(weight_version=version))
-            for outcome in pool.poll(timeout=0.05):
+            outcomes = pool.poll(timeout=0.05)
+            if not outcomes and not pool.calls_in_flight():
+                # poll came back at once (nothing to wait on): the gate is closed until the
+                # trainer commits a step. Sleep until then, at most 50 ms.
+                self._wake.wait(0.05)
+            for outcome in outcomes:
                 d = inflight.pop(outcome.group_id, None)
                 if d is None or self._parked.is_set():
                     continue  # after a barrier nothing moves; the cut holds this group as ADMITTED
@@ -405,6 +418,7 @@ class Controller:
             if self._barrier_cut is not None:
                 return self._barrier_cut
             self._parked.set()
+            self._wake.set()
             remaining = deadline.remaining()
             if remaining <= 0:
                 raise BarrierFailed(f"barrier ({reason}) arrived after its deadline")
@@ -471,6 +485,7 @@ class Controller:
             self._failure = err
         self._parked.set()
         self._stop.set()
+        self._wake.set()
 
     def _raise_failure(self) -> None:
         if self._failure is not None:

@@ -280,6 +280,12 @@ class GenerationPool:
         with self._lock:
             return len(self._assigned)
 
+    def calls_in_flight(self) -> int:
+        """Actor calls (probes, weight loads, generate calls) not yet answered: with none,
+        :meth:`poll` has nothing to wait on and returns at once."""
+        with self._lock:
+            return len(self._calls)
+
     def queued(self) -> int:
         """Groups waiting for a free worker."""
         with self._lock:
