@@ -44,10 +44,25 @@ ENTRYPOINT ["spotrl", "operator"]
 # ---------------------------------------------------------------- runtime-cpu
 FROM python-base AS runtime-cpu
 # Without triton (640 MB): torch's GPU kernel compiler, which nothing on a CPU runs (torch
-# imports it only when present), and a ninth of what kind's nodes load.
+# imports it only when present), and a ninth of what kind's nodes load. Without the CUDA
+# libraries that torch opens only when a GPU kernel asks for them (cuDNN's engines,
+# cuSOLVER, NVRTC, the profilers' perf libraries, static archives: 964 MB): `import torch`
+# needs only those its own libraries link against. The check after the rm fails the build
+# should a torch release link one of them, instead of a CPU job failing at its first import.
 RUN --mount=type=cache,target=/var/cache/uv,id=spotrl-uv \
     uv pip install -c constraints.txt -r pyproject.toml --extra operator --extra runtime \
- && uv pip uninstall triton
+ && uv pip uninstall triton \
+ && cd /opt/spotrl/lib/python3.*/site-packages/nvidia \
+ && rm cudnn/lib/libcudnn_adv.so.9 cudnn/lib/libcudnn_cnn.so.9 cudnn/lib/libcudnn_graph.so.9 \
+       cudnn/lib/libcudnn_engines_precompiled.so.9 cudnn/lib/libcudnn_engines_runtime_compiled.so.9 \
+       cudnn/lib/libcudnn_heuristic.so.9 cudnn/lib/libcudnn_ops.so.9 \
+       cu13/lib/libcusolver.so.12 cu13/lib/libcusolverMg.so.12 cu13/lib/libnvrtc.so.13 cu13/lib/libnvrtc.alt.so.13 \
+       cu13/lib/libnvrtc-builtins.so.13.0 cu13/lib/libnvrtc-builtins.alt.so.13.0 cu13/lib/libnvperf_host.so \
+       cu13/lib/libnvperf_target.so cu13/lib/libpcsamplingutil.so cu13/lib/libcudadevrt.a cu13/lib/libcudart_static.a \
+       cu13/lib/libnvblas.so.13 cu13/lib/libcufftw.so.12 cu13/lib/libcheckpoint.so \
+ && cd / && python -c "import torch, torch.distributed.checkpoint, transformers; \
+from torch.distributed.fsdp import fully_shard; m = torch.nn.Linear(4, 4); \
+torch.optim.AdamW(m.parameters()).step(); torch.linalg.inv(torch.eye(3) + 1); torch.fft.fft(torch.ones(4))"
 COPY README.md ./
 COPY operator ./operator
 COPY runtime ./runtime
