@@ -15,17 +15,23 @@ from spotrl_runtime.generation.cluster import start_ray
 runtime = start_ray(None, False, 2)
 import ray
 
-@ray.remote
+@ray.remote(num_cpus=1)
 class Echo:
     def pid(self):
-        return os.getpid()
+        return os.getpid(), os.environ.get("OMP_NUM_THREADS")
 
-actor_pid = ray.get(Echo.remote().pid.remote())
 def cmdline(pid):
     try:
         return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+# The workers Ray prestarts for the first driver (one per CPU), before any actor is asked for.
+for _ in range(200):
+    idle = [int(p) for p in os.listdir("/proc") if p.isdigit() and cmdline(p).startswith("ray::IDLE")]
+    if len(idle) >= 2:
+        break
+    time.sleep(0.1)
+actor_pid, omp = ray.get(Echo.remote().pid.remote())
 # Ray's processes run in sessions of their own (not this process's descendants once
 # re-parented): find them by the folder every one of them is given.
 ours = [cmdline(p) for p in os.listdir("/proc") if p.isdigit() and runtime.folder in cmdline(p)]
@@ -36,11 +42,12 @@ for _ in range(50):
     if not left:
         break
     time.sleep(0.1)
-print(json.dumps({"actor": actor_pid, "processes": ours, "left": left, "folder_left": os.path.exists(folder)}))
+seen = {"actor": actor_pid, "omp": omp, "prestarted": idle, "processes": ours, "left": left}
+print(json.dumps({**seen, "folder_left": os.path.exists(folder)}))
 """
 
 
-def test_the_controllers_ray_head_runs_actors_without_the_services_it_never_uses(tmp_path: Path) -> None:
+def test_the_controllers_ray_head_runs_actors_in_prestarted_workers_without_unused_services(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-c", PROGRAM],
         capture_output=True,
@@ -51,6 +58,10 @@ def test_the_controllers_ray_head_runs_actors_without_the_services_it_never_uses
     assert out.returncode == 0, out.stderr[-4000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["actor"] > 0
+    # The actor took a prestarted worker (a job-wide runtime_env made it wait for a process
+    # of its own), and Ray gave it one thread per CPU it holds.
+    assert seen["actor"] in seen["prestarted"], seen
+    assert seen["omp"] == "1", seen
     started = "\n".join(seen["processes"])
     for needed in ("gcs_server", "raylet"):
         assert needed in started, started
