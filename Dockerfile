@@ -3,7 +3,7 @@
 #   runtime-cpu  slim Python, torch without vLLM: CPU jobs and the kind end-to-end tests
 #   runtime      CUDA base, torch + vLLM: the controller and generation workers on GPUs
 # All run as the non-root user 10001. Dependencies are installed with the pinned set in
-# constraints.txt, so an image resolves the same versions as CI. Build with BuildKit
+# constraints.txt (and overrides.txt), so an image resolves the same versions as CI. Build with BuildKit
 # (DOCKER_BUILDKIT=1): a cache mount keeps uv's wheel downloads between builds, so a
 # rebuild after a code change neither fetches nor reinstalls torch.
 #
@@ -25,7 +25,7 @@ ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_CACHE_DIR=/var/cache/uv UV_PYTHON
 RUN useradd --uid 10001 --create-home --home-dir /home/spotrl --shell /usr/sbin/nologin spotrl \
  && uv venv --python python3 /opt/spotrl
 WORKDIR /src
-COPY pyproject.toml constraints.txt ./
+COPY pyproject.toml constraints.txt overrides.txt ./
 
 # ---------------------------------------------------------------- operator
 FROM python-base AS operator
@@ -50,7 +50,7 @@ FROM python-base AS runtime-cpu
 # needs only those its own libraries link against. The check after the rm fails the build
 # should a torch release link one of them, instead of a CPU job failing at its first import.
 RUN --mount=type=cache,target=/var/cache/uv,id=spotrl-uv \
-    uv pip install -c constraints.txt -r pyproject.toml --extra operator --extra runtime \
+    uv pip install -c constraints.txt --override overrides.txt -r pyproject.toml --extra operator --extra runtime \
  && uv pip uninstall triton \
  && cd /opt/spotrl/lib/python3.*/site-packages/nvidia \
  && rm cudnn/lib/libcudnn_adv.so.9 cudnn/lib/libcudnn_cnn.so.9 cudnn/lib/libcudnn_graph.so.9 \
@@ -86,9 +86,10 @@ ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_CACHE_DIR=/var/cache/uv UV_PYTHON
 RUN useradd --uid 10001 --create-home --home-dir /home/spotrl --shell /usr/sbin/nologin spotrl \
  && uv venv --python 3.11 /opt/spotrl
 WORKDIR /src
-COPY pyproject.toml constraints.txt ./
+COPY pyproject.toml constraints.txt overrides.txt ./
 RUN --mount=type=cache,target=/var/cache/uv,id=spotrl-uv \
-    uv pip install -c constraints.txt -r pyproject.toml --extra operator --extra runtime --extra gpu
+    uv pip install -c constraints.txt --override overrides.txt -r pyproject.toml --extra operator --extra runtime \
+      --extra gpu
 COPY README.md ./
 COPY operator ./operator
 COPY runtime ./runtime

@@ -5,7 +5,10 @@ SHELL := /bin/bash
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 UV      ?= $(shell command -v uv 2>/dev/null || echo $(VENV)/bin/uv)
-EXTRAS  ?= operator,runtime,dev
+# vLLM: its CPU build (extra `cpu`, x86-64) where no NVIDIA driver is installed, the CUDA
+# build (extra `gpu`) where one is: `make install EXTRAS=operator,runtime,dev,gpu` chooses.
+VLLM_EXTRA ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu)
+EXTRAS  ?= operator,runtime,dev,$(VLLM_EXTRA)
 PYTEST_ARGS ?=
 # KIND_BESIDE=1: make test sets the kind cluster up while pytest runs (see e2e/README.md#kind).
 KIND_BESIDE ?= 0
@@ -15,16 +18,17 @@ KIND_BESIDE ?= 0
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+$(VENV)/.installed: pyproject.toml constraints.txt overrides.txt
 	@command -v uv >/dev/null || python3 -m pip install -q uv
 	uv venv -q --allow-existing $(VENV) --python python3.11
-	uv pip install -q --python $(PY) -c constraints.txt -e ".[$(EXTRAS)]"
+	uv pip install -q --python $(PY) -c constraints.txt --override overrides.txt -e ".[$(EXTRAS)]"
 	@touch $@
 
 install: $(VENV)/.installed ## create .venv with the pinned dependencies
 
-lock: ## re-pin constraints.txt from pyproject.toml
-	uv pip compile pyproject.toml --all-extras --python-version 3.11 \
+lock: ## re-pin constraints.txt from pyproject.toml (keeping every pin that still fits)
+	cp constraints.txt constraints.txt.new  # uv keeps the pins of its output file where it can
+	uv pip compile pyproject.toml --all-extras --override overrides.txt --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 --no-header --quiet -o constraints.txt.new
 	{ head -2 constraints.txt; cat constraints.txt.new; } > constraints.txt.tmp && rm constraints.txt.new
 	mv constraints.txt.tmp constraints.txt
