@@ -1,11 +1,15 @@
-"""Generation throughput per backend: completion tokens per second.
+"""Generation per backend: the engine's start (seconds until it can generate) and completion
+tokens per second, on the same model, device and batch, in one run.
 
     python bench/bench_generation.py [--models tiny,100m] [--backends transformers,vllm] [--device auto]
 
 Rows: the demo policy (builtin:tiny-arith) and a ~100M-parameter random-weight Llama
-(builtin:random-100m), on the transformers backend (CPU here, or CUDA) and on vLLM when it is
-importable and a GPU is present (otherwise the row says why it was skipped). The random model
-rarely samples its end token, so its samples run to --max-new-tokens.
+(builtin:random-100m), on the transformers backend and on vLLM, both on --device: the CPU here
+(vLLM's CPU build) or CUDA (its CUDA build); a row whose vLLM build cannot serve the device says
+so. "start" is building the backend in this process, where torch and transformers are already
+imported (the first vLLM row includes importing vLLM); vLLM's start and tokens/s are reported
+against the transformers backend's. The
+random model rarely samples its end token, so its samples run to --max-new-tokens.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class Row:
     new_tokens: int
     seconds: float
     note: str = ""
+    start_seconds: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -80,31 +85,30 @@ def param_count(model_ref: str) -> float:
 
 
 def bench(
-    model_key: str, backend_kind: str, device: str, groups: int, group_size: int, max_new_tokens: int, repeats: int
+    model_key: str,
+    backend_kind: str,
+    device: str,
+    groups: int,
+    group_size: int,
+    max_new_tokens: int,
+    repeats: int,
+    threads: int = 0,
 ) -> Row:
     model_ref = MODELS.get(model_key, model_key)
     params = param_count(model_ref)
-    row = Row(
-        model_key,
-        backend_kind,
-        device if backend_kind == "transformers" else "cuda",
-        params,
-        groups,
-        group_size,
-        0,
-        0.0,
-    )
+    row = Row(model_key, backend_kind, device, params, groups, group_size, 0, 0.0)
     if backend_kind == "vllm":
-        from spotrl_runtime.generation.vllm_backend import vllm_available
+        from spotrl_runtime.vllm_build import vllm_build, vllm_build_problem
 
-        if not vllm_available():
-            row.note = "skipped: vllm is not installed (pip install 'spotrl[gpu]' on a GPU machine)"
+        problem = vllm_build_problem(device, vllm_build())
+        if problem is not None:
+            row.note = f"skipped: {problem}"
             return row
-        if not torch.cuda.is_available():
-            row.note = "skipped: no CUDA device"
-            return row
-    dtype = "bfloat16" if (backend_kind == "vllm" or device.startswith("cuda")) else "float32"
-    backend = build_backend(BackendSpec(kind=backend_kind, model=model_ref, dtype=dtype, device=device))  # type: ignore[arg-type]
+    dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    spec = BackendSpec(kind=backend_kind, model=model_ref, dtype=dtype, device=device, torch_threads=threads)  # type: ignore[arg-type]
+    started = time.perf_counter()
+    backend = build_backend(spec)
+    row.start_seconds = time.perf_counter() - started
     tokenizer = backend.tokenizer  # type: ignore[attr-defined]
     row.new_tokens, row.seconds = time_generation(
         backend, make_requests(tokenizer, groups, group_size, max_new_tokens), repeats
@@ -115,7 +119,7 @@ def bench(
 
 def print_table(rows: list[Row]) -> None:
     header = (
-        f"{'model':6} {'backend':12} {'device':6} {'params':>8} {'groups×G':>9}"
+        f"{'model':6} {'backend':12} {'device':6} {'params':>8} {'start s':>8} {'groups×G':>9}"
         f" {'tokens':>8} {'seconds':>8} {'tokens/s':>10}"
     )
     print(header)
@@ -125,16 +129,24 @@ def print_table(rows: list[Row]) -> None:
             print(f"{r.model:6} {r.backend:12} {r.device:6} {r.params_m:7.1f}M  {r.note}")
             continue
         print(
-            f"{r.model:6} {r.backend:12} {r.device:6} {r.params_m:7.1f}M {r.groups:>4}×{r.group_size:<4}"
-            f" {r.new_tokens:>8} {r.seconds:>8.2f} {r.tokens_per_s:>10.0f}"
+            f"{r.model:6} {r.backend:12} {r.device:6} {r.params_m:7.1f}M {r.start_seconds:>8.1f}"
+            f" {r.groups:>4}×{r.group_size:<4} {r.new_tokens:>8} {r.seconds:>8.2f} {r.tokens_per_s:>10.0f}"
         )
+    done = {(r.model, r.backend): r for r in rows if not r.note}
+    for model in dict.fromkeys(r.model for r in rows):
+        base, vllm = done.get((model, "transformers")), done.get((model, "vllm"))
+        if base is not None and vllm is not None and base.start_seconds and base.tokens_per_s:
+            print(
+                f"{model}: vLLM against transformers: start {vllm.start_seconds / base.start_seconds:.1f}x, "
+                f"tokens/s {vllm.tokens_per_s / base.tokens_per_s:.2f}x"
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="tiny,100m", help="comma list of tiny, 100m or model refs")
     parser.add_argument("--backends", default="transformers,vllm")
-    parser.add_argument("--device", default="auto", help="transformers backend device: auto, cpu, cuda")
+    parser.add_argument("--device", default="auto", help="both backends' device: auto, cpu, cuda")
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=32)
@@ -146,7 +158,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     rows = [
-        bench(m, b, device, args.groups, args.group_size, args.max_new_tokens, args.repeats)
+        bench(m, b, device, args.groups, args.group_size, args.max_new_tokens, args.repeats, args.threads)
         for m in args.models.split(",")
         for b in args.backends.split(",")
     ]

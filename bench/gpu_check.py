@@ -174,10 +174,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     del backend, gen_model
 
     # ---------------------------------------------------------------- vLLM
-    from spotrl_runtime.generation.vllm_backend import vllm_available
+    from spotrl_runtime.vllm_build import vllm_build
 
-    if args.skip_vllm or not vllm_available() or not device.startswith("cuda"):
-        why = "--skip-vllm" if args.skip_vllm else ("vllm is not importable" if not vllm_available() else "no CUDA")
+    if args.skip_vllm or vllm_build() != "cuda" or not device.startswith("cuda"):
+        why = "no CUDA"
+        if args.skip_vllm:
+            why = "--skip-vllm"
+        elif vllm_build() != "cuda":
+            why = "vLLM's CUDA build is not installed"
         report["vllm"] = {"skipped": why}
         return report
     import vllm

@@ -409,21 +409,12 @@ def controller_pod(
     }
 
 
-_SUFFIXES = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
-_SUFFIXES.update({"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50})
-
-
 def _ray_cpus(quantity: str | None) -> int | None:
     """A CPU request (a Kubernetes quantity) as the whole CPUs a Ray node offers: rounded
     up, at least 1. None when there is no request (Ray counts the CPUs it sees)."""
     if not quantity:
         return None
-    number, scale = quantity, 1.0
-    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
-        if quantity.endswith(suffix):
-            number, scale = quantity[: -len(suffix)], _SUFFIXES[suffix]
-            break
-    return max(1, math.ceil(float(number) * scale - 1e-9))
+    return max(1, math.ceil(api.quantity_value(quantity) - 1e-9))
 
 
 def worker_pod(

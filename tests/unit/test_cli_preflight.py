@@ -179,6 +179,20 @@ def test_a_bad_field_fails_before_anything_starts(cli: Cli, changes: dict[str, o
     assert out.stderr.startswith(f"spotrl run: -f {path}: ")
 
 
+def test_a_vllm_job_on_a_device_its_build_cannot_serve_is_refused(cli: Cli) -> None:
+    """The installed vLLM is read from its distribution, before torch: the CPU build cannot serve
+    --device cuda, the CUDA build cannot serve --device cpu, and no build serves either."""
+    from spotrl_runtime.vllm_build import vllm_build
+
+    build = vllm_build()
+    device = "cuda" if build == "cpu" else "cpu"
+    path = job_file(cli.work, spec__generation__backend="vllm")
+    out = cli("run", "-f", str(path), "--device", device)
+    assert_refused(out, f"-f {path}: spec.generation.backend 'vllm'")
+    if build is not None:
+        assert "the vLLM installed is its" in out.stderr
+
+
 def test_a_job_that_passes_the_checks_reaches_the_heavy_code(cli: Cli) -> None:
     """The stand-in torch is what stops this one: the checks let it through, and an unexpected
     error is one line too (exit 1); --debug adds the traceback."""

@@ -32,6 +32,16 @@ BUILTIN_REWARDS = ("arithmetic_exact", "format_only")
 # also makes it a folder name (./spotrl-runs/<name>), so no "/" or ".." gets through.
 NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 NAME_MAX = 253
+_QUANTITY_SCALE = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+_QUANTITY_SCALE.update({"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50})
+
+
+def quantity_value(quantity: str) -> float:
+    """A Kubernetes quantity that matches ``QUANTITY`` as a number: '500m' -> 0.5, '1Gi' -> 2**30."""
+    for suffix in sorted(_QUANTITY_SCALE, key=len, reverse=True):
+        if quantity.endswith(suffix):
+            return float(quantity[: -len(suffix)]) * _QUANTITY_SCALE[suffix]
+    return float(quantity)
 
 
 class Resources(ApiObject):
@@ -82,7 +92,11 @@ class Generation(ApiObject):
     """How rollouts are generated: G samples per prompt, up to `lookahead` steps ahead."""
 
     backend: Literal["vllm", "transformers"] = Field(
-        default="transformers", description="'vllm' on GPUs (production) or 'transformers' on the CPU."
+        default="transformers",
+        description=(
+            "'vllm' (production): its CUDA build where the workers have GPUs, its CPU build (x86-64) where "
+            "they have none; or 'transformers', our own sampling loop (CPU or GPU)."
+        ),
     )
     group_size: int = Field(default=4, ge=2, le=1024, description="Rollouts per prompt (G); GRPO needs at least 2.")
     prompts_per_step: int = Field(default=8, ge=1, le=65536, description="Prompts (groups) per optimizer step (B).")
@@ -106,18 +120,34 @@ class Generation(ApiObject):
     gpu_memory_utilization: float = Field(
         default=0.85, gt=0, le=1, description="vLLM: fraction of GPU memory the engine may take."
     )
+    kv_cache_memory: str | None = Field(
+        default=None,
+        pattern=QUANTITY,
+        description=(
+            "vLLM: memory for each worker's KV cache, e.g. '1Gi'. On the CPU build it is what the engine "
+            "allocates (default 512Mi); on GPUs, unset leaves it to gpuMemoryUtilization."
+        ),
+    )
+    threads: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description=(
+            "CPU generation: threads of each worker (torch's and vLLM's CPU kernels). 0: resources.cpu "
+            "(rounded down, at least 1) with workerPods, else 1 (the controller pod's trainer needs the rest)."
+        ),
+    )
     resources: Resources = Field(
         default_factory=Resources, description="Per generation worker: its pod's requests with workerPods."
     )
 
-    rules = (
-        Rule(
-            cel="self.backend != 'vllm' || self.resources.gpu >= 1",
-            check=lambda g: g.backend != "vllm" or g.resources.gpu >= 1,
-            message="backend 'vllm' needs resources.gpu >= 1; use backend 'transformers' on CPU-only nodes",
-            field="resources.gpu",
-        ),
-    )
+    def worker_threads(self) -> int:
+        """The threads a CPU generation worker uses (``threads``, or what its description says)."""
+        if self.threads:
+            return self.threads
+        if self.worker_pods and self.resources.cpu:
+            return max(1, int(quantity_value(self.resources.cpu)))
+        return 1
 
 
 class Parallelism(ApiObject):

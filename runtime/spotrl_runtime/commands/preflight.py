@@ -201,6 +201,22 @@ def check_job_inputs(job: Any, where: str) -> None:
         raise UsageError(f"{where}: {err}") from None
 
 
+def check_generation(job: Any, device: str, where: str) -> None:
+    """``generation.backend: vllm`` has a vLLM build installed that runs on ``device`` (the
+    ``--device`` choice; with ``auto``, whichever build is installed). Reads the installed
+    distributions only: nothing heavy is imported before Ray starts."""
+    if job.spec.generation.backend != "vllm":
+        return
+    from spotrl_runtime.vllm_build import vllm_build, vllm_build_problem
+
+    build = vllm_build()
+    if device == "auto":
+        device = "cuda" if build == "cuda" else "cpu"
+    problem = vllm_build_problem(device, build)
+    if problem is not None:
+        raise UsageError(f"{where}: spec.{problem}")
+
+
 def _check_job_inputs(job: Any) -> None:
     from spotrl_runtime.data import DatasetError, open_dataset
 

@@ -104,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         preflight.check_storage(args.storage, "--storage")
     storage = args.storage or job.spec.checkpoint.storage or str(Path("spotrl-runs") / (job.name or "job"))
     preflight.check_job_inputs(job, f"-f {args.filename}")
+    if not args.worker_nodes:  # worker nodes bring their own vLLM
+        preflight.check_generation(job, args.device, f"-f {args.filename}")
     if args.host is not None and not args.worker_nodes:
         raise UsageError("--host: applies only with --worker-nodes (the address worker nodes join at)")
     if args.summary_json and not Path(args.summary_json).absolute().parent.is_dir():

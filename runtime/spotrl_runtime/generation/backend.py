@@ -44,30 +44,40 @@ class BackendSpec:
     """``spec.policy.model``: builtin:<name>, a local folder or an s3:// URI."""
     dtype: str = "float32"
     device: str = "cpu"
-    """transformers: the torch device. vLLM always runs on the GPU Ray gives the worker."""
+    """The torch device; for vLLM, "cpu" (its CPU build) or "cuda" (the GPU Ray gives the worker)."""
     torch_threads: int = 0
-    """transformers on CPU: intra-op threads (0 leaves torch's default)."""
+    """On the CPU: the worker's threads (torch's intra-op pool, which vLLM's CPU kernels use too);
+    0 leaves torch's default."""
     max_batch_rows: int = 256
     """transformers: samples decoded together at most (groups are never split)."""
     gpu_memory_utilization: float = 0.85
+    kv_cache_bytes: int | None = None
+    """vLLM: the KV cache's size (on the CPU build, None means the backend's default)."""
     max_model_len: int | None = None
     enforce_eager: bool = False
     seed: int = 0
 
     @classmethod
     def from_rljob(cls, spec: Any, *, device: str | None = None) -> BackendSpec:
-        """The spec for ``RLJob.spec``'s generation backend and policy."""
+        """The spec for ``RLJob.spec``'s generation backend and policy, on ``device``."""
+        from spotrl_runtime.api.rljob import quantity_value
+
         gen = spec.generation
+        device = device or "cpu"
+        on_gpu = device.startswith("cuda")
         return cls(
             kind=gen.backend,
             model=spec.policy.model,
-            dtype=spec.policy.dtype if gen.backend == "transformers" else _vllm_dtype(spec.policy.dtype),
-            device=device or "cpu",
+            dtype=_vllm_dtype(spec.policy.dtype) if gen.backend == "vllm" and on_gpu else spec.policy.dtype,
+            device=device,
+            torch_threads=0 if on_gpu else gen.worker_threads(),
             gpu_memory_utilization=gen.gpu_memory_utilization,
+            kv_cache_bytes=int(quantity_value(gen.kv_cache_memory)) if gen.kv_cache_memory else None,
             seed=spec.training.seed,
         )
 
 
 def _vllm_dtype(trainer_dtype: str) -> str:
-    # The trainer's float32 master weights are served in bfloat16 by vLLM.
+    # On GPUs the trainer's float32 master weights are served in bfloat16 by vLLM. On the CPU
+    # vLLM serves the trainer's dtype, and its log-probs match the trainer's to ~1e-6.
     return "bfloat16" if trainer_dtype == "float32" else trainer_dtype

@@ -226,8 +226,9 @@ def generation_pool(spec: RLJobSpec, device: str, remote_workers: bool) -> Gener
     actor_options: dict[str, Any] = {}
     max_restarts: int | None = 3
     if remote_workers:
-        # A worker node's GPU (vLLM, or transformers when generation.resources asks for one) is its own.
-        worker_device = "cuda" if gen.backend == "vllm" or gen.resources.gpu > 0 else "cpu"
+        # A worker node's GPU is its own; without one (generation.resources.gpu 0) the worker
+        # generates on its CPUs (vLLM's CPU build, or transformers).
+        worker_device = "cuda" if gen.resources.gpu > 0 else "cpu"
         backend = BackendSpec.from_rljob(spec, device=worker_device)
         actor_options = {"resources": {WORKER_RESOURCE: 1}}
         if backend.kind == "transformers" and worker_device == "cuda":

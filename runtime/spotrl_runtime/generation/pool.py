@@ -116,7 +116,7 @@ class GenerationPool:
         ``max_restarts``: replacements of each worker (None: no limit, for workers whose pods
         come and go), but a worker whose actor fails to start ``max_start_failures`` times in
         a row is given up; ``actor_options`` go to ``ray.remote(...).options`` (default: 1 GPU
-        for vLLM, 1 CPU else; e.g. a custom resource that only worker nodes offer)."""
+        for vLLM on CUDA, 1 CPU else; e.g. a custom resource that only worker nodes offer)."""
         import ray
 
         if num_workers < 1:
@@ -128,7 +128,8 @@ class GenerationPool:
         self.calls_per_worker = max(1, calls_per_worker)
         self.max_restarts = max_restarts
         self.max_start_failures = max(1, max_start_failures)
-        default_options: dict[str, Any] = {"num_gpus": 1} if spec.kind == "vllm" else {"num_cpus": 1}
+        on_gpu = spec.kind == "vllm" and spec.device.startswith("cuda")
+        default_options: dict[str, Any] = {"num_gpus": 1} if on_gpu else {"num_cpus": 1}
         self._actor_options = {**default_options, "max_restarts": 0, **(actor_options or {})}
         self._actor_class = ray.remote(GenerationWorker)
         self._name = name

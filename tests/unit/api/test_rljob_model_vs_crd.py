@@ -51,6 +51,7 @@ DELETE = object()
 GOOD = {
     "minimal": MINIMAL,
     "vllm-with-gpu": with_("spec.generation", {"backend": "vllm", "resources": {"gpu": 1}}),
+    "vllm-on-cpu": with_("spec.generation", {"backend": "vllm", "kvCacheMemory": "256Mi", "threads": 2}),
     "import-path-reward": with_("spec.reward", {"importPath": "my_pkg.rewards:score"}),
     "seconds-only-cuts": with_("spec.checkpoint", {"everySteps": 0, "everySeconds": 300}),
     "s3-with-endpoint": with_(
@@ -125,7 +126,11 @@ BAD = {
         with_("spec.preemption", {"onDroppedPrompt": "replace"}),
         "spec.preemption.sparePoolBatches",
     ),
-    "vllm-without-gpu": (with_("spec.generation", {"backend": "vllm"}), "spec.generation.resources.gpu"),
+    "kv-cache-not-a-quantity": (
+        with_("spec.generation", {"backend": "vllm", "kvCacheMemory": "lots"}),
+        "spec.generation.kvCacheMemory",
+    ),
+    "negative-threads": (with_("spec.generation", {"threads": -1}), "spec.generation.threads"),
     "two-rewards": (
         with_("spec.reward", {"name": "arithmetic_exact", "importPath": "a.b:c"}),
         "spec.reward.name",

