@@ -40,10 +40,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"spotrl audit: {args.uri} holds no audit records (audit/step-*/attempt-*.json)", file=sys.stderr)
         return 1
     if args.summary:
-        from spotrl_runtime.core.accounting import format_summary, summarize
+        from dataclasses import asdict
 
-        acc = summarize(docs, store.restores())
-        print(json.dumps(acc.as_dict()) if args.json else format_summary(acc))
+        from spotrl_runtime.core.accounting import format_summary, rollout_gap, summarize
+
+        acc, gap = summarize(docs, store.restores()), rollout_gap(docs)
+        print(json.dumps(acc.as_dict() | {"rollout_gap": asdict(gap)}) if args.json else format_summary(acc, gap))
         return 2 if acc.prompts_lost or acc.prompts_trained_twice or acc.steps_missing else 0
     for d in docs:
         line = {

@@ -53,6 +53,7 @@ from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation import GroupFailed, GroupGenerated, GroupLost
 from spotrl_runtime.generation.rollouts import encode_prompt, make_request, score_group
 from spotrl_runtime.training.group import CaptureRefusedError, TrainerGroup
+from spotrl_runtime.training.rows import ROLLOUT_GAP_METRICS
 from spotrl_runtime.training.trainer import StepInterruptedError
 
 log = logging.getLogger("spotrl.controller")
@@ -199,7 +200,10 @@ class Controller:
                 "kl": metrics.get("kl", 0.0),
                 "tokens": metrics.get("tokens", 0.0),
             }
-            self.parts.audit.write(record, reward=reward, seconds=round(seconds, 4))
+            # The generator's mismatch with the trainer (training/rows.py: step_metrics), where measured.
+            gap = {k: metrics[k] for k in ROLLOUT_GAP_METRICS if k in metrics}
+            entry.update(gap)
+            self.parts.audit.write(record, reward=reward, seconds=round(seconds, 4), **gap)
             self.history.append(entry)
             for sink in self.options.sinks:
                 sink.on_step(owners.trainer_step, entry)

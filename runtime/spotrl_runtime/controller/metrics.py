@@ -56,6 +56,15 @@ def _training(job: str, history: list[dict[str, Any]]) -> Iterator[Metric]:
     if last is not None:
         yield _gauge(job, "spotrl_reward_mean", "Mean reward of the last trained step.", last["reward"])
         yield _gauge(job, "spotrl_step_seconds", "Wall time of the last optimizer step.", last["seconds"])
+    measured = next((h for h in reversed(history) if "rollout_probs_diff_max" in h), None)
+    if measured is not None:
+        what = "of a trained token's probability, generator against trainer, same weights (last step measured)"
+        yield _gauge(
+            job, "spotrl_rollout_probs_diff_mean", f"Mean |difference| {what}.", measured["rollout_probs_diff_mean"]
+        )
+        yield _gauge(
+            job, "spotrl_rollout_probs_diff_max", f"Largest |difference| {what}.", measured["rollout_probs_diff_max"]
+        )
     window = history[-10:]
     secs = sum(h["seconds"] for h in window)
     if secs > 0:

@@ -37,6 +37,7 @@ class TerminalProgress:
         self._say(
             f"step {step:>4}/{self.total}  reward {metrics['reward']:.3f}  loss {metrics['loss']:+.4f}  "
             f"{metrics['seconds']:.2f} s  (attempt {metrics['attempt']})"
+            + (f"  probs diff {metrics['rollout_probs_diff_max']:.1e}" if "rollout_probs_diff_max" in metrics else "")
         )
 
     def on_cut(self, cut: CutInfo) -> None:

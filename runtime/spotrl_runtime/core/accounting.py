@@ -118,7 +118,38 @@ def summarize(docs: Iterable[Mapping[str, Any]], restores: Iterable[RestoreRecor
     return out
 
 
-def format_summary(acc: RunAccounting) -> str:
+@dataclass
+class RolloutGap:
+    """The generator's mismatch with the trainer over a run's effective stream: each step's
+    ``rollout_probs_diff_mean`` weighted by its compared tokens, and the largest
+    ``rollout_probs_diff_max`` (``training/rows.py``: ``step_metrics``)."""
+
+    steps: int = 0
+    tokens: int = 0
+    mean: float = 0.0
+    max: float = 0.0
+
+
+def rollout_gap(docs: Iterable[Mapping[str, Any]]) -> RolloutGap:
+    """:class:`RolloutGap` of the steps of the effective stream that measured it (audit
+    documents as stored: the record's fields and the step's metrics beside them)."""
+    docs = list(docs)
+    chosen = effective_stream([AuditRecord.from_json(dict(d)) for d in docs])
+    kept = {(r.step, r.attempt) for r in chosen.values()}
+    gap, weighted = RolloutGap(), 0.0
+    for d in docs:
+        tokens = d.get("rollout_probs_diff_tokens")
+        if (int(d["step"]), int(d["attempt"])) not in kept or not isinstance(tokens, int | float) or tokens <= 0:
+            continue
+        gap.steps += 1
+        gap.tokens += int(tokens)
+        weighted += float(d["rollout_probs_diff_mean"]) * tokens
+        gap.max = max(gap.max, float(d["rollout_probs_diff_max"]))
+    gap.mean = weighted / gap.tokens if gap.tokens else 0.0
+    return gap
+
+
+def format_summary(acc: RunAccounting, gap: RolloutGap | None = None) -> str:
     """``spotrl audit --summary``: one line per number, as on ``status.accounting``."""
     names = {
         "prompts_trained": "promptsTrained",
@@ -135,4 +166,7 @@ def format_summary(acc: RunAccounting) -> str:
     lines = [f"{label:<{width}}{getattr(acc, key)}" for key, label in names.items()]
     per = acc.seconds_lost_per_preemption
     lines.append(f"{'secondsLostPerPreemption':<{width}}{', '.join(f'{s:.1f}' for s in per) or '-'}")
+    if gap is not None and gap.steps:
+        lines.append(f"{'rolloutProbsDiffMean':<{width}}{gap.mean:.3g} ({gap.steps} steps, {gap.tokens} tokens)")
+        lines.append(f"{'rolloutProbsDiffMax':<{width}}{gap.max:.3g}")
     return "\n".join(lines)

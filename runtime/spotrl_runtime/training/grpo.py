@@ -47,6 +47,11 @@ class LossTerms:
     tokens: int
     ratio_sum: float
     ratio_max: float
+    probs_diff_sum: float = 0.0
+    """Sum over the tokens of rows generated with the weights that computed ``logprobs``: the
+    absolute difference between the trainer's and the generator's probability of the token."""
+    probs_diff_max: float = 0.0
+    probs_diff_tokens: int = 0
 
 
 def token_loss_terms(
@@ -57,6 +62,7 @@ def token_loss_terms(
     clip_epsilon: float,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    same_weights: torch.Tensor | None = None,
 ) -> LossTerms:
     """PPO-clipped policy loss (and optional k3 KL to a reference) summed over masked tokens.
 
@@ -64,6 +70,10 @@ def token_loss_terms(
     generation-time ones, ``advantages`` [B] one per sequence, ``mask`` [B, T] 1 on completion
     tokens. Per token: ``-min(ρA, clip(ρ, 1-ε, 1+ε)A)`` with ``ρ = exp(logp - old_logp)``, plus
     ``kl_coef * (exp(ref - logp) - (ref - logp) - 1)``.
+
+    ``same_weights`` [B] marks the rows generated with the very weights that computed
+    ``logprobs``: on those, ``|exp(logp) - exp(old_logp)|`` is the generator's mismatch with the
+    trainer (veRL's ``rollout_probs_diff``), which a weight sync that did not arrive turns large.
     """
     mask_f = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype).unsqueeze(-1)
@@ -82,6 +92,10 @@ def token_loss_terms(
         kl_sum = float((kl.detach() * mask_f).sum())
     was_clipped = (clipped < unclipped) & mask.bool()
     masked_ratio = ratio.detach()[mask.bool()]
+    diffs = torch.zeros(0)
+    if same_weights is not None:
+        compared = mask.bool() & same_weights.to(mask.device).bool().unsqueeze(-1)
+        diffs = (logprobs.detach().exp() - old_logprobs.exp()).abs()[compared]
     return LossTerms(
         loss_sum=(loss * mask_f).sum(),
         policy_sum=float((policy_loss.detach() * mask_f).sum()),
@@ -90,6 +104,9 @@ def token_loss_terms(
         tokens=int(mask.sum()),
         ratio_sum=float(masked_ratio.sum()) if masked_ratio.numel() else 0.0,
         ratio_max=float(masked_ratio.max()) if masked_ratio.numel() else 0.0,
+        probs_diff_sum=float(diffs.sum()) if diffs.numel() else 0.0,
+        probs_diff_max=float(diffs.max()) if diffs.numel() else 0.0,
+        probs_diff_tokens=int(diffs.numel()),
     )
 
 

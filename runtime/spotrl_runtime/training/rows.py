@@ -27,6 +27,8 @@ class Row:
     completion_ids: tuple[int, ...]
     old_logprobs: tuple[float, ...]
     advantage: float
+    weight_version: int = -1
+    """The policy version that generated the completion (-1: a padding row)."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,15 @@ def step_rows(groups: Sequence[FinishedGroup]) -> StepRows:
                     f"{len(rollout.completion_token_ids)} completion tokens"
                 )
             if rollout.completion_token_ids:
-                rows.append(Row(rollout.prompt_token_ids, rollout.completion_token_ids, rollout.logprobs, float(adv)))
+                rows.append(
+                    Row(
+                        rollout.prompt_token_ids,
+                        rollout.completion_token_ids,
+                        rollout.logprobs,
+                        float(adv),
+                        rollout.weight_version,
+                    )
+                )
         if rows:
             by_group.append(tuple(rows))
     rewards = tuple(r.reward for g in groups for r in g.rollouts)
@@ -103,6 +113,9 @@ class LossSums:
     clipped: int = 0
     ratio: float = 0.0
     ratio_max: float = 0.0
+    probs_diff: float = 0.0
+    probs_diff_max: float = 0.0
+    probs_diff_tokens: int = 0
 
     def add(self, terms: Any) -> None:
         """Adds one micro-batch's :class:`~spotrl_runtime.training.grpo.LossTerms`."""
@@ -112,6 +125,9 @@ class LossSums:
         self.clipped += terms.clipped_tokens
         self.ratio += terms.ratio_sum
         self.ratio_max = max(self.ratio_max, terms.ratio_max)
+        self.probs_diff += terms.probs_diff_sum
+        self.probs_diff_max = max(self.probs_diff_max, terms.probs_diff_max)
+        self.probs_diff_tokens += terms.probs_diff_tokens
 
     @classmethod
     def total(cls, parts: Sequence[LossSums]) -> LossSums:
@@ -123,14 +139,31 @@ class LossSums:
             out.clipped += p.clipped
             out.ratio += p.ratio
             out.ratio_max = max(out.ratio_max, p.ratio_max)
+            out.probs_diff += p.probs_diff
+            out.probs_diff_max = max(out.probs_diff_max, p.probs_diff_max)
+            out.probs_diff_tokens += p.probs_diff_tokens
         return out
 
 
+ROLLOUT_GAP_METRICS = ("rollout_probs_diff_mean", "rollout_probs_diff_max", "rollout_probs_diff_tokens")
+"""The step metrics that compare the generator's log-probs with the trainer's (:func:`step_metrics`)."""
+
+
 def step_metrics(step: StepRows, sums: LossSums) -> dict[str, float]:
-    """The step's loss metrics (token means), the same for one process and for a group of ranks."""
+    """The step's loss metrics (token means), the same for one process and for a group of ranks.
+
+    ``rollout_probs_diff_mean``/``_max`` (veRL's names; NeMo-RL's ``token_mult_prob_error`` and
+    TRL's ``sampling_logp_difference`` measure the same thing) compare the generator's
+    probability of each trained token with the trainer's, over the rows generated with the
+    weights the step started from; they are left out when no such row was trained (every
+    group of the step was generated ahead, with older weights, or had equal rewards)."""
     tokens = step.tokens
     denom = max(tokens, 1)
-    return {
+    gap: dict[str, float] = {}
+    if sums.probs_diff_tokens:
+        values = (sums.probs_diff / sums.probs_diff_tokens, sums.probs_diff_max, float(sums.probs_diff_tokens))
+        gap = dict(zip(ROLLOUT_GAP_METRICS, values, strict=True))
+    return gap | {
         "reward_mean": sum(step.rewards) / len(step.rewards) if step.rewards else 0.0,
         "groups": float(step.groups),
         "groups_zero_variance": float(step.skipped),

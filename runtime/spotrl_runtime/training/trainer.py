@@ -251,6 +251,7 @@ class Trainer:
             self.config.clip_epsilon,
             ref_logprobs=ref_logprobs,
             kl_coef=self.config.kl_coef,
+            same_weights=torch.tensor([r.weight_version == self.step for r in rows]),
         )
 
     # ------------------------------------------------------------------ state

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from spotrl_runtime.core.accounting import RestoreRecord, format_summary, summarize
 
 
@@ -79,3 +81,31 @@ def test_seconds_lost_need_both_times_and_keep_the_newest() -> None:
     assert acc.restores == 79
     assert len(acc.seconds_lost_per_preemption) == 64
     assert set(acc.seconds_lost_per_preemption) == {7.0}
+
+
+def test_the_rollout_gap_is_read_from_the_effective_stream_only() -> None:
+    from spotrl_runtime.core.accounting import rollout_gap
+
+    def measured(d: Any, mean: float, peak: float, tokens: int) -> Any:
+        return d | {
+            "rollout_probs_diff_mean": mean,
+            "rollout_probs_diff_max": peak,
+            "rollout_probs_diff_tokens": tokens,
+        }
+
+    docs = [
+        measured(doc(0, 1, ["g0"]), 0.01, 0.02, 10),
+        measured(doc(1, 1, ["g1"]), 0.9, 0.99, 10),  # attempt 1's step 1, trained again by attempt 2
+        measured(doc(1, 2, ["g1"]), 0.03, 0.05, 30),
+        doc(2, 2, ["g2"]),  # not measured (generated ahead)
+    ]
+    gap = rollout_gap(docs)
+    assert (gap.steps, gap.tokens) == (2, 40)
+    assert gap.mean == pytest.approx((0.01 * 10 + 0.03 * 30) / 40)
+    assert gap.max == 0.05
+    text = format_summary(summarize(docs), gap)
+    assert text.splitlines()[-2:] == [
+        "rolloutProbsDiffMean      0.025 (2 steps, 40 tokens)",
+        "rolloutProbsDiffMax       0.05",
+    ]
+    assert rollout_gap([doc(0, 1, ["g0"])]).steps == 0

@@ -263,3 +263,41 @@ def test_a_warm_up_changes_nothing_and_the_steps_after_it_are_bit_for_bit_the_sa
     metrics = trainer.train_step(groups)
     _assert_same(expected, _params(trainer.model))
     assert metrics["loss"] == expected_metrics["loss"]
+
+
+def _as_generated(model: torch.nn.Module, group: FinishedGroup, version: int, shift: float = 0.0) -> FinishedGroup:
+    """``group`` as a generator holding ``model``'s weights would have produced it (its log-probs,
+    plus ``shift``), stamped with weight version ``version``."""
+    from dataclasses import replace
+
+    from spotrl_runtime.training.grpo import completion_logprobs
+
+    rollouts = []
+    for r in group.rollouts:
+        ids = torch.tensor([r.prompt_token_ids + r.completion_token_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[:, :-1]
+        lp = completion_logprobs(logits, ids[:, 1:], 1.0)[0, len(r.prompt_token_ids) - 1 :]
+        rollouts.append(replace(r, logprobs=tuple(float(x) + shift for x in lp), weight_version=version))
+    return replace(group, rollouts=tuple(rollouts))
+
+
+def test_the_rollout_probs_diff_measures_the_generator_against_the_trainer() -> None:
+    """Rows generated with the trainer's own weights: ~0; the same rows with log-probs that are
+    off (a sync that did not arrive) show it; rows generated ahead, with older weights, are
+    not compared (they differ by design)."""
+    model = small_llama()
+    raw = [make_group(f"g{i}", [1.0, 0.0, 0.5]) for i in range(3)]
+    same = [_as_generated(model, g, version=0) for g in raw]
+    metrics = Trainer(copy.deepcopy(model), TrainerConfig()).train_step(same)
+    assert metrics["rollout_probs_diff_tokens"] == metrics["tokens"] > 0
+    assert metrics["rollout_probs_diff_max"] < 1e-5
+
+    off = [_as_generated(model, g, version=0, shift=-0.7) for g in raw]
+    metrics = Trainer(copy.deepcopy(model), TrainerConfig()).train_step(off)
+    assert metrics["rollout_probs_diff_max"] > 0.05
+    assert metrics["rollout_probs_diff_mean"] > 0.01
+
+    ahead = [_as_generated(model, g, version=5, shift=-0.7) for g in raw]
+    metrics = Trainer(copy.deepcopy(model), TrainerConfig()).train_step(ahead)
+    assert "rollout_probs_diff_max" not in metrics
