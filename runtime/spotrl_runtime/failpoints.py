@@ -14,7 +14,8 @@ Points: ``train.step`` (between taking a step's groups and committing it),
 ``cut.captured`` (a barrier cut's in-memory capture is done) and ``cut.files_written`` (a
 cut's files are in storage, its manifest is not), and in a generation worker
 ``worker.generate`` (a batch of groups about to be generated; its step is the weight version
-the worker holds). A worker reads the variables from its Ray node's environment.
+the worker holds) and ``worker.load_weights`` (new weights received, not yet loaded into the
+backend; its step is their version). A worker reads the variables from its Ray node's environment.
 """
 
 from __future__ import annotations

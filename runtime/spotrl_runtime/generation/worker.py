@@ -65,6 +65,7 @@ class GenerationWorker:
         state_dict: dict[str, torch.Tensor] = {}
         for part in parts:
             state_dict.update(part)
+        failpoint("worker.load_weights", version)
         self.backend.load_weights(state_dict, version)
         return self.backend.weight_version
 

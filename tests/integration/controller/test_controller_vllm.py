@@ -1,0 +1,115 @@
+"""`spotrl run` with ``generation.backend: vllm`` on vLLM's CPU build: the production engine in
+the generation worker, stopped mid-generation, mid-weight-sync and at a random point, then
+resumed. Each resumed run's effective stream equals an uninterrupted vLLM run's, and every step
+reports the generator's mismatch with the trainer (``lookahead: 0``: every group is generated
+with the weights the step starts from), within the float32 bound.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controller_runs import Runs, audit, newest_cut, stop, stream, wait_for
+
+from spotrl_runtime.vllm_build import vllm_build
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(vllm_build() != "cpu", reason="vLLM's CPU build is what `make install` installs here"),
+]
+
+VLLM = {"generation.backend": "vllm", "generation.lookahead": 0, "generation.kvCacheMemory": "64Mi"}
+PROBS_DIFF_BOUND = 1e-4
+"""float32 on the CPU; measured per step: mean ~1e-7, max under 1e-6."""
+
+
+def _summary(storage: Path) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "spotrl_runtime.cli", "audit", str(storage), "--summary", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    summary: dict[str, Any] = json.loads(out.stdout)
+    return summary
+
+
+def _assert_the_weights_arrived(storage: Path) -> None:
+    """Every step of the effective stream measured the gap, and it is float32 rounding."""
+    docs = audit(storage)
+    gap = _summary(storage)["rollout_gap"]
+    assert gap["steps"] == len(docs) == 16, gap
+    assert 0 <= gap["max"] < PROBS_DIFF_BOUND, gap
+    print(f"vLLM CPU run: rollout_probs_diff mean {gap['mean']:.2e}, max {gap['max']:.2e} over {gap['tokens']} tokens")
+
+
+@pytest.fixture(scope="module")
+def vllm_baseline(runs: Runs) -> list[tuple[int, list[int]]]:
+    storage = runs.base / "vllm-baseline"
+    rc, log = runs.run(runs.job(VLLM), storage)
+    assert rc == 0, log
+    assert "probs diff" in log, "the run log reports the gap each step"
+    _assert_the_weights_arrived(storage)
+    got = stream(storage)
+    assert [s for s, _ in got] == list(range(16))
+    return got
+
+
+def test_sigterm_mid_generation_then_resume_trains_the_same_prompts(
+    runs: Runs, vllm_baseline: list[tuple[int, list[int]]], tmp_path: Path
+) -> None:
+    storage, marks = tmp_path / "cuts", tmp_path / "marks"
+    marks.mkdir()
+    job = runs.job(VLLM)
+    proc = runs.start(job, storage, SPOTRL_FAILPOINTS="dispatch.finish@6=4", SPOTRL_FAILPOINT_DIR=str(marks))
+    wait_for(lambda: (marks / "dispatch.finish").exists(), 300, "a group of step 6 generated", proc)
+    assert stop(proc, signal.SIGTERM) == 143, runs.log_of(proc)
+    runs.assert_nothing_left(proc)
+    cut_id, kind, cut_step = newest_cut(storage)
+    assert kind == "barrier"
+    rc, log = runs.run(job, storage)
+    assert rc == 0, log
+    assert f"resumed from cut {cut_id} (barrier) at step {cut_step}" in log
+    assert stream(storage) == vllm_baseline
+    _assert_the_weights_arrived(storage)
+
+
+def test_sigterm_mid_weight_sync_then_sigkill_then_resume(
+    runs: Runs, vllm_baseline: list[tuple[int, list[int]]], tmp_path: Path
+) -> None:
+    """The worker holds new weights it has not loaded when the barrier comes; the next attempt
+    is killed without warning at a random point; the last one finishes the run."""
+    storage, marks = tmp_path / "cuts", tmp_path / "marks"
+    marks.mkdir()
+    job = runs.job(VLLM)
+    proc = runs.start(job, storage, SPOTRL_FAILPOINTS="worker.load_weights@5=4", SPOTRL_FAILPOINT_DIR=str(marks))
+    wait_for(lambda: (marks / "worker.load_weights").exists(), 300, "the worker receiving weights 5", proc)
+    assert stop(proc, signal.SIGTERM) == 143, runs.log_of(proc)
+    runs.assert_nothing_left(proc)
+    _, kind, first_cut = newest_cut(storage)
+    assert kind == "barrier"
+
+    rng = random.Random(20261202)
+    target = rng.randrange(first_cut + 3, 14)
+    kill_marks = tmp_path / "kill-marks"
+    kill_marks.mkdir()
+    proc = runs.start(job, storage, SPOTRL_FAILPOINTS=f"train.step@{target}=0.3", SPOTRL_FAILPOINT_DIR=str(kill_marks))
+    wait_for(lambda: (kill_marks / "train.step").exists(), 300, f"step {target}", proc)
+    time.sleep(rng.uniform(0, 0.3))
+    assert stop(proc, signal.SIGKILL) == -signal.SIGKILL
+    runs.assert_nothing_left(proc)
+
+    rc, log = runs.run(job, storage)
+    assert rc == 0, log
+    assert stream(storage) == vllm_baseline
+    summary = _summary(storage)
+    assert (summary["prompts_lost"], summary["prompts_trained_twice"], summary["restores"]) == (0, 0, 2)
+    _assert_the_weights_arrived(storage)
