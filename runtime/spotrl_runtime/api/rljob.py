@@ -208,6 +208,16 @@ class Training(ApiObject):
     micro_batch_size: int = Field(default=8, ge=1, le=65536, description="Rollouts per forward/backward pass.")
     clip_epsilon: float = Field(default=0.2, gt=0, le=1, description="PPO-style clip of the importance ratio.")
     kl_coef: float = Field(default=0.0, ge=0, le=100, description="Weight of the KL penalty to the initial policy.")
+    importance_sampling_cap: float | None = Field(
+        default=None,
+        ge=1,
+        le=100,
+        description=(
+            "Truncated importance sampling (off when unset; 2 is usual): weight each token of a rollout generated "
+            "with the trainer's current weights by min(p_trainer / p_generator, cap), correcting for a generator "
+            "whose numerics differ from the trainer's (bf16 vLLM on GPUs). See rollout_probs_diff in the README."
+        ),
+    )
     weight_decay: float = Field(default=0.0, ge=0, le=1, description="AdamW weight decay.")
     max_grad_norm: float = Field(default=1.0, gt=0, le=1e6, description="Gradient clipping norm.")
     seed: int = Field(default=0, ge=0, description="Seed of sampling and initialisation.")

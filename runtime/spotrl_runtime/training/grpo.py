@@ -63,6 +63,7 @@ def token_loss_terms(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     same_weights: torch.Tensor | None = None,
+    is_cap: float | None = None,
 ) -> LossTerms:
     """PPO-clipped policy loss (and optional k3 KL to a reference) summed over masked tokens.
 
@@ -74,15 +75,30 @@ def token_loss_terms(
     ``same_weights`` [B] marks the rows generated with the very weights that computed
     ``logprobs``: on those, ``|exp(logp) - exp(old_logp)|`` is the generator's mismatch with the
     trainer (veRL's ``rollout_probs_diff``), which a weight sync that did not arrive turns large.
+
+    ``is_cap`` (truncated importance sampling, off when None): on the ``same_weights`` rows the
+    trainer's own log-probs, not the generator's, are the old policy (ρ = 1, as in one update
+    per batch), and each token's term is weighted by ``min(p_trainer / p_generator, is_cap)``,
+    detached: the correction for a generator whose numerics differ from the trainer's (bf16
+    vLLM against a float32 trainer) that does not let the clip zero those tokens' gradients.
+    Rows generated with older weights keep the generator's log-probs as the old policy.
     """
     mask_f = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype).unsqueeze(-1)
+    behaviour, weight = old_logprobs, None
+    if is_cap is not None and same_weights is not None:
+        own = mask.bool() & same_weights.to(mask.device).bool().unsqueeze(-1)
+        behaviour = torch.where(own, logprobs.detach(), old_logprobs)
+        gap = torch.where(own, logprobs.detach() - old_logprobs, torch.zeros_like(logprobs))
+        weight = gap.exp().clamp(max=is_cap)
     # Padding positions may hold anything (even -inf); zero them before exponentiating.
-    log_ratio = torch.where(mask.bool(), logprobs - old_logprobs, torch.zeros_like(logprobs))
+    log_ratio = torch.where(mask.bool(), logprobs - behaviour, torch.zeros_like(logprobs))
     ratio = log_ratio.exp()
     unclipped = ratio * adv
     clipped = ratio.clamp(1 - clip_epsilon, 1 + clip_epsilon) * adv
     policy_loss = -torch.minimum(unclipped, clipped)
+    if weight is not None:
+        policy_loss = policy_loss * weight
     loss = policy_loss
     kl_sum = 0.0
     if ref_logprobs is not None:

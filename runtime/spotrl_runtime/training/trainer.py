@@ -46,6 +46,8 @@ class TrainerConfig:
     weight by about the full learning rate whatever its gradient; a warmup keeps them small."""
     adam_betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
+    is_cap: float | None = None
+    """Truncated importance sampling's cap (``training.importanceSamplingCap``; None: off)."""
 
     @classmethod
     def from_rljob(cls, spec: Any) -> TrainerConfig:
@@ -61,6 +63,7 @@ class TrainerConfig:
             temperature=spec.generation.temperature,
             seed=t.seed,
             warmup_steps=getattr(t, "warmup_steps", 0),
+            is_cap=t.importance_sampling_cap,
         )
 
 
@@ -252,6 +255,7 @@ class Trainer:
             ref_logprobs=ref_logprobs,
             kl_coef=self.config.kl_coef,
             same_weights=torch.tensor([r.weight_version == self.step for r in rows]),
+            is_cap=self.config.is_cap,
         )
 
     # ------------------------------------------------------------------ state

@@ -63,18 +63,25 @@ def vllm_baseline(runs: Runs) -> list[tuple[int, list[int]]]:
     return got
 
 
-def test_sigterm_mid_generation_then_resume_trains_the_same_prompts(
-    runs: Runs, vllm_baseline: list[tuple[int, list[int]]], tmp_path: Path
-) -> None:
-    storage, marks = tmp_path / "cuts", tmp_path / "marks"
+def _sigterm_at(runs: Runs, job: Path, storage: Path, marks: Path, failpoint: str) -> tuple[str, int]:
+    """A run held at ``failpoint`` (``name@step=seconds``) and SIGTERMed there: exit 143, nothing
+    left running, a barrier cut committed; (its id, its step)."""
     marks.mkdir()
-    job = runs.job(VLLM)
-    proc = runs.start(job, storage, SPOTRL_FAILPOINTS="dispatch.finish@6=4", SPOTRL_FAILPOINT_DIR=str(marks))
-    wait_for(lambda: (marks / "dispatch.finish").exists(), 300, "a group of step 6 generated", proc)
+    name = failpoint.partition("@")[0]
+    proc = runs.start(job, storage, SPOTRL_FAILPOINTS=failpoint, SPOTRL_FAILPOINT_DIR=str(marks))
+    wait_for(lambda: (marks / name).exists(), 300, f"the run to reach {failpoint}", proc)
     assert stop(proc, signal.SIGTERM) == 143, runs.log_of(proc)
     runs.assert_nothing_left(proc)
     cut_id, kind, cut_step = newest_cut(storage)
     assert kind == "barrier"
+    return cut_id, cut_step
+
+
+def test_sigterm_mid_generation_then_resume_trains_the_same_prompts(
+    runs: Runs, vllm_baseline: list[tuple[int, list[int]]], tmp_path: Path
+) -> None:
+    storage, job = tmp_path / "cuts", runs.job(VLLM)
+    cut_id, cut_step = _sigterm_at(runs, job, storage, tmp_path / "marks", "dispatch.finish@6=4")
     rc, log = runs.run(job, storage)
     assert rc == 0, log
     assert f"resumed from cut {cut_id} (barrier) at step {cut_step}" in log
@@ -87,15 +94,8 @@ def test_sigterm_mid_weight_sync_then_sigkill_then_resume(
 ) -> None:
     """The worker holds new weights it has not loaded when the barrier comes; the next attempt
     is killed without warning at a random point; the last one finishes the run."""
-    storage, marks = tmp_path / "cuts", tmp_path / "marks"
-    marks.mkdir()
-    job = runs.job(VLLM)
-    proc = runs.start(job, storage, SPOTRL_FAILPOINTS="worker.load_weights@5=4", SPOTRL_FAILPOINT_DIR=str(marks))
-    wait_for(lambda: (marks / "worker.load_weights").exists(), 300, "the worker receiving weights 5", proc)
-    assert stop(proc, signal.SIGTERM) == 143, runs.log_of(proc)
-    runs.assert_nothing_left(proc)
-    _, kind, first_cut = newest_cut(storage)
-    assert kind == "barrier"
+    storage, job = tmp_path / "cuts", runs.job(VLLM)
+    _, first_cut = _sigterm_at(runs, job, storage, tmp_path / "marks", "worker.load_weights@5=4")
 
     rng = random.Random(20261202)
     target = rng.randrange(first_cut + 3, 14)

@@ -51,6 +51,7 @@ DELETE = object()
 GOOD = {
     "minimal": MINIMAL,
     "vllm-with-gpu": with_("spec.generation", {"backend": "vllm", "resources": {"gpu": 1}}),
+    "truncated-importance-sampling": with_("spec.training", {"totalSteps": 5, "importanceSamplingCap": 2.0}),
     "vllm-on-cpu": with_("spec.generation", {"backend": "vllm", "kvCacheMemory": "256Mi", "threads": 2}),
     "import-path-reward": with_("spec.reward", {"importPath": "my_pkg.rewards:score"}),
     "seconds-only-cuts": with_("spec.checkpoint", {"everySteps": 0, "everySeconds": 300}),
@@ -131,6 +132,10 @@ BAD = {
         "spec.generation.kvCacheMemory",
     ),
     "negative-threads": (with_("spec.generation", {"threads": -1}), "spec.generation.threads"),
+    "importance-cap-below-one": (
+        with_("spec.training", {"totalSteps": 5, "importanceSamplingCap": 0.5}),
+        "spec.training.importanceSamplingCap",
+    ),
     "two-rewards": (
         with_("spec.reward", {"name": "arithmetic_exact", "importPath": "a.b:c"}),
         "spec.reward.name",

@@ -88,3 +88,31 @@ def test_completion_logprobs_use_the_temperature() -> None:
     got = completion_logprobs(logits, targets, temperature=0.7)
     expected = torch.log_softmax(logits / 0.7, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     assert torch.allclose(got, expected)
+
+
+def test_truncated_importance_sampling_weights_own_rows_by_the_capped_probability_ratio() -> None:
+    """Row 0 was generated with the trainer's weights by a generator that put p_gen = p_trainer / 1.5
+    on its first token and p_trainer * 4 on its second; row 1 with older weights."""
+    trainer_lp = [[math.log(0.3), math.log(0.2)], [math.log(0.3), math.log(0.2)]]
+    generator_lp = [[math.log(0.2), math.log(0.8)], [math.log(0.2), math.log(0.8)]]
+    same = torch.tensor([True, False])
+    off, grad_off = _terms(trainer_lp, generator_lp, [1.0, 1.0], [[1, 1], [1, 1]], same_weights=same)
+    on, grad = _terms(trainer_lp, generator_lp, [1.0, 1.0], [[1, 1], [1, 1]], same_weights=same, is_cap=1.2)
+    # Own row: ρ = 1 (the trainer's log-probs are the old policy), each token weighted by
+    # min(p_trainer / p_generator, 1.2): 1.5 capped to 1.2, and 0.25.
+    assert grad[0].tolist() == pytest.approx([-1.2, -0.25])
+    # Without the correction the clip had zeroed the first token's gradient (ρ = 1.5 > 1.2).
+    assert grad_off[0].tolist() == pytest.approx([0.0, -0.25])
+    # The row generated with older weights is trained as before.
+    assert grad[1].tolist() == pytest.approx(grad_off[1].tolist())
+    assert on.loss_sum.item() == pytest.approx(-(1.2 + 0.25) - (1.2 + 0.25))
+    # The gap metric does not depend on the correction.
+    assert on.probs_diff_max == pytest.approx(off.probs_diff_max) == pytest.approx(0.6)
+
+
+def test_without_a_cap_the_loss_is_unchanged_by_same_weights() -> None:
+    args = ([[-1.0, -2.0]], [[-1.3, -1.7]], [0.7], [[1, 1]])
+    plain, grad_plain = _terms(*args)
+    marked, grad_marked = _terms(*args, same_weights=torch.tensor([True]))
+    assert marked.loss_sum.item() == plain.loss_sum.item()
+    assert torch.equal(grad_marked, grad_plain)

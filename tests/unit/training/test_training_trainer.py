@@ -301,3 +301,15 @@ def test_the_rollout_probs_diff_measures_the_generator_against_the_trainer() -> 
     ahead = [_as_generated(model, g, version=5, shift=-0.7) for g in raw]
     metrics = Trainer(copy.deepcopy(model), TrainerConfig()).train_step(ahead)
     assert "rollout_probs_diff_max" not in metrics
+
+
+def test_truncated_importance_sampling_is_wired_from_the_config() -> None:
+    """Own rows whose generator log-probs are off by -0.7: the clip fires on them without the
+    correction (ρ = e^0.7), and never with it (the trainer's log-probs are the old policy)."""
+    model = small_llama()
+    off = [_as_generated(model, make_group(f"g{i}", [1.0, 0.0, 0.5]), version=0, shift=-0.7) for i in range(3)]
+    plain = Trainer(copy.deepcopy(model), TrainerConfig()).train_step(off)
+    capped = Trainer(copy.deepcopy(model), TrainerConfig(is_cap=2.0)).train_step(off)
+    assert plain["clip_fraction"] > 0.3
+    assert capped["clip_fraction"] == 0.0
+    assert capped["rollout_probs_diff_max"] == pytest.approx(plain["rollout_probs_diff_max"])
