@@ -10,6 +10,7 @@ loaded wrongly, the tied head left behind, the prefix cache kept) and asserts th
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -32,12 +33,23 @@ PROMPTS = ["3+4=", "9-2=", "7+8=", "5+5="]
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[VLLMBackend]:
-    # block_size 16: the tiny policy's 64-token context never fills one of vLLM's default
-    # 128-token blocks, and prefix caching reuses whole blocks only.
-    backend = VLLMBackend(
-        str(resolve_model_dir("builtin:tiny-arith")), dtype="float32", device="cpu", threads=1, block_size=16
-    )
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMBackend]:
+    # An empty vLLM cache: the engine inspects the model's class, in this process on the CPU;
+    # vLLM's inspection subprocess, were it started, would fail.
+    from vllm.model_executor.models import registry
+
+    cache = tmp_path_factory.mktemp("vllm-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_CACHE_ROOT", str(cache))
+        mp.setattr(registry, "_SUBPROCESS_COMMAND", [sys.executable, "-c", "raise SystemExit(3)"])
+        # block_size 16: the tiny policy's 64-token context never fills one of vLLM's default
+        # 128-token blocks, and prefix caching reuses whole blocks only.
+        backend = VLLMBackend(
+            str(resolve_model_dir("builtin:tiny-arith")), dtype="float32", device="cpu", threads=1, block_size=16
+        )
+    assert [p.name for p in (cache / "modelinfos").iterdir()] == [
+        "vllm-model_executor-models-llama-LlamaForCausalLM.json"
+    ]
     try:
         yield backend
     finally:
