@@ -146,7 +146,7 @@ def test_an_invalid_rljob_is_rejected_with_the_field_named(
 
     cases = {
         "spec.training.totalSteps": tiny_job("bad1", training={"totalSteps": 0}),
-        "resources.gpu": tiny_job("bad2", generation={"backend": "vllm"}),
+        "spec.generation.kvCacheMemory": tiny_job("bad2", generation={"backend": "vllm", "kvCacheMemory": "lots"}),
         "sparePoolBatches": tiny_job("bad3", preemption={"onDroppedPrompt": "replace"}),
     }
     for field, doc in cases.items():
