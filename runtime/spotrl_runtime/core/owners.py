@@ -375,7 +375,12 @@ class Owners:
 
     def _admit_next(self, weight_version: int | None) -> list[Dispatch]:
         batch = self._ledger.oldest_reserved()
-        if batch is None or not self._sampler.gate_open(self._trainer_step):
+        # The gate opens on the older of the trainer's step and the weights the workers were
+        # sent: between a step's commit and its weights reaching the pool, a batch admitted on
+        # the step alone would be generated with weights one step older than the lookahead
+        # allows (rollout_probs_diff caught it: lookahead 0, a step with no on-policy row).
+        gate_step = self._trainer_step if weight_version is None else min(self._trainer_step, weight_version)
+        if batch is None or not self._sampler.gate_open(gate_step):
             return []
         step = self._sampler.next_stamp
         if self._buffer.count(step) or self._ledger.count_stamped(step) or self._shortfall.get(step):

@@ -81,6 +81,19 @@ def test_lookahead_zero_is_synchronous() -> None:
     assert owners.pump() == []
 
 
+def test_the_gate_waits_for_the_weights_of_the_step_not_only_its_commit() -> None:
+    """Committed step 0, weights 1 not yet sent: with lookahead 0 nothing may be generated with
+    weights 0 for step 1; once weights 1 are out, step 1's batch goes, stamped with them."""
+    owners = new_owners(RecoveryConfig(group_size=2, prompts_per_step=1, lookahead=0))
+    (d,) = owners.pump(weight_version=0)
+    owners.finish_group(d.group_id, rollouts(d))
+    owners.begin_step()
+    owners.commit_step(weight_version=1)
+    assert owners.pump(weight_version=0) == []
+    (d,) = owners.pump(weight_version=1)
+    assert (d.target_step, d.weight_version) == (1, 1)
+
+
 def test_group_finished_is_one_mutation_and_rollouts_are_checked() -> None:
     owners = new_owners(RecoveryConfig(group_size=3, prompts_per_step=1, lookahead=0))
     (d,) = owners.pump()
