@@ -10,8 +10,6 @@ UV      ?= $(shell command -v uv 2>/dev/null || echo $(VENV)/bin/uv)
 VLLM_EXTRA ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu)
 EXTRAS  ?= operator,runtime,dev,$(VLLM_EXTRA)
 PYTEST_ARGS ?=
-# KIND_BESIDE=1: make test sets the kind cluster up while pytest runs (see e2e/README.md#kind).
-KIND_BESIDE ?= 0
 
 .PHONY: help install lock generate lint typecheck test test-changed test-fast toolchain scan bench demo cluster-up cluster-down test-cluster test-e2e e2e-kind e2e-kind-ci images clean
 
@@ -76,20 +74,7 @@ REPORT ?= .out/test-report
 test: lint toolchain ## everything CI runs: lint, types, every pytest suite, the kind subset; where the time went: .out/test-report
 	@e2e/toolchain/system-packages.sh "make test" pgrep:procps curl:curl debootstrap:debootstrap dockerd:docker.io
 	@mkdir -p $(REPORT) && rm -f $(REPORT)/pytest*.xml .e2e-kind/timings
-	@rc=0; kind=; if [ "$(KIND_BESIDE)" = 1 ]; then \
-	    echo "== the kind cluster is set up beside pytest (log: $(REPORT)/kind-setup.log)"; \
-	    SPOTRL_KIND_SUBSET=ci SPOTRL_KIND_PHASES=setup nice -n 15 e2e/kind/run.sh >$(REPORT)/kind-setup.log 2>&1 & kind=$$!; \
-	  fi; \
-	  PY=$(PY) e2e/suite.sh $(REPORT) $(PYTEST_ARGS) || rc=$$?; \
-	  if [ -z "$$kind" ]; then \
-	    if [ $$rc = 0 ]; then $(MAKE) --no-print-directory e2e-kind-ci PYTEST_ARGS= || rc=$$?; fi; \
-	  elif wait $$kind; then \
-	    if [ $$rc = 0 ]; then SPOTRL_KIND_SUBSET=ci SPOTRL_KIND_PHASES=tests e2e/kind/run.sh || rc=$$?; \
-	    else SPOTRL_KIND_PHASES=down e2e/kind/run.sh || true; fi; \
-	  else \
-	    krc=$$?; echo "== the kind setup failed (exit $$krc); the end of $(REPORT)/kind-setup.log:"; \
-	    tail -n 60 $(REPORT)/kind-setup.log; [ $$rc != 0 ] || rc=$$krc; \
-	  fi; \
+	@rc=0; PY=$(PY) SPOTRL_SUITE_KIND=1 e2e/suite.sh $(REPORT) $(PYTEST_ARGS) || rc=$$?; \
 	  PYTHONPATH=e2e $(PY) -m spotrl_e2e.durations $(REPORT)/pytest-*.xml --kind .e2e-kind/timings > $(REPORT)/durations.txt \
 	    && echo "== where the time went ($(REPORT)/durations.txt)" && head -n 60 $(REPORT)/durations.txt; \
 	  exit $$rc

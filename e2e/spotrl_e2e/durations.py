@@ -1,11 +1,10 @@
 """Where ``make test``'s time goes: per suite, per module and per test, from pytest's JUnit XML,
 and the kind subset's phases (``.e2e-kind/timings``).
 
-``make test`` (``e2e/suite.sh``) writes ``.out/test-report/pytest-all.xml`` (or
-``pytest-a.xml`` and ``pytest-b.xml``: two pytest processes side by side,
-``SPOTRL_SUITE_PARTS=2``) and ``pytest-alone.xml`` (the tests marked ``alone``, run with
-nothing beside them), then this report (``.out/test-report/durations.txt``) on every run,
-failed ones included::
+``make test`` (``e2e/suite.sh``) writes ``.out/test-report/pytest-a.xml`` and ``pytest-b.xml``
+(two pytest processes side by side; ``pytest-all.xml`` with ``SPOTRL_SUITE_PARTS=1``) and
+``pytest-alone.xml`` (the tests marked ``alone``, run with nothing beside them), then this
+report (``.out/test-report/durations.txt``) on every run, failed ones included::
 
     python -m spotrl_e2e.durations REPORT.xml [REPORT.xml ...] [--kind .e2e-kind/timings] [--top 30]
 
