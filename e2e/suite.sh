@@ -5,30 +5,29 @@
 #   e2e/suite.sh REPORT_DIR [PYTEST ARGS...]
 #
 # Lane a: the folders in $SPOTRL_SUITE_A (default: the test control plane's suites, which
-# share one cluster, and the integration suites that start no controller), then, with
-# SPOTRL_SUITE_KIND=1 and lane a passed, the kind subset's setup (cluster, images loaded,
-# S3, chart: mostly disk and waiting, so it overlaps lane b's CPU). Lane b: every other test
-# under tests/ (so a new folder is never left out): the controller suites, unit tests.
-# Measured on 2 cores, warm: lane a 1803 s and lane b 1945 s side by side, against 3053 s
-# for the same tests in one process (README, Tests). SPOTRL_SUITE_PARTS=1 runs tests/ in one
-# process instead, and the kind subset whole after it.
+# share one cluster, and the integration suites that start no controller). Lane b: every
+# other test under tests/ (so a new folder is never left out): the controller suites, unit
+# tests. Measured on 2 cores, warm: lane a 1803 s and lane b 1945 s side by side, against
+# 3053 s for the same tests in one process (README, Tests). SPOTRL_SUITE_PARTS=1 runs tests/
+# in one process instead.
 #
 # Then the tests marked `alone` (timing windows of a second or so) with nothing beside them,
-# then the kind subset's tests on the cluster lane a set up (or torn down, when a test failed).
+# then the kind subset, when every test passed. Not beside lane b: loading the 3.9 GB runtime
+# image into two nodes there (setup 350 s) slowed lane b by more than that (stop_signals
+# 114 -> 333 s, forged_cuts 235 -> 402 s): the writes evict the tests' page cache.
 # Reports: REPORT_DIR/pytest-a.xml, -b.xml (or -all.xml), -alone.xml (JUnit); lane a's output
-# REPORT_DIR/pytest-a.log (shown when the lanes are done; lane b's is shown as it runs),
-# the kind setup's REPORT_DIR/kind-setup.log. Exit: 0 when everything passed, else the
-# first failure's code.
+# REPORT_DIR/pytest-a.log (shown when the lanes are done; lane b's is shown as it runs).
+# Exit: 0 when everything passed, else the first failure's code.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 REPORT=${1:?usage: e2e/suite.sh REPORT_DIR [PYTEST ARGS...]}
 shift
-A=${SPOTRL_SUITE_A:-tests/e2e tests/cluster tests/security tests/integration/checkpoint tests/integration/storage tests/integration/training}
+A=${SPOTRL_SUITE_A:-tests/e2e tests/cluster tests/security tests/integration/generation tests/integration/checkpoint tests/integration/storage tests/integration/training}
 KIND=${SPOTRL_SUITE_KIND:-0}
 cd "$ROOT"
 mkdir -p "$REPORT"
-rm -f "$REPORT"/pytest-*.xml "$REPORT"/pytest-*.log "$REPORT"/kind-setup.log
+rm -f "$REPORT"/pytest-*.xml "$REPORT"/pytest-*.log
 export PY
 
 first_failure() { # rc code: keep the first non-zero code
@@ -36,7 +35,6 @@ first_failure() { # rc code: keep the first non-zero code
 }
 
 rc=0
-kind_up=0 # 1: lane a left the kind cluster up for its tests
 if [ "${SPOTRL_SUITE_PARTS:-2}" = 1 ]; then
   "$PY" -m pytest -m "not alone" --durations=20 --junitxml="$REPORT/pytest-all.xml" "$@" || rc=$?
 else
@@ -45,17 +43,8 @@ else
     [ -e "$path" ] || { echo "suite: SPOTRL_SUITE_A names $path, which does not exist" >&2; exit 2; }
     ignore+=(--ignore="$path")
   done
-  lane_a() {
-    local arc=0
-    # shellcheck disable=SC2086
-    "$PY" -m pytest $A -m "not alone" --durations=10 --junitxml="$REPORT/pytest-a.xml" "$@" >"$REPORT/pytest-a.log" 2>&1 || arc=$?
-    if [ "$arc" = 0 ] && [ "$KIND" = 1 ]; then
-      echo "== lane a passed at $SECONDS s; the kind subset's cluster is set up beside lane b ($REPORT/kind-setup.log)"
-      SPOTRL_KIND_SUBSET=ci SPOTRL_KIND_PHASES=setup e2e/kind/run.sh >"$REPORT/kind-setup.log" 2>&1 || arc=100
-    fi
-    return "$arc"
-  }
-  lane_a "$@" &
+  # shellcheck disable=SC2086
+  "$PY" -m pytest $A -m "not alone" --durations=10 --junitxml="$REPORT/pytest-a.xml" "$@" >"$REPORT/pytest-a.log" 2>&1 &
   a=$!
   "$PY" -m pytest tests "${ignore[@]}" -m "not alone" --durations=10 --junitxml="$REPORT/pytest-b.xml" "$@" 2>&1 |
     tee "$REPORT/pytest-b.log"
@@ -65,13 +54,6 @@ else
   a=$?
   echo "== lane a ($A): exit $a at $SECONDS s; its output ($REPORT/pytest-a.log):"
   cat "$REPORT/pytest-a.log"
-  if [ "$a" = 100 ]; then
-    echo "== the kind setup failed; the end of $REPORT/kind-setup.log:"
-    tail -n 60 "$REPORT/kind-setup.log"
-    SPOTRL_KIND_PHASES=down e2e/kind/run.sh >/dev/null 2>&1 || true
-  elif [ "$KIND" = 1 ] && [ "$a" = 0 ]; then
-    kind_up=1
-  fi
   first_failure "$a"
   first_failure "$b"
 fi
@@ -83,14 +65,7 @@ first_failure "$arc"
 # pytest's 5 ("no tests collected") is a failure, unless extra arguments (-k, -m) chose fewer.
 [ "$rc" = 5 ] && [ $# -gt 0 ] && rc=0
 
-if [ "$kind_up" = 1 ]; then
-  if [ "$rc" = 0 ]; then
-    echo "== the kind subset's tests"
-    SPOTRL_KIND_SUBSET=ci SPOTRL_KIND_PHASES=tests e2e/kind/run.sh || rc=$?
-  else
-    SPOTRL_KIND_PHASES=down e2e/kind/run.sh >/dev/null 2>&1 || true
-  fi
-elif [ "$KIND" = 1 ] && [ "$rc" = 0 ]; then
+if [ "$KIND" = 1 ] && [ "$rc" = 0 ]; then
   echo "== the kind subset"
   SPOTRL_KIND_SUBSET=ci e2e/kind/run.sh || rc=$?
 fi

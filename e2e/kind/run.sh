@@ -18,7 +18,7 @@
 #
 # SPOTRL_KIND_PHASES=setup runs 1-5 and leaves the cluster (and dockerd) up, saying how to
 # reach it in $ARTIFACTS/setup.env; SPOTRL_KIND_PHASES=tests then runs 6-7 on it, and
-# SPOTRL_KIND_PHASES=down only 7. `make test` (e2e/suite.sh) runs the setup beside pytest.
+# SPOTRL_KIND_PHASES=down only 7.
 #
 # Needs the repository's .venv and toolchain (make install toolchain), root for dockerd.
 # Extra arguments go to pytest. Prints the seconds of each phase (also in $ARTIFACTS/timings).
