@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The tests of `make test` after lint: pytest over tests/ in two processes side by side, the
-# tests marked `alone` by themselves, then (SPOTRL_SUITE_KIND=1) the kind subset.
+# pytest over tests/ for `make test`: two processes side by side, then the tests marked
+# `alone` by themselves. (make test then runs the kind subset, `make e2e-kind-ci`.)
 #
 #   e2e/suite.sh REPORT_DIR [PYTEST ARGS...]
 #
@@ -11,10 +11,7 @@
 # 3053 s for the same tests in one process (README, Tests). SPOTRL_SUITE_PARTS=1 runs tests/
 # in one process instead.
 #
-# Then the tests marked `alone` (timing windows of a second or so) with nothing beside them,
-# then the kind subset, when every test passed. Not beside lane b: loading the 3.9 GB runtime
-# image into two nodes there (setup 350 s) slowed lane b by more than that (stop_signals
-# 114 -> 333 s, forged_cuts 235 -> 402 s): the writes evict the tests' page cache.
+# Then the tests marked `alone` (timing windows of a second or so) with nothing beside them.
 # Reports: REPORT_DIR/pytest-a.xml, -b.xml (or -all.xml), -alone.xml (JUnit); lane a's output
 # REPORT_DIR/pytest-a.log (shown when the lanes are done; lane b's is shown as it runs).
 # Exit: 0 when everything passed, else the first failure's code.
@@ -24,11 +21,9 @@ PY=${PY:-$ROOT/.venv/bin/python}
 REPORT=${1:?usage: e2e/suite.sh REPORT_DIR [PYTEST ARGS...]}
 shift
 A=${SPOTRL_SUITE_A:-tests/e2e tests/cluster tests/security tests/integration/generation tests/integration/checkpoint tests/integration/storage tests/integration/training}
-KIND=${SPOTRL_SUITE_KIND:-0}
 cd "$ROOT"
 mkdir -p "$REPORT"
 rm -f "$REPORT"/pytest-*.xml "$REPORT"/pytest-*.log
-export PY
 
 first_failure() { # rc code: keep the first non-zero code
   [ "$rc" != 0 ] || rc=$1
@@ -64,9 +59,4 @@ arc=0
 first_failure "$arc"
 # pytest's 5 ("no tests collected") is a failure, unless extra arguments (-k, -m) chose fewer.
 [ "$rc" = 5 ] && [ $# -gt 0 ] && rc=0
-
-if [ "$KIND" = 1 ] && [ "$rc" = 0 ]; then
-  echo "== the kind subset"
-  SPOTRL_KIND_SUBSET=ci e2e/kind/run.sh || rc=$?
-fi
 exit "$rc"
