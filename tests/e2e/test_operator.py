@@ -240,7 +240,8 @@ def test_a_job_whose_pod_the_api_server_refuses_says_why_backs_off_and_recovers(
     try:
         st = jobs.wait("stuck", lambda s: stuck(s) is None, 20, "the condition to go")
         assert [p["metadata"]["name"] for p in jobs.pods("stuck")] == ["stuck-controller-1"]
-        assert "Reconciled" in jobs.reasons("stuck")
+        # The Event follows the status write that took the condition away, so it may land a moment later.
+        wait_until(lambda: "Reconciled" in jobs.reasons("stuck"), 10, "the Reconciled Event")
         assert (st["attempt"], st["restarts"]) == (1, 0), "a refused create is no crash"
         row = cluster.kubectl("get", "rljobs", "stuck", "-n", namespace, "--no-headers").stdout.split()
         assert "Forbidden" not in row

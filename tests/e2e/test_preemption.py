@@ -713,7 +713,8 @@ def test_two_jobs_on_one_storage_the_newer_waits_and_a_refusal_is_no_crash(
     assert cond["status"] == "True"
     assert f"is also the storage of RLJob {jobs.ns}/tiny ({e2e_storage.uri('tiny')})" in cond["message"]
     assert st["phase"] == "Pending"
-    assert "StorageConflict" in jobs.reasons("tiny-b")
+    # The operator posts a pass's Events after its status write, so the Event may land a moment later.
+    wait_until(lambda: "StorageConflict" in jobs.reasons("tiny-b"), 10, "the StorageConflict Event")
 
     st = succeeded(jobs, "tiny")
     assert (st["preemptions"], st["restarts"], st["attempt"]) == (0, 0, 1), "the first job was never fenced"
