@@ -1,8 +1,9 @@
 """Where ``make test``'s time goes: per suite, per module and per test, from pytest's JUnit XML,
 and the kind subset's phases (``.e2e-kind/timings``).
 
-``make test`` (``e2e/suite.sh``) writes ``.out/test-report/pytest-a.xml`` and ``pytest-b.xml``
-(two pytest processes side by side; ``pytest-all.xml`` with ``SPOTRL_SUITE_PARTS=1``) and
+``make test`` (``e2e/suite.sh``) writes ``.out/test-report/pytest-1.xml`` ... ``pytest-N.xml``
+(one per lane of pytest processes side by side; ``pytest-all.xml`` with
+``SPOTRL_SUITE_LANES=none``) and
 ``pytest-alone.xml`` (the tests marked ``alone``, run with nothing beside them), then this
 report (``.out/test-report/durations.txt``) on every run, failed ones included::
 

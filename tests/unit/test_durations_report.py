@@ -46,7 +46,7 @@ def test_tests_are_grouped_by_suite_and_module() -> None:
 def test_the_command_reads_the_files_and_says_what_is_missing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    xml = tmp_path / "pytest-a.xml"
+    xml = tmp_path / "pytest-1.xml"
     xml.write_text(JUNIT.replace('tests="5"', 'tests="5" time="200.5"'))
     alone = tmp_path / "pytest-alone.xml"
     alone.write_text(
@@ -57,6 +57,6 @@ def test_the_command_reads_the_files_and_says_what_is_missing(
     assert main([str(xml), str(alone), "--kind", str(tmp_path / "no-timings")]) == 0
     first, second = capsys.readouterr().out.splitlines()[:2]
     assert first == "pytest: 7 tests, 271 s"  # 261.46 + 9.5
-    assert second == "wall time: pytest-a 200 s, pytest-alone 10 s"
+    assert second == "wall time: pytest-1 200 s, pytest-alone 10 s"
     assert main([str(xml), str(tmp_path / "missing.xml")]) == 1
     assert "missing.xml" in capsys.readouterr().err
