@@ -1,15 +1,23 @@
 """Bad input fails before anything starts: `spotrl run` and `spotrl controller` as a user runs them.
 
-Each hostile input runs the real CLI in a subprocess whose torch and ray cannot be imported
+Each hostile input runs the real CLI in a process whose torch and ray cannot be imported
 (stand-ins on PYTHONPATH raise): a check that passed its input on to the heavy code would
 end in that ImportError, not in the one-line message naming the flag, field or file.
+
+The processes are forks of one driver per module that imported the CLI, the RLJob model and the
+checks once (and nothing heavy: the stand-ins would have stopped it): each run is still a
+process of its own, with its own folder, environment, stdout and stderr (file descriptors 1 and
+2, so a logging handler's output counts too), at a fork's cost instead of an interpreter
+start's and those imports' (~0.6 s a run here).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,47 +29,114 @@ ROOT = Path(__file__).resolve().parents[2]
 POISON = "spotrl test: {} must not be imported before every check passed"
 JOB = yaml.safe_load((ROOT / "examples/tiny-cpu.yaml").read_text())
 
+# Reads one request a line ({"args", "cwd", "env", "stdout", "stderr"}) and answers each with
+# {"rc": exit code} after running `spotrl ARGS` in a fork: as `python -m spotrl_runtime.cli`
+# would, SystemExit's code, or 1 and the traceback for an exception that escapes.
+DRIVER = """
+import json, os, sys, traceback
+from spotrl_runtime import api, cli
+from spotrl_runtime.commands import preflight
+cli.build_parser()  # imports the commands
+answers = os.fdopen(os.dup(1), "w")
+for line in sys.stdin:
+    req = json.loads(line)
+    sys.stdout.flush(); sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.chdir(req["cwd"])
+            os.environ.clear()
+            os.environ.update(req["env"])
+            for fd, name in ((1, "stdout"), (2, "stderr")):
+                os.dup2(os.open(req[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+            try:
+                code = cli.main(req["args"])
+            except SystemExit as exit:
+                code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+        finally:
+            sys.stdout.flush(); sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    answers.write(json.dumps({"rc": os.waitstatus_to_exitcode(status)}) + "\\n")
+    answers.flush()
+"""
 
-class Cli:
-    """`spotrl` in a subprocess that cannot import torch or ray, in a fresh folder (``work``);
-    after each run, no Ray folder and no storage exist."""
 
-    def __init__(self, tmp_path: Path):
-        self.poison = tmp_path / "poison"
+class Driver:
+    """The module's driver process: Python with the stand-ins first on its path and the CLI imported."""
+
+    def __init__(self, folder: Path):
+        self.poison = folder / "poison"
         for name in ("torch", "ray"):
             (self.poison / name).mkdir(parents=True)
             (self.poison / name / "__init__.py").write_text(f"raise ImportError({POISON.format(name)!r})\n")
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("SPOTRL_")}
+        environ["PYTHONPATH"] = os.pathsep.join([str(self.poison), *filter(None, [os.environ.get("PYTHONPATH")])])
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=environ
+        )
+
+    def run(self, args: list[str], cwd: Path, env: dict[str, str], out: Path) -> subprocess.CompletedProcess[str]:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        stdout, stderr = out.with_suffix(".out"), out.with_suffix(".err")
+        req = {"args": args, "cwd": str(cwd), "env": env, "stdout": str(stdout), "stderr": str(stderr)}
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        assert answer, f"the driver exited ({self.proc.wait()}): did importing the CLI import torch or ray?"
+        rc = json.loads(answer)["rc"]
+        return subprocess.CompletedProcess(args, rc, stdout.read_text(), stderr.read_text())
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=30) == 0
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Driver]:
+    d = Driver(tmp_path_factory.mktemp("cli-driver"))
+    yield d
+    d.close()
+
+
+class Cli:
+    """`spotrl` in a process that cannot import torch or ray, in a fresh folder (``work``);
+    after each run, no Ray folder and no storage exist."""
+
+    def __init__(self, driver: Driver, tmp_path: Path):
+        self.driver = driver
         self.ray_tmp = tmp_path / "ray"
         self.ray_tmp.mkdir()
         self.work = tmp_path / "work"
         self.work.mkdir()
         self.cache = tmp_path / "cache"
+        self.runs = 0
 
     def __call__(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
         environ = {k: v for k, v in os.environ.items() if not k.startswith("SPOTRL_")}
         environ.update(
-            PYTHONPATH=os.pathsep.join([str(self.poison), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            PYTHONPATH=os.pathsep.join([str(self.driver.poison), *filter(None, [os.environ.get("PYTHONPATH")])]),
             SPOTRL_RAY_TMP=str(self.ray_tmp),
             RAY_TMPDIR=str(self.ray_tmp),
             SPOTRL_CACHE=str(self.cache),
             **env,
         )
-        out = subprocess.run(
-            [sys.executable, "-m", "spotrl_runtime.cli", *args],
-            capture_output=True,
-            text=True,
-            cwd=self.work,
-            env=environ,
-            timeout=120,
-        )
+        self.runs += 1
+        out = self.driver.run(list(args), self.work, environ, self.ray_tmp.parent / f"run-{self.runs}")
         assert not any(self.ray_tmp.iterdir()), "Ray started"
         assert not (self.work / "spotrl-runs").exists(), "storage was touched"
         return out
 
 
 @pytest.fixture
-def cli(tmp_path: Path) -> Cli:
-    return Cli(tmp_path)
+def cli(driver: Driver, tmp_path: Path) -> Cli:
+    return Cli(driver, tmp_path)
 
 
 def job_file(folder: Path, **changes: object) -> Path:
