@@ -12,8 +12,8 @@
 # unit). Most tests wait (on a process start, a watch, a barrier), so two lanes share 2 cores
 # well: measured warm, 1803 s and 1945 s side by side against 3053 s in one process. Three
 # lanes (the controller suites split in two) did not: the CPU was 99% busy, each test took
-# 1.49x as long as in two lanes, and three controller tests failed under it (README, Tests). The CPU figure printed at the end
-# says how busy the machine was while the lanes ran.
+# 1.49x as long as in two lanes, and three controller tests failed under it (README, Tests).
+# The CPU figure printed at the end says how busy the machine was while the lanes ran.
 #
 # Then the tests marked `alone` (timing windows of a second or so) with nothing beside them.
 # Reports: REPORT_DIR/pytest-1.xml ... pytest-N.xml (pytest-all.xml with one lane) and

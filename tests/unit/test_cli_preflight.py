@@ -74,10 +74,11 @@ class Driver:
         for name in ("torch", "ray"):
             (self.poison / name).mkdir(parents=True)
             (self.poison / name / "__init__.py").write_text(f"raise ImportError({POISON.format(name)!r})\n")
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("SPOTRL_")}
-        environ["PYTHONPATH"] = os.pathsep.join([str(self.poison), *filter(None, [os.environ.get("PYTHONPATH")])])
+        self.environ = {k: v for k, v in os.environ.items() if not k.startswith("SPOTRL_")}
+        """This environment, less ours: the driver's, and what each run's starts from."""
+        self.environ["PYTHONPATH"] = os.pathsep.join([str(self.poison), *filter(None, [os.environ.get("PYTHONPATH")])])
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=environ
+            [sys.executable, "-c", DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=self.environ
         )
 
     def run(self, args: list[str], cwd: Path, env: dict[str, str], out: Path) -> subprocess.CompletedProcess[str]:
@@ -119,9 +120,8 @@ class Cli:
         self.runs = 0
 
     def __call__(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("SPOTRL_")}
+        environ = dict(self.driver.environ)
         environ.update(
-            PYTHONPATH=os.pathsep.join([str(self.driver.poison), *filter(None, [os.environ.get("PYTHONPATH")])]),
             SPOTRL_RAY_TMP=str(self.ray_tmp),
             RAY_TMPDIR=str(self.ray_tmp),
             SPOTRL_CACHE=str(self.cache),
