@@ -5,7 +5,7 @@ nothing more. The run then trains exactly the baseline's prompts."""
 from __future__ import annotations
 
 import json
-import time
+import re
 from pathlib import Path
 
 import pytest
@@ -36,12 +36,15 @@ def test_a_fenced_controller_stops_and_writes_nothing_more(
     wait_for(lambda: any(d["attempt"] == 1 for d in audit(storage, "--all")), 300, "the second to train", new)
 
     (marks / "train.step.release").touch()  # the first finishes step 5 and meets the fence
-    t0 = time.monotonic()
     rc = old.wait(timeout=60)
     log = runs.log_of(old)
     assert rc == 4, log
-    assert time.monotonic() - t0 < 10, "it stops within the step it was in"
     assert "fenced: controller attempt 1 claimed" in log
+    # It stops within the step it was in: step 5 is its last, the fence right after it. (Not a
+    # wall-clock bound: the exit includes Ray's teardown, 10.4 s once under a loaded CI.)
+    steps = [int(m) for m in re.findall(r"step +(\d+)/", log)]
+    assert steps[-1] == 5, steps
+    assert log.index("fenced: controller attempt 1") > log.rindex("step    5/"), log
 
     rc = new.wait(timeout=420)
     assert rc == 0, runs.log_of(new)
