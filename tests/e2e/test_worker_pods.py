@@ -9,8 +9,10 @@ controller` and `spotrl worker`.
 
 The tiny job trains a step in a fraction of a second, while Kubernetes takes 10-15 s to call
 a silent node lost; so that the replacement pod is seen to come while the job still runs, the
-controller holds its step 6 for a while (a failpoint, through the operator's
-``--runtime-env``), and the node is lost during that hold.
+controller holds the step after its sixth (a failpoint, through the operator's
+``--runtime-env``), the node is lost during that hold, and the test releases the step once
+both workers are ready again: a hold of fixed length (30 s) ran out on a loaded machine
+before the replacement had joined.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,7 +32,7 @@ from test_preemption import STEPS, TRAIN_TIMEOUT, assert_same_stream, reference,
 from spotrl_e2e.procs import ray_processes_on
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-HELD_STEP, HOLD_SECONDS = 6, 30
+HELD_STEP = 6
 __all__ = ["reference"]  # the module's never-preempted run (a fixture shared with test_preemption)
 
 
@@ -74,10 +77,21 @@ def test_worker_pods_train_and_a_lost_worker_node_costs_no_restore(
     start_operator: Callable[..., OperatorProcess],
     e2e_storage: JobStorage,
     reference: dict[int, Any],
+    tmp_path: Path,
 ) -> None:
     if TARGET == "kind":
         pytest.skip("holds a step through the operator's --runtime-env; the kind operator is the chart's")
-    start_operator(args=("--runtime-env", f"SPOTRL_FAILPOINTS=train.step@{HELD_STEP}={HOLD_SECONDS}"))
+    held = tmp_path / "failpoints"
+    held.mkdir()
+    held.chmod(0o777)  # the pods' user writes its marks here
+    start_operator(
+        args=(
+            "--runtime-env",
+            f"SPOTRL_FAILPOINTS=train.step@{HELD_STEP}=600",
+            "--runtime-env",
+            f"SPOTRL_FAILPOINT_DIR={held}",
+        )
+    )
     cluster.admin().create(f"/api/v1/namespaces/{jobs.ns}/secrets", e2e_storage.secret())
     job = tiny_job("tiny", e2e_storage, {})
     spec = job["spec"]
@@ -88,8 +102,9 @@ def test_worker_pods_train_and_a_lost_worker_node_costs_no_restore(
     jobs.create(job)
     watch = PodWatch(jobs, "tiny")
     try:
-        # Six steps trained: the controller is in step 6, held.
+        # Six steps trained: the controller holds the next one.
         st = training(jobs, "tiny", HELD_STEP)
+        wait_until((held / "train.step").exists, 60, "the step after six to be held")
         head = st["rayHead"]
         assert (head["attempt"], head["workers"]) == (1, 2)
         controller = cluster.admin().get(f"/api/v1/namespaces/{jobs.ns}/pods/{st['controllerPod']}")
@@ -137,8 +152,10 @@ def test_worker_pods_train_and_a_lost_worker_node_costs_no_restore(
             )
 
         wait_until(replaced, 60, f"replacements of {sorted(lost)} running")
-        st = jobs.wait("tiny", lambda s: s.get("workersReady") == 2, 30, "both workers ready again")
+        st = jobs.wait("tiny", lambda s: s.get("workersReady") == 2, 60, "both workers ready again")
         assert st["attempt"] == 1
+        assert st["step"] == HELD_STEP, "the job went on before the worker was replaced"
+        (held / "train.step.release").touch()
         for (name, uid), info in watch.seen.items():
             if name in lost and uid != lost[name]["metadata"]["uid"]:
                 assert info["node"] != node, f"{name} was replaced on the lost node {node}"
