@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import platform
 import random
 import signal
 import subprocess
@@ -26,6 +27,8 @@ import pytest
 import yaml
 from operator_harness import TARGET, Jobs, JobStorage, wait_until
 
+from spotrl_runtime.vllm_build import vllm_build
+
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tiny-cpu.yaml"
@@ -35,6 +38,16 @@ ON_DEMAND = {"karpenter.sh/capacity-type": "on-demand"}
 TRAIN_TIMEOUT = 900
 AWS_NOTICE = "aws-node-termination-handler/spot-itn"
 KARPENTER = "karpenter.sh/disrupted"
+VLLM = {"backend": "vllm", "kvCacheMemory": "64Mi"}
+"""spec.generation for vLLM's CPU build (the production engine): the tests that set it run on
+the test control plane, whose pods run with this checkout's environment; the runtime-cpu image
+does not carry vLLM. The prompt stream does not depend on the engine, so the module's
+reference (transformers) is theirs too."""
+needs_vllm_cpu = pytest.mark.skipif(
+    TARGET == "kind" or vllm_build() == "cuda" or platform.machine() != "x86_64",
+    # Not skipped where the CPU build is missing but belongs: the worker's install message fails the job.
+    reason="vLLM's CPU build runs on x86-64 without its CUDA build, and not in the runtime-cpu image (kind)",
+)
 
 
 def runtime_commands() -> str:
@@ -250,6 +263,7 @@ def test_a_drain_after_a_notice_waits_for_the_barrier_cut_then_resumes_elsewhere
     assert_same_stream(reference, e2e_storage, "tiny")
 
 
+@needs_vllm_cpu
 def test_with_a_standby_the_warm_pod_takes_over_after_the_barrier_cut(
     cluster: Any,
     jobs: Jobs,
@@ -261,10 +275,11 @@ def test_with_a_standby_the_warm_pod_takes_over_after_the_barrier_cut(
     """spec.standby: the next attempt's controller pod waits warm on the other spot node, is
     not counted by the PodDisruptionBudget (an eviction of the controller is still refused),
     and is the pod that takes over: the same pod, not a new one, with the same prompts trained.
-    The tiny job trains its 12 steps faster than a standby warms up on 2 cores: step 3 is held
-    (a failpoint) until the standby is warm."""
-    if TARGET == "kind":
-        pytest.skip("holds a step through the operator's --runtime-env; the kind operator is the chart's")
+    The job generates with vLLM: the notice, the barrier cut with the engine in the loop, and
+    the standby's engine, started while it waits. The tiny job trains its 12 steps faster than a
+    standby warms up on 2 cores: step 3 is held (a failpoint) until the standby is warm. (On kind
+    it would be skipped anyway: it holds a step through the operator's --runtime-env, and the
+    kind operator is the chart's.)"""
     held = tmp_path / "failpoints"
     held.mkdir()
     held.chmod(0o777)  # the pods' user writes its marks here
@@ -278,6 +293,7 @@ def test_with_a_standby_the_warm_pod_takes_over_after_the_barrier_cut(
     )
     job = tiny_job("tiny", e2e_storage, SPOT)
     job["spec"]["standby"] = True
+    job["spec"]["generation"].update(VLLM)
     cluster.admin().create(f"/api/v1/namespaces/{jobs.ns}/secrets", e2e_storage.secret())
     jobs.create(job)
     st = training(jobs, "tiny", 1)
@@ -298,6 +314,8 @@ def test_with_a_standby_the_warm_pod_takes_over_after_the_barrier_cut(
         "the standby to be warm",
     )
     wait_until((held / "train.step").exists, 60, "step 3 to be held")
+    assert "(vllm backend" in cluster.pod_log(jobs.ns, pod), "the first controller's worker is not vLLM's"
+    assert "(vllm backend" in cluster.pod_log(jobs.ns, "tiny-controller-2"), "the standby did not warm vLLM"
     st = jobs.status("tiny")
     assert (st["attempt"], st["controllerPod"], st.get("standbyPod")) == (1, pod, "tiny-controller-2")
     wide = cluster.kubectl("get", "rljobs", "-n", jobs.ns, "-o", "wide").stdout

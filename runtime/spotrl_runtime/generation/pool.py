@@ -429,9 +429,10 @@ class GenerationPool:
             worker.start_failures = 0
             worker.info = dict(value)
             log.info(
-                "generation worker %s is up on node %s (pid %s, restarts %d)",
+                "generation worker %s is up on node %s (%s backend, pid %s, restarts %d)",
                 worker.worker_id,
                 worker.info.get("node_ip") or worker.info.get("host"),
+                worker.info.get("kind"),
                 worker.info.get("pid"),
                 worker.restarts,
             )
