@@ -122,6 +122,19 @@ def succeeded(jobs: Jobs, name: str) -> dict[str, Any]:
     return st
 
 
+def start_operator_holding(start_operator: Any, tmp_path: Path, failpoints: str) -> Path:
+    """The operator, its controllers started with ``SPOTRL_FAILPOINTS=failpoints`` (through
+    ``--runtime-env``): returns the folder where a controller marks its arrival at a point, and
+    where the test creates ``<point>.release`` to let it go on (spotrl_runtime.failpoints)."""
+    held = tmp_path / "failpoints"
+    held.mkdir()
+    held.chmod(0o777)  # the pods' user writes its marks here
+    start_operator(
+        args=("--runtime-env", f"SPOTRL_FAILPOINTS={failpoints}", "--runtime-env", f"SPOTRL_FAILPOINT_DIR={held}")
+    )
+    return held
+
+
 def training(jobs: Jobs, name: str, min_step: int, attempt: int = 1) -> dict[str, Any]:
     return jobs.wait(
         name,
@@ -280,17 +293,7 @@ def test_with_a_standby_the_warm_pod_takes_over_after_the_barrier_cut(
     standby warms up on 2 cores: step 3 is held (a failpoint) until the standby is warm. (On kind
     it would be skipped anyway: it holds a step through the operator's --runtime-env, and the
     kind operator is the chart's.)"""
-    held = tmp_path / "failpoints"
-    held.mkdir()
-    held.chmod(0o777)  # the pods' user writes its marks here
-    start_operator(
-        args=(
-            "--runtime-env",
-            "SPOTRL_FAILPOINTS=train.step@3=300",
-            "--runtime-env",
-            f"SPOTRL_FAILPOINT_DIR={held}",
-        )
-    )
+    held = start_operator_holding(start_operator, tmp_path, "train.step@3=300")
     job = tiny_job("tiny", e2e_storage, SPOT)
     job["spec"]["standby"] = True
     job["spec"]["generation"].update(VLLM)

@@ -31,7 +31,15 @@ from typing import Any
 
 import pytest
 from operator_harness import TARGET, Jobs, JobStorage, OperatorProcess, wait_until
-from test_preemption import STEPS, TRAIN_TIMEOUT, assert_same_stream, reference, tiny_job, training
+from test_preemption import (
+    STEPS,
+    TRAIN_TIMEOUT,
+    assert_same_stream,
+    reference,
+    start_operator_holding,
+    tiny_job,
+    training,
+)
 
 from spotrl_e2e.procs import ray_processes_on
 from spotrl_runtime.vllm_build import vllm_build
@@ -94,17 +102,7 @@ def test_worker_pods_train_and_a_lost_worker_node_costs_no_restore(
 ) -> None:
     if TARGET == "kind":
         pytest.skip("holds a step through the operator's --runtime-env; the kind operator is the chart's")
-    held = tmp_path / "failpoints"
-    held.mkdir()
-    held.chmod(0o777)  # the pods' user writes its marks here
-    start_operator(
-        args=(
-            "--runtime-env",
-            f"SPOTRL_FAILPOINTS=train.step@{HELD_STEP}=600",
-            "--runtime-env",
-            f"SPOTRL_FAILPOINT_DIR={held}",
-        )
-    )
+    held = start_operator_holding(start_operator, tmp_path, f"train.step@{HELD_STEP}=600")
     cluster.admin().create(f"/api/v1/namespaces/{jobs.ns}/secrets", e2e_storage.secret())
     job = tiny_job("tiny", e2e_storage, {})
     spec = job["spec"]
