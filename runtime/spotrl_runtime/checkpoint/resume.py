@@ -20,6 +20,7 @@ from typing import Any
 from spotrl_runtime.checkpoint.fence import Fence, claimed_attempts
 from spotrl_runtime.checkpoint.layout import list_cut_folders, manifest_key
 from spotrl_runtime.checkpoint.ownership import prove_ownership
+from spotrl_runtime.checkpoint.precheck import ResumeError, refuse_never
 from spotrl_runtime.checkpoint.restore import RestoredRun, restore_cut
 from spotrl_runtime.checkpoint.sharded import ShardedCut, ShardError
 from spotrl_runtime.checkpoint.trainer_state import TrainerSnapshot, restore_rng
@@ -32,10 +33,6 @@ from spotrl_runtime.data.dataset import PromptDataset
 from spotrl_runtime.storage import Storage, StorageError
 
 log = logging.getLogger("spotrl.resume")
-
-
-class ResumeError(RuntimeError):
-    """The run cannot start from this storage as asked; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -86,11 +83,8 @@ def resume_or_start(
     prove_ownership(storage, job)
     committed = [f.cut_id for f in list_cut_folders(storage) if f.committed]
     newest = committed[-1] if committed else None
-    if resume == "never" and newest is not None:
-        raise ResumeError(
-            f"{storage.uri} already holds cuts of a run (newest: {newest}); "
-            "resume it with --resume auto, or give a fresh --storage"
-        )
+    if resume == "never":
+        refuse_never(storage, newest)
     if attempt is None:
         attempt = _next_attempt(storage, newest, latest_audited_attempt)
     fence = Fence(storage, attempt, job).claim()

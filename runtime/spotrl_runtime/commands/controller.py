@@ -63,7 +63,7 @@ def _parse(rljob: dict[str, Any], namespace: str, name: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spotrl_runtime.commands.run import controller_options, run_controller, start_ray_early
+    from spotrl_runtime.commands.run import controller_options, refused_early, run_controller, start_ray_early
     from spotrl_runtime.controller.standby import StandbyStopped, stand_by, status_attempt
 
     job_name, namespace = _required("SPOTRL_JOB"), os.environ.get("SPOTRL_NAMESPACE") or "default"
@@ -87,6 +87,11 @@ def run(args: argparse.Namespace) -> int:
     # Ray listens on the pod's IP (worker pods join there); the barrier endpoint does not.
     # spec.generation.workerPods: the workers are pods of their own that join this pod's Ray.
     ray_host, remote_workers = pod_ip or "127.0.0.1", job.spec.generation.worker_pods
+    if status_attempt(rljob) >= attempt:  # not a standby: the cut to resume from is there already
+        refused = refused_early(job, storage, args.resume)
+        if refused is not None:
+            bridge.stop()
+            return refused
     prestart = start_ray_early(args, job, ray_host=ray_host, remote_workers=remote_workers)
     try:
         options = controller_options(args, job, storage, metrics_host=metrics_host)

@@ -116,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
     # A port taken fails the run before Ray starts (start_listeners checks again, for a race).
     probe_listeners(args.http_host or "127.0.0.1", args.http_port, metrics_host, args.metrics_port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    refused = refused_early(job, storage, args.resume)
+    if refused is not None:
+        return refused
     ray_host = (args.host or "127.0.0.1") if args.worker_nodes else "127.0.0.1"
     prestart = start_ray_early(args, job, ray_host=ray_host, remote_workers=args.worker_nodes)
     try:
@@ -128,6 +131,29 @@ def run(args: argparse.Namespace) -> int:
         return run_controller(job, options, args.summary_json)
     finally:
         prestart.close()  # nothing, once the controller took it
+
+
+def refused_early(job: Any, storage: str, resume: str) -> int | None:
+    """The resume's precheck (:mod:`~spotrl_runtime.checkpoint.precheck`), before Ray starts:
+    exit code 3 after printing what the restore would refuse the resume with; None: go on."""
+    from spotrl_runtime.api.rljob import EXIT_REFUSED
+    from spotrl_runtime.checkpoint.precheck import ResumeError, precheck_resume
+    from spotrl_runtime.core.identity import JobIdentity
+    from spotrl_runtime.core.owners import RecoveryConfig
+    from spotrl_runtime.core.validation import CutCheckError
+    from spotrl_runtime.storage import StorageError, open_storage
+
+    try:
+        store = open_storage(storage)
+    except StorageError:
+        return None  # the restore opens it again, and says why it cannot
+    try:
+        config = RecoveryConfig.from_spec(job.spec)
+        precheck_resume(store, job=JobIdentity.of(job.metadata), config=config, resume=resume)
+    except (CutCheckError, ResumeError) as err:
+        print(f"spotrl: {err}", file=sys.stderr)
+        return EXIT_REFUSED
+    return None
 
 
 def start_ray_early(args: argparse.Namespace, job: Any, *, ray_host: str, remote_workers: bool) -> Any:
@@ -280,8 +306,8 @@ def _assemble_and_run(
     # The controller's modules import torch (and Ray when it starts): only now, so that the
     # CLI's other commands and --help stay quick.
     from spotrl_runtime.checkpoint.fence import FencedError
+    from spotrl_runtime.checkpoint.precheck import ResumeError
     from spotrl_runtime.checkpoint.restore import NoCommittedCutError
-    from spotrl_runtime.checkpoint.resume import ResumeError
     from spotrl_runtime.checkpoint.writer import CutConflictError
     from spotrl_runtime.controller.assemble import ControllerError, assemble
     from spotrl_runtime.controller.loop import (

@@ -343,18 +343,23 @@ def validate_cut(
     lookup: PromptLookup | None,
     expect: Expectations | None = None,
     encode: Callable[[Prompt], Sequence[int]] | None = None,
+    *,
+    trainer_digests: bool = True,
 ) -> ValidatedCut:
     """Runs the whole chain on one cut; raises the first :class:`CutCheckError`.
 
     ``lookup`` None runs every check except the dataset ones (:data:`DATASET_CHECKS`) and
     returns no prompts; restore always passes one. ``encode`` (a prompt's token ids, as
     generation encodes it) runs ``rollout_prompt_tokens``; restore passes it.
+    ``trainer_digests`` False leaves out the digests of the trainer's bulk files (weights,
+    optimizer, shards: gigabytes at scale; their sizes are still checked): what a resume's
+    precheck runs before anything starts, the restore then running the whole chain.
     """
     expect = expect or Expectations()
     loc = source.location
     manifest = check_manifest(loc, source.read_manifest())
     check_expectations(loc, manifest, expect)
-    check_files(loc, manifest, source)
+    check_files(loc, manifest, source, trainer_digests=trainer_digests)
     blobs = {f.role: source.read(f.path) for f in manifest.files if f.role in OWNER_FILES}
     docs = decode_documents(loc, manifest, blobs)
     check_one_config(loc, manifest, docs)
@@ -433,15 +438,19 @@ def check_expectations(loc: str, manifest: Manifest, expect: Expectations) -> No
                 )
 
 
-def check_files(loc: str, manifest: Manifest, source: CutSource) -> None:
-    """``file_present``, ``file_size``, ``file_digest``, ``orphan_file``."""
+def check_files(loc: str, manifest: Manifest, source: CutSource, *, trainer_digests: bool = True) -> None:
+    """``file_present``, ``file_size``, ``file_digest``, ``orphan_file``; ``trainer_digests``
+    False: no digest of the files under the data folder's ``trainer/`` but its ``meta.json``."""
     for f in manifest.files:
         size = source.size(f.path)
         if size is None:
             raise FileMissingError(loc, f.path, f"listed in the manifest ({f.role}) but missing", _NEWER)
         if size != f.size:
             raise FileSizeError(loc, f.path, f"is {size} bytes, the manifest says {f.size} (truncated or torn)", _NEWER)
+    bulk = f"{manifest.data_dir}/trainer/"
     for f in manifest.files:
+        if not trainer_digests and f.path.startswith(bulk) and f.role != "trainer_meta":
+            continue
         digest = source.digest(f.path)
         if digest != f.sha256:
             raise FileDigestError(

@@ -2,7 +2,8 @@
 breaks: every file keeps a size and sha256 that match its manifest, every count matches,
 and every check before the broken one passes. `spotrl ckpt verify -f` refuses each with
 that check's name, and `spotrl run --resume auto` refuses it too: it exits 3 naming the
-check, trains nothing and writes no audit record."""
+check, trains nothing and writes no audit record; where the precheck sees the forgery, before
+Ray starts."""
 
 from __future__ import annotations
 
@@ -162,6 +163,11 @@ FORGERIES: list[tuple[str, Callable[[CutSurgery], None]]] = [
 ]
 
 
+# The forgeries only the restore sees: they need the dataset's rows (torch's permutation) or the
+# policy's tokenizer. The precheck refuses every other one before anything starts.
+RESTORE_ONLY = {"loader_rows", "rollout_prompt_tokens"}
+
+
 def _copy(store: Path, cut_id: str, to: Path) -> CutSurgery:
     """The store up to ``cut_id`` (newer cuts left out, so ``--resume auto`` meets it first)."""
     shutil.copytree(store, to, ignore=lambda d, names: [n for n in names if Path(d).name == "cuts" and n > cut_id])
@@ -206,6 +212,10 @@ def test_a_forged_cut_is_refused_and_nothing_trains(
     assert f"[{check}]" in log
     assert cut_id in log
     assert audit(root, "--all") == before, "a refused resume trains nothing"
+    # The precheck refuses before Ray starts what it can see without the dataset's rows and
+    # the tokenizer; those two checks are the restore's, after the start.
+    started = "Ray and the generation pool started" in log
+    assert started == (check in RESTORE_ONLY), log
 
 
 def test_resume_auto_skips_a_damaged_newest_cut_loudly_and_trains_the_same_prompts(
@@ -240,3 +250,4 @@ def test_a_semantic_failure_is_never_skipped(made: tuple[Path, Path, str], runs:
     assert rc == 3, log
     assert "[coverage]" in log
     assert "skipped damaged cut" not in log
+    assert "Ray and the generation pool started" not in log, "refused before anything started"
