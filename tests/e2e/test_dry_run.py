@@ -58,6 +58,15 @@ SPECS: dict[str, dict[str, Any]] = {
     "worker-pods": with_(
         TINY, "generation", workers=2, workerPods=True, resources={"cpu": "1500m", "memory": "2Gi", "gpu": 1}
     ),
+    "vllm-cpu-worker-pods": with_(
+        TINY,
+        "generation",
+        backend="vllm",
+        kvCacheMemory="64Mi",
+        workers=2,
+        workerPods=True,
+        resources={"cpu": "2", "memory": "4Gi"},
+    ),
     "tolerations-and-priority": with_(
         TINY,
         "scheduling",
