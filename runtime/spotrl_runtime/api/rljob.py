@@ -230,7 +230,13 @@ class Training(ApiObject):
 class Reward(ApiObject):
     """How a rollout is scored: a built-in verifiable task or your own function."""
 
-    name: Literal["arithmetic_exact", "format_only"] | None = Field(default=None, description="A built-in reward.")
+    name: Literal["arithmetic_exact", "format_only", "gsm8k", "gsm8k_flexible"] | None = Field(
+        default=None,
+        description=(
+            "A built-in reward: arithmetic_exact (the completion is the answer), format_only, gsm8k "
+            "(the last '#### <number>' equals the answer as a number), gsm8k_flexible (the last number does)."
+        ),
+    )
     import_path: str | None = Field(
         default=None,
         pattern=IMPORT_PATH,

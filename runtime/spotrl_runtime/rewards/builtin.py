@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal, InvalidOperation
 
 from spotrl_runtime.core.types import Prompt
 
 _INTEGER = re.compile(r"-?[0-9]+")
+# A number as GSM8K writes answers and models write them back: a sign, a dollar sign,
+# thousands separators, a decimal part ("-$1,234.50").
+_NUMBER = r"-?\$?[0-9][0-9,]*(?:\.[0-9]+)?"
+_MARKED = re.compile(r"####\s*(" + _NUMBER + ")")
+_ANY_NUMBER = re.compile(_NUMBER)
 
 
 def arithmetic_exact(prompt: Prompt, completion: str) -> float:
@@ -20,4 +26,41 @@ def format_only(prompt: Prompt, completion: str) -> float:
     return 1.0 if _INTEGER.fullmatch(completion.strip()) else 0.0
 
 
-BUILTIN_REWARDS = {"arithmetic_exact": arithmetic_exact, "format_only": format_only}
+def number_value(text: str) -> Decimal | None:
+    """The value of a number as :data:`_NUMBER` matches it (``"$1,234.50"`` is 1234.5), or None."""
+    try:
+        return Decimal(text.replace("$", "").replace(",", ""))
+    except InvalidOperation:
+        return None
+
+
+def gsm8k_gold(answer: str) -> Decimal | None:
+    """The gold number of a GSM8K row: what follows its last ``####`` (the dataset's own answer
+    field is the worked solution ending ``#### 72``), else the whole answer (``"72"``)."""
+    marked = _MARKED.findall(answer)
+    return number_value(marked[-1] if marked else answer.strip())
+
+
+def gsm8k(prompt: Prompt, completion: str) -> float:
+    """GSM8K's strict format: 1.0 when the completion's **last** ``#### <number>`` equals the
+    row's answer as a number (``#### 1,000`` matches ``1000``, ``#### 7.0`` matches ``7``); 0.0
+    when it differs or the completion has no ``####`` line."""
+    marked = _MARKED.findall(completion)
+    gold = gsm8k_gold(prompt.answer)
+    return 1.0 if marked and gold is not None and number_value(marked[-1]) == gold else 0.0
+
+
+def gsm8k_flexible(prompt: Prompt, completion: str) -> float:
+    """GSM8K without the format: 1.0 when the **last number** anywhere in the completion equals
+    the row's answer (for models not trained to write ``####``)."""
+    numbers = _ANY_NUMBER.findall(completion)
+    gold = gsm8k_gold(prompt.answer)
+    return 1.0 if numbers and gold is not None and number_value(numbers[-1]) == gold else 0.0
+
+
+BUILTIN_REWARDS = {
+    "arithmetic_exact": arithmetic_exact,
+    "format_only": format_only,
+    "gsm8k": gsm8k,
+    "gsm8k_flexible": gsm8k_flexible,
+}
