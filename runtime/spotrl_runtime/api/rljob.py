@@ -230,11 +230,12 @@ class Training(ApiObject):
 class Reward(ApiObject):
     """How a rollout is scored: a built-in verifiable task or your own function."""
 
-    name: Literal["arithmetic_exact", "format_only", "gsm8k", "gsm8k_flexible"] | None = Field(
+    name: Literal["arithmetic_exact", "format_only", "gsm8k", "gsm8k_flexible", "math_verify"] | None = Field(
         default=None,
         description=(
             "A built-in reward: arithmetic_exact (the completion is the answer), format_only, gsm8k "
-            "(the last '#### <number>' equals the answer as a number), gsm8k_flexible (the last number does)."
+            "(the last '#### <number>' equals the answer as a number), gsm8k_flexible (the last number does), "
+            "math_verify (math-verify's parse and verify: \\boxed{}, LaTeX and plain numbers)."
         ),
     )
     import_path: str | None = Field(
@@ -243,6 +244,22 @@ class Reward(ApiObject):
         max_length=512,
         description="'package.module:function', called as fn(prompt, completion) -> float.",
     )
+    batched: bool = Field(
+        default=False,
+        description=(
+            "importPath only: called once per group as fn(prompts, completions) -> one float per completion "
+            "(for rewards that call a model)."
+        ),
+    )
+    timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description=(
+            "Each call's limit (a batched reward's: each group's). A call that outlasts it, raises or returns no "
+            "number drops its group, with the reason in the audit; it is never scored 0."
+        ),
+    )
 
     rules = (
         Rule(
@@ -250,6 +267,12 @@ class Reward(ApiObject):
             check=lambda r: (r.name is None) != (r.import_path is None),
             message="set exactly one of name (a built-in reward) or importPath (module:function)",
             field="name",
+        ),
+        Rule(
+            cel="!has(self.batched) || !self.batched || has(self.importPath)",
+            check=lambda r: not r.batched or r.import_path is not None,
+            message="batched applies to importPath rewards; the built-in rewards score one completion",
+            field="batched",
         ),
     )
 

@@ -36,7 +36,7 @@ from spotrl_runtime.generation.cluster import RayRuntime, generation_pool, start
 from spotrl_runtime.generation.pool import GenerationPool, GenerationPoolError
 from spotrl_runtime.generation.rollouts import encode_prompt
 from spotrl_runtime.models import load_policy, load_tokenizer
-from spotrl_runtime.rewards import load_reward
+from spotrl_runtime.rewards.runner import RewardRunner
 from spotrl_runtime.storage import Storage, open_storage
 from spotrl_runtime.training import Trainer, TrainerConfig
 from spotrl_runtime.training.group import TrainerGroup
@@ -119,7 +119,7 @@ class Parts:
     storage: Storage
     audit: AuditStore
     tokenizer: Any
-    reward: Any
+    reward: RewardRunner
     trainer: Trainer | TrainerGroup
     owners: Owners
     writer: CutWriter
@@ -135,7 +135,9 @@ class Parts:
     """When this controller started, restored and was ready."""
 
     def shutdown(self) -> None:
-        """Stops the trainer ranks, the generation workers and the Ray this process started."""
+        """Stops the trainer ranks, the generation workers, the reward's process and the Ray
+        this process started."""
+        self.reward.close()
         if isinstance(self.trainer, TrainerGroup):
             try:
                 self.trainer.shutdown()
@@ -162,6 +164,7 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             prestart.close()
         ray = start_ray(options.ray_host, options.remote_workers, options.ray_num_cpus, remote_nodes=par.trainer_pods)
     trainer: Trainer | TrainerGroup | None = None
+    reward: RewardRunner | None = None
     try:
         if pool is None:
             pool = generation_pool(spec, options.device, options.remote_workers)
@@ -190,7 +193,7 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             model, tokenizer = options.policy or load_policy(spec.policy, options.device)
             options.policy = None
             trainer = Trainer(model, TrainerConfig.from_rljob(spec), pad_token_id=tokenizer.pad_token_id or 0)
-        reward = load_reward(spec.reward)
+        reward = RewardRunner(spec.reward, timeout=spec.reward.timeout_seconds, batched=spec.reward.batched)
         start = resume_or_start(
             storage,
             job=JobIdentity.of(job.metadata),
@@ -223,6 +226,8 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         if start.restored is not None:
             _record_restore(audit, start.restored, start.owners.attempt, start_times)
     except BaseException:
+        if reward is not None:
+            reward.close()
         if isinstance(trainer, TrainerGroup):
             trainer.shutdown()
         if pool is not None:

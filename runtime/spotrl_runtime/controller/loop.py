@@ -52,6 +52,7 @@ from spotrl_runtime.core.types import Rollout
 from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation import GroupFailed, GroupGenerated, GroupLost
 from spotrl_runtime.generation.rollouts import encode_prompt, make_request, score_group
+from spotrl_runtime.rewards.runner import RewardFailure
 from spotrl_runtime.training.group import CaptureRefusedError, TrainerGroup
 from spotrl_runtime.training.rows import ROLLOUT_GAP_METRICS
 from spotrl_runtime.training.trainer import StepInterruptedError
@@ -274,7 +275,7 @@ class Controller:
                 if d is None or self._parked.is_set():
                     continue  # after a barrier nothing moves; the cut holds this group as ADMITTED
                 if isinstance(outcome, GroupGenerated):
-                    self._finish(d, outcome)
+                    send(self._finish(d, outcome))
                 elif isinstance(outcome, GroupLost):
                     self.stats["groups_lost_redispatched"] += 1
                     log.warning("group %s lost with its worker (%s); redispatching", d.group_id, outcome.reason)
@@ -291,9 +292,20 @@ class Controller:
                         )
                         send(owners.drop_group(d.group_id, f"generation failed: {outcome.error}"))
 
-    def _finish(self, d: Dispatch, generated: Any) -> None:
+    def _finish(self, d: Dispatch, generated: Any) -> list[Dispatch]:
+        """Scores a generated group and hands it to the replay buffer; a reward that failed on
+        one of its rollouts drops the group (the audit keeps why). Returns what to dispatch."""
         failpoint("dispatch.finish", d.target_step)
-        scored = score_group(generated, d.prompt, self.parts.reward, d.target_step)
+        scores = self.parts.reward.score(d.prompt, [s.text for s in generated.samples])
+        if scores and isinstance(scores[-1], RewardFailure):
+            i, failure = len(scores) - 1, scores[-1]
+            self.stats["prompts_dropped"] += 1
+            log.warning("dropping group %s: rollout %d: %s", d.group_id, i, failure.message)
+            try:
+                return self.owners.drop_group(d.group_id, f"reward failed on rollout {i}: {failure.message}")
+            except UnknownGroupError:
+                return []
+        scored = score_group(generated, d.prompt, scores, d.target_step)  # type: ignore[arg-type]
         rollouts = [
             Rollout(**{**r.__dict__, "index": d.rollout_indexes[i]})
             for i, r in enumerate(scored.rollouts[: len(d.rollout_indexes)])
@@ -301,9 +313,10 @@ class Controller:
         try:
             self.owners.finish_group(d.group_id, rollouts, partial_ok=True)
         except UnknownGroupError:
-            return  # a late duplicate (e.g. the group was dropped meanwhile)
+            return []  # a late duplicate (e.g. the group was dropped meanwhile)
         self.stats["groups_generated"] += 1
         self.stats["tokens_generated"] += sum(len(r.completion_token_ids) for r in rollouts)
+        return []
 
     # ================================================================== cuts
 

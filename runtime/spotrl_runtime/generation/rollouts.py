@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 from spotrl_runtime.core.types import FinishedGroup, Prompt, Rollout
@@ -44,10 +44,14 @@ def make_request(
 def score_group(
     generated: GroupGenerated,
     prompt: Prompt,
-    reward: Callable[[Prompt, str], float],
+    rewards: Sequence[float],
     target_step: int,
 ) -> FinishedGroup:
-    """Scores every sample with ``reward`` and returns the group as the replay buffer holds it."""
+    """The group as the replay buffer holds it, each sample with its reward (``rewards``: one
+    per sample, in order; the controller scores them with a
+    :class:`~spotrl_runtime.rewards.runner.RewardRunner`)."""
+    if len(rewards) != len(generated.samples):
+        raise ValueError(f"group {generated.group_id}: {len(rewards)} rewards for {len(generated.samples)} samples")
     rollouts = tuple(
         Rollout(
             group_id=generated.group_id,
@@ -55,7 +59,7 @@ def score_group(
             prompt_token_ids=generated.prompt_token_ids,
             completion_token_ids=sample.completion_token_ids,
             logprobs=sample.logprobs,
-            reward=reward(prompt, sample.text),
+            reward=float(rewards[i]),
             weight_version=generated.weight_version,
             text=sample.text,
             finish_reason=sample.finish_reason,

@@ -58,9 +58,28 @@ def gsm8k_flexible(prompt: Prompt, completion: str) -> float:
     return 1.0 if numbers and gold is not None and number_value(numbers[-1]) == gold else 0.0
 
 
+def math_verify(prompt: Prompt, completion: str) -> float:
+    """1.0 when math-verify finds the completion's answer equal to the row's: it reads
+    ``\\boxed{}``, LaTeX and plain numbers and compares them symbolically (``\\boxed{1/2}``
+    equals ``0.5``). Its own timeouts are off (they use SIGALRM, which only a main thread has):
+    the reward's process is what times out (:mod:`~spotrl_runtime.rewards.runner`)."""
+    from math_verify import parse, verify
+
+    gold = parse(
+        prompt.answer if "$" in prompt.answer or "\\" in prompt.answer else f"${prompt.answer}$", parsing_timeout=None
+    )
+    answer = parse(completion, parsing_timeout=None)
+    return 1.0 if gold and answer and verify(gold, answer, timeout_seconds=None) else 0.0
+
+
 BUILTIN_REWARDS = {
     "arithmetic_exact": arithmetic_exact,
     "format_only": format_only,
     "gsm8k": gsm8k,
     "gsm8k_flexible": gsm8k_flexible,
+    "math_verify": math_verify,
 }
+
+BUILTIN_IMPORTS: dict[str, tuple[str, ...]] = {"math_verify": ("math_verify",)}
+"""What a built-in reward imports on its first call, imported by the reward's process before it
+says it is ready (:mod:`~spotrl_runtime.rewards.runner`): no call's timeout pays for it."""

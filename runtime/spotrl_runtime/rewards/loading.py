@@ -47,17 +47,19 @@ class RewardFunction:
     fn: RewardFn
 
     def __call__(self, prompt: Prompt, completion: str) -> float:
-        value = self.fn(prompt, completion)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise RewardError(
-                f"reward {self.name!r} returned {value!r} ({type(value).__name__}); it must return a float"
-            )
-        if not math.isfinite(value):
-            raise RewardError(f"reward {self.name!r} returned {value!r}; it must return a finite float")
-        return float(value)
+        return check_score(self.name, self.fn(prompt, completion))
 
 
-def import_reward(import_path: str) -> RewardFunction:
+def check_score(name: str, value: object) -> float:
+    """``value`` as a score: a finite int or float (not a bool), else :class:`RewardError`."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RewardError(f"reward {name!r} returned {value!r} ({type(value).__name__}); it must return a float")
+    if not math.isfinite(value):
+        raise RewardError(f"reward {name!r} returned {value!r}; it must return a finite float")
+    return float(value)
+
+
+def import_reward(import_path: str, *, batched: bool = False) -> RewardFunction:
     """Imports ``'package.module:function'`` and checks it can be called as ``fn(prompt, completion)``."""
     if not _IMPORT_PATH.fullmatch(import_path):
         raise RewardError(
@@ -81,17 +83,22 @@ def import_reward(import_path: str) -> RewardFunction:
         inspect.signature(fn).bind(None, "")
     except TypeError as err:
         raise RewardError(
-            f"reward.importPath {import_path!r}: {attr} cannot be called as fn(prompt, completion) ({err})"
+            f"reward.importPath {import_path!r}: {attr} cannot be called as "
+            f"{'fn(prompts, completions)' if batched else 'fn(prompt, completion)'} ({err})"
         ) from err
     except ValueError:
         pass  # a builtin without a signature: trust it
     return RewardFunction(import_path, fn)
 
 
-def load_reward(spec: RewardSpecLike) -> RewardFunction:
-    """The reward ``spec.reward`` names: exactly one of ``name`` (built-in) or ``importPath``."""
+def load_reward(spec: RewardSpecLike, *, batched: bool = False) -> RewardFunction:
+    """The reward ``spec.reward`` names: exactly one of ``name`` (built-in) or ``importPath``.
+    ``batched``: an import-path reward called once per group, ``fn(prompts, completions)``
+    returning one float per completion (for rewards that call a model)."""
     if (spec.name is None) == (spec.import_path is None):
         raise RewardError("reward: set exactly one of name (a built-in reward) or importPath (module:function)")
+    if batched and spec.name is not None:
+        raise RewardError("reward.batched: applies to importPath rewards; the built-in rewards score one completion")
     if spec.name is not None:
         if spec.name not in BUILTIN_REWARDS:
             raise RewardError(
@@ -99,4 +106,4 @@ def load_reward(spec: RewardSpecLike) -> RewardFunction:
             )
         return RewardFunction(spec.name, BUILTIN_REWARDS[spec.name])
     assert spec.import_path is not None
-    return import_reward(spec.import_path)
+    return import_reward(spec.import_path, batched=batched)

@@ -71,3 +71,48 @@ def test_metrics_and_a_barrier_over_http(runs: Runs, tmp_path: Path) -> None:
     wait_for(gone, 30, "the paused workers killed with the run")
     assert newest_cut(storage)[0] == cut_id
     assert max(d["step"] for d in audit(storage)) == cut_step - 1
+
+
+def test_a_reward_that_raises_or_hangs_drops_its_groups_with_the_reason(runs: Runs, tmp_path: Path) -> None:
+    """A user's reward that raises on some rows and hangs on others (as math-verify can on a
+    pathological answer): each such group is dropped, its reason in the step's audit record;
+    spares take their places, the run trains to its end, and the reward's process goes with it."""
+    code = tmp_path / "rewards"
+    code.mkdir()
+    (code / "flaky_reward.py").write_text(
+        "import time\n"
+        "def score(prompt, completion):\n"
+        "    if prompt.idx % 8 == 1:\n"
+        "        raise ValueError(f'cannot score row {prompt.idx}')\n"
+        "    if prompt.idx % 16 == 5:\n"
+        "        time.sleep(600)\n"
+        "    return 1.0 if completion.strip() == prompt.answer.strip() else 0.0\n"
+    )
+    job = runs.job(
+        {
+            "reward": {"importPath": "flaky_reward:score", "timeoutSeconds": 1},
+            "training.totalSteps": 2,
+            "preemption.onDroppedPrompt": "replace",
+            "preemption.sparePoolBatches": 2,
+        }
+    )
+    storage = tmp_path / "cuts"
+    proc = runs.start(job, storage, PYTHONPATH=str(code))
+    assert proc.wait(timeout=420) == 0, runs.log_of(proc)
+    runs.assert_nothing_left(proc)
+
+    records = [json.loads(p.read_text()) for p in sorted((storage / "audit").glob("step-*/attempt-*.json"))]
+    assert [r["step"] for r in records] == [0, 1]
+    dropped = [d for r in records for d in r["dropped"]]
+    raised = {d["idx"] for d in dropped if "raised ValueError: cannot score row" in d["reason"]}
+    timed_out = {d["idx"] for d in dropped if "'flaky_reward:score' timed out after 1 s" in d["reason"]}
+    assert raised
+    assert timed_out
+    assert raised | timed_out == {d["idx"] for d in dropped}, dropped
+    assert all(i % 8 == 1 for i in raised)
+    assert all(i % 16 == 5 for i in timed_out)
+    assert all(d["reason"].startswith("reward failed on rollout 0: ") for d in dropped)
+    trained = [i for r in records for i in r["idxs"]]
+    assert len(trained) == 2 * 16, "spares took the dropped groups' places"
+    assert not [i for i in trained if i % 8 == 1 or i % 16 == 5], "no group with a failed reward was trained"
+    assert "dropping group" in runs.log_of(proc)

@@ -55,7 +55,10 @@ def run_grpo(seed: int, steps: int = STEPS) -> list[float]:
             for p in prompts
         ]
         generated = backend.generate(requests)
-        groups = [score_group(g, p, arithmetic_exact, step) for g, p in zip(generated, prompts, strict=True)]
+        groups = [
+            score_group(g, p, [arithmetic_exact(p, s.text) for s in g.samples], step)
+            for g, p in zip(generated, prompts, strict=True)
+        ]
         assert all(r.weight_version == step for g in groups for r in g.rollouts)
         metrics = trainer.train_step(groups)
         backend.load_weights(trainer.policy_state_dict(), trainer.step)

@@ -54,6 +54,10 @@ GOOD = {
     "truncated-importance-sampling": with_("spec.training", {"totalSteps": 5, "importanceSamplingCap": 2.0}),
     "vllm-on-cpu": with_("spec.generation", {"backend": "vllm", "kvCacheMemory": "256Mi", "threads": 2}),
     "import-path-reward": with_("spec.reward", {"importPath": "my_pkg.rewards:score"}),
+    "batched-reward-with-timeout": with_(
+        "spec.reward", {"importPath": "my_pkg.rewards:judge", "batched": True, "timeoutSeconds": 120}
+    ),
+    "math-verify-reward": with_("spec.reward", {"name": "math_verify", "timeoutSeconds": 5}),
     "seconds-only-cuts": with_("spec.checkpoint", {"everySteps": 0, "everySeconds": 300}),
     "s3-with-endpoint": with_(
         "spec.checkpoint", {"storage": "s3://bucket-a/run1", "s3Endpoint": "http://127.0.0.1:7070"}
@@ -141,6 +145,8 @@ BAD = {
         "spec.reward.name",
     ),
     "no-reward": (with_("spec.reward", {}), "spec.reward.name"),
+    "batched-builtin-reward": (with_("spec.reward", {"name": "gsm8k", "batched": True}), "spec.reward.batched"),
+    "reward-timeout-zero": (with_("spec.reward", {"name": "gsm8k", "timeoutSeconds": 0}), "spec.reward.timeoutSeconds"),
     "bad-import-path": (with_("spec.reward", {"importPath": "not a path"}), "spec.reward.importPath"),
     "no-periodic-cuts": (
         with_("spec.checkpoint", {"everySteps": 0, "everySeconds": 0}),
