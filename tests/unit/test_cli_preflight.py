@@ -238,7 +238,10 @@ def test_a_missing_file_or_a_folder_is_one_line(cli: Cli) -> None:
         ({"spec__dataset__uri": "/"}, "spec.dataset.uri '/': is a folder"),
         ({"spec__dataset__uri": "s3://"}, "spec.dataset.uri 's3://': use s3://bucket/path/to/file.jsonl"),
         ({"spec__dataset__uri": "s3://bucket"}, "spec.dataset.uri 's3://bucket': use s3://bucket/path/to/file.jsonl"),
-        ({"spec__dataset__uri": "ftp://host/x.jsonl"}, "spec.dataset.uri 'ftp://host/x.jsonl': use a JSONL path"),
+        (
+            {"spec__dataset__uri": "ftp://host/x.jsonl"},
+            "spec.dataset.uri 'ftp://host/x.jsonl': use a JSONL or Parquet path",
+        ),
         ({"spec__dataset__uri": "builtin:nope"}, "spec.dataset.uri: unknown built-in dataset 'builtin:nope'"),
         ({"spec__dataset__uri": "builtin:arithmetic?size=x"}, "spec.dataset.uri: 'builtin:arithmetic?size=x': size"),
         ({"spec__policy__model": "builtin:huge"}, "spec.policy.model 'builtin:huge': not a built-in model"),

@@ -74,7 +74,9 @@ class Dataset(ApiObject):
     uri: str = Field(
         min_length=1,
         max_length=1024,
-        description="A JSONL file (path or s3:// URI) or 'builtin:<name>' for a generated task.",
+        description=(
+            "A JSONL or Parquet (*.parquet) file, by path or s3:// URI, or 'builtin:<name>' for a generated task."
+        ),
     )
     split: str = Field(default="train", min_length=1, max_length=63, description="Dataset split to read.")
     task_field: str = Field(default="task_name", min_length=1, max_length=63, description="Row field naming the task.")

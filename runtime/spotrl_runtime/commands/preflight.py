@@ -231,14 +231,18 @@ def _check_job_inputs(job: Any) -> None:
     elif uri.startswith("s3://"):
         bucket, key = _s3_parts(uri)
         if bucket is None or not key:
-            raise UsageError(f"{field} {uri!r}: use s3://bucket/path/to/file.jsonl (a valid bucket and an object)")
+            raise UsageError(
+                f"{field} {uri!r}: use s3://bucket/path/to/file.jsonl or .parquet (a valid bucket and an object)"
+            )
     else:
         path = _local_path(uri)
         if path is None:
-            raise UsageError(f"{field} {uri!r}: use a JSONL path, file:///path, s3://bucket/key or builtin:arithmetic")
+            raise UsageError(
+                f"{field} {uri!r}: use a JSONL or Parquet path, file:///path, s3://bucket/key or builtin:arithmetic"
+            )
         if not path.is_file():
             what = "is a folder" if path.is_dir() else "does not exist"
-            raise UsageError(f"{field} {uri!r}: {what} (from {os.getcwd()}); give the JSONL file of prompts")
+            raise UsageError(f"{field} {uri!r}: {what} (from {os.getcwd()}); give the JSONL or Parquet file of prompts")
 
     model = spec.policy.model
     field = "spec.policy.model"

@@ -31,7 +31,8 @@ _SPLIT_SEED_OFFSET = {"train": 0, "test": 1}
 
 
 def open_dataset(spec: DatasetSpec, **s3_options: Any) -> PromptDataset:
-    """The dataset ``spec.dataset`` names: ``builtin:arithmetic[?size=N]``, a JSONL path or s3:// URI."""
+    """The dataset ``spec.dataset`` names: ``builtin:arithmetic[?size=N]``, or a JSONL or Parquet
+    (``*.parquet``) file: a path or an s3:// URI."""
     uri = spec.uri
     if uri.startswith("builtin:"):
         name, _, query = uri[len("builtin:") :].partition("?")
@@ -45,7 +46,11 @@ def open_dataset(spec: DatasetSpec, **s3_options: Any) -> PromptDataset:
         if spec.split not in _SPLIT_SEED_OFFSET:
             raise DatasetError(f"{uri!r} has the splits {sorted(_SPLIT_SEED_OFFSET)}, not {spec.split!r}")
         return ArithmeticDataset(size=size, seed=spec.seed + _SPLIT_SEED_OFFSET[spec.split])
-    # Everything else is a JSONL file: a path, file:// or s3:// URI.
+    # A file: a path, file:// or s3:// URI; Parquet by its name, else JSONL.
+    if uri.lower().endswith((".parquet", ".pq")):
+        from spotrl_runtime.data.parquet import ParquetDataset
+
+        return ParquetDataset.open(uri, **s3_options)
     return JsonlDataset.open(uri, **s3_options)
 
 

@@ -4,6 +4,7 @@ credentials from a mounted Secret folder."""
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from pathlib import Path
@@ -156,6 +157,20 @@ def test_endpoint_and_credentials_from_the_environment(s3_bucket: Any, monkeypat
     dataset = open_dataset(DatasetSpec(uri=f"s3://{s3_bucket.bucket}/from-env/data/train.jsonl"))
     assert len(dataset) == 1
     assert dataset[0]["prompt"] == "1+1="
+    # And a Parquet one: downloaded once to a local file that goes with the dataset.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = pa.BufferOutputStream()
+    pq.write_table(pa.table({"prompt": ["2+2=", "3+3="], "answer": ["4", "6"]}), buf)
+    s.put_bytes("data/train.parquet", buf.getvalue().to_pybytes())
+    parquet = open_dataset(DatasetSpec(uri=f"s3://{s3_bucket.bucket}/from-env/data/train.parquet"))
+    assert [parquet[i]["prompt"] for i in range(len(parquet))] == ["2+2=", "3+3="]
+    local = parquet.path  # type: ignore[attr-defined]
+    assert local.is_file()
+    del parquet
+    gc.collect()
+    assert not local.parent.exists(), "the downloaded copy goes with the dataset"
 
 
 # ------------------------------------------------------------- fault injection
