@@ -59,7 +59,8 @@ def _controller(pool: CountingPool) -> Controller:
         storage=None,  # type: ignore[arg-type]
         audit=None,  # type: ignore[arg-type]
         tokenizer=Tokenizer(),
-        reward=None,
+        reward=None,  # type: ignore[arg-type]
+        encode=lambda prompt: tuple(ord(c) for c in prompt.text),
         trainer=trainer,
         owners=owners,
         writer=None,  # type: ignore[arg-type]

@@ -88,6 +88,28 @@ class Dataset(ApiObject):
     )
     shuffle: bool = Field(default=True, description="Visit rows in a seeded random order, reshuffled each epoch.")
     seed: int = Field(default=0, ge=0, description="Shuffle seed.")
+    prompt_format: Literal["raw", "chat"] = Field(
+        default="raw",
+        description=(
+            "'raw': the prompt field's text as it is (base models); 'chat': through the tokenizer's chat template, "
+            "with the generation prompt added: the field is the user's message, or a list of chat turns "
+            "({role, content}, the HF messages convention)."
+        ),
+    )
+    system_prompt: str | None = Field(
+        default=None,
+        max_length=8192,
+        description="With promptFormat chat: a system turn put first (unless the row's turns begin with one).",
+    )
+
+    rules = (
+        Rule(
+            cel="!has(self.systemPrompt) || self.promptFormat == 'chat'",
+            check=lambda d: d.system_prompt is None or d.prompt_format == "chat",
+            message="systemPrompt needs promptFormat: chat (a raw prompt has no turns to put it in)",
+            field="systemPrompt",
+        ),
+    )
 
 
 class Generation(ApiObject):

@@ -29,12 +29,13 @@ from spotrl_runtime.controller.prestart import Prestart, process_started_at
 from spotrl_runtime.core.accounting import RestoreRecord
 from spotrl_runtime.core.identity import JobIdentity
 from spotrl_runtime.core.owners import Owners, RecoveryConfig
+from spotrl_runtime.core.types import Prompt
 from spotrl_runtime.data import collate_for, describe_dataset, open_dataset
 from spotrl_runtime.data.loader import PromptLoader
 from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation.cluster import RayRuntime, generation_pool, start_ray
 from spotrl_runtime.generation.pool import GenerationPool, GenerationPoolError
-from spotrl_runtime.generation.rollouts import encode_prompt
+from spotrl_runtime.generation.rollouts import PromptFormatError, prompt_encoder
 from spotrl_runtime.models import load_policy, load_tokenizer
 from spotrl_runtime.rewards.runner import RewardRunner
 from spotrl_runtime.storage import Storage, open_storage
@@ -120,6 +121,8 @@ class Parts:
     audit: AuditStore
     tokenizer: Any
     reward: RewardRunner
+    encode: Callable[[Prompt], tuple[int, ...]]
+    """A prompt's token ids as ``spec.dataset.promptFormat`` renders them (generation and restore share it)."""
     trainer: Trainer | TrainerGroup
     owners: Owners
     writer: CutWriter
@@ -193,6 +196,10 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             model, tokenizer = options.policy or load_policy(spec.policy, options.device)
             options.policy = None
             trainer = Trainer(model, TrainerConfig.from_rljob(spec), pad_token_id=tokenizer.pad_token_id or 0)
+        try:
+            encode = prompt_encoder(tokenizer, spec.dataset)
+        except PromptFormatError as err:
+            raise ControllerError(str(err)) from None
         reward = RewardRunner(spec.reward, timeout=spec.reward.timeout_seconds, batched=spec.reward.batched)
         start = resume_or_start(
             storage,
@@ -206,7 +213,7 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             attempt=options.attempt,
             latest_audited_attempt=audit.latest_attempt,
             dataset_description=describe_dataset(spec.dataset, dataset),
-            encode=lambda prompt: encode_prompt(tokenizer, prompt),
+            encode=encode,
         )
         restored_at = time.time()
         writer = CutWriter(
@@ -240,6 +247,7 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         audit,
         tokenizer,
         reward,
+        encode,
         trainer,
         start.owners,
         writer,

@@ -51,7 +51,7 @@ from spotrl_runtime.core.owners import Dispatch, OwnershipError, OwnersSnapshot,
 from spotrl_runtime.core.types import Rollout
 from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation import GroupFailed, GroupGenerated, GroupLost
-from spotrl_runtime.generation.rollouts import encode_prompt, make_request, score_group
+from spotrl_runtime.generation.rollouts import make_request, score_group
 from spotrl_runtime.rewards.runner import RewardFailure
 from spotrl_runtime.training.group import CaptureRefusedError, TrainerGroup
 from spotrl_runtime.training.rows import ROLLOUT_GAP_METRICS
@@ -233,7 +233,7 @@ class Controller:
             reqs = []
             for d in dispatches:
                 inflight[d.group_id] = d
-                ids = encode_prompt(self.parts.tokenizer, d.prompt)
+                ids = self.parts.encode(d.prompt)
                 req = make_request(
                     d.group_id, ids, gen, run_seed=self.spec.training.seed, attempt=tries.get(d.group_id, 0)
                 )

@@ -19,6 +19,9 @@ class Prompt:
     answer: str = ""
     fingerprint: str = ""
     """sha256 of the row's content, to detect a row edited under the same idx."""
+    turns: bool = False
+    """``text`` holds the row's chat turns as JSON (a list of ``{"role", "content"}``), not one
+    user message: a prompt field in the HF ``messages`` convention."""
 
 
 @dataclass(frozen=True)

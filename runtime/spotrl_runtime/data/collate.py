@@ -42,12 +42,20 @@ class PromptCollate:
             )
         task = row.get(self.task_field, DEFAULT_TASK)
         answer = row.get(self.answer_field, "")
+        value = row[self.prompt_field]
+        turns = isinstance(value, list)
+        if turns and not all(isinstance(t, dict) and {"role", "content"} <= set(t) for t in value):
+            raise DatasetError(
+                f"row idx {idx}: field {self.prompt_field!r} is a list, but not of chat turns "
+                '({"role": ..., "content": ...}); give it a string, or the turns of the HF messages convention'
+            )
         return Prompt(
             idx=idx,
             task_name=str(task) if task not in (None, "") else DEFAULT_TASK,
-            text=str(row[self.prompt_field]),
+            text=json.dumps(value, ensure_ascii=False) if turns else str(value),
             answer="" if answer is None else str(answer),
             fingerprint=row_fingerprint(row),
+            turns=turns,
         )
 
     def batch(self, rows: list[Row]) -> list[Prompt]:

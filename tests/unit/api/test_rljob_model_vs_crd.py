@@ -58,6 +58,10 @@ GOOD = {
         "spec.reward", {"importPath": "my_pkg.rewards:judge", "batched": True, "timeoutSeconds": 120}
     ),
     "math-verify-reward": with_("spec.reward", {"name": "math_verify", "timeoutSeconds": 5}),
+    "chat-prompts": with_(
+        "spec.dataset",
+        {"uri": "s3://b/gsm8k/train.parquet", "promptField": "messages", "promptFormat": "chat", "systemPrompt": "Hi"},
+    ),
     "seconds-only-cuts": with_("spec.checkpoint", {"everySteps": 0, "everySeconds": 300}),
     "s3-with-endpoint": with_(
         "spec.checkpoint", {"storage": "s3://bucket-a/run1", "s3Endpoint": "http://127.0.0.1:7070"}
@@ -145,6 +149,14 @@ BAD = {
         "spec.reward.name",
     ),
     "no-reward": (with_("spec.reward", {}), "spec.reward.name"),
+    "system-prompt-without-chat": (
+        with_("spec.dataset", {"uri": "builtin:arithmetic", "systemPrompt": "Be brief."}),
+        "spec.dataset.systemPrompt",
+    ),
+    "unknown-prompt-format": (
+        with_("spec.dataset", {"uri": "builtin:arithmetic", "promptFormat": "alpaca"}),
+        "spec.dataset.promptFormat",
+    ),
     "batched-builtin-reward": (with_("spec.reward", {"name": "gsm8k", "batched": True}), "spec.reward.batched"),
     "reward-timeout-zero": (with_("spec.reward", {"name": "gsm8k", "timeoutSeconds": 0}), "spec.reward.timeoutSeconds"),
     "bad-import-path": (with_("spec.reward", {"importPath": "not a path"}), "spec.reward.importPath"),
