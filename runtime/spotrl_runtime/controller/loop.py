@@ -48,6 +48,7 @@ from spotrl_runtime.controller.assemble import ControllerError, ControllerOption
 from spotrl_runtime.controller.control import BarrierFailed, CutInfo
 from spotrl_runtime.core.cut_estimate import CutEstimator
 from spotrl_runtime.core.owners import Dispatch, OwnershipError, OwnersSnapshot, UnknownGroupError
+from spotrl_runtime.core.step_stats import rollout_stats
 from spotrl_runtime.core.types import Rollout
 from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation import GroupFailed, GroupGenerated, GroupLost
@@ -64,6 +65,9 @@ EXIT_ERROR = 1
 EXIT_TERMINATED = 143
 EXIT_FENCED = 4
 """Another controller owns the job (a newer attempt claimed it): this one wrote nothing more."""
+TRAINER_STATS = ("kl", "clip_fraction", "grad_norm", "learning_rate")
+"""The trainer's step metrics the audit and /metrics keep (``clip_fraction``: PPO's, the tokens
+whose ratio the clip bounded; ``kl``: to the reference policy, 0 without one)."""
 STATS = ("groups_generated", "groups_retried", "groups_lost_redispatched", "prompts_dropped", "tokens_generated")
 """What :attr:`Controller.stats` counts."""
 
@@ -109,6 +113,8 @@ class Controller:
         self._last_cut_time = time.monotonic()
         self.stats: dict[str, float] = dict.fromkeys(STATS, 0.0)
         self.history: list[dict[str, Any]] = []
+        self._last_step_at = time.monotonic()
+        self._last_generated = 0.0
         """One entry per step this process trained: step, reward, seconds ..."""
         self.cuts: list[CutInfo] = []
         self.cut_estimator = CutEstimator(waits_for_step=isinstance(self.trainer, TrainerGroup))
@@ -190,21 +196,33 @@ class Controller:
             self._weights.put((trainer.policy_state_dict(), trainer.step))
             self._wake.set()
             seconds = time.monotonic() - t0
-            rewards = [r.reward for g in groups for r in g.rollouts]
-            reward = sum(rewards) / len(rewards) if rewards else 0.0
+            stats = rollout_stats(groups)
+            reward = stats["reward_mean"]
+            # Generation's pace since the last step: what the workers produced meanwhile.
+            now, generated = time.monotonic(), self.stats["tokens_generated"]
+            since = now - self._last_step_at
+            gen_tps = (generated - self._last_generated) / since if since > 0 else 0.0
+            self._last_step_at, self._last_generated = now, generated
+            learned = {k: round(float(metrics.get(k, 0.0)), 6) for k in TRAINER_STATS}
+            step_stats = {
+                **{k: round(v, 6) for k, v in stats.items() if k != "reward_mean"},
+                **learned,
+                "train_tokens_per_second": round(metrics.get("tokens", 0.0) / seconds, 2) if seconds > 0 else 0.0,
+                "generation_tokens_per_second": round(gen_tps, 2),
+            }
             entry = {
                 "step": record.step,
                 "attempt": record.attempt,
                 "reward": reward,
                 "seconds": seconds,
                 "loss": metrics.get("loss", 0.0),
-                "kl": metrics.get("kl", 0.0),
                 "tokens": metrics.get("tokens", 0.0),
+                **step_stats,
             }
             # The generator's mismatch with the trainer (training/rows.py: step_metrics), where measured.
             gap = {k: metrics[k] for k in ROLLOUT_GAP_METRICS if k in metrics}
             entry.update(gap)
-            self.parts.audit.write(record, reward=reward, seconds=round(seconds, 4), **gap)
+            self.parts.audit.write(record, reward=reward, seconds=round(seconds, 4), **step_stats, **gap)
             self.history.append(entry)
             for sink in self.options.sinks:
                 sink.on_step(owners.trainer_step, entry)

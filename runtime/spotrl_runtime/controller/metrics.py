@@ -51,11 +51,29 @@ def _counter(job: str, name: str, doc: str, value: float) -> CounterMetricFamily
     return m
 
 
+STEP_GAUGES = {
+    "reward_std": "Standard deviation of the rollouts' rewards",
+    "accuracy": "Fraction of rollouts a verifiable reward scored 1.0",
+    "response_length_mean": "Mean completion length in tokens",
+    "response_length_max": "Longest completion in tokens",
+    "response_clip_ratio": "Fraction of completions cut off at maxNewTokens",
+    "kl": "KL divergence to the reference policy per token",
+    "clip_fraction": "Fraction of trained tokens whose ratio PPO's clip bounded",
+    "grad_norm": "Gradient norm before clipping",
+    "learning_rate": "Learning rate",
+    "generation_tokens_per_second": "Tokens generated per second since the step before",
+}
+
+
 def _training(job: str, history: list[dict[str, Any]]) -> Iterator[Metric]:
     last = history[-1] if history else None
     if last is not None:
         yield _gauge(job, "spotrl_reward_mean", "Mean reward of the last trained step.", last["reward"])
         yield _gauge(job, "spotrl_step_seconds", "Wall time of the last optimizer step.", last["seconds"])
+    if last is not None:
+        for name, doc in STEP_GAUGES.items():
+            if name in last:
+                yield _gauge(job, f"spotrl_{name}", f"{doc} (the last trained step).", last[name])
     measured = next((h for h in reversed(history) if "rollout_probs_diff_max" in h), None)
     if measured is not None:
         what = "of a trained token's probability, generator against trainer, same weights (last step measured)"

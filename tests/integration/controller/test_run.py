@@ -21,6 +21,20 @@ def test_a_short_run_learns(baseline: list[tuple[int, list[int]]], runs: Runs) -
     assert len(rewards) == 16
     first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
     assert last >= first + 0.1, (first, last, rewards)
+    # Each step's record keeps what RL users read every step (core/step_stats.py, the trainer's).
+    docs = [json.loads(p.read_text()) for p in sorted((runs.base / "baseline" / "audit").glob("step-*/*.json"))]
+    assert len(docs) == 16
+    for d in docs:
+        assert d["accuracy"] == pytest.approx(d["reward"], abs=1e-5), "arithmetic_exact scores 0 or 1: accuracy is the mean"
+        assert 0 < d["response_length_mean"] <= d["response_length_max"] <= 8  # maxNewTokens
+        assert 0 <= d["response_clip_ratio"] <= 1
+        assert d["grad_norm"] >= 0
+        assert d["learning_rate"] == pytest.approx(0.0003)
+        assert d["train_tokens_per_second"] > 0
+        assert d["generation_tokens_per_second"] > 0
+    # The tiny policy rambles past its answers at first (clipped at 8 tokens) and learns to stop.
+    lengths = [d["response_length_mean"] for d in docs]
+    assert sum(lengths[-4:]) < sum(lengths[:4]), lengths
 
 
 def test_metrics_and_a_barrier_over_http(runs: Runs, tmp_path: Path) -> None:
@@ -45,6 +59,8 @@ def test_metrics_and_a_barrier_over_http(runs: Runs, tmp_path: Path) -> None:
     assert step >= 3
     assert re.search(r'^spotrl_groups\{job="tiny",owner="ledger_admitted"\} ', metrics, re.M)
     assert 'spotrl_restore_groups_discarded_total{job="tiny"} 0.0' in metrics
+    for name in ("accuracy", "response_length_mean", "response_clip_ratio", "grad_norm", "clip_fraction", "kl"):
+        assert re.search(rf'^spotrl_{name}\{{job="tiny"\}} \S+$', metrics, re.M), name
 
     status = json.loads(urllib.request.urlopen(f"{base}/status", timeout=10).read())
     assert [w["alive"] for w in status["generation_workers"]] == [True] * len(status["generation_workers"]) != []

@@ -1,0 +1,37 @@
+"""The per-step rollout statistics (core/step_stats.py) on groups whose numbers are known."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from spotrl_runtime.core.step_stats import STEP_STATS, rollout_stats
+from spotrl_runtime.core.types import FinishedGroup, Prompt, Rollout
+
+
+def _group(gid: str, rows: list[tuple[float, int, str]]) -> FinishedGroup:
+    rollouts = tuple(
+        Rollout(gid, i, (1, 2), tuple(range(n)), (0.0,) * n, reward, 0, finish_reason=finish)
+        for i, (reward, n, finish) in enumerate(rows)
+    )
+    return FinishedGroup(gid, Prompt(0, "t", "q", "a"), 0, rollouts)
+
+
+def test_the_statistics_of_known_rollouts() -> None:
+    groups = [
+        _group("g0", [(1.0, 4, "stop"), (0.0, 8, "length")]),
+        _group("g1", [(1.0, 2, "stop"), (0.5, 6, "stop")]),
+    ]
+    stats = rollout_stats(groups)
+    assert set(stats) == set(STEP_STATS)
+    assert stats["reward_mean"] == pytest.approx(0.625)
+    assert stats["reward_std"] == pytest.approx(math.sqrt((0.375**2 * 2 + 0.625**2 + 0.125**2) / 4))
+    assert stats["accuracy"] == 0.5, "a 0.5 is not a correct answer"
+    assert stats["response_length_mean"] == 5.0
+    assert stats["response_length_max"] == 8.0
+    assert stats["response_clip_ratio"] == 0.25
+
+
+def test_no_rollouts_give_zeros_not_an_error() -> None:
+    assert rollout_stats([]) == dict.fromkeys(STEP_STATS, 0.0)
