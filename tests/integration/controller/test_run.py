@@ -25,7 +25,7 @@ def test_a_short_run_learns(baseline: list[tuple[int, list[int]]], runs: Runs) -
     docs = [json.loads(p.read_text()) for p in sorted((runs.base / "baseline" / "audit").glob("step-*/*.json"))]
     assert len(docs) == 16
     for d in docs:
-        assert d["accuracy"] == pytest.approx(d["reward"], abs=1e-5), "arithmetic_exact scores 0 or 1: accuracy is the mean"
+        assert d["accuracy"] == pytest.approx(d["reward"], abs=1e-5), "0 or 1 rewards: accuracy is the mean"
         assert 0 < d["response_length_mean"] <= d["response_length_max"] <= 8  # maxNewTokens
         assert 0 <= d["response_clip_ratio"] <= 1
         assert d["grad_norm"] >= 0
