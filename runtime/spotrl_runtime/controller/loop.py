@@ -65,9 +65,10 @@ EXIT_ERROR = 1
 EXIT_TERMINATED = 143
 EXIT_FENCED = 4
 """Another controller owns the job (a newer attempt claimed it): this one wrote nothing more."""
-TRAINER_STATS = ("kl", "clip_fraction", "grad_norm", "learning_rate")
+TRAINER_STATS = ("kl", "entropy", "clip_fraction", "grad_norm", "learning_rate")
 """The trainer's step metrics the audit and /metrics keep (``clip_fraction``: PPO's, the tokens
-whose ratio the clip bounded; ``kl``: to the reference policy, 0 without one)."""
+whose ratio the clip bounded; ``kl``: to the reference policy, 0 without one; ``entropy``: the
+policy's, per trained token, in nats)."""
 STATS = ("groups_generated", "groups_retried", "groups_lost_redispatched", "prompts_dropped", "tokens_generated")
 """What :attr:`Controller.stats` counts."""
 

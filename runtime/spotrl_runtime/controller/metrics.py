@@ -58,6 +58,7 @@ STEP_GAUGES = {
     "response_length_max": "Longest completion in tokens",
     "response_clip_ratio": "Fraction of completions cut off at maxNewTokens",
     "kl": "KL divergence to the reference policy per token",
+    "entropy": "Policy entropy per trained token, in nats",
     "clip_fraction": "Fraction of trained tokens whose ratio PPO's clip bounded",
     "grad_norm": "Gradient norm before clipping",
     "learning_rate": "Learning rate",

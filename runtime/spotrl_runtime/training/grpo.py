@@ -52,6 +52,22 @@ class LossTerms:
     absolute difference between the trainer's and the generator's probability of the token."""
     probs_diff_max: float = 0.0
     probs_diff_tokens: int = 0
+    entropy_sum: float = 0.0
+    """Sum over the masked tokens of the policy's entropy at that position (nats; no gradient)."""
+
+
+def token_entropy_sum(logits: torch.Tensor, mask: torch.Tensor, temperature: float, chunk: int = 1024) -> float:
+    """The policy's entropy ``-Σ p log p`` over the vocabulary at each masked position, summed
+    (no gradient): the sampling distribution's spread, which RL users watch collapse. Computed
+    ``chunk`` positions at a time, so the extra memory is ``chunk × vocab`` floats whatever the
+    micro-batch."""
+    with torch.no_grad():
+        picked = logits[mask]
+        total = 0.0
+        for start in range(0, picked.shape[0], chunk):
+            logp = torch.log_softmax(picked[start : start + chunk].float() / temperature, dim=-1)
+            total += float(-(logp.exp() * logp).sum())
+        return total
 
 
 def token_loss_terms(

@@ -116,6 +116,7 @@ class LossSums:
     probs_diff: float = 0.0
     probs_diff_max: float = 0.0
     probs_diff_tokens: int = 0
+    entropy: float = 0.0
 
     def add(self, terms: Any) -> None:
         """Adds one micro-batch's :class:`~spotrl_runtime.training.grpo.LossTerms`."""
@@ -128,6 +129,7 @@ class LossSums:
         self.probs_diff += terms.probs_diff_sum
         self.probs_diff_max = max(self.probs_diff_max, terms.probs_diff_max)
         self.probs_diff_tokens += terms.probs_diff_tokens
+        self.entropy += terms.entropy_sum
 
     @classmethod
     def total(cls, parts: Sequence[LossSums]) -> LossSums:
@@ -142,6 +144,7 @@ class LossSums:
             out.probs_diff += p.probs_diff
             out.probs_diff_max = max(out.probs_diff_max, p.probs_diff_max)
             out.probs_diff_tokens += p.probs_diff_tokens
+            out.entropy += p.entropy
         return out
 
 
@@ -172,6 +175,7 @@ def step_metrics(step: StepRows, sums: LossSums) -> dict[str, float]:
         "loss": sums.loss / denom,
         "policy_loss": sums.policy / denom,
         "kl": sums.kl / denom,
+        "entropy": sums.entropy / denom,
         "clip_fraction": sums.clipped / denom,
         "ratio_mean": sums.ratio / denom if tokens else 1.0,
         "ratio_max": sums.ratio_max,

@@ -12,14 +12,14 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from spotrl_runtime.checkpoint.trainer_state import capture_rng, restore_rng
 from spotrl_runtime.core.types import FinishedGroup
-from spotrl_runtime.training.grpo import completion_logprobs, token_loss_terms
+from spotrl_runtime.training.grpo import completion_logprobs, token_entropy_sum, token_loss_terms
 from spotrl_runtime.training.rows import LossSums, Row, step_metrics, step_rows
 
 if TYPE_CHECKING:
@@ -246,7 +246,7 @@ class Trainer:
             with torch.no_grad():
                 ref_logits = self.reference(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
                 ref_logprobs = completion_logprobs(ref_logits, targets, self.config.temperature)
-        return token_loss_terms(
+        terms = token_loss_terms(
             logprobs,
             old,
             advantages,
@@ -257,6 +257,7 @@ class Trainer:
             same_weights=torch.tensor([r.weight_version == self.step for r in rows]),
             is_cap=self.config.is_cap,
         )
+        return replace(terms, entropy_sum=token_entropy_sum(logits, mask, self.config.temperature))
 
     # ------------------------------------------------------------------ state
 

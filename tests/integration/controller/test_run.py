@@ -29,6 +29,7 @@ def test_a_short_run_learns(baseline: list[tuple[int, list[int]]], runs: Runs) -
         assert 0 < d["response_length_mean"] <= d["response_length_max"] <= 8  # maxNewTokens
         assert 0 <= d["response_clip_ratio"] <= 1
         assert d["grad_norm"] >= 0
+        assert 0 < d["entropy"] < 4.0  # nats; below log(vocab) of the tiny policy's ~20 characters
         assert d["learning_rate"] == pytest.approx(0.0003)
         assert d["train_tokens_per_second"] > 0
         assert d["generation_tokens_per_second"] > 0

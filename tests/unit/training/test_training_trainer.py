@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -313,3 +314,20 @@ def test_truncated_importance_sampling_is_wired_from_the_config() -> None:
     assert plain["clip_fraction"] > 0.3
     assert capped["clip_fraction"] == 0.0
     assert capped["rollout_probs_diff_max"] == pytest.approx(plain["rollout_probs_diff_max"])
+
+
+def test_the_entropy_of_a_uniform_and_of_a_certain_policy() -> None:
+    """token_entropy_sum: log V nats a position for uniform logits, ~0 for one-hot ones, only
+    where the mask is set, the same in chunks as at once."""
+    from spotrl_runtime.training.grpo import token_entropy_sum
+
+    vocab = 50
+    uniform = torch.zeros((2, 3, vocab))
+    mask = torch.tensor([[True, True, False], [False, True, True]])
+    assert token_entropy_sum(uniform, mask, 1.0) == pytest.approx(4 * math.log(vocab))
+    certain = torch.full((2, 3, vocab), -1e4)
+    certain[..., 7] = 1e4
+    assert token_entropy_sum(certain, mask, 1.0) == pytest.approx(0.0, abs=1e-6)
+    logits = torch.randn((2, 3, vocab))
+    assert token_entropy_sum(logits, mask, 0.7, chunk=1) == pytest.approx(token_entropy_sum(logits, mask, 0.7))
+    assert token_entropy_sum(logits, mask, 0.7) != pytest.approx(token_entropy_sum(logits, mask, 1.0))
