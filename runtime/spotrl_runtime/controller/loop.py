@@ -46,6 +46,7 @@ from spotrl_runtime.checkpoint.fence import FencedError
 from spotrl_runtime.checkpoint.writer import CutConflictError, CutRequest
 from spotrl_runtime.controller.assemble import ControllerError, ControllerOptions, Parts
 from spotrl_runtime.controller.control import BarrierFailed, CutInfo
+from spotrl_runtime.controller.tensorboard import TensorBoardLog
 from spotrl_runtime.core.cut_estimate import CutEstimator
 from spotrl_runtime.core.owners import Dispatch, OwnershipError, OwnersSnapshot, UnknownGroupError
 from spotrl_runtime.core.step_stats import rollout_stats
@@ -114,9 +115,12 @@ class Controller:
         self._last_cut_time = time.monotonic()
         self.stats: dict[str, float] = dict.fromkeys(STATS, 0.0)
         self.history: list[dict[str, Any]] = []
+        """One entry per step this process trained: step, reward, seconds ..."""
         self._last_step_at = time.monotonic()
         self._last_generated = 0.0
-        """One entry per step this process trained: step, reward, seconds ..."""
+        self.tensorboard = TensorBoardLog(parts.storage, parts.owners.attempt)
+        """The event file of this attempt, next to the cuts (a status sink like the others)."""
+        self.options.sinks.append(self.tensorboard)
         self.cuts: list[CutInfo] = []
         self.cut_estimator = CutEstimator(waits_for_step=isinstance(self.trainer, TrainerGroup))
         """A barrier cut's seconds, estimated from this controller's committed cuts (with a
@@ -158,6 +162,7 @@ class Controller:
             # periodic cut's stalled upload) is not waited for long; it is a daemon.
             for t in threads:
                 t.join(timeout=5 if self._terminated else 30)
+            self.tensorboard.close()
             self.parts.shutdown()
 
     def _train_loop(self) -> bool:

@@ -121,6 +121,21 @@ def test_sigkill_at_random_points_then_resume_from_the_last_periodic_cut(
     ).stdout
     assert f"stepsRetrained            {summary['steps_retrained']}" in text, text
 
+    # TensorBoard shows each step once, the effective one: each attempt wrote a file of its own,
+    # and a resumed one's purge marker hides the steps it trained again from the killed one's.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert len(list((storage / "tensorboard").glob("events.out.tfevents.*.attempt-*"))) == kills + 1
+    events = EventAccumulator(str(storage / "tensorboard"))
+    events.Reload()
+    rewards = events.Scalars("reward/mean")
+    assert [e.step for e in rewards] == [step for step, _ in baseline]
+    effective = {d["step"]: d["reward"] for d in audit(storage)}
+    assert [round(e.value, 5) for e in rewards] == [round(effective[e.step], 5) for e in rewards]
+    assert {"response_length/mean", "actor/entropy", "actor/grad_norm", "reward/accuracy"} <= set(
+        events.Tags()["scalars"]
+    )
+
 
 def test_a_dead_generation_worker_is_replaced_without_a_restore(
     runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path
