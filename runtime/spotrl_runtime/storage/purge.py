@@ -2,10 +2,11 @@
 (``spec.checkpoint.retentionPolicy: Delete``, ``spotrl ckpt delete``).
 
 A job owns the cut folders (``cuts/``), the pointer (``LATEST.json``), the audit log
-(``audit/``), the controllers' fence claims (``attempts/``) and the store's identity file
+(``audit/``), the controllers' fence claims (``attempts/``), its TensorBoard event files
+(``tensorboard/``) and the store's identity file
 (``JOB.json``, deleted last: a store half purged is still the job's); other keys under the
 same root are not its and stay. The names are spelled out here, not imported from the checkpoint
-package: that package imports torch, and the operator's image (which runs the deletion) has
+and controller packages: they import torch, and the operator's image (which runs the deletion) has
 none. A unit test keeps them equal.
 
 A deletion only ever happens under the job's own prefix, ``<storage>/<namespace>/<name>``:
@@ -20,7 +21,7 @@ from urllib.parse import urlparse
 
 from spotrl_runtime.storage.base import Storage
 
-JOB_PREFIXES = ("cuts/", "audit/", "attempts/")
+JOB_PREFIXES = ("cuts/", "audit/", "attempts/", "tensorboard/")
 JOB_KEYS = ("LATEST.json",)
 OWNER_KEY = "JOB.json"
 """The store's identity file (:mod:`spotrl_runtime.checkpoint.ownership`)."""

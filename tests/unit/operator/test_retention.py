@@ -14,12 +14,13 @@ from spotrl_operator import resources, retention
 from spotrl_operator.settings import Settings
 from spotrl_runtime.checkpoint.fence import ATTEMPTS
 from spotrl_runtime.checkpoint.layout import AUDIT, CUTS, POINTER
+from spotrl_runtime.controller.tensorboard import PREFIX as TENSORBOARD
 from spotrl_runtime.storage import open_storage
 from spotrl_runtime.storage.purge import JOB_KEYS, JOB_PREFIXES, job_prefix_problem, purge
 
 
 def test_the_job_prefixes_are_the_checkpoint_layouts_names() -> None:
-    assert set(JOB_PREFIXES) == {f"{ATTEMPTS}/", f"{CUTS}/", f"{AUDIT}/"}
+    assert set(JOB_PREFIXES) == {f"{ATTEMPTS}/", f"{CUTS}/", f"{AUDIT}/", f"{TENSORBOARD}/"}
     assert JOB_KEYS == (POINTER,)
 
 
@@ -124,7 +125,14 @@ def test_the_deletion_pod_gets_the_jobs_secret_from_the_kubelet_and_no_token() -
 
 def test_purge_deletes_what_the_job_owns_and_nothing_else(tmp_path: Path) -> None:
     store = open_storage(str(tmp_path / "team-a" / "tiny"))
-    owned = ["cuts/0000000001/manifest.json", "audit/0000.jsonl", "attempts/0000000002", "LATEST.json", "JOB.json"]
+    owned = [
+        "cuts/0000000001/manifest.json",
+        "audit/0000.jsonl",
+        "attempts/0000000002",
+        "tensorboard/events.out.tfevents.1.host.1.0.attempt-0",
+        "LATEST.json",
+        "JOB.json",
+    ]
     others = ["notes/keep.txt", "cutsx/not-a-cut"]
     for key in owned + others:
         store.put_bytes(key, b"x")
