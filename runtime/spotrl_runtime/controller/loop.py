@@ -310,11 +310,17 @@ class Controller:
                         self.stats["groups_retried"] += 1
                         send([d])
                     else:
-                        self.stats["prompts_dropped"] += 1
-                        log.warning(
-                            "dropping group %s after %d tries: %s", d.group_id, tries[d.group_id], outcome.error
-                        )
-                        send(owners.drop_group(d.group_id, f"generation failed: {outcome.error}"))
+                        send(self._drop(d, f"generation failed: {outcome.error}"))
+
+    def _drop(self, d: Dispatch, reason: str) -> list[Dispatch]:
+        """Gives up on a group (``reason`` goes to the log and the step's audit record), by the
+        run's ``onDroppedPrompt``; returns the spare to dispatch in its place, if any."""
+        self.stats["prompts_dropped"] += 1
+        log.warning("dropping group %s: %s", d.group_id, reason)
+        try:
+            return self.owners.drop_group(d.group_id, reason)
+        except UnknownGroupError:
+            return []  # dropped or finished meanwhile
 
     def _finish(self, d: Dispatch, generated: Any) -> list[Dispatch]:
         """Scores a generated group and hands it to the replay buffer; a reward that failed on
@@ -322,13 +328,7 @@ class Controller:
         failpoint("dispatch.finish", d.target_step)
         scores = self.parts.reward.score(d.prompt, [s.text for s in generated.samples])
         if scores and isinstance(scores[-1], RewardFailure):
-            i, failure = len(scores) - 1, scores[-1]
-            self.stats["prompts_dropped"] += 1
-            log.warning("dropping group %s: rollout %d: %s", d.group_id, i, failure.message)
-            try:
-                return self.owners.drop_group(d.group_id, f"reward failed on rollout {i}: {failure.message}")
-            except UnknownGroupError:
-                return []
+            return self._drop(d, f"reward failed on rollout {len(scores) - 1}: {scores[-1].message}")
         scored = score_group(generated, d.prompt, scores, d.target_step)  # type: ignore[arg-type]
         rollouts = [
             Rollout(**{**r.__dict__, "index": d.rollout_indexes[i]})
