@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "spotrl_runtime.commands.controller",
     "spotrl_runtime.commands.worker",
     "spotrl_runtime.commands.ckpt",
+    "spotrl_runtime.commands.eval",
     "spotrl_runtime.commands.operator",
 )
 DEBUG_HELP = "on an error, print its traceback too ($SPOTRL_DEBUG=1 does the same)"

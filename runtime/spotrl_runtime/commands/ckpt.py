@@ -50,6 +50,13 @@ def register(sub: Any) -> None:
     q = cmds.add_parser("inspect", help="the owners a cut holds: loader, ledger, replay, spares, cursor, files")
     common(q)
     q.set_defaults(func=run_inspect)
+    q = cmds.add_parser("export", help="write a cut's policy as a Hugging Face folder (config, safetensors, tokenizer)")
+    common(q)
+    q.add_argument("--out", required=True, help="the folder to write (must not exist)")
+    base = q.add_mutually_exclusive_group(required=True)
+    base.add_argument("-f", "--filename", help="the job's RLJob YAML: its spec.policy.model is the base policy")
+    base.add_argument("--base", help="the policy the run started from (builtin:<name>, a folder or s3:// prefix)")
+    q.set_defaults(func=run_export)
     q = cmds.add_parser("delete", help="delete a job's cuts, audit and pointer (only under its own prefix)")
     common(q)
     q.add_argument("--job", required=True, metavar="NAMESPACE/NAME", help="the job the root must belong to")
@@ -315,6 +322,35 @@ def _inspect_text(d: dict[str, Any]) -> str:
     for f in d["files"]:
         out.append(f"  {f['path']:<44} {f['role']:<14} {f['size']:>12}  {f['sha256']}")
     return "\n".join(out)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from spotrl_runtime.checkpoint.export import ExportError, export_policy
+    from spotrl_runtime.core.validation import CutCheckError
+
+    base = args.base
+    if args.filename:
+        from spotrl_runtime.commands.preflight import load_rljob_file
+
+        base = load_rljob_file(args.filename).spec.policy.model
+    target = _Target(args)
+    try:
+        done = export_policy(target.storage, base, Path(args.out), cut_id=target.cut_id if target.named_cut else None)
+    except CutCheckError as err:
+        print(f"not exported: cut fails check {err.check}: {err}", file=sys.stderr)
+        return 1
+    except ExportError as err:
+        print(f"not exported: {err}", file=sys.stderr)
+        return 1
+    data = {"folder": str(done.folder), "cut_id": done.cut_id, "trainer_step": done.trainer_step}
+    _print(
+        args,
+        data | {"manifest_sha256": done.manifest_sha256},
+        f"cut {done.cut_id} (step {done.trainer_step}) -> {done.folder}",
+    )
+    return 0
 
 
 def run_delete(args: argparse.Namespace) -> int:

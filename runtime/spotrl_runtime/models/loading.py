@@ -3,6 +3,7 @@
 ``spec.policy.model`` may be:
 
 - ``builtin:tiny-arith`` — the demo policy, built from code and cached (:mod:`.tiny_arith`);
+- ``builtin:tiny-chat`` — the chat demo policy, a Qwen2-shaped instruct model (:mod:`.tiny_chat`);
 - ``builtin:random-100m`` — random weights of about 100M parameters, for timing (:mod:`.random_policy`);
 - a local folder in Hugging Face format (``config.json``, weights, tokenizer files);
 - ``s3://bucket/prefix`` — such a folder in object storage, downloaded once into the cache;
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_MODELS = ("tiny-arith", "random-100m")
+BUILTIN_MODELS = ("tiny-arith", "tiny-chat", "random-100m")
 
 PrefixDownloader = Callable[[str, Path], None]
 """Copies every object under a URI prefix into a local folder, keeping the relative keys."""
@@ -91,6 +92,10 @@ def resolve_model_dir(model: str, *, downloader: PrefixDownloader | None = None)
             from spotrl_runtime.models.tiny_arith import tiny_arith_dir
 
             return tiny_arith_dir()
+        if name == "tiny-chat":
+            from spotrl_runtime.models.tiny_chat import tiny_chat_dir
+
+            return tiny_chat_dir()
         if name == "random-100m":
             from spotrl_runtime.models.random_policy import random_policy_dir
 

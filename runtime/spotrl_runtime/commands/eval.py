@@ -1,0 +1,95 @@
+"""`spotrl eval -f RLJOB.yaml`: score a policy on a held-out split, as the job would ask it.
+
+The job's prompt format, generation limits and reward are used; ``--model`` picks the policy
+(default: the job's ``spec.policy.model``; give the folder ``spotrl ckpt export`` wrote to
+score what a run trained) and ``--dataset`` the rows (default: the job's dataset). Greedy
+decoding unless ``--samples K`` (then mean@K at ``--temperature``). It prints accuracy (the
+share of completions whose reward is 1), the mean reward, response length and clip ratio,
+and accuracy per task; ``--json`` prints them as one object. Exit code 2 for a bad flag, file
+or field; 1 when the reward failed on any completion (each is counted, never scored 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 10:
+        raise argparse.ArgumentTypeError(f"{value} must be in (0, 10]")
+    return value
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="score a policy on a held-out split with the job's prompt format and reward",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-f", "--filename", required=True, help="the RLJob YAML (prompt format, limits, reward)")
+    p.add_argument("--model", help="the policy to score (default: spec.policy.model); e.g. a `ckpt export` folder")
+    p.add_argument("--dataset", help="the rows to score: a JSONL or Parquet file (default: spec.dataset.uri)")
+    p.add_argument("--limit", type=_positive, help="score the first N rows only")
+    p.add_argument("--samples", type=_positive, default=1, help="completions per prompt (default 1: greedy)")
+    p.add_argument("--temperature", type=_temperature, default=1.0, help="with --samples > 1 (default 1.0)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from spotrl_runtime.commands import preflight
+    from spotrl_runtime.commands.preflight import UsageError
+
+    job = preflight.load_rljob_file(args.filename)
+    if args.dataset is not None:
+        job = job.model_copy(update={"spec": job.spec.model_copy(update={"dataset": _dataset(job, args.dataset)})})
+    if args.model is not None:
+        job = job.model_copy(
+            update={
+                "spec": job.spec.model_copy(update={"policy": job.spec.policy.model_copy(update={"model": args.model})})
+            }
+        )
+    preflight.check_job_inputs(job, f"-f {args.filename}")
+    if not preflight.DEVICE.fullmatch(args.device) or args.device == "auto":
+        raise UsageError(f"--device {args.device!r}: use cpu or cuda[:N]")
+    from spotrl_runtime.generation.evaluate import evaluate
+
+    result = evaluate(job, limit=args.limit, samples=args.samples, temperature=args.temperature, device=args.device)
+    summary = result.summary()
+    if args.json:
+        print(json.dumps(summary | {"examples": result.examples}, sort_keys=True))
+    else:
+        decoding = "greedy" if args.samples == 1 else f"mean@{args.samples}, temperature {args.temperature:g}"
+        print(f"{job.spec.policy.model} on {job.spec.dataset.uri} ({summary['prompts']} prompts, {decoding})")
+        print(f"  accuracy          {summary['accuracy']:.3f}  ({result.correct}/{result.completions})")
+        print(f"  reward mean       {summary['reward_mean']:.3f}")
+        print(f"  reward failed     {summary['reward_failed']}")
+        print(f"  response length   {summary['response_length_mean']:.1f} tokens")
+        print(f"  clipped           {summary['response_clip_ratio']:.3f}")
+        for task, acc in summary["accuracy_by_task"].items():
+            print(f"  accuracy {task:<8} {acc:.3f}")
+        for ex in result.examples:
+            print(f"  example idx {ex['idx']} (reward {ex['reward']:g}): {ex['completion']!r}")
+    return 1 if result.failed else 0
+
+
+def _dataset(job: Any, uri: str) -> Any:
+    return job.spec.dataset.model_copy(update={"uri": uri})
