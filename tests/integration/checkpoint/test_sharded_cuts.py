@@ -581,3 +581,36 @@ def test_restored_sharded_cut_goes_to_the_trainers_load_sharded(tmp_path: Path) 
     with pytest.raises(TrainerStateError, match="MemoryError: out of host memory") as info:
         load_trainer(group, cut, "0000000004", "file:///x")
     assert info.value.path == "w1-abc/trainer/"
+
+
+def test_ckpt_export_gathers_a_sharded_cut_into_a_hugging_face_folder(
+    one_rank: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`spotrl ckpt export` of a ``dcp/v1`` cut: the folder loads with transformers' own
+    classes and holds the FSDP rank's trained weights exactly; a cut whose shard was changed
+    is not exported, and nothing is left where the folder would have been."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root = tmp_path / "job"
+    _, expected, written = sharded_run(LocalStorage(root), one_rank)
+    out = tmp_path / "exported"
+    assert spotrl(["ckpt", "export", str(root), "--base", "builtin:tiny-arith", "--out", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["trainer_step"] == 0
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert_same({"model": dict(model.state_dict())}, {"model": expected["model"]})
+    assert AutoTokenizer.from_pretrained(out)("3+4=")["input_ids"]
+    export = json.loads((out / "spotrl-export.json").read_text())
+    cut, _ = only_cut(root)
+    assert export["cut_id"] == cut.name
+    assert export["manifest_sha256"] == hashlib.sha256((cut / "manifest.json").read_bytes()).hexdigest()
+
+    shard = next(f for f in written if f.role == SHARD_ROLE)
+    path = cut / json.loads((cut / "manifest.json").read_text())["data_dir"] / shard.name
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    again = tmp_path / "again"
+    assert spotrl(["ckpt", "export", str(root), "--base", "builtin:tiny-arith", "--out", str(again)]) == 1
+    assert "fails check file_digest" in capsys.readouterr().err
+    assert not again.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".again")] == []
