@@ -35,6 +35,13 @@ TINY_JOB: dict[str, Any] = {
 }
 
 
+def chat_example() -> dict[str, Any]:
+    """``examples/cpu-chat-gsm8k.yaml``, its dataset path made absolute (runs start elsewhere)."""
+    doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "cpu-chat-gsm8k.yaml").read_text())
+    doc["spec"]["dataset"]["uri"] = str(ROOT / doc["spec"]["dataset"]["uri"])
+    return doc
+
+
 def fsdp(ranks: int) -> dict[str, Any]:
     """:meth:`Runs.job` overrides for a trainer group of ``ranks`` FSDP2 ranks (gloo on CPU)."""
     # The controller's Ray has 2 CPUs and the generation worker takes one: the ranks share the other.
@@ -56,8 +63,10 @@ class Runs:
         self.logs: dict[int, Path] = {}
         self.markers: dict[int, str] = {}
 
-    def job(self, overrides: dict[str, Any] | None = None) -> Path:
-        doc = json.loads(json.dumps(TINY_JOB))
+    def job(self, overrides: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> Path:
+        """A job file: ``base`` (default: :data:`TINY_JOB`) with ``overrides`` (``"a.b": value``
+        under ``spec``)."""
+        doc = json.loads(json.dumps(base or TINY_JOB))
         for path, value in (overrides or {}).items():
             node = doc["spec"]
             *parents, leaf = path.split(".")

@@ -15,11 +15,9 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
-from controller_runs import ROOT, Runs, stop, stream, wait_for
+from controller_runs import ROOT, Runs, chat_example, stop, stream, wait_for
 
 from spotrl_e2e.forgery import CutSurgery
 from spotrl_runtime.core.cut_format import decode_rollouts, encode_rollouts
@@ -27,19 +25,10 @@ from spotrl_runtime.data.word_problems import split_rows
 
 pytestmark = pytest.mark.slow
 
-EXAMPLE = ROOT / "examples" / "cpu-chat-gsm8k.yaml"
 TEST_SPLIT = ROOT / "examples" / "data" / "word-problems" / "test.parquet"
 RISE = 0.06
 """Held-out accuracy (mean@4) must rise at least this much over the example's 60 steps
 (measured at mean@8: 0.12 before, 0.25 after)."""
-
-
-def _example(runs: Runs) -> tuple[Path, dict[str, Any]]:
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["spec"]["dataset"]["uri"] = str(ROOT / doc["spec"]["dataset"]["uri"])  # the test runs elsewhere
-    path = runs.base / "cpu-chat-gsm8k.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path, doc
 
 
 def _cli(runs: Runs, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -59,7 +48,8 @@ def example(runs: Runs) -> tuple[Path, Path, int]:
     from spotrl_runtime.models.tiny_chat import tiny_chat_dir
 
     tiny_chat_dir()  # built once into the shared cache (the runs find it prebuilt)
-    job, doc = _example(runs)
+    doc = chat_example()
+    job = runs.job(base=doc)
     store = runs.base / "chat-example"
     rc, log = runs.run(job, store)
     assert rc == 0, log
