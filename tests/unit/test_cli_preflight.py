@@ -235,7 +235,7 @@ def test_a_missing_file_or_a_folder_is_one_line(cli: Cli) -> None:
         ({"spec__generation__groupSize": 1}, "spec.generation.groupSize: Input should be greater than or equal to 2"),
         ({"spec__checkpoint__storage": "ftp://x"}, "spec.checkpoint.storage: String should match pattern"),
         ({"spec__dataset__uri": "./missing.jsonl"}, "spec.dataset.uri './missing.jsonl': does not exist"),
-        ({"spec__dataset__uri": "/"}, "spec.dataset.uri '/': is a folder"),
+        ({"spec__dataset__uri": "/"}, "spec.dataset.uri '/': is a folder without state.json or dataset_dict.json"),
         ({"spec__dataset__uri": "s3://"}, "spec.dataset.uri 's3://': use s3://bucket/path/to/file.jsonl"),
         ({"spec__dataset__uri": "s3://bucket"}, "spec.dataset.uri 's3://bucket': use s3://bucket/path/to/file.jsonl"),
         (

@@ -75,10 +75,16 @@ class Dataset(ApiObject):
         min_length=1,
         max_length=1024,
         description=(
-            "A JSONL or Parquet (*.parquet) file, by path or s3:// URI, or 'builtin:<name>' for a generated task."
+            "A JSONL or Parquet (*.parquet) file, or a folder written by Hugging Face datasets' save_to_disk "
+            "(an s3:// one ends with '/'), by path or s3:// URI, or 'builtin:<name>' for a generated task."
         ),
     )
-    split: str = Field(default="train", min_length=1, max_length=63, description="Dataset split to read.")
+    split: str = Field(
+        default="train",
+        min_length=1,
+        max_length=63,
+        description="The split to read: builtin:arithmetic's train or test, or a save_to_disk DatasetDict's.",
+    )
     task_field: str = Field(default="task_name", min_length=1, max_length=63, description="Row field naming the task.")
     prompt_field: str = Field(
         default="prompt", min_length=1, max_length=63, description="Row field holding the prompt."

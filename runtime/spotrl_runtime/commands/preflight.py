@@ -240,9 +240,19 @@ def _check_job_inputs(job: Any) -> None:
             raise UsageError(
                 f"{field} {uri!r}: use a JSONL or Parquet path, file:///path, s3://bucket/key or builtin:arithmetic"
             )
-        if not path.is_file():
-            what = "is a folder" if path.is_dir() else "does not exist"
-            raise UsageError(f"{field} {uri!r}: {what} (from {os.getcwd()}); give the JSONL or Parquet file of prompts")
+        if path.is_dir():
+            from spotrl_runtime.data.hf_disk import DICT_FILE, STATE_FILE
+
+            if not (path / STATE_FILE).is_file() and not (path / DICT_FILE).is_file():
+                raise UsageError(
+                    f"{field} {uri!r}: is a folder without {STATE_FILE} or {DICT_FILE}; give a JSONL or Parquet "
+                    "file, or a folder written by datasets' save_to_disk"
+                )
+        elif not path.is_file():
+            raise UsageError(
+                f"{field} {uri!r}: does not exist (from {os.getcwd()}); give the JSONL or Parquet file of prompts, "
+                "or a save_to_disk folder"
+            )
 
     model = spec.policy.model
     field = "spec.policy.model"

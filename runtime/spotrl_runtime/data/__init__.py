@@ -31,8 +31,9 @@ _SPLIT_SEED_OFFSET = {"train": 0, "test": 1}
 
 
 def open_dataset(spec: DatasetSpec, **s3_options: Any) -> PromptDataset:
-    """The dataset ``spec.dataset`` names: ``builtin:arithmetic[?size=N]``, or a JSONL or Parquet
-    (``*.parquet``) file: a path or an s3:// URI."""
+    """The dataset ``spec.dataset`` names: ``builtin:arithmetic[?size=N]``, a JSONL or Parquet
+    (``*.parquet``) file, or a folder written by datasets' ``save_to_disk`` (``spec.dataset.split``
+    picks a ``DatasetDict``'s split): a path or an s3:// URI (a folder's ends with ``/``)."""
     uri = spec.uri
     if uri.startswith("builtin:"):
         name, _, query = uri[len("builtin:") :].partition("?")
@@ -46,6 +47,11 @@ def open_dataset(spec: DatasetSpec, **s3_options: Any) -> PromptDataset:
         if spec.split not in _SPLIT_SEED_OFFSET:
             raise DatasetError(f"{uri!r} has the splits {sorted(_SPLIT_SEED_OFFSET)}, not {spec.split!r}")
         return ArithmeticDataset(size=size, seed=spec.seed + _SPLIT_SEED_OFFSET[spec.split])
+    # A folder datasets' save_to_disk wrote (a local folder, or an s3:// prefix ending in /).
+    from spotrl_runtime.data.hf_disk import HFDiskDataset, is_hf_disk_uri
+
+    if is_hf_disk_uri(uri):
+        return HFDiskDataset.open(uri, spec.split, **s3_options)
     # A file: a path, file:// or s3:// URI; Parquet by its name, else JSONL.
     if uri.lower().endswith((".parquet", ".pq")):
         from spotrl_runtime.data.parquet import ParquetDataset

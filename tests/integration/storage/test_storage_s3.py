@@ -142,7 +142,9 @@ def test_credentials_from_a_mounted_secret_folder(
         S3Storage(s3_bucket.bucket, endpoint_url=s3_bucket.endpoint, credentials_dir=secret)
 
 
-def test_endpoint_and_credentials_from_the_environment(s3_bucket: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_endpoint_and_credentials_from_the_environment(
+    s3_bucket: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     for k, v in s3_bucket.env().items():
         monkeypatch.setenv(k, v)
     from spotrl_runtime.api.rljob import Dataset as DatasetSpec
@@ -171,6 +173,24 @@ def test_endpoint_and_credentials_from_the_environment(s3_bucket: Any, monkeypat
     del parquet
     gc.collect()
     assert not local.parent.exists(), "the downloaded copy goes with the dataset"
+    # And a folder datasets' save_to_disk wrote (a DatasetDict): a prefix ending in '/'.
+    import datasets
+
+    from spotrl_runtime.data.hf_disk import HFDiskDataset
+
+    folder = tmp_path / "saved"
+    rows = {"train": [{"prompt": "5+5=", "answer": "10"}], "test": [{"prompt": "6+6=", "answer": "12"}]}
+    datasets.DatasetDict({k: datasets.Dataset.from_list(v) for k, v in rows.items()}).save_to_disk(str(folder))
+    for f in folder.rglob("*"):
+        if f.is_file():
+            s.put_bytes(f"data/saved/{f.relative_to(folder).as_posix()}", f.read_bytes())
+    saved = open_dataset(DatasetSpec(uri=f"s3://{s3_bucket.bucket}/from-env/data/saved/", split="test"))
+    assert isinstance(saved, HFDiskDataset)
+    assert saved[0]["prompt"] == "6+6="
+    copy = saved.files[0].parent.parent
+    del saved
+    gc.collect()
+    assert not copy.exists(), "the downloaded folder goes with the dataset"
 
 
 # ------------------------------------------------------------- fault injection
