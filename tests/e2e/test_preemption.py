@@ -188,6 +188,7 @@ def reference(e2e_module_storage: JobStorage, tmp_path_factory: pytest.TempPathF
 def assert_same_stream(reference: dict[int, Any], storage: JobStorage, name: str) -> None:
     got = effective_stream(storage, name)
     assert sorted(got) == list(range(STEPS)), f"steps trained: {sorted(got)}"
+    assert_tensorboard_shows_each_step_once(storage, name)
     if got != reference:
         differ = [step for step in sorted(got) if got[step] != reference.get(step)]
         records = "\n".join(
@@ -197,6 +198,25 @@ def assert_same_stream(reference: dict[int, Any], storage: JobStorage, name: str
             f"the preempted job trained other prompts than the job never preempted at steps {differ}\n"
             f"reference: {[reference[s] for s in differ]}\nevery record of the preempted job:\n{records}"
         )
+
+
+def assert_tensorboard_shows_each_step_once(storage: JobStorage, name: str) -> None:
+    """The job's TensorBoard files on S3 (one per controller attempt, put again after each
+    step), read with TensorBoard's own reader: every step once, the preempted attempts' and
+    the resumed ones' together."""
+    import tempfile
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    keys = storage.keys(f"{name}/tensorboard/")
+    assert keys, f"no TensorBoard files under {storage.uri(name)}/tensorboard/"
+    with tempfile.TemporaryDirectory() as folder:
+        for key in keys:
+            storage.client().download_file(storage.bucket, key, str(Path(folder) / key.rsplit("/", 1)[-1]))
+        events = EventAccumulator(folder)
+        events.Reload()
+        steps = [e.step for e in events.Scalars("reward/mean")]
+    assert steps == list(range(STEPS)), f"TensorBoard's steps ({len(keys)} files): {steps}"
 
 
 def assert_enforces_restricted(cluster: Any, namespace: str) -> None:

@@ -15,25 +15,8 @@ import argparse
 import json
 from typing import Any
 
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
-
-
-def _temperature(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value <= 10:
-        raise argparse.ArgumentTypeError(f"{value} must be in (0, 10]")
-    return value
+from spotrl_runtime.commands import preflight
+from spotrl_runtime.commands.preflight import UsageError
 
 
 def register(sub: Any) -> None:
@@ -45,19 +28,19 @@ def register(sub: Any) -> None:
     )
     p.add_argument("-f", "--filename", required=True, help="the RLJob YAML (prompt format, limits, reward)")
     p.add_argument("--model", help="the policy to score (default: spec.policy.model); e.g. a `ckpt export` folder")
-    p.add_argument("--dataset", help="the rows to score: a JSONL or Parquet file (default: spec.dataset.uri)")
-    p.add_argument("--limit", type=_positive, help="score the first N rows only")
-    p.add_argument("--samples", type=_positive, default=1, help="completions per prompt (default 1: greedy)")
-    p.add_argument("--temperature", type=_temperature, default=1.0, help="with --samples > 1 (default 1.0)")
+    p.add_argument(
+        "--dataset",
+        help="the rows to score: a JSONL or Parquet file or save_to_disk folder (default: spec.dataset.uri)",
+    )
+    p.add_argument("--limit", type=preflight.positive_int, help="score the first N rows only")
+    p.add_argument("--samples", type=preflight.positive_int, default=1, help="completions a prompt (1: greedy)")
+    p.add_argument("--temperature", type=preflight.temperature, default=1.0, help="with --samples > 1 (default 1.0)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from spotrl_runtime.commands import preflight
-    from spotrl_runtime.commands.preflight import UsageError
-
     job = preflight.load_rljob_file(args.filename)
     if args.dataset is not None:
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"dataset": _dataset(job, args.dataset)})})

@@ -81,6 +81,17 @@ def seconds(text: str) -> float:
     return value
 
 
+def temperature(text: str) -> float:
+    """A sampling temperature: a finite number above 0 and at most 10."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= 10):
+        raise argparse.ArgumentTypeError(f"must be a number above 0 and at most 10, got {text!r}")
+    return value
+
+
 def listen_host(text: str) -> str:
     """An address to listen on: an IP address (0.0.0.0: every interface) or a host name."""
     if is_ip(text) or HOSTNAME.fullmatch(text):

@@ -7,7 +7,12 @@ order rows are visited, never which row an ``idx`` names.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+import shutil
+import tempfile
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 Row = dict[str, Any]
 """One dataset row: its fields, plus ``idx`` (its position) and, by convention, ``task_name``."""
@@ -33,3 +38,26 @@ def check_index(dataset: PromptDataset, idx: int) -> None:
     """Raises IndexError for an idx outside the dataset (negative indexes are not locators)."""
     if not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < len(dataset):
         raise IndexError(f"idx {idx!r} is outside dataset {dataset.uri} (rows 0..{len(dataset) - 1})")
+
+
+D = TypeVar("D")
+
+
+def from_local_copy(uri: str, download: Callable[[Path], object], read: Callable[[Path], D]) -> D:
+    """A dataset read from a local copy of a remote one: ``download`` fills a fresh temporary
+    folder, ``read`` opens the dataset there. The folder goes when the dataset does, or at once
+    when either fails; a storage failure is a :class:`DatasetError` naming ``uri``."""
+    from spotrl_runtime.storage import StorageError
+
+    folder = tempfile.mkdtemp(prefix="spotrl-dataset-")
+    try:
+        download(Path(folder))
+        dataset = read(Path(folder))
+    except StorageError as err:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise DatasetError(f"cannot read dataset {uri}: {err}") from None
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    weakref.finalize(dataset, shutil.rmtree, folder, True)
+    return dataset

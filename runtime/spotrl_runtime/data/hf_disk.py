@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import bisect
 import json
-import shutil
-import tempfile
 import threading
-import weakref
 from pathlib import Path
 from typing import Any
 
-from spotrl_runtime.data.dataset import DatasetError, Row, check_index
+from spotrl_runtime.data.dataset import DatasetError, Row, check_index, from_local_copy
 
 DICT_FILE = "dataset_dict.json"
 STATE_FILE = "state.json"
@@ -83,7 +80,7 @@ class HFDiskDataset:
     @classmethod
     def open(cls, uri: str, split: str = "train", **s3_options: str | None) -> HFDiskDataset:
         """Opens a folder by path, ``file://`` or ``s3://bucket/prefix/`` URI."""
-        from spotrl_runtime.storage import StorageError, open_storage
+        from spotrl_runtime.storage import download_prefix, open_storage
 
         if not uri.startswith("s3://"):
             local = local_folder(uri)
@@ -91,25 +88,12 @@ class HFDiskDataset:
                 raise DatasetError(f"cannot read dataset {uri}: no such folder")
             return cls(local, uri, split)
         storage = open_storage(uri.rstrip("/"), **s3_options)
-        folder = tempfile.mkdtemp(prefix="spotrl-dataset-")
-        try:
-            count = 0
-            for info in storage.list(""):
-                target = Path(folder).joinpath(*info.key.split("/"))
-                target.parent.mkdir(parents=True, exist_ok=True)
-                storage.download_file(info.key, target)
-                count += 1
-            if count == 0:
+
+        def download(folder: Path) -> None:
+            if download_prefix(storage, folder) == 0:
                 raise DatasetError(f"cannot read dataset {uri}: no objects under it")
-            dataset = cls(Path(folder), uri, split)
-        except StorageError as err:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise DatasetError(f"cannot read dataset {uri}: {err}") from None
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
-        weakref.finalize(dataset, shutil.rmtree, folder, True)
-        return dataset
+
+        return from_local_copy(uri, download, lambda folder: cls(folder, uri, split))
 
     def __len__(self) -> int:
         return self._starts[-1]

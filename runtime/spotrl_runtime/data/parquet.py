@@ -10,15 +10,12 @@ and memory-mapped from there. A row may carry its own ``idx`` field only if it a
 from __future__ import annotations
 
 import bisect
-import shutil
-import tempfile
 import threading
-import weakref
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from spotrl_runtime.data.dataset import DatasetError, Row, check_index
+from spotrl_runtime.data.dataset import DatasetError, Row, check_index, from_local_copy
 
 ROW_GROUPS_KEPT = 4
 """Row groups kept decoded in memory (a shuffled loader visits them in any order)."""
@@ -50,7 +47,7 @@ class ParquetDataset:
     @classmethod
     def open(cls, uri: str, **s3_options: str | None) -> ParquetDataset:
         """Opens a Parquet file from a path, ``file://`` or ``s3://`` URI."""
-        from spotrl_runtime.storage import LocalStorage, StorageError, open_object
+        from spotrl_runtime.storage import LocalStorage, open_object
 
         storage, key = open_object(uri, **s3_options)
         if isinstance(storage, LocalStorage):
@@ -58,18 +55,11 @@ class ParquetDataset:
             if not path.is_file():
                 raise DatasetError(f"cannot read dataset {uri}: no such file")
             return cls(path, uri)
-        folder = tempfile.mkdtemp(prefix="spotrl-dataset-")
-        try:
-            storage.download_file(key, Path(folder) / "data.parquet")
-            dataset = cls(Path(folder) / "data.parquet", uri)
-        except StorageError as err:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise DatasetError(f"cannot read dataset {uri}: {err}") from None
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
-        weakref.finalize(dataset, shutil.rmtree, folder, True)
-        return dataset
+        return from_local_copy(
+            uri,
+            lambda folder: storage.download_file(key, folder / "data.parquet"),
+            lambda folder: cls(folder / "data.parquet", uri),
+        )
 
     def __len__(self) -> int:
         return self._starts[-1]

@@ -5,7 +5,6 @@ from spotrl_runtime.models.char_tokenizer import build_char_tokenizer
 from spotrl_runtime.models.loading import (
     PolicyError,
     PrefixDownloader,
-    download_prefix,
     load_policy,
     load_tokenizer,
     resolve_model_dir,
@@ -20,7 +19,6 @@ __all__ = [
     "TinyArithRecipe",
     "arithmetic_problems",
     "build_char_tokenizer",
-    "download_prefix",
     "load_policy",
     "load_tokenizer",
     "model_cache_dir",

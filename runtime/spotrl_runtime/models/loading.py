@@ -16,7 +16,7 @@ transformers backend call :func:`load_policy`.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -47,34 +47,10 @@ class PolicyLike(Protocol):
     def dtype(self) -> str: ...
 
 
-class _ObjectInfoLike(Protocol):
-    @property
-    def key(self) -> str: ...
-
-
-class PrefixStore(Protocol):
-    """The part of the storage interface a model download needs."""
-
-    def list(self, prefix: str) -> Iterable[_ObjectInfoLike]: ...
-
-    def download_file(self, key: str, path: Path) -> Any: ...
-
-
-def download_prefix(store: PrefixStore, dest: Path) -> int:
-    """Copies every object of ``store`` into ``dest`` (keys become relative paths). Returns the count."""
-    count = 0
-    for info in store.list(""):
-        target = dest.joinpath(*info.key.split("/"))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        store.download_file(info.key, target)
-        count += 1
-    return count
-
-
 def storage_downloader(uri: str, dest: Path) -> None:
     """The default :data:`PrefixDownloader`: reads through :func:`spotrl_runtime.storage.open_storage`
     (S3 settings from the environment: ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...)."""
-    from spotrl_runtime.storage import open_storage
+    from spotrl_runtime.storage import download_prefix, open_storage
 
     if download_prefix(open_storage(uri), dest) == 0:
         raise PolicyError(f"policy.model: {uri!r} holds no objects; upload the model folder there first")

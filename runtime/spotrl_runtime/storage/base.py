@@ -174,6 +174,18 @@ def sha256_stream(reader: BinaryIO) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
+def download_prefix(store: Storage, dest: Path) -> int:
+    """Copies every object of ``store`` into the local folder ``dest`` (keys become relative
+    paths). Returns how many."""
+    count = 0
+    for info in store.list(""):
+        target = dest.joinpath(*info.key.split("/"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        store.download_file(info.key, target)
+        count += 1
+    return count
+
+
 def sha256_file(path: Path) -> tuple[int, str]:
     """Size and sha256 hex digest of a local file."""
     with open(path, "rb") as f:

@@ -16,7 +16,6 @@ from spotrl_runtime.models import (
     PolicyError,
     arithmetic_problems,
     build_char_tokenizer,
-    download_prefix,
     load_policy,
     model_cache_dir,
     resolve_model_dir,
@@ -24,6 +23,7 @@ from spotrl_runtime.models import (
 )
 from spotrl_runtime.models.cache import build_once
 from spotrl_runtime.models.random_policy import RandomPolicyShape, random_policy_dir
+from spotrl_runtime.storage import download_prefix
 
 QUICK_RECIPE = dataclasses.replace(DEFAULT_RECIPE, pretrain_steps=3, batch_size=8)
 
