@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from spotrl_runtime.models.cache import build_once, model_cache_dir, save_model_folder
+from spotrl_runtime.models.pretrain import build_seeded, cosine_lr, supervised_step, write_recipe
 
 NAME = "tiny-arith"
 # Bump when the build code changes in a way the recipe fields do not capture.
 BUILD_CODE_VERSION = 3
-RECIPE_FILE = "spotrl-recipe.json"
 
 
 @dataclass(frozen=True)
@@ -76,7 +75,6 @@ def tiny_arith_dir(recipe: TinyArithRecipe = DEFAULT_RECIPE, cache_dir: Path | N
 
 
 def _build(recipe: TinyArithRecipe, out_dir: Path) -> None:
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from spotrl_runtime.models.char_tokenizer import build_char_tokenizer
@@ -96,33 +94,14 @@ def _build(recipe: TinyArithRecipe, out_dir: Path) -> None:
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=True,
     )
-    # Its own generator and a fixed thread count keep the build the same from run to run.
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        generator = torch.Generator().manual_seed(recipe.seed)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(recipe.seed)
-            model = LlamaForCausalLM(config)
-        _pretrain(model, tokenizer, recipe, generator)
-    finally:
-        torch.set_num_threads(previous_threads)
-    model.eval()
+    model = build_seeded(
+        LlamaForCausalLM, config, recipe.seed, 1, lambda m, generator: _pretrain(m, tokenizer, recipe, generator)
+    )
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     save_model_folder(model, tokenizer, out_dir)
-    (out_dir / RECIPE_FILE).write_text(
-        json.dumps(
-            {
-                "name": NAME,
-                "recipe": asdict(recipe),
-                "code": BUILD_CODE_VERSION,
-                "build_seconds": time.monotonic() - started,
-            },
-            indent=2,
-        )
-    )
+    write_recipe(out_dir, NAME, recipe, BUILD_CODE_VERSION, started)
 
 
 def _pretrain(model: Any, tokenizer: Any, recipe: TinyArithRecipe, generator: Any) -> None:
@@ -144,20 +123,9 @@ def _pretrain(model: Any, tokenizer: Any, recipe: TinyArithRecipe, generator: An
         rows = torch.randint(len(problems), (recipe.batch_size,), generator=generator).tolist()
         rambles = (torch.rand(recipe.batch_size, generator=generator) < recipe.ramble).tolist()
         strays = torch.randint(10, (recipe.batch_size,), generator=generator).tolist()
-        input_ids = torch.full((recipe.batch_size, width), tokenizer.pad_token_id)
-        labels = torch.full((recipe.batch_size, width), -100)
-        attention = torch.zeros((recipe.batch_size, width), dtype=torch.long)
-        for i, (r, ramble, stray) in enumerate(zip(rows, rambles, strays, strict=True)):
-            completion = answer_ids[r] + (space + digits[stray] if ramble else []) + eos
-            seq = prompt_ids[r] + completion
-            input_ids[i, : len(seq)] = torch.tensor(seq)
-            attention[i, : len(seq)] = 1
-            labels[i, len(prompt_ids[r]) : len(seq)] = torch.tensor(completion)
-        # Cosine decay to zero over the short schedule.
-        lr = recipe.learning_rate * 0.5 * (1 + math.cos(math.pi * step / recipe.pretrain_steps))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        pairs = [
+            (prompt_ids[r], answer_ids[r] + (space + digits[stray] if ramble else []) + eos)
+            for r, ramble, stray in zip(rows, rambles, strays, strict=True)
+        ]
+        lr = cosine_lr(recipe.learning_rate, step, recipe.pretrain_steps)
+        supervised_step(model, optimizer, pairs, tokenizer.pad_token_id, lr, width)

@@ -24,18 +24,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from spotrl_runtime.models.cache import build_once, model_cache_dir, save_model_folder
+from spotrl_runtime.models.pretrain import build_seeded, cosine_lr, supervised_step, write_recipe
 
 NAME = "tiny-chat"
 # Bump when the build code changes in a way the recipe fields do not capture.
 BUILD_CODE_VERSION = 2
-RECIPE_FILE = "spotrl-recipe.json"
 BUILD_THREADS = 2
 """Pre-training's thread count: fixed (so the build is the same on every machine), and two
 (the smallest machine we support has two cores; one thread doubles the build's 40 s)."""
@@ -152,7 +151,6 @@ def _corpus(recipe: TinyChatRecipe, rng: Any) -> list[tuple[list[dict[str, str]]
 def _build(recipe: TinyChatRecipe, out_dir: Path) -> None:
     import random
 
-    import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     started = time.monotonic()
@@ -179,34 +177,19 @@ def _build(recipe: TinyChatRecipe, out_dir: Path) -> None:
         eos_token_id=eos,
         pad_token_id=pad,
     )
-    # Its own generator and a fixed thread count keep the build the same from run to run.
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(BUILD_THREADS)
-    try:
-        generator = torch.Generator().manual_seed(recipe.seed)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(recipe.seed)
-            model = Qwen2ForCausalLM(config)
-        _pretrain(model, tokenizer, corpus, recipe, generator)
-    finally:
-        torch.set_num_threads(previous_threads)
-    model.eval()
+    model = build_seeded(
+        Qwen2ForCausalLM,
+        config,
+        recipe.seed,
+        BUILD_THREADS,
+        lambda m, generator: _pretrain(m, tokenizer, corpus, recipe, generator),
+    )
     # As a Qwen instruct checkpoint: stop on <|im_end|> or <|endoftext|>, pad with <|endoftext|>.
     model.generation_config = GenerationConfig(
         bos_token_id=pad, eos_token_id=[eos, pad], pad_token_id=pad, do_sample=True, temperature=0.7, top_p=0.8
     )
     save_model_folder(model, tokenizer, out_dir)
-    (out_dir / RECIPE_FILE).write_text(
-        json.dumps(
-            {
-                "name": NAME,
-                "recipe": asdict(recipe),
-                "code": BUILD_CODE_VERSION,
-                "build_seconds": time.monotonic() - started,
-            },
-            indent=2,
-        )
-    )
+    write_recipe(out_dir, NAME, recipe, BUILD_CODE_VERSION, started)
 
 
 def _pretrain(model: Any, tokenizer: Any, corpus: list[Any], recipe: TinyChatRecipe, generator: Any) -> None:
@@ -220,22 +203,8 @@ def _pretrain(model: Any, tokenizer: Any, corpus: list[Any], recipe: TinyChatRec
     model.train()
     for step in range(recipe.pretrain_steps):
         rows = torch.randint(len(corpus), (recipe.batch_size,), generator=generator).tolist()
-        width = max(len(prompts[r]) + len(replies[r]) for r in rows)
-        input_ids = torch.full((recipe.batch_size, width), tokenizer.pad_token_id)
-        labels = torch.full((recipe.batch_size, width), -100)
-        attention = torch.zeros((recipe.batch_size, width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            seq = prompts[r] + replies[r]
-            input_ids[i, : len(seq)] = torch.tensor(seq)
-            attention[i, : len(seq)] = 1
-            labels[i, len(prompts[r]) : len(seq)] = torch.tensor(replies[r])
-        lr = recipe.learning_rate * 0.5 * (1 + math.cos(math.pi * step / recipe.pretrain_steps))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        lr = cosine_lr(recipe.learning_rate, step, recipe.pretrain_steps)
+        supervised_step(model, optimizer, [(prompts[r], replies[r]) for r in rows], tokenizer.pad_token_id, lr)
 
 
 def _ids(encoded: Any) -> list[int]:
