@@ -17,6 +17,7 @@ help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml constraints.txt overrides.txt
+	@$(if $(findstring cpu,$(EXTRAS)),e2e/toolchain/system-packages.sh "make install" libnuma.so.1:libnuma1)
 	@command -v uv >/dev/null || python3 -m pip install -q uv
 	uv venv -q --allow-existing $(VENV) --python python3.11
 	uv pip install -q --python $(PY) -c constraints.txt --override overrides.txt -e ".[$(EXTRAS)]"

@@ -3,7 +3,8 @@
 #
 #   e2e/toolchain/system-packages.sh WHO COMMAND:PACKAGE ...
 #
-# For each COMMAND not on PATH, its PACKAGE is installed with apt-get, as root (one apt at a
+# For each COMMAND not on PATH (or, for a shared library such as libnuma.so.1, one the dynamic
+# linker does not know: ldconfig -p), its PACKAGE is installed with apt-get, as root (one apt at a
 # time: a lock beside apt's own). Not root, or no apt-get: one line says what to run, exit 2.
 # $SPOTRL_APT_GET names apt-get (tests/unit/test_system_packages.py gives a fake one).
 set -euo pipefail
@@ -11,8 +12,14 @@ apt=${SPOTRL_APT_GET:-apt-get}
 who=${1:?usage: system-packages.sh WHO COMMAND:PACKAGE ...}
 shift
 missing=()
+have() {
+  case $1 in
+  *.so | *.so.*) { ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null; } | grep -q "^[[:space:]]*$1 " ;;
+  *) command -v "$1" >/dev/null 2>&1 ;;
+  esac
+}
 for pair in "$@"; do
-  command -v "${pair%%:*}" >/dev/null 2>&1 && continue
+  have "${pair%%:*}" && continue
   pkg=${pair#*:}
   [[ " ${missing[*]-} " == *" $pkg "* ]] || missing+=("$pkg")
 done

