@@ -40,6 +40,17 @@ def check_index(dataset: PromptDataset, idx: int) -> None:
         raise IndexError(f"idx {idx!r} is outside dataset {dataset.uri} (rows 0..{len(dataset) - 1})")
 
 
+def positioned(uri: str, row: Row, idx: int) -> Row:
+    """``row`` with its ``idx`` set to its position; a row that carries its own ``idx`` must
+    agree (a file whose rows were reordered after their idx was written is refused)."""
+    if "idx" in row and row["idx"] != idx:
+        raise DatasetError(
+            f"{uri}: row {idx} has idx {row['idx']!r}; idx must be the row's position in the dataset (or be left out)"
+        )
+    row["idx"] = idx
+    return row
+
+
 D = TypeVar("D")
 
 

@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from spotrl_runtime.data.dataset import DatasetError, Row, check_index, from_local_copy
+from spotrl_runtime.data.dataset import DatasetError, Row, check_index, from_local_copy, positioned
 
 DICT_FILE = "dataset_dict.json"
 STATE_FILE = "state.json"
@@ -101,14 +101,7 @@ class HFDiskDataset:
     def __getitem__(self, idx: int) -> Row:
         check_index(self, idx)
         f = bisect.bisect_right(self._starts, idx) - 1
-        row: Row = self._table(f).slice(idx - self._starts[f], 1).to_pylist()[0]
-        if "idx" in row and row["idx"] != idx:
-            raise DatasetError(
-                f"{self.uri}: row {idx} has idx {row['idx']!r}; idx must be the row's position in the dataset "
-                "(or be left out)"
-            )
-        row["idx"] = idx
-        return row
+        return positioned(self.uri, self._table(f).slice(idx - self._starts[f], 1).to_pylist()[0], idx)
 
     def _table(self, i: int) -> Any:
         import pyarrow as pa

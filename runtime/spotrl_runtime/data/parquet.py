@@ -15,7 +15,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from spotrl_runtime.data.dataset import DatasetError, Row, check_index, from_local_copy
+from spotrl_runtime.data.dataset import DatasetError, Row, check_index, from_local_copy, positioned
 
 ROW_GROUPS_KEPT = 4
 """Row groups kept decoded in memory (a shuffled loader visits them in any order)."""
@@ -67,14 +67,7 @@ class ParquetDataset:
     def __getitem__(self, idx: int) -> Row:
         check_index(self, idx)
         group = bisect.bisect_right(self._starts, idx) - 1
-        row = dict(self._group(group)[idx - self._starts[group]])
-        if "idx" in row and row["idx"] != idx:
-            raise DatasetError(
-                f"{self.uri}: row {idx} has idx {row['idx']!r}; idx must be the row's position in the file "
-                "(or be left out)"
-            )
-        row["idx"] = idx
-        return row
+        return positioned(self.uri, dict(self._group(group)[idx - self._starts[group]]), idx)
 
     def _group(self, group: int) -> list[Row]:
         with self._lock:
