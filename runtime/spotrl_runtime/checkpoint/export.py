@@ -19,11 +19,12 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spotrl_runtime.checkpoint.layout import manifest_key, newest_committed
+from spotrl_runtime.checkpoint.layout import newest_committed
 from spotrl_runtime.checkpoint.reader import StorageCutSource
 from spotrl_runtime.core.validation import validate_cut
 from spotrl_runtime.storage import Storage
@@ -49,7 +50,8 @@ def export_policy(
     """Writes the policy of ``cut_id`` (default: the newest committed cut) to ``out_dir``, which
     must not exist yet. Raises the chain's ``CutCheckError`` for a cut that fails it, and
     :class:`ExportError` for the rest."""
-    from spotrl_runtime.checkpoint.sharded import DCP_FORMAT
+    from spotrl_runtime.checkpoint.restore import sharded_cut, trainer_files
+    from spotrl_runtime.checkpoint.sharded import DCP_FORMAT, load_sharded
     from spotrl_runtime.checkpoint.trainer_state import TorchSaveFormat
     from spotrl_runtime.models import load_policy
 
@@ -62,19 +64,19 @@ def export_policy(
     with StorageCutSource(storage, chosen, spool_dir) as source:
         validated = validate_cut(source, None)
         manifest = validated.manifest
-        raw = storage.get_bytes(manifest_key(chosen))
+        raw = source.read_manifest() or b""
         if manifest.trainer_format is None:
             raise ExportError(f"{source.location} holds no trainer state (a cut of a run without weights)")
-        trainer_dir = f"{manifest.data_dir}/trainer/"
-        files = [f for f in manifest.files if f.path.startswith(trainer_dir)]
+        weights: Mapping[str, Any]
         if manifest.trainer_format == DCP_FORMAT:
-            weights = _sharded_weights(storage, chosen, manifest, model, spool_dir)
+            # DCP gathers what every rank saved into plain tensors shaped as the model's.
+            shards = sharded_cut(storage, chosen, manifest, source)
+            state = {"model": {k: v.clone() for k, v in model.state_dict().items()}}
+            load_sharded(state, storage, shards.folder, shards.files, spool_dir=spool_dir, no_dist=True)
+            weights = state["model"]
         elif manifest.trainer_format in TorchSaveFormat.reads:
-            paths: dict[str, list[Path]] = {}
-            for f in sorted(files, key=lambda f: f.path):
-                if f.role == "weights":
-                    paths.setdefault("weights", []).append(source.local_path(f.path))
-            weights = TorchSaveFormat().load(paths).weights
+            # The weights alone: the optimizer's files (twice their size) are not read.
+            weights = TorchSaveFormat().load({"weights": trainer_files(manifest, source).get("weights", [])}).weights
         else:
             raise ExportError(f"{source.location}: trainer format {manifest.trainer_format!r} is not one this reads")
     try:
@@ -109,16 +111,3 @@ def export_policy(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return Exported(out_dir, chosen, step, digest)
-
-
-def _sharded_weights(storage: Storage, cut_id: str, manifest: Any, model: Any, spool_dir: Path | None) -> Any:
-    """The model's full state from a ``dcp/v1`` cut, loaded in this one process (DCP gathers
-    what every rank saved into plain tensors shaped as ``model``'s)."""
-    from spotrl_runtime.checkpoint.sharded import load_sharded
-
-    folder = f"cuts/{cut_id}/{manifest.data_dir}"
-    prefix = f"{manifest.data_dir}/"
-    files = {f.path[len(prefix) :]: (f.size, f.sha256) for f in manifest.files if f.path.startswith(prefix)}
-    state = {"model": {k: v.clone() for k, v in model.state_dict().items()}}
-    load_sharded(state, storage, folder, files, spool_dir=spool_dir, no_dist=True)
-    return state["model"]

@@ -31,6 +31,7 @@ class StorageCutSource:
         self._bytes: dict[str, bytes] = {}
         self._local: dict[str, Path] = {}
         self._sizes: dict[str, int | None] = {}
+        self._manifest: bytes | None = None
 
     def close(self) -> None:
         """Removes downloaded copies."""
@@ -48,10 +49,13 @@ class StorageCutSource:
         return f"{self._base}/{path}"
 
     def read_manifest(self) -> bytes | None:
-        try:
-            return self.storage.get_bytes(manifest_key(self.cut_id))
-        except ObjectNotFoundError:
-            return None
+        """The manifest's bytes (read once: the chain decodes them, an export hashes them)."""
+        if self._manifest is None:
+            try:
+                self._manifest = self.storage.get_bytes(manifest_key(self.cut_id))
+            except ObjectNotFoundError:
+                return None
+        return self._manifest
 
     def size(self, path: str) -> int | None:
         if path not in self._sizes:

@@ -125,7 +125,7 @@ def restore_cut(
             ) from None
         trainer: TrainerSnapshot | ShardedCut | None = None
         if load_trainer and validated.manifest.trainer_format == DCP_FORMAT:
-            trainer = _sharded_cut(storage, chosen, validated.manifest, cut)
+            trainer = sharded_cut(storage, chosen, validated.manifest, cut)
         elif load_trainer and validated.manifest.trainer_format is not None:
             fmt = trainer_format or TorchSaveFormat()
             if validated.manifest.trainer_format not in fmt.reads:
@@ -135,12 +135,8 @@ def restore_cut(
                     f"the cut holds trainer state in format {validated.manifest.trainer_format!r}; "
                     f"this restore reads {', '.join(fmt.reads)}",
                 )
-            paths: dict[str, list[Path]] = {}
-            for f in sorted(validated.manifest.files, key=lambda f: f.path):
-                if f.path.startswith(f"{validated.manifest.data_dir}/trainer/"):
-                    paths.setdefault(f.role, []).append(cut.local_path(f.path))
             try:
-                trainer = fmt.load(paths)
+                trainer = fmt.load(trainer_files(validated.manifest, cut))
             except Exception as err:
                 raise TrainerStateError(
                     cut.location,
@@ -151,7 +147,17 @@ def restore_cut(
     return RestoredRun(owners, trainer, validated.manifest, chosen)
 
 
-def _sharded_cut(storage: Storage, cut_id: str, manifest: Manifest, cut: StorageCutSource) -> ShardedCut:
+def trainer_files(manifest: Manifest, cut: StorageCutSource) -> dict[str, list[Path]]:
+    """A validated cut's ``torch.save`` trainer files as a format loads them: role -> local
+    paths, in path order."""
+    paths: dict[str, list[Path]] = {}
+    for f in sorted(manifest.files, key=lambda f: f.path):
+        if f.path.startswith(f"{manifest.data_dir}/trainer/"):
+            paths.setdefault(f.role, []).append(cut.local_path(f.path))
+    return paths
+
+
+def sharded_cut(storage: Storage, cut_id: str, manifest: Manifest, cut: StorageCutSource) -> ShardedCut:
     """Where a trainer group loads a validated ``dcp/v1`` cut from: its trainer files (sizes and
     digests from the manifest) and ``trainer/meta.json`` (the chain checked its step)."""
     prefix = f"{manifest.data_dir}/"

@@ -43,13 +43,9 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     job = preflight.load_rljob_file(args.filename)
     if args.dataset is not None:
-        job = job.model_copy(update={"spec": job.spec.model_copy(update={"dataset": _dataset(job, args.dataset)})})
+        job = _with(job, "dataset", uri=args.dataset)
     if args.model is not None:
-        job = job.model_copy(
-            update={
-                "spec": job.spec.model_copy(update={"policy": job.spec.policy.model_copy(update={"model": args.model})})
-            }
-        )
+        job = _with(job, "policy", model=args.model)
     preflight.check_job_inputs(job, f"-f {args.filename}")
     if not preflight.DEVICE.fullmatch(args.device) or args.device == "auto":
         raise UsageError(f"--device {args.device!r}: use cpu or cuda[:N]")
@@ -74,5 +70,7 @@ def run(args: argparse.Namespace) -> int:
     return 1 if result.failed else 0
 
 
-def _dataset(job: Any, uri: str) -> Any:
-    return job.spec.dataset.model_copy(update={"uri": uri})
+def _with(job: Any, section: str, **changes: Any) -> Any:
+    """``job`` with ``spec.<section>``'s fields changed."""
+    part = getattr(job.spec, section).model_copy(update=changes)
+    return job.model_copy(update={"spec": job.spec.model_copy(update={section: part})})

@@ -252,9 +252,9 @@ def _check_job_inputs(job: Any) -> None:
                 f"{field} {uri!r}: use a JSONL or Parquet path, file:///path, s3://bucket/key or builtin:arithmetic"
             )
         if path.is_dir():
-            from spotrl_runtime.data.hf_disk import DICT_FILE, STATE_FILE
+            from spotrl_runtime.data.hf_disk import DICT_FILE, STATE_FILE, is_saved_folder
 
-            if not (path / STATE_FILE).is_file() and not (path / DICT_FILE).is_file():
+            if not is_saved_folder(path):
                 raise UsageError(
                     f"{field} {uri!r}: is a folder without {STATE_FILE} or {DICT_FILE}; give a JSONL or Parquet "
                     "file, or a folder written by datasets' save_to_disk"

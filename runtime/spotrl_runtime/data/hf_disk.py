@@ -3,9 +3,9 @@
 ``Dataset.save_to_disk`` writes ``state.json`` (the Arrow files in order, ``_data_files``),
 ``dataset_info.json`` and the rows as Arrow IPC streams (``data-00000-of-0000N.arrow``);
 ``DatasetDict.save_to_disk`` writes ``dataset_dict.json`` (``{"splits": [...]}``) and one such
-folder per split, chosen by ``spec.dataset.split``. Each file is memory-mapped when a row of
-it is first asked for (the table maps the file, nothing is copied), so a large dataset costs
-the pages its rows touch, not its size. Row ``idx`` is the row's position across the files,
+folder per split, chosen by ``spec.dataset.split``. Every file is memory-mapped when the
+dataset opens (its rows are counted from the stream's batch headers; nothing is copied), so a
+large dataset costs the pages its rows touch, not its size. Row ``idx`` is the row's position across the files,
 in ``state.json``'s order; a row may carry its own ``idx`` only if it agrees.
 
 An ``s3://bucket/prefix/`` folder is downloaded once into a temporary folder (removed when
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,11 @@ def local_folder(uri: str) -> Path | None:
 
         return Path(unquote(urlparse(uri).path))
     return None if "://" in uri else Path(uri)
+
+
+def is_saved_folder(path: Path) -> bool:
+    """A folder ``save_to_disk`` wrote: a ``Dataset``'s or a ``DatasetDict``'s."""
+    return (path / STATE_FILE).is_file() or (path / DICT_FILE).is_file()
 
 
 def is_hf_disk_uri(uri: str) -> bool:
@@ -69,11 +73,10 @@ class HFDiskDataset:
             if not (folder / name).is_file():
                 raise DatasetError(f"{uri}: {name}, listed in {STATE_FILE}, is missing")
             self.files.append(folder / name)
+        self._tables = [self._map(f) for f in self.files]
         self._starts = [0]
-        self._tables: dict[int, Any] = {}
-        self._lock = threading.Lock()
-        for i in range(len(self.files)):
-            self._starts.append(self._starts[-1] + self._table(i).num_rows)
+        for table in self._tables:
+            self._starts.append(self._starts[-1] + table.num_rows)
         if self._starts[-1] == 0:
             raise DatasetError(f"{uri}: the dataset has no rows")
 
@@ -101,20 +104,15 @@ class HFDiskDataset:
     def __getitem__(self, idx: int) -> Row:
         check_index(self, idx)
         f = bisect.bisect_right(self._starts, idx) - 1
-        return positioned(self.uri, self._table(f).slice(idx - self._starts[f], 1).to_pylist()[0], idx)
+        return positioned(self.uri, self._tables[f].slice(idx - self._starts[f], 1).to_pylist()[0], idx)
 
-    def _table(self, i: int) -> Any:
+    def _map(self, path: Path) -> Any:
         import pyarrow as pa
 
-        with self._lock:
-            table = self._tables.get(i)
-            if table is None:
-                try:
-                    table = pa.ipc.open_stream(pa.memory_map(str(self.files[i]))).read_all()
-                except (OSError, pa.ArrowException) as err:
-                    raise DatasetError(f"{self.uri}: {self.files[i].name} is not an Arrow stream ({err})") from None
-                self._tables[i] = table
-            return table
+        try:
+            return pa.ipc.open_stream(pa.memory_map(str(path))).read_all()
+        except (OSError, pa.ArrowException) as err:
+            raise DatasetError(f"{self.uri}: {path.name} is not an Arrow stream ({err})") from None
 
 
 def _json(path: Path, uri: str) -> dict[str, Any]:
