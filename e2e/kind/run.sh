@@ -7,18 +7,24 @@
 #   3. the images: Dockerfile targets `operator` and `runtime-cpu` on local bases, and the
 #      S3 server (images.sh)
 #   4. a kind cluster: control plane + two spot workers + one on-demand worker
-#   5. the images loaded, the S3 server (versitygw) in the cluster, charts/spotrl installed
+#   4a. before the cluster, the store: one containerd root with the images unpacked, cached
+#      by the images' IDs; each node's /var/lib/containerd is a hard-linked clone of it, so
+#      no image is loaded into a node (containerd-store.sh)
+#   5. the S3 server (versitygw) in the cluster, charts/spotrl installed
 #   6. the README's first hour as written (tests/e2e/test_first_hour.py: helm install,
 #      kubectl apply, a drain), then the chart installed for the rest of tests/e2e, with
 #      SPOTRL_E2E_TARGET=kind. `SPOTRL_KIND_SUBSET=ci` (what CI runs) runs only the tests
 #      marked kind_ci: a drain after a notice and an abrupt node loss, on the chart.
-#   7. the cluster deleted (KEEP_CLUSTER=1 keeps it, and the next run reuses it: only
-#      changed images are loaded again and the chart is upgraded; logs go to $ARTIFACTS
-#      on failure)
+#   7. the cluster deleted (KEEP_CLUSTER=1 keeps it, and the next run reuses it while the
+#      images are the same, and makes a new one from the new store when they are not; the
+#      chart is upgraded; logs go to $ARTIFACTS on failure)
 #
 # SPOTRL_KIND_PHASES=setup runs 1-5 and leaves the cluster (and dockerd) up, saying how to
 # reach it in $ARTIFACTS/setup.env; SPOTRL_KIND_PHASES=tests then runs 6-7 on it, and
-# SPOTRL_KIND_PHASES=down only 7.
+# SPOTRL_KIND_PHASES=down only 7. SPOTRL_KIND_PHASES=prepare builds what 1-4a need (the
+# toolchain too, when missing) and starts nothing but dockerd, which it leaves running:
+# .ci/run prepares beside the venv and the first suites, so make test's kind phase finds
+# everything cached.
 #
 # Needs the repository's .venv and toolchain (make install toolchain), root for dockerd.
 # Extra arguments go to pytest. Prints the seconds of each phase (also in $ARTIFACTS/timings).
@@ -32,8 +38,8 @@ ARTIFACTS=${ARTIFACTS:-$ROOT/.e2e-kind}
 PY=${PY:-$ROOT/.venv/bin/python}
 SUBSET=${SPOTRL_KIND_SUBSET:-all}
 PHASES=${SPOTRL_KIND_PHASES:-all}
-case "$PHASES" in all | setup | tests | down) ;; *)
-  echo "e2e-kind: SPOTRL_KIND_PHASES=$PHASES: say all, setup (build and start the cluster, leave it up), tests or down" >&2
+case "$PHASES" in all | prepare | setup | tests | down) ;; *)
+  echo "e2e-kind: SPOTRL_KIND_PHASES=$PHASES: say all, prepare (build, start nothing), setup (build and start the cluster, leave it up), tests or down" >&2
   exit 2
   ;;
 esac
@@ -42,7 +48,7 @@ OPERATOR_IMAGE=spotrl-operator:$TAG
 RUNTIME_IMAGE=spotrl-runtime-cpu:$TAG
 export DOCKER=/usr/bin/docker
 
-[ -x "$PY" ] || { echo "e2e-kind: $PY missing: run \`make install\` first" >&2; exit 2; }
+[ "$PHASES" = prepare ] || [ -x "$PY" ] || { echo "e2e-kind: $PY missing: run \`make install\` first" >&2; exit 2; }
 mkdir -p "$ARTIFACTS/bin"
 SETUP_ENV=$ARTIFACTS/setup.env
 if [ "$PHASES" = tests ] || [ "$PHASES" = down ]; then
@@ -69,6 +75,10 @@ else
   phase docker
   dockerd_started=$("$HERE/docker-up.sh")
 fi
+if [ "$PHASES" = prepare ]; then
+  phase toolchain
+  "$ROOT/e2e/toolchain/build.sh"
+fi
 
 # The toolchain's kubectl, helm; kind from kind.sh. Put on PATH for the tests too.
 eval "$("$ROOT/e2e/toolchain/build.sh" --env)"
@@ -78,6 +88,7 @@ done
 
 cleanup() {
   status=$?
+  [ "$PHASES" != prepare ] || exit "$status" # it started no cluster, and leaves dockerd up
   if [ "$status" -ne 0 ] && [ -n "${KIND:-}" ]; then
     echo "e2e-kind: failed; cluster logs in $ARTIFACTS/logs" >&2
     "$KIND" export logs "$ARTIFACTS/logs" --name "$CLUSTER" >/dev/null 2>&1 || true
@@ -91,6 +102,7 @@ cleanup() {
       echo "e2e-kind: cluster $CLUSTER kept (KUBECONFIG=$KUBECONFIG); delete it with: $KIND delete cluster --name $CLUSTER"
     else
       "$KIND" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
+      "$HERE/containerd-store.sh" drop "$CLUSTER" || true
     fi
   fi
   if [ "$dockerd_started" = started ] && [ "$KEEP_CLUSTER" != 1 ]; then
@@ -133,80 +145,43 @@ if [ "$PHASES" != tests ]; then
   phase images
   "$HERE/images.sh" "$TAG" operator runtime-cpu
 
+  phase store
+  # Every node's /var/lib/containerd is a clone of one store that holds our images unpacked
+  # (containerd-store.sh): no image is loaded into a node. A kept cluster is reused only if
+  # it was made from the store of these very images.
+  source "$ROOT/e2e/toolchain/versions.env"
+  images=("spotrl-local/versitygw:$VERSITYGW_VERSION" "$OPERATOR_IMAGE" "$RUNTIME_IMAGE")
+  store=$("$HERE/containerd-store.sh" build "$KIND_NODE_IMAGE" "${images[@]}")
+  if [ "$PHASES" = prepare ]; then
+    phase end
+    exit 0
+  fi
+
   phase cluster
   if kind get clusters 2>/dev/null | grep -qx "$CLUSTER" && [ "$KEEP_CLUSTER" = 1 ] &&
-    kubectl get nodes >/dev/null 2>&1; then
+    kubectl get nodes >/dev/null 2>&1 && [ "$(cat "$ARTIFACTS/cluster-store" 2>/dev/null)" = "$store" ]; then
     echo "reusing the kept cluster $CLUSTER"
   else
     kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
-    kind create cluster --name "$CLUSTER" --image "$KIND_NODE_IMAGE" --config "$HERE/cluster.yaml" \
+    clones=$("$HERE/containerd-store.sh" clone "$CLUSTER" "$(grep -c '^  - role:' "$HERE/cluster.yaml")" \
+      "$KIND_NODE_IMAGE" "${images[@]}")
+    # cluster.yaml, with each node's clone mounted at its /var/lib/containerd.
+    "$PY" - "$HERE/cluster.yaml" "$clones" >"$ARTIFACTS/cluster.yaml" <<'EOF'
+import sys
+
+import yaml
+
+config = yaml.safe_load(open(sys.argv[1]))
+for i, node in enumerate(config["nodes"]):
+    mount = {"hostPath": f"{sys.argv[2]}/{i}", "containerPath": "/var/lib/containerd"}
+    node.setdefault("extraMounts", []).append(mount)
+yaml.safe_dump(config, sys.stdout, sort_keys=False)
+EOF
+    kind create cluster --name "$CLUSTER" --image "$KIND_NODE_IMAGE" --config "$ARTIFACTS/cluster.yaml" \
       --kubeconfig "$KUBECONFIG" --wait 300s
+    echo "$store" >"$ARTIFACTS/cluster-store"
   fi
   kubectl get nodes -L karpenter.sh/capacity-type
-
-  phase load
-  # Each image only where its pods run: the S3 server on the control plane, the operator on
-  # the workers, the runtime on the workers (in the CI subset only the spot workers, where its
-  # tests place their jobs). Not `kind load`: that writes a tar of the image and imports it
-  # into every node at once, which for the 5.6 GB runtime image needs ~40 GB of disk at the
-  # peak. Here one `docker save` is piped (tee) into the containerd of as many nodes at a time
-  # as the free disk allows (an import holds the image twice until it is unpacked): dockerd
-  # spends ~55 s of CPU writing the runtime image's tar, once for all of them rather than once
-  # a node. The layer blobs are then dropped from each node's content store (what
-  # containerd's discard_unpacked_layers does for pulls), so each node keeps one copy, as
-  # snapshots.
-  needs() { # image node: does the node lack this build of the image? (an older one goes)
-    local want have
-    want=$($DOCKER image inspect -f '{{.Id}}' "$1")
-    have=$($DOCKER exec "$2" crictl inspecti -o go-template --template '{{.status.id}}' "$1" 2>/dev/null || true)
-    [ "$have" = "$want" ] && return 1
-    # A kept cluster with an older build: remove that first (the disk holds one copy).
-    if [ -n "$have" ]; then $DOCKER exec "$2" crictl rmi "$1" >/dev/null || true; fi
-    return 0
-  }
-  load_into() { # image node...: one save, tee'd into each node's import
-    local image=$1 fifos=() dir pids=() node rc=0 layers
-    shift
-    dir=$(mktemp -d)
-    for node in "$@"; do
-      mkfifo "$dir/$node"
-      fifos+=("$dir/$node")
-      $DOCKER exec -i "$node" ctr -n k8s.io images import --digests --snapshotter overlayfs - <"$dir/$node" >/dev/null &
-      pids+=($!)
-    done
-    $DOCKER save "$image" | tee "${fifos[@]}" >/dev/null || rc=$?
-    for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
-    rm -rf "$dir"
-    ((rc == 0)) || { echo "e2e-kind: loading $image into $* failed (exit $rc)" >&2; return "$rc"; }
-    layers=$($DOCKER image inspect "$image" -f '{{range .RootFS.Layers}}{{.}} {{end}}')
-    for node in "$@"; do
-      # shellcheck disable=SC2086
-      $DOCKER exec "$node" ctr -n k8s.io content rm $layers >/dev/null 2>&1 || true
-      echo "loaded $image into $node"
-    done
-  }
-  load() {
-    local image=$1 size free at_once t0=$SECONDS node lacking=()
-    shift
-    for node in "$@"; do needs "$image" "$node" && lacking+=("$node"); done
-    ((${#lacking[@]})) || { echo "$image: already on $*"; return 0; }
-    size=$($DOCKER image inspect -f '{{.Size}}' "$image")
-    free=$(($(df -B1 --output=avail /var/lib/docker | tail -1) - 4 * 1024 ** 3))
-    at_once=$((free / (2 * size + 1)))
-    ((at_once >= 1)) || { echo "e2e-kind: too little disk to load $image ($((2 * size / 1024 ** 3)) GB needed)" >&2; return 1; }
-    while ((${#lacking[@]})); do
-      load_into "$image" "${lacking[@]:0:at_once}" || return
-      lacking=("${lacking[@]:at_once}")
-    done
-    echo "$image: $((SECONDS - t0)) s, up to $at_once node(s) from one save"
-  }
-  source "$ROOT/e2e/toolchain/versions.env"
-  read -r -a workers <<<"$(kubectl get nodes -l '!node-role.kubernetes.io/control-plane' -o jsonpath='{.items[*].metadata.name}')"
-  read -r -a runtime_nodes <<<"$(kubectl get nodes -l karpenter.sh/capacity-type=spot -o jsonpath='{.items[*].metadata.name}')"
-  [ "$SUBSET" = ci ] || runtime_nodes=("${workers[@]}")
-  load "spotrl-local/versitygw:$VERSITYGW_VERSION" "$CLUSTER-control-plane"
-  load "$OPERATOR_IMAGE" "${workers[@]}"
-  load "$RUNTIME_IMAGE" "${runtime_nodes[@]}"
 
   phase s3
   kubectl apply -f "$HERE/s3.yaml"

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# The kind nodes' containerd stores: our images unpacked once, on the host, and given to
+# every node by hard links, instead of loaded into each node of each new cluster
+# (`docker save | ctr import` took 400 s for the 5 GB runtime image into two nodes, every
+# run).
+#
+#   e2e/kind/containerd-store.sh build NODE_IMAGE IMAGE...
+#       make sure the store for these images is there; prints its path (and, on stderr, how
+#       it was had)
+#   e2e/kind/containerd-store.sh clone NAME COUNT NODE_IMAGE IMAGE...
+#       the store (built if missing), then COUNT clones of it; prints the folder that holds
+#       them, 0 ... COUNT-1: mount clone i at /var/lib/containerd of the cluster's node i
+#   e2e/kind/containerd-store.sh drop NAME
+#       remove NAME's clones (when its cluster is deleted)
+#
+# A store is a containerd root (/var/lib/containerd) holding the node image's own images and
+# IMAGE..., unpacked for the overlayfs snapshotter, written by the node's own containerd in
+# a throwaway container. It is cached in $SPOTRL_KIND_STORES (default
+# ~/.cache/spotrl/kind-stores), keyed by the node image's and the images' IDs.
+#
+# A new key (a code change rebuilds the runtime image) starts from a clone of the newest
+# store of the same node image, and containerd skips a layer whose snapshot is already
+# there: of the runtime image, only the layers that changed (our source, a few MB) are
+# unpacked, not its 5 GB Python environment. The layer blobs are dropped once unpacked (as
+# containerd's discard_unpacked_layers does), and a synchronous garbage collection drops the
+# snapshots that only the previous builds used, so a store holds each image once.
+#
+# A clone hard-links every file and copies the two bolt databases, which containerd writes
+# in place. That is safe because nothing writes a committed snapshot: a container writes to
+# an upper directory of its own, and a removed snapshot is unlinked in its clone only. So
+# the four nodes of a cluster take one store's disk, and a clone takes seconds.
+# Needs root and Docker (the store is written by containerd in a privileged container).
+set -euo pipefail
+STORES=${SPOTRL_KIND_STORES:-${XDG_CACHE_HOME:-$HOME/.cache}/spotrl/kind-stores}
+DOCKER=${DOCKER:-/usr/bin/docker}
+
+fail() { echo "containerd-store: $*" >&2; exit 1; }
+usage() { fail "usage: $0 build NODE_IMAGE IMAGE... | clone NAME COUNT NODE_IMAGE IMAGE... | drop NAME"; }
+
+image_id() { $DOCKER image inspect -f '{{.Id}}' "$1" 2>/dev/null || fail "image $1 is missing (build it first)"; }
+
+clone_tree() { # SRC DST: hard links, and copies of the bolt databases containerd writes in place
+  cp -al "$1" "$2"
+  local db
+  while IFS= read -r -d '' db; do
+    cp -p "$db" "$db.copy" && mv -f "$db.copy" "$db"
+  done < <(find "$2" -name '*.db' -type f -print0)
+  # Two containerds writing one database would corrupt it: none may be shared.
+  [ -z "$(find "$2" -name '*.db' -type f -links +1)" ] || fail "a bolt database in $2 is still a hard link"
+}
+
+# store NODE_IMAGE IMAGE...: sets $store to the store's root, building it when missing.
+# The caller holds the lock.
+store() {
+  local node_image=$1 node_id ids=() image key dir base tmp t0=$SECONDS layers=()
+  shift
+  node_id=$(image_id "$node_image")
+  for image in "$@"; do ids+=("$image=$(image_id "$image")"); done
+  key=$(printf '%s\n' "$node_id" "${ids[@]}" | sha256sum | cut -c1-16)
+  dir=$STORES/$key
+  store=$dir/root
+  if [ -f "$dir/complete" ]; then
+    touch "$dir/complete" # newest used: the base of the next build, the last to be pruned
+    how="cached"
+    return
+  fi
+  tmp=$STORES/.building-$key
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
+  # The newest complete store of the same node image, if any, is the starting point.
+  base= newest=0
+  for d in "$STORES"/*/; do
+    d=${d%/}
+    if [ -f "$d/complete" ] && [ "$(cat "$d/node-image" 2>/dev/null)" = "$node_id" ] &&
+      (($(stat -c %Y "$d/complete") >= newest)); then
+      base=$d newest=$(stat -c %Y "$d/complete")
+    fi
+  done
+  if [ -n "$base" ]; then
+    clone_tree "$base/root" "$tmp/root"
+    how="from $(basename "$base")"
+  else
+    mkdir -p "$tmp/root"
+    $DOCKER run --rm --entrypoint tar "$node_image" -C /var/lib/containerd -cf - . | tar -xpf - -C "$tmp/root"
+    how="from the node image"
+  fi
+  for image in "$@"; do
+    read -r -a more <<<"$($DOCKER image inspect -f '{{range .RootFS.Layers}}{{.}} {{end}}' "$image")"
+    layers+=("${more[@]}")
+  done
+  # docker save writes the layers uncompressed: each blob's digest is its diff ID, which is
+  # how the blobs are dropped after the unpack.
+  $DOCKER save "$@" | $DOCKER run --rm -i --privileged --network none --entrypoint /bin/bash \
+    -v "$tmp/root:/var/lib/containerd" -e "LAYERS=${layers[*]}" "$node_image" -euc '
+      printf "version = 2\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n" >/tmp/config.toml
+      # niced: .ci/run builds the store beside the first suites
+      nice -n 15 containerd --config /tmp/config.toml >/tmp/containerd.log 2>&1 & pid=$!
+      for _ in $(seq 100); do ctr version >/dev/null 2>&1 && break; sleep 0.1; done
+      ctr -n k8s.io images import --snapshotter overlayfs - >/dev/null
+      ctr -n k8s.io content rm $LAYERS >/dev/null 2>&1 || true
+      # A synchronous collection: what only an earlier build of these images used goes now.
+      ref=$(ctr -n k8s.io images ls -q | head -1)
+      ctr -n k8s.io images tag "$ref" spotrl.local/gc:now >/dev/null
+      ctr -n k8s.io images rm --sync spotrl.local/gc:now >/dev/null
+      kill $pid; wait $pid || true' || fail "unpacking $* into the store failed"
+  echo "$node_id" >"$tmp/node-image"
+  printf '%s\n' "${ids[@]}" >"$tmp/images"
+  rm -rf "$dir"
+  mv "$tmp" "$dir"
+  touch "$dir/complete"
+  how="$how in $((SECONDS - t0)) s"
+  # Older stores go: the next build starts from this one. (Clones are hard links and stay.)
+  for old in "$STORES"/*/; do
+    old=${old%/}
+    [ "$old" = "$dir" ] || [ "$(basename "$old")" = clones ] || rm -rf "$old"
+  done
+}
+
+cmd=${1:-}
+shift || true
+mkdir -p "$STORES/clones"
+exec 9>"$STORES/.lock"
+case "$cmd" in
+  build)
+    (($# >= 2)) || usage
+    flock 9
+    store "$@"
+    echo "containerd-store: $store ($how)" >&2
+    echo "$store"
+    ;;
+  clone)
+    (($# >= 4)) || usage
+    name=$1 count=$2
+    shift 2
+    [[ $count =~ ^[0-9]+$ ]] || fail "COUNT must be a number, not '$count'"
+    flock 9
+    store "$@"
+    echo "containerd-store: $store ($how)" >&2
+    clones=$STORES/clones/$name
+    rm -rf "$clones"
+    mkdir -p "$clones"
+    for ((i = 0; i < count; i++)); do clone_tree "$store" "$clones/$i"; done
+    echo "$clones"
+    ;;
+  drop)
+    (($# == 1)) || usage
+    flock 9
+    rm -rf "${STORES:?}/clones/$1"
+    ;;
+  *) usage ;;
+esac
