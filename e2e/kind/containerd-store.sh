@@ -7,9 +7,9 @@
 #   e2e/kind/containerd-store.sh build NODE_IMAGE IMAGE...
 #       make sure the store for these images is there; prints its path (and, on stderr, how
 #       it was had)
-#   e2e/kind/containerd-store.sh clone NAME COUNT NODE_IMAGE IMAGE...
-#       the store (built if missing), then COUNT clones of it; prints the folder that holds
-#       them, 0 ... COUNT-1: mount clone i at /var/lib/containerd of the cluster's node i
+#   e2e/kind/containerd-store.sh clone NAME COUNT STORE
+#       COUNT clones of the store that build printed; prints the folder that holds them,
+#       0 ... COUNT-1: mount clone i at /var/lib/containerd of the cluster's node i
 #   e2e/kind/containerd-store.sh drop NAME
 #       remove NAME's clones (when its cluster is deleted)
 #
@@ -33,7 +33,7 @@ STORES=${SPOTRL_KIND_STORES:-${XDG_CACHE_HOME:-$HOME/.cache}/spotrl/kind-stores}
 DOCKER=${DOCKER:-/usr/bin/docker}
 
 fail() { echo "containerd-store: $*" >&2; exit 1; }
-usage() { fail "usage: $0 build NODE_IMAGE IMAGE... | clone NAME COUNT NODE_IMAGE IMAGE... | drop NAME"; }
+usage() { fail "usage: $0 build NODE_IMAGE IMAGE... | clone NAME COUNT STORE | drop NAME"; }
 
 image_id() { $DOCKER image inspect -f '{{.Id}}' "$1" 2>/dev/null || fail "image $1 is missing (build it first)"; }
 
@@ -58,13 +58,11 @@ store() {
   dir=$STORES/$key
   store=$dir/root
   if [ -f "$dir/complete" ]; then
-    touch "$dir/complete"
     how="cached"
     return
   fi
   tmp=$STORES/.building-$key
   rm -rf "$tmp"
-  mkdir -p "$tmp"
   # Always from the node image's own store. (Starting from the previous store, so that only
   # changed layers are unpacked, saved a third, but a store made that way after a garbage
   # collection once lacked a parent snapshot: "parent snapshot ... does not exist".)
@@ -86,7 +84,6 @@ store() {
       ctr -n k8s.io images import --snapshotter overlayfs - >/dev/null
       ctr -n k8s.io content rm $LAYERS >/dev/null 2>&1 || true
       kill $pid; wait $pid || true' || fail "unpacking $* into the store failed"
-  echo "$node_id" >"$tmp/node-image"
   printf '%s\n' "${ids[@]}" >"$tmp/images"
   rm -rf "$dir"
   mv "$tmp" "$dir"
@@ -112,13 +109,11 @@ case "$cmd" in
     echo "$store"
     ;;
   clone)
-    (($# >= 4)) || usage
-    name=$1 count=$2
-    shift 2
+    (($# == 3)) || usage
+    name=$1 count=$2 store=$3
     [[ $count =~ ^[0-9]+$ ]] || fail "COUNT must be a number, not '$count'"
     flock 9
-    store "$@"
-    echo "containerd-store: $store ($how)" >&2
+    [ -f "$(dirname "$store")/complete" ] || fail "$store is not a complete store (run build first)"
     clones=$STORES/clones/$name
     rm -rf "$clones"
     mkdir -p "$clones"

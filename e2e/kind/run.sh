@@ -163,8 +163,7 @@ if [ "$PHASES" != tests ]; then
     echo "reusing the kept cluster $CLUSTER"
   else
     kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
-    clones=$("$HERE/containerd-store.sh" clone "$CLUSTER" "$(grep -c '^  - role:' "$HERE/cluster.yaml")" \
-      "$KIND_NODE_IMAGE" "${images[@]}")
+    clones=$("$HERE/containerd-store.sh" clone "$CLUSTER" "$(grep -c '^  - role:' "$HERE/cluster.yaml")" "$store")
     # cluster.yaml, with each node's clone mounted at its /var/lib/containerd.
     "$PY" - "$HERE/cluster.yaml" "$clones" >"$ARTIFACTS/cluster.yaml" <<'EOF'
 import sys
