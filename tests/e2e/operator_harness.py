@@ -252,6 +252,23 @@ class Jobs:
     def reasons(self, name: str) -> list[str]:
         return [e["reason"] for e in self.events(name)]
 
+    def said(self, name: str, wanted: set[str], timeout: float = 10) -> set[str]:
+        """Waits until the job's Events include every reason in ``wanted``; returns all reasons.
+        The operator posts a pass's Events right after that pass's status write, so a test that
+        has just seen the status can read the Events a moment before they exist."""
+        found: set[str] = set()
+
+        def enough() -> bool:
+            found.clear()
+            found.update(self.reasons(name))
+            return wanted <= found
+
+        try:
+            wait_until(enough, timeout, f"the Events {sorted(wanted)}")
+        except TimeoutError as err:
+            raise AssertionError(f"{err}; the job's Events say {sorted(found)}") from None
+        return set(found)
+
     def barrier_commit(self, name: str, timeout: float) -> tuple[str, str]:
         """``(cutId, committedAt)`` of the job's first barrier cut, once it committed. ``status.barrier``
         shows the commit only until the operator starts the next attempt, which it does as soon

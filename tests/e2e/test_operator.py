@@ -80,7 +80,7 @@ def test_children_are_owned_named_deterministically_and_collected(
     assert env["SPOTRL_STORAGE"] == "s3://bucket-x/tiny"
     assert env["SPOTRL_ATTEMPT"] == "1"
 
-    assert {"ControllerCreated", "Pending"} <= set(jobs.reasons("tiny"))
+    jobs.said("tiny", {"ControllerCreated", "Pending"})
     table = cluster.kubectl("get", "rljobs", "-n", namespace).stdout
     header, row = table.splitlines()[:2]
     assert header.split() == ["NAME", "PHASE", "STEP", "TOTAL", "LAST-CUT", "PREEMPTIONS", "ERROR", "AGE"]
@@ -345,7 +345,7 @@ def test_suspend_stops_the_controller_and_resume_starts_a_fresh_one_without_coun
     assert conditions["BarrierMissed"]["status"] == "True"
     assert conditions["Suspended"]["status"] == "True"
     wait_until(lambda: jobs.pods("tiny") == [], 15, "the controller pod gone")
-    assert {"BarrierRequested", "BarrierMissed", "Suspended"} <= set(jobs.reasons("tiny"))
+    jobs.said("tiny", {"BarrierRequested", "BarrierMissed", "Suspended"})
 
     jobs.patch_spec("tiny", {"suspend": False})
     st = jobs.wait("tiny", lambda s: s.get("attempt") == 2, 15, "attempt 2")
