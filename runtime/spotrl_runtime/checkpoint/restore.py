@@ -11,23 +11,29 @@ passes RESERVED batches through the gate again, in admission order, with the sav
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from spotrl_runtime.checkpoint.layout import cut_dir, newest_committed
 from spotrl_runtime.checkpoint.reader import StorageCutSource
 from spotrl_runtime.checkpoint.sharded import DCP_FORMAT, ShardedCut
 from spotrl_runtime.checkpoint.trainer_state import TorchSaveFormat, TrainerSnapshot, TrainerStateFormat
-from spotrl_runtime.core.cut_format import Manifest, to_snapshot
+from spotrl_runtime.core.cut_format import MANIFEST_NAME, Manifest, to_snapshot
 from spotrl_runtime.core.owners import Owners, PromptSource, RecoveryConfig
+from spotrl_runtime.core.redo import DeltaBase, RedoStep
 from spotrl_runtime.core.types import Prompt
 from spotrl_runtime.core.validation import (
+    CHECKS,
+    CutCheckError,
+    DeltaBaseError,
     Expectations,
     LoaderPositionError,
     TrainerStateError,
     ValidatedCut,
+    check_delta_base,
     validate_cut,
 )
 from spotrl_runtime.data.collate import PromptCollate
@@ -67,6 +73,17 @@ class RestoredRun:
     (``dcp/v1``: :class:`~spotrl_runtime.checkpoint.sharded.ShardedCut`); None without one."""
     manifest: Manifest
     cut_id: str
+    manifest_sha256: str = ""
+    redo: tuple[RedoStep, ...] = ()
+    """A delta cut's redo steps: ``trainer`` holds its base's state, and the trainer trains these
+    again (``resume.redo``) to reach the delta's trainer step."""
+
+    @property
+    def base(self) -> DeltaBase:
+        """The full cut the next delta cuts extend: this cut, or, for a delta, its base."""
+        if self.manifest.base is not None:
+            return self.manifest.base
+        return DeltaBase(self.cut_id, self.manifest_sha256, self.manifest.trainer_step)
 
 
 def validate_stored_cut(
@@ -77,9 +94,16 @@ def validate_stored_cut(
     spool_dir: Path | None = None,
     encode: Callable[[Prompt], Sequence[int]] | None = None,
 ) -> ValidatedCut:
-    """Runs the validation chain on one stored cut (what ``spotrl ckpt verify`` calls)."""
+    """Runs the validation chain on one stored cut (what ``spotrl ckpt verify`` calls); a delta's
+    base too (check ``delta_base``)."""
     with StorageCutSource(storage, cut_id, spool_dir) as source:
-        return validate_cut(source, lookup, expect, encode)
+        validated = validate_cut(source, lookup, expect, encode)
+    if validated.manifest.base is None:
+        return validated
+    with StorageCutSource(storage, validated.manifest.base.cut_id, spool_dir) as base:
+        validate_base(source.location, validated.manifest, base, lookup, expect)
+    ran = {*validated.checks, "delta_base"}
+    return replace(validated, checks=tuple(c for c in CHECKS if c in ran))
 
 
 def restore_cut(
@@ -111,6 +135,13 @@ def restore_cut(
         raise NoCommittedCutError(f"{storage.uri} holds no committed cut (no cuts/<id>/manifest.json)")
     with StorageCutSource(storage, chosen, spool_dir) as cut:
         validated = validate_cut(cut, DatasetLookup(dataset, collate), expect, encode)
+        if validated.manifest.is_delta:
+            base_id = validated.manifest.base.cut_id  # type: ignore[union-attr]
+            with StorageCutSource(storage, base_id, spool_dir) as base_cut:
+                base = validate_base(
+                    cut.location, validated.manifest, base_cut, DatasetLookup(dataset, collate), expect
+                )
+                trainer = _load_trainer(storage, base_id, base, base_cut, trainer_format) if load_trainer else None
         docs = validated.documents
         snapshot = to_snapshot(docs, validated.prompts)
         try:
@@ -123,28 +154,62 @@ def restore_cut(
                 f"the loader does not accept its saved state ({type(err).__name__}: {err})",
                 "restore from an older cut with --resume CUT",
             ) from None
-        trainer: TrainerSnapshot | ShardedCut | None = None
-        if load_trainer and validated.manifest.trainer_format == DCP_FORMAT:
-            trainer = sharded_cut(storage, chosen, validated.manifest, cut)
-        elif load_trainer and validated.manifest.trainer_format is not None:
-            fmt = trainer_format or TorchSaveFormat()
-            if validated.manifest.trainer_format not in fmt.reads:
-                raise TrainerStateError(
-                    cut.location,
-                    None,
-                    f"the cut holds trainer state in format {validated.manifest.trainer_format!r}; "
-                    f"this restore reads {', '.join(fmt.reads)}",
-                )
-            try:
-                trainer = fmt.load(trainer_files(validated.manifest, cut))
-            except Exception as err:
-                raise TrainerStateError(
-                    cut.location,
-                    f"{validated.manifest.data_dir}/trainer/",
-                    f"the trainer's files do not load as {fmt.name} ({type(err).__name__}: {err})",
-                    "restore from an older cut with --resume CUT",
-                ) from None
-    return RestoredRun(owners, trainer, validated.manifest, chosen)
+        if not validated.manifest.is_delta:
+            trainer = _load_trainer(storage, chosen, validated.manifest, cut, trainer_format) if load_trainer else None
+        digest = hashlib.sha256(cut.read_manifest() or b"").hexdigest()
+    return RestoredRun(owners, trainer, validated.manifest, chosen, digest, snapshot.redo)
+
+
+def _load_trainer(
+    storage: Storage,
+    cut_id: str,
+    manifest: Manifest,
+    cut: StorageCutSource,
+    trainer_format: TrainerStateFormat | None,
+) -> TrainerSnapshot | ShardedCut | None:
+    """A validated full cut's trainer state: loaded (``torch.save``), or where a trainer group
+    loads it from (``dcp/v1``)."""
+    if manifest.trainer_format == DCP_FORMAT:
+        return sharded_cut(storage, cut_id, manifest, cut)
+    if manifest.trainer_format is None:
+        return None
+    fmt = trainer_format or TorchSaveFormat()
+    if manifest.trainer_format not in fmt.reads:
+        raise TrainerStateError(
+            cut.location,
+            None,
+            f"the cut holds trainer state in format {manifest.trainer_format!r}; this restore reads "
+            f"{', '.join(fmt.reads)}",
+        )
+    try:
+        return fmt.load(trainer_files(manifest, cut))
+    except Exception as err:
+        raise TrainerStateError(
+            cut.location,
+            f"{manifest.data_dir}/trainer/",
+            f"the trainer's files do not load as {fmt.name} ({type(err).__name__}: {err})",
+            "restore from an older cut with --resume CUT",
+        ) from None
+
+
+def validate_base(
+    loc: str, delta: Manifest, source: StorageCutSource, lookup: DatasetLookup | None, expect: Expectations | None
+) -> Manifest:
+    """Check ``delta_base``: the delta's base (``source``) exists with the recorded digest, job and
+    step, is a full cut, and passes the whole validation chain itself (a refusal names the base's
+    check). Returns the base's manifest."""
+    raw = source.read_manifest()
+    parsed = check_delta_base(loc, delta, raw, hashlib.sha256(raw).hexdigest() if raw is not None else None)
+    try:
+        validate_cut(source, lookup, expect)
+    except CutCheckError as err:
+        raise DeltaBaseError(
+            loc,
+            MANIFEST_NAME,
+            f"its base cut {source.cut_id} is refused by check {err.check}: {err.detail}",
+            "restore from an older full cut with --resume CUT (spotrl ckpt list shows each delta's base)",
+        ) from None
+    return parsed
 
 
 def trainer_files(manifest: Manifest, cut: StorageCutSource) -> dict[str, list[Path]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,9 +28,16 @@ from spotrl_runtime.checkpoint.trainer_state import TrainerSnapshot, restore_rng
 from spotrl_runtime.core.identity import JobIdentity
 from spotrl_runtime.core.owners import Owners, PromptSource, RecoveryConfig
 from spotrl_runtime.core.types import Prompt
-from spotrl_runtime.core.validation import BYTE_LEVEL_CHECKS, CutCheckError, Expectations, TrainerStateError
+from spotrl_runtime.core.validation import (
+    BYTE_LEVEL_CHECKS,
+    CutCheckError,
+    Expectations,
+    RedoFingerprintError,
+    TrainerStateError,
+)
 from spotrl_runtime.data.collate import PromptCollate
 from spotrl_runtime.data.dataset import PromptDataset
+from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.storage import Storage, StorageError
 
 log = logging.getLogger("spotrl.resume")
@@ -69,6 +77,7 @@ def resume_or_start(
     latest_audited_attempt: Callable[[], int | None],
     dataset_description: Mapping[str, Any] | None = None,
     encode: Callable[[Prompt], Sequence[int]] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> Start:
     """Proves that ``storage`` is ``job``'s (:func:`~spotrl_runtime.checkpoint.ownership.prove_ownership`:
     a store of another job is refused before anything is written there), claims the job for
@@ -105,6 +114,8 @@ def resume_or_start(
         )
         if restored.trainer is not None:
             load_trainer(trainer, restored.trainer, restored.cut_id, storage.uri)
+        if restored.manifest.is_delta:
+            redo(trainer, restored, storage.uri, stop)
         if trainer.step != restored.owners.trainer_step:
             raise TrainerStateError(
                 f"{storage.uri}/cuts/{restored.cut_id}",
@@ -187,6 +198,59 @@ def load_trainer(trainer: Any, snap: TrainerSnapshot | ShardedCut, cut_id: str =
             f"the trainer state does not load into this policy ({type(err).__name__}: {str(err)[:300]})",
             "resume with the policy the run was started with, or from an older cut with --resume CUT",
         ) from None
+
+
+class RedoStoppedError(Exception):
+    """The process was asked to stop during a redo: it stops, having written nothing (the next
+    controller resumes from the same delta cut)."""
+
+
+def redo(trainer: Any, restored: RestoredRun, uri: str = "", stop: Callable[[], bool] | None = None) -> None:
+    """Trains a delta cut's redo steps again on ``trainer`` (at the base's state): each step from
+    its recorded groups, in their recorded order, no generation; each must reproduce its recorded
+    fingerprint (check ``redo_fingerprint``: bit for bit when both ran in one CPU process).
+    Writes nothing: a process killed during the redo resumes from the same delta, and one asked to
+    ``stop`` stops between steps (:class:`RedoStoppedError`)."""
+    loc = f"{uri}/cuts/{restored.cut_id}"
+    index = restored.manifest.file("redo_index")
+    path = index.path if index is not None else None
+    if not hasattr(trainer, "fingerprint"):
+        raise TrainerStateError(
+            loc,
+            path,
+            "a delta cut is redone by one trainer process; this run's trainer is a group of FSDP ranks",
+            "resume with training.parallelism.strategy single, or from the delta's base with --resume CUT",
+        )
+    started = time.monotonic()
+    for step in restored.redo:
+        if trainer.step != step.step:
+            raise TrainerStateError(
+                loc, path, f"redo step {step.step} comes after trainer step {trainer.step}", "resume from its base"
+            )
+        failpoint("redo.step", step.step)
+        if stop is not None and stop():
+            raise RedoStoppedError(
+                f"stopped during the redo of delta cut {restored.cut_id}, before step {step.step}; nothing was "
+                "written, and the next controller resumes from the same cut"
+            )
+        metrics = trainer.train_step([e.group for e in step.entries])
+        problem = step.fingerprint.mismatch(trainer.fingerprint(metrics))
+        if problem is not None:
+            raise RedoFingerprintError(
+                loc,
+                path,
+                f"redo step {step.step} does not reproduce its recorded step: {problem}",
+                "resume from the delta's base with --resume CUT (its steps are trained again, with generation)",
+            )
+    if restored.redo:
+        log.info(
+            "redid steps %d..%d of delta cut %s on its base %s in %.2f s (no generation)",
+            restored.redo[0].step,
+            restored.redo[-1].step,
+            restored.cut_id,
+            restored.base.cut_id,
+            time.monotonic() - started,
+        )
 
 
 def _load_sharded(trainer: Any, cut: ShardedCut, cut_id: str, uri: str) -> None:

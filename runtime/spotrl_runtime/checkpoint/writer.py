@@ -30,7 +30,13 @@ A cut is written in this order, and exists only once step 5 succeeds:
 6. pointer: ``LATEST.json`` names the new cut (only after its manifest exists); files of
    other writers under the same id (a crashed or refused writer) are removed.
 7. retention: committed cuts beyond the newest ``keep`` are deleted (manifest first), and
-   so are torn folders older than the oldest kept cut.
+   so are torn folders older than the oldest kept cut; a full cut that a kept delta cut
+   extends (its base), or that the next delta would, is kept.
+
+A **delta cut** (``CutRequest.form == "delta"``, :mod:`spotrl_runtime.core.redo`) writes the
+owner files and the redo log since :attr:`CutWriter.base`, the newest full cut, and no trainer
+state: its size does not grow with the model. Every full cut this writer commits becomes the
+base of the deltas after it.
 
 A crash anywhere before step 5 leaves a torn folder and no cut; the previous committed
 cut is untouched, and the next writer reuses the id. A failed cut removes its own files
@@ -74,14 +80,18 @@ from spotrl_runtime.checkpoint.trainer_state import (
     TrainerStateFormat,
 )
 from spotrl_runtime.core.cut_format import (
+    DELTA_FILES,
     OWNER_FILES,
     SCHEMA_VERSION,
+    DeltaNotCoveredError,
     Manifest,
     ManifestFile,
+    encode_delta_files,
     encode_owner_files,
     snapshot_counts,
 )
 from spotrl_runtime.core.owners import CutTimeoutError, Owners, OwnersSnapshot
+from spotrl_runtime.core.redo import DeltaBase
 from spotrl_runtime.core.validation import DCP_FORMAT, DCP_INDEX, INDEX_ROLE, SHARD_ROLE
 from spotrl_runtime.storage import (
     ObjectExistsError,
@@ -99,6 +109,7 @@ CLEANUP_GRACE = 2.0
 """Seconds a failed barrier cut may spend past its deadline removing its own files."""
 
 CutKind = Literal["periodic", "barrier"]
+CutForm = Literal["full", "delta"]
 
 
 class CutError(RuntimeError):
@@ -120,6 +131,8 @@ class CutRequest:
     kind: CutKind = "periodic"
     deadline: Deadline | None = None
     reason: str = ""
+    form: CutForm = "full"
+    """``delta``: the owners and the redo log since the writer's base, no trainer state."""
 
     @classmethod
     def periodic(cls, reason: str = "") -> CutRequest:
@@ -127,9 +140,9 @@ class CutRequest:
         return cls("periodic", None, reason)
 
     @classmethod
-    def barrier(cls, deadline: Deadline, reason: str = "") -> CutRequest:
+    def barrier(cls, deadline: Deadline, reason: str = "", form: CutForm = "full") -> CutRequest:
         """A barrier cut that must commit before ``deadline``."""
-        return cls("barrier", deadline, reason)
+        return cls("barrier", deadline, reason, form)
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline (None: no deadline)."""
@@ -178,6 +191,9 @@ class CutWriter:
         self.fence = fence
         self.parallel_files = True
         """Write the trainer's files (weights, optimizer ...) side by side, one thread each."""
+        self.base: DeltaBase | None = None
+        """The full cut a delta cut extends: the newest this writer committed, or the one the run
+        was restored from (the restore sets it; a delta's base when it resumed from a delta)."""
         self._lock = threading.Lock()
 
     def write(
@@ -275,6 +291,8 @@ class CutWriter:
             self._settle_manifest(cut_id, manifest_bytes, folder, err)
         timings["manifest"] = time.perf_counter() - t
         self._phase("committed")
+        if not manifest.is_delta and snapshot.extra is not None:
+            self.base = DeltaBase(cut_id, hashlib.sha256(manifest_bytes).hexdigest(), snapshot.trainer_step)
         # Files of writers that lost this id (crashed, or raced and were refused) can never
         # be committed now: remove them.
         self._remove_other_writers(base, writer)
@@ -339,14 +357,27 @@ class CutWriter:
     def _write_files(
         self, snapshot: OwnersSnapshot, request: CutRequest, cut_id: str, folder: str, writer: str
     ) -> list[ManifestFile]:
-        """The owners' files and the trainer's, each with its size and sha256, into ``folder``."""
+        """The owners' files and the trainer's (a delta: the redo log's), each with its size and
+        sha256, into ``folder``."""
+        blobs = encode_owner_files(snapshot)
+        names = dict(OWNER_FILES)
+        if request.form == "delta":
+            if self.base is None:
+                raise CutError(f"delta cut {cut_id} not taken: no full cut to extend (take a full cut first)")
+            try:
+                blobs |= encode_delta_files(snapshot, self.base)
+            except DeltaNotCoveredError as err:
+                raise CutError(f"delta cut {cut_id} not taken: {err}") from None
+            names |= DELTA_FILES
         files: list[ManifestFile] = []
-        for role, blob in encode_owner_files(snapshot).items():
-            path = f"{writer}/{OWNER_FILES[role]}"
-            self.storage.put_bytes(f"{folder}/{OWNER_FILES[role]}", blob)
+        for role, blob in blobs.items():
+            path = f"{writer}/{names[role]}"
+            self.storage.put_bytes(f"{folder}/{names[role]}", blob)
             files.append(ManifestFile(path, role, len(blob), hashlib.sha256(blob).hexdigest()))
             self._check_deadline(request, cut_id)
         trainer = snapshot.extra
+        if request.form == "delta" and trainer is not None:
+            raise CutError(f"delta cut {cut_id}: the capture took the trainer's state, which a delta does not hold")
         if isinstance(trainer, ShardedTrainerSnapshot):
             files += self._write_sharded(trainer, request, cut_id, folder, writer)
         elif trainer is not None:
@@ -444,6 +475,8 @@ class CutWriter:
             trainer_format=self._trainer_format_name(snapshot.extra),
             capture_seconds=snapshot.capture_seconds,
             extra={"reason": request.reason} if request.reason else {},
+            form=request.form,
+            base=self.base if request.form == "delta" else None,
         )
 
     def _trainer_format_name(self, trainer: Any) -> str | None:
@@ -527,8 +560,11 @@ class CutWriter:
         if not keep:
             return
         oldest_kept = seq_of(keep[0].cut_id) or 0
+        bases = self._bases_of(keep)
+        if bases is None:
+            return  # a kept cut's manifest did not read: delete nothing that might be a base
         for folder in folders:
-            if folder in keep or (seq_of(folder.cut_id) or 0) >= oldest_kept:
+            if folder in keep or folder.cut_id in bases or (seq_of(folder.cut_id) or 0) >= oldest_kept:
                 continue
             try:
                 # Manifest first: from that instant the cut no longer exists, even if the
@@ -539,6 +575,19 @@ class CutWriter:
                     self.storage.delete(key)
             except StorageError as err:
                 log.warning("could not delete old cut %s: %s", folder.cut_id, err)
+
+    def _bases_of(self, kept: list[Any]) -> set[str] | None:
+        """The full cuts that kept deltas extend, and this writer's base (None: a manifest did not read)."""
+        bases = {self.base.cut_id} if self.base is not None else set()
+        for folder in kept:
+            try:
+                base = (json.loads(self.storage.get_bytes(manifest_key(folder.cut_id))) or {}).get("base")
+            except (StorageError, ValueError) as err:
+                log.warning("retention skipped: the manifest of cut %s did not read: %s", folder.cut_id, err)
+                return None
+            if isinstance(base, dict) and isinstance(base.get("cut_id"), str):
+                bases.add(base["cut_id"])
+        return bases
 
     def _remove_folder(self, prefix: str) -> None:
         """Removes a cut's files after it failed. Best effort (a torn folder is harmless, and

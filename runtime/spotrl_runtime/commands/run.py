@@ -308,6 +308,7 @@ def _assemble_and_run(
     from spotrl_runtime.checkpoint.fence import FencedError
     from spotrl_runtime.checkpoint.precheck import ResumeError
     from spotrl_runtime.checkpoint.restore import NoCommittedCutError
+    from spotrl_runtime.checkpoint.resume import RedoStoppedError
     from spotrl_runtime.checkpoint.writer import CutConflictError
     from spotrl_runtime.controller.assemble import ControllerError, assemble
     from spotrl_runtime.controller.loop import (
@@ -335,6 +336,9 @@ def _assemble_and_run(
     except (CutCheckError, NoCommittedCutError, ResumeError) as err:
         print(f"spotrl: {err}", file=sys.stderr)
         return EXIT_REFUSED
+    except RedoStoppedError as err:
+        print(f"spotrl: {err}", file=sys.stderr)
+        return signals.exit_code()
     except (ControllerError, RayStartError, TrainerGroupError) as err:
         print(f"spotrl: {err}", file=sys.stderr)
         return EXIT_ERROR

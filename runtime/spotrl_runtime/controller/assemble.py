@@ -214,6 +214,7 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             latest_audited_attempt=audit.latest_attempt,
             dataset_description=describe_dataset(spec.dataset, dataset),
             encode=encode,
+            stop=stop.is_set,
         )
         restored_at = time.time()
         writer = CutWriter(
@@ -224,6 +225,8 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             progress=lambda phase: failpoint(f"cut.{phase}"),
             fence=start.fence,
         )
+        if start.restored is not None:
+            writer.base = start.restored.base  # the full cut the next delta cuts extend
         pool.update_weights(trainer.policy_state_dict(), trainer.step)
         if isinstance(trainer, Trainer):
             # While the workers start (their own processes): the first pass's one-time costs.

@@ -43,6 +43,8 @@ class CutInfo:
     """The writer's seconds per part (capture, files, manifest ...)."""
     estimate: CutEstimate | None = None
     """A barrier cut's seconds as estimated after this cut (:mod:`spotrl_runtime.core.cut_estimate`)."""
+    form: str = "full"
+    """``full`` (the trainer's state) or ``delta`` (the redo log since a full cut)."""
 
     def ref(self) -> CutRef:
         """As ``status.lastCut``."""

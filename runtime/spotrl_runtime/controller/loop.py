@@ -43,11 +43,11 @@ from typing import Any
 from spotrl_runtime.api.rljob import EXIT_RANK_LOST, EXIT_REFUSED, RLJob
 from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.checkpoint.fence import FencedError
-from spotrl_runtime.checkpoint.writer import CutConflictError, CutRequest
+from spotrl_runtime.checkpoint.writer import CutConflictError, CutForm, CutRequest
 from spotrl_runtime.controller.assemble import ControllerError, ControllerOptions, Parts
 from spotrl_runtime.controller.control import BarrierFailed, CutInfo
 from spotrl_runtime.controller.tensorboard import TensorBoardLog
-from spotrl_runtime.core.cut_estimate import CutEstimator
+from spotrl_runtime.core.cut_estimate import CutEstimator, barrier_form
 from spotrl_runtime.core.owners import Dispatch, OwnershipError, OwnersSnapshot, UnknownGroupError
 from spotrl_runtime.core.step_stats import rollout_stats
 from spotrl_runtime.core.types import Rollout
@@ -194,7 +194,7 @@ class Controller:
             except Exception:
                 owners.abort_step()
                 raise
-            record = owners.commit_step(weight_version=trainer.step)
+            record = owners.commit_step(weight_version=trainer.step, fingerprint=self._fingerprint(metrics))
             # A fenced controller (a newer attempt claimed the job, or a cut found a newer
             # writer) stops here: the step it just trained is never audited.
             self._raise_failure()
@@ -243,6 +243,32 @@ class Controller:
             ):
                 self._periodic_cut(f"every {every_steps} steps")
         return True
+
+    def _fingerprint(self, metrics: dict[str, float]) -> Any:
+        """The step's fingerprint for the redo log, when delta barrier cuts may be taken (one
+        trainer process, ``checkpoint.barrier`` auto or delta); None keeps no redo log."""
+        if self.spec.checkpoint.barrier == "full" or isinstance(self.trainer, TrainerGroup):
+            return None
+        return self.trainer.fingerprint(metrics)
+
+    def _barrier_form(self, remaining: float) -> CutForm:
+        """``full`` or ``delta``: what this barrier cut holds (see
+        :func:`~spotrl_runtime.core.cut_estimate.barrier_form`)."""
+        why_not = None
+        base = self.parts.writer.base
+        if isinstance(self.trainer, TrainerGroup):
+            why_not = "the trainer is a group of FSDP ranks"
+        elif base is None:
+            why_not = "no full cut to extend yet"
+        else:
+            steps = [s.step for s in self.owners.redo_steps() if s.step >= base.trainer_step]
+            if steps != list(range(base.trainer_step, self.owners.trainer_step)):
+                why_not = f"the redo log does not hold every step since full cut {base.cut_id}"
+        form, why = barrier_form(
+            self.spec.checkpoint.barrier, self.cut_estimator.estimate(), remaining, delta_possible=why_not
+        )
+        log.info("barrier cut: %s (%s)", form, why)
+        return form
 
     # ================================================================== generation
 
@@ -403,7 +429,9 @@ class Controller:
         request = job.request
         t0 = time.monotonic()
         try:
-            if job.snapshot is None:
+            if job.snapshot is None and request.form == "delta":
+                committed = self.parts.writer.write(self.owners, request)
+            elif job.snapshot is None:
                 last = request.kind == "barrier"
                 committed = self.parts.writer.write(self.owners, request, lambda: self._trainer_state(last))
             else:
@@ -417,14 +445,18 @@ class Controller:
             return None
         seconds = time.monotonic() - t0 + (job.snapshot.capture_seconds if job.snapshot else 0.0)
         committed_at = time.time()
-        estimate = self.cut_estimator.add_cut(
-            kind=request.kind,
-            bytes=committed.bytes_written,
-            seconds=seconds,
-            timings=committed.timings,
-            step=committed.manifest.trainer_step,
-            at=committed_at,
-        )
+        if committed.manifest.is_delta:
+            estimate = self.cut_estimator.estimate()  # what a full cut would take: a delta tells nothing of it
+        else:
+            self.owners.trim_redo(committed.manifest.trainer_step)
+            estimate = self.cut_estimator.add_cut(
+                kind=request.kind,
+                bytes=committed.bytes_written,
+                seconds=seconds,
+                timings=committed.timings,
+                step=committed.manifest.trainer_step,
+                at=committed_at,
+            )
         if estimate is not None:
             log.info(
                 "barrier cut estimate: %.2f s (%d bytes at %.0f bytes/s + %.2f s fixed, from %d cuts)",
@@ -444,6 +476,7 @@ class Controller:
             bytes=committed.bytes_written,
             timings=dict(committed.timings),
             estimate=estimate,
+            form=committed.manifest.form,
         )
         self.cuts.append(info)
         for sink in self.options.sinks:
@@ -463,7 +496,7 @@ class Controller:
             remaining = deadline.remaining()
             if remaining <= 0:
                 raise BarrierFailed(f"barrier ({reason}) arrived after its deadline")
-            job = _CutJob(CutRequest.barrier(deadline, reason))
+            job = _CutJob(CutRequest.barrier(deadline, reason, self._barrier_form(remaining)))
             self._cuts.put(job)
             try:
                 info = job.done.result(timeout=remaining + 5)

@@ -23,6 +23,7 @@ import statistics
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 RECENT_CUTS = 5
 """Cuts an estimate is made from: the store's speed now, not at the start of the run."""
@@ -253,3 +254,23 @@ def assess(
                 f"until then, set checkpoint.everySteps to {k} to lose at most {k} step(s) (~{k * step:.0f} s)"
             )
     return Assessment(True, "; ".join(parts), budget, worst, busy, fit_steps)
+
+
+def barrier_form(
+    mode: str, est: CutEstimate | None, remaining: float, *, delta_possible: str | None
+) -> tuple[Literal["full", "delta"], str]:
+    """What a barrier cut holds, and why. ``mode`` is ``spec.checkpoint.barrier``; ``est`` the
+    full cut's estimate; ``remaining`` the seconds left before the barrier's deadline;
+    ``delta_possible`` None when a delta can be cut, else why not (no full cut to extend yet,
+    a trainer group). ``auto`` cuts full when the estimate fits :data:`HEADROOM` of what is left."""
+    if mode == "full":
+        return "full", "checkpoint.barrier is full"
+    if delta_possible is not None:
+        return "full", f"a delta cut is not possible: {delta_possible}"
+    if mode == "delta":
+        return "delta", "checkpoint.barrier is delta"
+    if est is None:
+        return "delta", "no full cut of this controller measured yet"
+    if est.seconds <= remaining * HEADROOM:
+        return "full", f"a full cut is estimated at {est.seconds:.1f} s, within {HEADROOM:.0%} of {remaining:.1f} s"
+    return "delta", f"a full cut is estimated at {est.seconds:.1f} s, over {HEADROOM:.0%} of the {remaining:.1f} s left"

@@ -18,7 +18,14 @@ file                          role            content
 ``audit.json``                audit           the tail of the audit log
 ``trainer/*``                 weights, ...    the trainer's state; opaque to this module
                                               except ``trainer/meta.json`` (its step)
+``redo.json``                 redo_index      a delta cut's redo steps: groups' locators in
+                                              trained order, fingerprints
+``redo_rows.bin``             redo_rows       a delta cut's redo rows (the rollout row format)
 ============================  ==============  =============================================
+
+A cut's ``form`` is ``full`` (the trainer's state is in it) or ``delta``: no trainer state but
+the redo log (:mod:`spotrl_runtime.core.redo`) since its ``base``, the full cut it extends
+(id, manifest sha256, trainer step). Manifests without ``form`` are full.
 
 Version 2 added ``retired`` to ``sampler.json``; version 1 cuts lack what check
 ``coverage`` needs and are not read.
@@ -36,7 +43,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spotrl_runtime.core.audit import AuditRecord, DroppedPrompt
@@ -44,6 +51,14 @@ from spotrl_runtime.core.fields import RecordFormatError, optional_int, require_
 from spotrl_runtime.core.ledger import LedgerRecord, Phase
 from spotrl_runtime.core.orders import OrderSet
 from spotrl_runtime.core.owners import OwnersSnapshot, RecoveryConfig
+from spotrl_runtime.core.redo import (
+    DeltaBase,
+    RedoIndexStep,
+    RedoStep,
+    decode_redo_index,
+    encode_redo_index,
+    redo_rows,
+)
 from spotrl_runtime.core.replay_buffer import ReplayEntry
 from spotrl_runtime.core.spare_pool import Spare
 from spotrl_runtime.core.types import FinishedGroup, Prompt, Rollout
@@ -52,6 +67,9 @@ SCHEMA_VERSION = 2
 READABLE_SCHEMA_VERSIONS = (2,)
 MANIFEST_NAME = "manifest.json"
 CUT_KINDS = ("periodic", "barrier")
+"""Why a cut was taken."""
+CUT_FORMS = ("full", "delta")
+"""What it holds: the trainer's state (full), or the redo log since a full cut (delta)."""
 
 OWNER_FILES: dict[str, str] = {
     "sampler": "sampler.json",
@@ -63,6 +81,9 @@ OWNER_FILES: dict[str, str] = {
     "audit": "audit.json",
 }
 """Role -> file name of the owner files every cut has."""
+
+DELTA_FILES: dict[str, str] = {"redo_index": "redo.json", "redo_rows": "redo_rows.bin"}
+"""Role -> file name of the files a delta cut adds (:mod:`spotrl_runtime.core.redo`)."""
 
 TORCH_SAVE_V1 = "torch.save/v1"
 """One process's trainer state, the weights in one ``trainer/weights.pt`` (read, no longer written)."""
@@ -141,6 +162,13 @@ class Manifest:
     trainer_format: str | None = None
     capture_seconds: float = 0.0
     extra: Mapping[str, Any] = field(default_factory=dict)
+    form: str = "full"
+    base: DeltaBase | None = None
+    """A delta's base full cut (None for a full cut)."""
+
+    @property
+    def is_delta(self) -> bool:
+        return self.form == "delta"
 
     def file(self, role: str) -> ManifestFile | None:
         """The (first) file with ``role``."""
@@ -165,6 +193,8 @@ class Manifest:
             "trainer_format": self.trainer_format,
             "capture_seconds": self.capture_seconds,
             "extra": dict(self.extra),
+            "form": self.form,
+            "base": None if self.base is None else self.base.to_json(),
         }
 
     def to_bytes(self) -> bytes:
@@ -207,6 +237,19 @@ class Manifest:
         trainer_format = data.get("trainer_format")
         if trainer_format is not None and not isinstance(trainer_format, str):
             raise RecordFormatError(f"trainer_format must be a string or null, got {trainer_format!r}")
+        form = data.get("form", "full")
+        if form not in CUT_FORMS:
+            raise RecordFormatError(f"form must be one of {CUT_FORMS}, got {form!r}")
+        base = None
+        if form == "delta":
+            base = DeltaBase.from_json(data.get("base"))
+            if trainer_format is not None:
+                raise RecordFormatError(f"a delta cut holds no trainer state, but trainer_format is {trainer_format!r}")
+            lacking = [r for r in DELTA_FILES if r not in roles]
+            if lacking:
+                raise RecordFormatError(f"files lacks the delta cut's files {lacking}")
+        elif data.get("base") is not None:
+            raise RecordFormatError("a full cut has no base (base must be null)")
         return cls(
             schema_version=require_int(data, "schema_version"),
             cut_id=require_str(data, "cut_id"),
@@ -225,6 +268,8 @@ class Manifest:
             trainer_format=trainer_format,
             capture_seconds=float(capture),
             extra=dict(data.get("extra") or {}),
+            form=form,
+            base=base,
         )
 
 
@@ -372,6 +417,10 @@ class CutDocuments:
     replay: tuple[ReplayLocator, ...]
     rollouts: Mapping[str, tuple[Rollout, ...]]
     audit_tail: tuple[AuditRecord, ...]
+    redo_index: tuple[RedoIndexStep, ...] = ()
+    """A delta cut's redo steps (``redo.json``); empty in a full cut."""
+    redo_rollouts: Mapping[str, tuple[Rollout, ...]] = field(default_factory=dict)
+    """A delta cut's redo rows by group (``redo_rows.bin``)."""
 
     @property
     def partial_ids(self) -> set[str]:
@@ -528,6 +577,37 @@ def decode_owner_files(blobs: Mapping[str, bytes]) -> CutDocuments:
     )
 
 
+class DeltaNotCoveredError(ValueError):
+    """The redo log does not hold every step from the base's to the snapshot's: only a full cut can."""
+
+
+def encode_delta_files(snapshot: OwnersSnapshot, base: DeltaBase) -> dict[str, bytes]:
+    """A delta cut's files besides the owner files: the redo steps from ``base``'s trainer step
+    to the snapshot's. Raises :class:`DeltaNotCoveredError` when the redo log lacks one."""
+    steps = [s for s in snapshot.redo if s.step >= base.trainer_step]
+    want = list(range(base.trainer_step, snapshot.trainer_step))
+    if [s.step for s in steps] != want:
+        have = f"{steps[0].step}..{steps[-1].step}" if steps else "none"
+        raise DeltaNotCoveredError(
+            f"the redo log holds steps {have}, a delta on cut {base.cut_id} needs {base.trainer_step}.."
+            f"{snapshot.trainer_step - 1}"
+        )
+    return {"redo_index": encode_redo_index(steps), "redo_rows": encode_rollouts(redo_rows(steps))}
+
+
+def decode_delta_files(docs: CutDocuments, blobs: Mapping[str, bytes]) -> CutDocuments:
+    """``docs`` with a delta cut's redo files decoded; raises :class:`OwnerFileError` naming the role."""
+    try:
+        index = decode_redo_index(blobs["redo_index"])
+    except RecordFormatError as err:
+        raise OwnerFileError("redo_index", str(err)) from None
+    try:
+        rows = decode_rollouts(blobs["redo_rows"])
+    except OwnerFileError as err:
+        raise OwnerFileError("redo_rows", str(err)) from None
+    return replace(docs, redo_index=index, redo_rollouts=rows)
+
+
 def to_snapshot(docs: CutDocuments, prompts: Mapping[str, Prompt]) -> OwnersSnapshot:
     """The snapshot a restore rebuilds the owners from, given the rebuilt prompts of every group."""
     replay = tuple(
@@ -555,7 +635,28 @@ def to_snapshot(docs: CutDocuments, prompts: Mapping[str, Prompt]) -> OwnersSnap
         dropped=docs.dropped,
         audit_tail=docs.audit_tail,
         retired=docs.retired,
+        redo=redo_steps(docs, prompts),
         prompts=prompts,
+    )
+
+
+def redo_steps(docs: CutDocuments, prompts: Mapping[str, Prompt]) -> tuple[RedoStep, ...]:
+    """A delta cut's redo steps as the trainer redoes them (prompts rebuilt by the chain)."""
+    return tuple(
+        RedoStep(
+            s.step,
+            tuple(
+                ReplayEntry(
+                    FinishedGroup(g.group_id, prompts[g.group_id], g.target_step, docs.redo_rollouts[g.group_id]),
+                    g.admission_id,
+                    g.order,
+                    g.weight_version,
+                )
+                for g in s.groups
+            ),
+            s.fingerprint,
+        )
+        for s in docs.redo_index
     )
 
 

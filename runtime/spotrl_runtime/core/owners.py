@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from spotrl_runtime.core.audit import AuditLog, AuditRecord, DroppedPrompt
 from spotrl_runtime.core.ledger import Ledger, LedgerRecord, Phase
 from spotrl_runtime.core.orders import OrderSet
+from spotrl_runtime.core.redo import RedoLog, RedoStep, StepFingerprint
 from spotrl_runtime.core.replay_buffer import ReplayBuffer, ReplayEntry
 from spotrl_runtime.core.sampler import LookaheadSampler
 from spotrl_runtime.core.spare_pool import Spare, SparePool
@@ -234,6 +235,8 @@ class OwnersSnapshot:
     dropped: Mapping[int, tuple[DroppedPrompt, ...]]
     audit_tail: tuple[AuditRecord, ...]
     retired: OrderSet = field(default_factory=OrderSet)
+    redo: tuple[RedoStep, ...] = ()
+    """The steps trained since the newest committed full cut (what a delta cut holds)."""
     """Orders that left every live owner: trained, or dropped."""
     prompts: Mapping[str, Prompt] = field(default_factory=dict)
     extra: Any = None
@@ -262,6 +265,7 @@ class Owners:
         self._shortfall: dict[int, int] = {}
         self._dropped: dict[int, list[DroppedPrompt]] = {}
         self._audit = AuditLog(config.audit_tail)
+        self._redo = RedoLog()
         self._retired = OrderSet()
         self._next_order = 0
         self._next_admission = 0
@@ -557,13 +561,21 @@ class Owners:
             self._training = self._trainer_step
             return [e.group for e in self._buffer.groups(self._trainer_step)]
 
-    def commit_step(self, weight_version: int | None = None) -> AuditRecord:
-        """The optimizer step is done: its groups move to trained; returns the audit record."""
+    def commit_step(self, weight_version: int | None = None, fingerprint: StepFingerprint | None = None) -> AuditRecord:
+        """The optimizer step is done: its groups move to trained (and, with the step's
+        ``fingerprint``, to the redo log); returns the audit record. A step without a
+        fingerprint empties the redo log: no delta cut can cover it, only a full cut."""
         with self._cond:
             step = self._training
             if step is None:
                 raise StepNotReadyError("commit_step without begin_step")
             entries = self._buffer.take(step)
+            if fingerprint is None:
+                self._redo = RedoLog()
+            else:
+                if len(self._redo) and self._redo.steps()[-1].step != step - 1:
+                    self._redo = RedoLog()
+                self._redo.append(RedoStep(step, tuple(entries), fingerprint))
             for e in entries:
                 self._retired.add(e.order)
             record = AuditRecord(
@@ -581,6 +593,15 @@ class Owners:
             self._training = None
             self._cond.notify_all()
             return record
+
+    def trim_redo(self, before: int) -> int:
+        """A full cut at trainer step ``before`` committed: the redo log drops the steps it holds."""
+        with self._cond:
+            return self._redo.trim(before)
+
+    def redo_steps(self) -> tuple[RedoStep, ...]:
+        with self._cond:
+            return self._redo.steps()
 
     def abort_step(self) -> None:
         """The optimizer step failed: its groups stay in the replay buffer for a retry."""
@@ -631,6 +652,7 @@ class Owners:
                     dropped={s: tuple(d) for s, d in self._dropped.items()},
                     audit_tail=self._audit.tail(),
                     retired=OrderSet(self._retired.intervals()),
+                    redo=self._redo.steps(),
                     prompts={
                         **{r.group_id: self._ledger.prompt(r.group_id) for r in records},
                         **{s.group_id: p for s, p in self._spares.items()},
@@ -677,6 +699,7 @@ class Owners:
         owners._dropped = {s: list(d) for s, d in snapshot.dropped.items()}
         owners._audit = AuditLog(snapshot.config.audit_tail, snapshot.audit_tail)
         owners._retired = OrderSet(snapshot.retired.intervals())
+        owners._redo = RedoLog(snapshot.redo)
         owners.counters.groups_found = len(snapshot.ledger)
         owners.counters.finished_found = len(snapshot.replay)
         return owners

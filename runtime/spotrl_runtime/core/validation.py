@@ -36,13 +36,23 @@ check                       what it refuses
 ``census``                  a step without B - shortfall groups; a partial RESERVED batch
 ``fingerprints_uniform``    some groups with a content fingerprint and some without
 ``trainer_state``           trainer files missing (a sharded cut: its index, its shards), or a step that disagrees
+``redo_steps``              a delta whose redo steps are not each step from its base's to its own
+``redo_rows``               a redo group without its rows, rows of no redo group, a group trained
+                            at another step than its stamp or whose order is not retired
+``redo_audit``              a redo step whose groups are not the ones the audit says it trained
+``delta_base``              a delta whose base is missing, another cut (digest, step, job), a
+                            delta itself, or refused by its own chain
 ``loader_position``         a loader position other than the orders handed out
 ``dataset_size``            a dataset whose length changed since the cut
 ``loader_rows``             a group whose idx is not the row its order reads
 ``prompt_rebuild``          a row that no longer rebuilds with the same idx and task
 ``prompt_fingerprint``      a row whose content changed under the same idx
 ``rollout_prompt_tokens``   finished rows whose prompt tokens are not their prompt's
+``redo_fingerprint``        a redone step that does not reproduce its recorded fingerprint
 ==========================  ========================================================
+
+``delta_base`` reads another cut, so the storage side runs it (:func:`check_delta_base` is its
+pure half); ``redo_fingerprint`` runs when the trainer redoes the steps (resume).
 
 ``rollout_prompt_tokens`` needs the policy's tokenizer, so it runs in restore (the
 controller passes ``encode``); ``spotrl ckpt verify`` lists it as not run. The checks
@@ -59,6 +69,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
 from spotrl_runtime.core.cut_format import (
+    DELTA_FILES,
     MANIFEST_NAME,
     OWNER_FILES,
     READABLE_SCHEMA_VERSIONS,
@@ -67,6 +78,7 @@ from spotrl_runtime.core.cut_format import (
     CutDocuments,
     Manifest,
     OwnerFileError,
+    decode_delta_files,
     decode_owner_files,
     document_counts,
     loader_position,
@@ -77,6 +89,7 @@ from spotrl_runtime.core.ledger import LedgerRecord, Phase
 from spotrl_runtime.core.owners import RecoveryConfig
 from spotrl_runtime.core.types import Prompt
 
+CUTS_FOLDER = "cuts"
 DCP_FORMAT = "dcp/v1"
 """The trainer format of a sharded cut: ``torch.distributed.checkpoint`` files under ``trainer/dcp/``."""
 SHARD_ROLE = "trainer-shard"
@@ -230,6 +243,26 @@ class PromptFingerprintError(CutCheckError):
     check = "prompt_fingerprint"
 
 
+class RedoStepsError(CutCheckError):
+    check = "redo_steps"
+
+
+class RedoRowsError(CutCheckError):
+    check = "redo_rows"
+
+
+class RedoAuditError(CutCheckError):
+    check = "redo_audit"
+
+
+class DeltaBaseError(CutCheckError):
+    check = "delta_base"
+
+
+class RedoFingerprintError(CutCheckError):
+    check = "redo_fingerprint"
+
+
 ERRORS: tuple[type[CutCheckError], ...] = (
     ManifestMissingError,
     ManifestFormatError,
@@ -255,15 +288,22 @@ ERRORS: tuple[type[CutCheckError], ...] = (
     CensusError,
     FingerprintsUniformError,
     TrainerStateError,
+    RedoStepsError,
+    RedoRowsError,
+    RedoAuditError,
+    DeltaBaseError,
     LoaderPositionError,
     DatasetSizeError,
     LoaderRowsError,
     PromptRebuildError,
     PromptFingerprintError,
     PromptTokensError,
+    RedoFingerprintError,
 )
 CHECKS: tuple[str, ...] = tuple(e.check for e in ERRORS)
 """Every check, in the order the chain runs them."""
+DELTA_CHECKS: frozenset[str] = frozenset({"redo_steps", "redo_rows", "redo_audit", "delta_base"})
+"""Checks only a delta cut has to pass (``redo_fingerprint`` too, when it is redone)."""
 BYTE_LEVEL_CHECKS: frozenset[str] = frozenset({"manifest_parses", "file_present", "file_size", "file_digest"})
 """Checks that catch damaged or missing bytes (a flaky disk or store, a torn copy), not a cut
 that is wrong in what it says: ``--resume auto`` may fall back past a cut failing one of these."""
@@ -362,6 +402,9 @@ def validate_cut(
     check_files(loc, manifest, source, trainer_digests=trainer_digests)
     blobs = {f.role: source.read(f.path) for f in manifest.files if f.role in OWNER_FILES}
     docs = decode_documents(loc, manifest, blobs)
+    if manifest.is_delta:
+        redo_blobs = {f.role: source.read(f.path) for f in manifest.files if f.role in DELTA_FILES}
+        docs = decode_redo(loc, manifest, docs, redo_blobs)
     check_one_config(loc, manifest, docs)
     docs = check_ledger_records(loc, manifest, docs)
     check_group_counts(loc, manifest, docs)
@@ -375,8 +418,13 @@ def validate_cut(
     check_census(loc, manifest, docs)
     check_fingerprints_uniform(loc, manifest, docs)
     check_trainer_state(loc, manifest, docs, source)
+    check_redo(loc, manifest, docs)
     check_loader_position(loc, manifest, docs, expect)
     skipped = {"job_identity"} if expect.job is None else set()
+    # Run by the storage side (another cut) and by the redo itself.
+    skipped |= {"delta_base", "redo_fingerprint"}
+    if not manifest.is_delta:
+        skipped |= DELTA_CHECKS
     skipped |= {"config_compatible"} if expect.config is None else set()
     prompts: dict[str, Prompt] = {}
     if lookup is None:
@@ -468,6 +516,14 @@ def check_files(loc: str, manifest: Manifest, source: CutSource, *, trainer_dige
                 "present in the cut's data folder but not listed in its manifest (an orphan from another writer)",
                 "remove it, or restore from another cut",
             )
+
+
+def decode_redo(loc: str, manifest: Manifest, docs: CutDocuments, blobs: Mapping[str, bytes]) -> CutDocuments:
+    """``owner_file_format`` for a delta cut's redo files."""
+    try:
+        return decode_delta_files(docs, blobs)
+    except OwnerFileError as err:
+        raise OwnerFileFormatError(loc, _path_of(manifest, err.role), str(err), _NEWER) from None
 
 
 def decode_documents(loc: str, manifest: Manifest, blobs: Mapping[str, bytes]) -> CutDocuments:
@@ -853,6 +909,131 @@ def check_trainer_state(loc: str, manifest: Manifest, docs: CutDocuments, source
         )
 
 
+def check_redo(loc: str, manifest: Manifest, docs: CutDocuments) -> None:
+    """``redo_steps``, ``redo_rows``, ``redo_audit`` (a delta cut only): the redo log holds each
+    step from the base's trainer step to the cut's, every group with its rows, each group trained
+    at its stamp and retired, and each step's groups are the ones its audit record names."""
+    if not manifest.is_delta:
+        return
+    base = manifest.base
+    assert base is not None  # manifest_parses
+    index_path, rows_path = _path_of(manifest, "redo_index"), _path_of(manifest, "redo_rows")
+    steps = [s.step for s in docs.redo_index]
+    want = list(range(base.trainer_step, docs.trainer_step))
+    if steps != want:
+        shown = f"{steps[:5]}{'…' if len(steps) > 5 else ''}"
+        raise RedoStepsError(
+            loc,
+            index_path,
+            f"the redo log holds steps {shown}; a delta on cut {base.cut_id} (trainer step {base.trainer_step}) at "
+            f"trainer step {docs.trainer_step} must hold each of {base.trainer_step}..{docs.trainer_step - 1} "
+            "once, in order",
+            _NEWER,
+        )
+    listed: dict[str, int] = {}
+    for s in docs.redo_index:
+        for g in s.groups:
+            if g.group_id in listed:
+                raise RedoRowsError(
+                    loc,
+                    index_path,
+                    f"group {g.group_id} is listed twice (steps {listed[g.group_id]} and {s.step})",
+                    _NEWER,
+                )
+            listed[g.group_id] = s.step
+            if g.target_step != s.step:
+                raise RedoRowsError(
+                    loc,
+                    index_path,
+                    f"group {g.group_id} is stamped for step {g.target_step} but redone at step {s.step}",
+                    _NEWER,
+                )
+            if g.order not in docs.retired:
+                raise RedoRowsError(
+                    loc,
+                    index_path,
+                    f"group {g.group_id} (order {g.order}) is redone at step {s.step}, but the sampler does not "
+                    "retire its order (it would be trained twice)",
+                    _NEWER,
+                )
+            rows = docs.redo_rollouts.get(g.group_id, ())
+            if len(rows) != g.rollouts or [r.index for r in rows] != list(range(g.rollouts)):
+                raise RedoRowsError(
+                    loc,
+                    rows_path,
+                    f"group {g.group_id} of redo step {s.step} has rows {[r.index for r in rows]}, the index says "
+                    f"{g.rollouts} (0..{g.rollouts - 1})",
+                    _NEWER,
+                )
+    stray = sorted(set(docs.redo_rollouts) - set(listed))
+    if stray:
+        raise RedoRowsError(loc, rows_path, f"rows of groups no redo step lists: {stray[:5]}", _NEWER)
+    audit = {r.step: r for r in docs.audit_tail}
+    for s in docs.redo_index:
+        rec = audit.get(s.step)
+        if rec is None:
+            raise RedoAuditError(
+                loc,
+                _path_of(manifest, "audit"),
+                f"no audit record of redo step {s.step} in the cut's audit tail (it holds "
+                f"{min(audit, default=None)}..{max(audit, default=None)}); raise recovery's audit tail above "
+                "checkpoint.everySteps",
+                _NEWER,
+            )
+        got = [(g.group_id, g.idx, g.task_name) for g in s.groups]
+        said = list(zip(rec.group_ids, rec.idxs, rec.task_names, strict=True))
+        if got != said:
+            raise RedoAuditError(
+                loc,
+                index_path,
+                f"redo step {s.step} trains groups {[g for g, _, _ in got][:6]}, the audit says step {s.step} trained "
+                f"{[g for g, _, _ in said][:6]} (or other rows, or in another order)",
+                _NEWER,
+            )
+
+
+def check_delta_base(loc: str, manifest: Manifest, base_raw: bytes | None, base_digest: str | None) -> Manifest:
+    """``delta_base``, the pure half: the base's manifest exists, has the digest the delta recorded,
+    parses, is a full cut of the same job at the recorded trainer step. Returns the base's manifest;
+    the caller then runs the base through the whole chain (a refusal there is ``delta_base`` too)."""
+    base = manifest.base
+    assert base is not None
+    where = f"{CUTS_FOLDER}/{base.cut_id}/{MANIFEST_NAME}"
+    todo = "restore from an older full cut with --resume CUT (spotrl ckpt list shows each delta's base)"
+    if base_raw is None:
+        raise DeltaBaseError(loc, MANIFEST_NAME, f"its base cut {base.cut_id} is gone ({where} does not exist)", todo)
+    if base_digest != base.manifest_sha256:
+        raise DeltaBaseError(
+            loc,
+            MANIFEST_NAME,
+            f"its base cut {base.cut_id} has manifest sha256 {str(base_digest)[:16]}…, the delta recorded "
+            f"{base.manifest_sha256[:16]}… (another cut now has that id)",
+            todo,
+        )
+    try:
+        parsed = check_manifest(f"{loc}/../{base.cut_id}", base_raw)
+    except CutCheckError as err:
+        raise DeltaBaseError(loc, MANIFEST_NAME, f"its base cut {base.cut_id} is refused: {err}", todo) from None
+    if parsed.is_delta:
+        raise DeltaBaseError(loc, MANIFEST_NAME, f"its base cut {base.cut_id} is a delta too, not a full cut", todo)
+    if parsed.job != manifest.job:
+        raise DeltaBaseError(
+            loc,
+            MANIFEST_NAME,
+            f"its base cut {base.cut_id} belongs to job {parsed.job!r}, the delta to {manifest.job!r}",
+            todo,
+        )
+    if parsed.trainer_step != base.trainer_step:
+        raise DeltaBaseError(
+            loc,
+            MANIFEST_NAME,
+            f"its base cut {base.cut_id} is at trainer step {parsed.trainer_step}, the delta recorded "
+            f"{base.trainer_step}",
+            todo,
+        )
+    return parsed
+
+
 def check_weight_parts(loc: str, manifest: Manifest) -> None:
     """``trainer_state`` for a ``torch.save/v2`` cut: its ``weights`` files are parts
     ``trainer/weights-<i>-of-<n>.pt`` of one count, each of 1..n listed once and nothing else
@@ -973,7 +1154,7 @@ def check_prompt_tokens(
 ) -> None:
     """``rollout_prompt_tokens``: every finished rollout row's prompt tokens encode its group's
     rebuilt prompt (the rows would otherwise train one prompt's completions under another)."""
-    for gid, rows in docs.rollouts.items():
+    for gid, rows in [*docs.rollouts.items(), *docs.redo_rollouts.items()]:
         want = tuple(encode(prompts[gid]))
         for row in rows:
             if tuple(row.prompt_token_ids) != want:
@@ -1005,6 +1186,9 @@ def check_prompts(loc: str, manifest: Manifest, docs: CutDocuments, lookup: Prom
     ]
     locators += [(s.group_id, s.idx, s.task_name, s.fingerprint, "spare_pool") for s in docs.spares]
     locators += [(g.group_id, g.idx, g.task_name, g.fingerprint, "replay_index") for g in docs.replay]
+    locators += [
+        (g.group_id, g.idx, g.task_name, g.fingerprint, "redo_index") for s in docs.redo_index for g in s.groups
+    ]
     prompts: dict[str, Prompt] = {}
     todo = "restore with the dataset the run started with (rows must keep their idx)"
     for gid, idx, task, fingerprint, role in locators:

@@ -115,6 +115,9 @@ class PromptLoader:
             batch_sampler=BatchSampler(sampler, batch_size, drop_last=False),
             collate_fn=collate.batch,
             num_workers=0,
+            # Its own generator: starting an iterator draws a seed, which from torch's global RNG
+            # would move the trainer's (a dropout's draws, and a delta cut's redo, depend on it).
+            generator=torch.Generator().manual_seed(seed),
         )
         self._iter: Iterator[list[Prompt]] | None = None
 

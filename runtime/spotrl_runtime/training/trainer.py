@@ -10,6 +10,7 @@ policy spec on restore, so :meth:`Trainer.state_dict` does not carry it.
 from __future__ import annotations
 
 import copy
+import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from spotrl_runtime.checkpoint.trainer_state import capture_rng, restore_rng
+from spotrl_runtime.core.redo import StepFingerprint
 from spotrl_runtime.core.types import FinishedGroup
 from spotrl_runtime.training.grpo import completion_logprobs, token_entropy_sum, token_loss_terms
 from spotrl_runtime.training.rows import LossSums, Row, step_metrics, step_rows
@@ -258,6 +260,19 @@ class Trainer:
             is_cap=self.config.is_cap,
         )
         return replace(terms, entropy_sum=token_entropy_sum(logits, mask, self.config.temperature))
+
+    def fingerprint(self, metrics: Mapping[str, float]) -> StepFingerprint:
+        """The fingerprint of the step just taken (``metrics``: what :meth:`train_step` returned):
+        its loss, its gradient norm and a digest of the first values of four parameters (the
+        first, the last and two between), which a redone step must reproduce."""
+        params = list(self.model.named_parameters())
+        digest = hashlib.sha256()
+        for i in sorted({0, len(params) // 3, 2 * len(params) // 3, len(params) - 1}):
+            name, p = params[i]
+            digest.update(name.encode())
+            digest.update(p.detach().reshape(-1)[:256].to("cpu", torch.float32).numpy().tobytes())
+        where = f"{self.device.type}/1"
+        return StepFingerprint(float(metrics["loss"]), float(metrics["grad_norm"]), digest.hexdigest()[:32], where)
 
     # ------------------------------------------------------------------ state
 

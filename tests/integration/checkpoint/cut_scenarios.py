@@ -10,6 +10,7 @@ the run, and prints what it saw as JSON.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -29,7 +30,8 @@ from spotrl_runtime.checkpoint import (
 )
 from spotrl_runtime.core.audit import AuditRecord
 from spotrl_runtime.core.owners import Dispatch, Owners, RecoveryConfig
-from spotrl_runtime.core.types import Rollout
+from spotrl_runtime.core.redo import StepFingerprint
+from spotrl_runtime.core.types import FinishedGroup, Rollout
 from spotrl_runtime.data import ArithmeticDataset, PromptCollate, describe_dataset
 from spotrl_runtime.data.dataset import PromptDataset
 from spotrl_runtime.data.loader import PromptLoader
@@ -116,7 +118,13 @@ class Run:
         optimizer.load_state_dict(trainer.optimizer)  # type: ignore[arg-type]
         assert trainer.rng is not None
         restore_rng(trainer.rng)
-        return cls(restored.owners, model, optimizer, _writer(storage, dataset, **loader))
+        run = cls(restored.owners, model, optimizer, _writer(storage, dataset, **loader))
+        for step in restored.redo:  # a delta: its base's state, then its steps again
+            redone = run._step([e.group for e in step.entries])
+            assert step.fingerprint.mismatch(redone) is None, step.fingerprint.mismatch(redone)
+        if run.writer is not None:
+            run.writer.base = restored.base
+        return run
 
     def pump(self) -> list[Dispatch]:
         sent = self.owners.pump()
@@ -153,7 +161,12 @@ class Run:
 
     def train(self) -> AuditRecord:
         """One GRPO-shaped optimizer step on the step's groups (uses the torch RNG, so RNG state matters)."""
-        groups = self.owners.begin_step()
+        fingerprint = self._step(self.owners.begin_step())
+        record = self.owners.commit_step(fingerprint=fingerprint)
+        self.audit.append(record)
+        return record
+
+    def _step(self, groups: list[FinishedGroup]) -> StepFingerprint:
         x = torch.tensor([[float(g.prompt.idx), float(len(g.prompt.text)), 1.0, 0.5] for g in groups])
         noise = torch.randn(len(groups), 1) * 0.01
         target = torch.tensor([[sum(r.reward for r in g.rollouts)] for g in groups])
@@ -161,17 +174,26 @@ class Run:
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
-        record = self.owners.commit_step()
-        self.audit.append(record)
-        return record
+        params = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in self.model.parameters()))
+        return StepFingerprint(float(loss.detach()), 0.0, params.hexdigest()[:32], "cpu/1")
 
     def state_fn(self) -> Any:
         return snapshot_trainer(self.model.state_dict(), self.optimizer.state_dict(), step=self.owners.trainer_step)
 
     def cut(self, kind: str = "periodic") -> CommittedCut:
+        """A ``periodic`` or ``barrier`` cut (full), or a ``delta`` barrier cut where the redo log
+        covers every step since the writer's base (else a full one, as the controller does)."""
         assert self.writer is not None
+        if kind == "delta":
+            base = self.writer.base
+            steps = [s.step for s in self.owners.redo_steps() if base is not None and s.step >= base.trainer_step]
+            if base is not None and steps == list(range(base.trainer_step, self.owners.trainer_step)):
+                return self.writer.write(self.owners, CutRequest.barrier(Deadline.after(60), form="delta"))
+            kind = "barrier"
         request = CutRequest.barrier(Deadline.after(60)) if kind == "barrier" else CutRequest.periodic()
-        return self.writer.write(self.owners, request, self.state_fn)
+        committed = self.writer.write(self.owners, request, self.state_fn)
+        self.owners.trim_redo(committed.manifest.trainer_step)
+        return committed
 
     def drain(self, until_step: int) -> None:
         """Finish everything in flight and train, until ``until_step`` steps are trained."""

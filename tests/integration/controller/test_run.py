@@ -32,7 +32,10 @@ def test_a_short_run_learns(baseline: list[tuple[int, list[int]]], runs: Runs) -
         assert 0 < d["entropy"] < 4.0  # nats; below log(vocab) of the tiny policy's ~20 characters
         assert d["learning_rate"] == pytest.approx(0.0003)
         assert d["train_tokens_per_second"] > 0
-        assert d["generation_tokens_per_second"] > 0
+        # Tokens of groups that finished since the step before: none, when every group of this
+        # step had finished before the step before ended (lookahead); the run's sum is not 0.
+        assert d["generation_tokens_per_second"] >= 0
+    assert sum(d["generation_tokens_per_second"] for d in docs) > 0
     # The tiny policy rambles past its answers at first (clipped at 8 tokens) and learns to stop.
     lengths = [d["response_length_mean"] for d in docs]
     assert sum(lengths[-4:]) < sum(lengths[:4]), lengths

@@ -1,0 +1,254 @@
+"""Delta barrier cuts, made by the real controller (`spotrl run`, real torch, real Ray, cuts on disk).
+
+With ``checkpoint.barrier: delta`` a SIGTERM cuts the owners and the redo log (the rows of every
+step trained since the newest full cut, and each step's fingerprint), and no trainer state. The
+resume loads the base full cut, trains the redo steps again from their rows (no generation), and
+goes on: the effective stream is the uninterrupted run's, and so are the final weights, bit for
+bit (one CPU process each). Killed during the redo, or stopped again, it resumes from the same
+delta. A delta forged so that one invariant breaks (digests recomputed) is refused by name, and
+nothing trains."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from controller_runs import Runs, audit, newest_cut, stop, stream, wait_for
+
+from spotrl_e2e.forgery import CutSurgery
+from spotrl_runtime.core.cut_format import decode_rollouts, encode_rollouts
+
+pytestmark = pytest.mark.slow
+
+JOB = {"checkpoint.barrier": "delta"}
+"""The tiny job (16 steps, a periodic full cut every 4) whose barrier cuts are deltas."""
+
+
+def final_weights(store: Path) -> dict[str, torch.Tensor]:
+    """The weights of the store's newest cut (a run's final, full cut)."""
+    cuts = sorted(p for p in (store / "cuts").iterdir() if (p / "manifest.json").exists())
+    cut = CutSurgery(cuts[-1])
+    assert cut.m["form"] == "full", cut.m
+    weights: dict[str, torch.Tensor] = {}
+    for f in sorted(cut.m["files"], key=lambda f: f["path"]):
+        if f["role"] == "weights":
+            weights.update(torch.load(cut.cut / f["path"], map_location="cpu", weights_only=True))
+    assert weights
+    return weights
+
+
+def assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == want.keys()
+    differ = [k for k in want if not torch.equal(got[k], want[k])]
+    assert not differ, f"{len(differ)} of {len(want)} tensors differ from the uninterrupted run's: {differ[:5]}"
+
+
+@pytest.fixture(scope="module")
+def made(runs: Runs, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """(job file, store, id of a delta barrier cut). The controller sleeps 4 s before step 6; a
+    SIGTERM then interrupts the step, and the barrier cuts a delta on the periodic cut of step 4."""
+    job = runs.job(JOB)
+    store = runs.base / "delta-source"
+    marks = tmp_path_factory.mktemp("marks")
+    proc = runs.start(job, store, SPOTRL_FAILPOINTS="train.step@6=4", SPOTRL_FAILPOINT_DIR=str(marks))
+    wait_for(lambda: (marks / "train.step").exists(), 300, "the run to reach step 6", proc)
+    assert stop(proc) == 143, runs.log_of(proc)
+    log = runs.log_of(proc)
+    assert "barrier cut: delta (checkpoint.barrier is delta)" in log, log
+    cut_id, kind, step = newest_cut(store)
+    assert (kind, step) == ("barrier", 6), log
+    return job, store, cut_id
+
+
+def _copy(store: Path, to: Path) -> Path:
+    shutil.copytree(store, to)
+    return to
+
+
+def test_a_delta_cut_holds_the_owners_and_the_redo_log_and_no_weights(made: tuple[Path, Path, str]) -> None:
+    _, store, cut_id = made
+    delta = CutSurgery(store / "cuts" / cut_id)
+    assert delta.m["form"] == "delta"
+    assert delta.m["trainer_format"] is None
+    assert not any(f["path"].split("/")[1] == "trainer" for f in delta.m["files"])
+    base = CutSurgery(store / "cuts" / delta.m["base"]["cut_id"])
+    assert (base.m["form"], base.m["trainer_step"]) == ("full", 4)
+    assert delta.m["base"]["manifest_sha256"] == hashlib.sha256(base.manifest_path.read_bytes()).hexdigest()
+    redo = delta.json("redo_index")["steps"]
+    assert [s["step"] for s in redo] == [4, 5]
+    trained = {d["step"]: d for d in audit(store, "--all")}
+    for s in redo:
+        assert [g["idx"] for g in s["groups"]] == trained[s["step"]]["prompts"]
+        assert s["fingerprint"]["where"] == "cpu/1"
+    rows = decode_rollouts(delta.path("redo_rows").read_bytes())
+    assert sorted(rows) == sorted(g["group_id"] for s in redo for g in s["groups"])
+    size = sum(f["size"] for f in delta.m["files"])
+    full = sum(f["size"] for f in base.m["files"])
+    assert size < full / 5, (size, full)
+
+
+def test_resume_from_a_delta_redoes_its_steps_and_ends_with_the_uninterrupted_weights(
+    made: tuple[Path, Path, str], runs: Runs, baseline: list[tuple[int, list[int]]]
+) -> None:
+    job, store, cut_id = made
+    root = _copy(store, runs.base / "delta-resumed")
+    rc, log = runs.run(job, root)
+    assert rc == 0, log
+    assert f"resumed from cut {cut_id} (barrier) at step 6" in log, log
+    assert f"redid steps 4..5 of delta cut {cut_id}" in log, log
+    assert stream(root) == baseline
+    # The redone steps are no new training: the audit holds each step once per attempt that trained it.
+    assert [d["step"] for d in audit(root, "--all") if d["attempt"] > 0][:1] == [6]
+    assert_same_weights(final_weights(root), final_weights(runs.base / "baseline"))
+
+
+def test_killed_during_the_redo_then_stopped_during_it_the_next_resume_reaches_the_same_end(
+    made: tuple[Path, Path, str], runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path
+) -> None:
+    job, store, cut_id = made
+    root = _copy(store, runs.base / "delta-killed")
+    for sig, name in ((signal.SIGKILL, "killed"), (signal.SIGTERM, "stopped")):
+        marks = tmp_path / name
+        marks.mkdir()
+        proc = runs.start(job, root, SPOTRL_FAILPOINTS="redo.step@5=60", SPOTRL_FAILPOINT_DIR=str(marks))
+        wait_for(lambda m=marks: (m / "redo.step").exists(), 300, "the redo of step 5", proc)  # type: ignore[misc]
+        if sig == signal.SIGKILL:
+            assert stop(proc, sig) == -9
+        else:
+            proc.send_signal(sig)
+            (marks / "redo.step.release").touch()  # the step's redo goes on; the next one stops
+            assert proc.wait(timeout=60) == 143, runs.log_of(proc)
+            assert "stopped during the redo of delta cut" in runs.log_of(proc)
+        assert newest_cut(root)[0] == cut_id, "the redo writes nothing: the delta is still the newest cut"
+        assert [d for d in audit(root, "--all") if d["attempt"] > 0] == [], "nothing trained"
+    rc, log = runs.run(job, root)
+    assert rc == 0, log
+    assert stream(root) == baseline
+    assert_same_weights(final_weights(root), final_weights(runs.base / "baseline"))
+
+
+# ----------------------------------------------------------------------------- forgeries
+
+
+def _base(c: CutSurgery) -> CutSurgery:
+    return CutSurgery(c.cut.parent / c.m["base"]["cut_id"])
+
+
+def _rebase(c: CutSurgery, base: CutSurgery) -> None:
+    """The delta records the base's manifest as it now is (its digest recomputed)."""
+    c.m["base"]["manifest_sha256"] = hashlib.sha256(base.manifest_path.read_bytes()).hexdigest()
+    c.save_manifest()
+
+
+def forge_redo_steps(c: CutSurgery) -> None:
+    c.edit_json("redo_index", lambda d: d["steps"].pop())
+
+
+def forge_redo_rows(c: CutSurgery) -> None:
+    rows = decode_rollouts(c.path("redo_rows").read_bytes())
+    first = next(iter(rows))
+    rows[first] = rows[first][:-1]
+    c.replace("redo_rows", encode_rollouts(list(rows.items())))
+
+
+def forge_redo_audit(c: CutSurgery) -> None:
+    def swap(doc: Any) -> None:
+        groups = doc["steps"][0]["groups"]
+        groups[0], groups[1] = groups[1], groups[0]
+
+    c.edit_json("redo_index", swap)
+
+
+def forge_base_missing(c: CutSurgery) -> None:
+    _base(c).manifest_path.unlink()
+
+
+def forge_base_digest(c: CutSurgery) -> None:
+    base = _base(c)
+    base.m["created_at"] = "2020-01-01T00:00:00.000+00:00"
+    base.save_manifest()
+
+
+def forge_base_of_another_job(c: CutSurgery) -> None:
+    base = _base(c)
+    base.m["job"] = "another"
+    base.save_manifest()
+    _rebase(c, base)
+
+
+def forge_base_refused(c: CutSurgery) -> None:
+    base = _base(c)
+    meta = base.json("trainer_meta")
+    meta["trainer_step"] += 1
+    base.replace("trainer_meta", json.dumps(meta).encode())
+    _rebase(c, base)
+
+
+def forge_delta_of_another_job(c: CutSurgery) -> None:
+    c.m["job"] = "another"
+    c.save_manifest()
+
+
+def forge_fingerprint(c: CutSurgery) -> None:
+    c.edit_json(
+        "redo_index",
+        lambda d: d["steps"][-1]["fingerprint"].update(loss=d["steps"][-1]["fingerprint"]["loss"] * 1.0001),
+    )
+
+
+FORGERIES: list[tuple[str, str, Callable[[CutSurgery], None]]] = [
+    ("redo_steps", "redo_steps", forge_redo_steps),
+    ("redo_rows", "redo_rows", forge_redo_rows),
+    ("redo_audit", "redo_audit", forge_redo_audit),
+    ("base_missing", "delta_base", forge_base_missing),
+    ("base_digest", "delta_base", forge_base_digest),
+    ("base_of_another_job", "delta_base", forge_base_of_another_job),
+    ("base_refused", "delta_base", forge_base_refused),
+    ("delta_of_another_job", "job_identity", forge_delta_of_another_job),
+    ("fingerprint", "redo_fingerprint", forge_fingerprint),  # resume only: the redo computes it
+]
+
+
+def _verify(job: Path, root: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "spotrl_runtime.cli", "ckpt", "verify", str(root), "-f", str(job), "--json"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_the_controllers_delta_passes_verify_with_its_base(made: tuple[Path, Path, str], runs: Runs) -> None:
+    job, store, _ = made
+    out = _verify(job, _copy(store, runs.base / "delta-untouched"))
+    assert out.returncode == 0, out.stderr
+    checks = json.loads(out.stdout)["checks"]
+    assert {"redo_steps", "redo_rows", "redo_audit", "delta_base"} <= set(checks)
+    assert "redo_fingerprint" not in checks
+
+
+@pytest.mark.parametrize(("what", "check", "forge"), FORGERIES, ids=[w for w, _, _ in FORGERIES])
+def test_a_forged_delta_is_refused_by_name_and_nothing_trains(
+    what: str, check: str, forge: Callable[[CutSurgery], None], made: tuple[Path, Path, str], runs: Runs
+) -> None:
+    job, store, cut_id = made
+    root = _copy(store, runs.base / f"delta-forged-{what}")
+    forge(CutSurgery(root / "cuts" / cut_id))
+    before = audit(root, "--all")
+
+    out = _verify(job, root)
+    if check == "redo_fingerprint":
+        assert out.returncode == 0, "verify trains nothing; the resume's redo runs this check"
+    else:
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert json.loads(out.stdout)["check"] == check, out.stdout
+
+    rc, log = runs.run(job, root, "--resume", "auto", timeout=180)
+    assert rc == 3, log
+    assert f"[{check}]" in log, log
+    assert audit(root, "--all") == before, "a refused resume trains nothing"
