@@ -70,6 +70,8 @@ def compose(
         ready_at=t.ready_at if t else None,
         first_step_at=first_step,
         standby=standby,
+        cut_form=t.cut_form if t else None,
+        steps_redone=t.steps_redone if t else 0,
     )
     # With a barrier the pod's removal starts at the commit; after an abrupt loss, at the
     # moment the operator saw the work stop.
@@ -110,4 +112,6 @@ def describe(rec: LastRecovery) -> str:
     total = f"; total {rec.total_seconds:.1f}s" if rec.total_seconds is not None else ""
     lost = f", {rec.seconds_lost:.1f}s lost" if rec.seconds_lost is not None else ""
     how = f"{rec.kind}, the standby took over" if rec.standby else rec.kind
+    if rec.cut_form == "delta":
+        how += f", from a delta cut: {rec.steps_redone} step(s) redone"
     return f"attempt {rec.attempt} recovered ({how}): " + ", ".join(parts) + total + lost

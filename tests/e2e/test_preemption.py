@@ -66,10 +66,14 @@ def _needs_the_real_controller() -> None:
 
 
 def tiny_job(
-    name: str, storage: JobStorage, node_selector: dict[str, str], generation: dict[str, Any] | None = None
+    name: str,
+    storage: JobStorage,
+    node_selector: dict[str, str],
+    generation: dict[str, Any] | None = None,
+    checkpoint: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """examples/tiny-cpu.yaml, shortened, with its cuts in the test's bucket (``generation``:
-    changes to spec.generation)."""
+    """examples/tiny-cpu.yaml, shortened, with its cuts in the test's bucket (``generation``,
+    ``checkpoint``: changes to spec.generation and spec.checkpoint)."""
     job = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
     job["metadata"] = {"name": name}
     spec = job["spec"]
@@ -80,6 +84,7 @@ def tiny_job(
             "s3Endpoint": storage.pod_endpoint,
             "credentialsSecret": "s3",
             "everySteps": 3,
+            **(checkpoint or {}),
         }
     )
     spec["scheduling"]["nodeSelector"] = node_selector
@@ -121,10 +126,11 @@ def start(
     name: str,
     nodes: dict[str, str],
     generation: dict[str, Any] | None = None,
+    checkpoint: dict[str, Any] | None = None,
 ) -> None:
     if cluster.admin().get_or_none(f"/api/v1/namespaces/{jobs.ns}/secrets/s3") is None:
         cluster.admin().create(f"/api/v1/namespaces/{jobs.ns}/secrets", storage.secret())
-    jobs.create(tiny_job(name, storage, nodes, generation))
+    jobs.create(tiny_job(name, storage, nodes, generation, checkpoint))
 
 
 def succeeded(jobs: Jobs, name: str) -> dict[str, Any]:
@@ -274,12 +280,15 @@ def test_a_drain_after_a_notice_waits_for_the_barrier_cut_then_resumes_elsewhere
     kind subset's vLLM job: the runtime-cpu image's engine on a real kubelet). Karpenter's taint
     (``karpenter.sh/disrupted``) then a drain is the standby test's preemption below, with the
     same assertions on the notice, the refused eviction and the stop after the commit (and
-    Karpenter's taint is the notice of the unusable-nodes and double-preemption tests too)."""
+    Karpenter's taint is the notice of the unusable-nodes and double-preemption tests too).
+    The barrier cut is a delta (``checkpoint.barrier: delta``) on the periodic cut of step 3:
+    the next controller redoes the steps after it from their rows, and says so."""
     jobs = e2e_jobs
     taint = AWS_NOTICE
     assert_enforces_restricted(e2e_cluster, jobs.ns)
-    start(e2e_cluster, jobs, e2e_storage, "tiny", SPOT, VLLM if VLLM_CPU else None)
-    st = training(jobs, "tiny", 2)
+    start(e2e_cluster, jobs, e2e_storage, "tiny", SPOT, VLLM if VLLM_CPU else None, {"barrier": "delta"})
+    training(jobs, "tiny", 4)
+    st = jobs.wait("tiny", lambda s: ((s.get("lastCut") or {}).get("step") or 0) >= 3, 120, "the full cut of step 3")
     node, pod = st["controllerNode"], st["controllerPod"]
     if VLLM_CPU:
         assert "(vllm backend" in e2e_cluster.pod_log(jobs.ns, pod), "the controller's worker is not vLLM's"
@@ -307,6 +316,12 @@ def test_a_drain_after_a_notice_waits_for_the_barrier_cut_then_resumes_elsewhere
     reasons = jobs.said("tiny", {"PreemptionNotice", "BarrierCommitted", "Resumed"})
     assert "BarrierMissed" not in reasons
     assert_recovery_measured(jobs, st)
+    rec = st["lastRecovery"]
+    assert rec["cutForm"] == "delta", rec
+    assert rec["stepsRedone"] >= 1, rec
+    assert st["accounting"]["stepsRedone"] == rec["stepsRedone"], st["accounting"]
+    (said,) = [e for e in jobs.events("tiny") if e["reason"] == "Recovered"]
+    assert f"from a delta cut: {rec['stepsRedone']} step(s) redone" in said["message"], said["message"]
     assert_same_stream(reference, e2e_storage, "tiny")
 
 

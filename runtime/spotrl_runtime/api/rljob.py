@@ -750,6 +750,12 @@ class AttemptTimes(ApiObject):
     restored_at: str | None = Field(default=None, description="When the run was restored (or started from scratch).")
     ready_at: str | None = Field(default=None, description="When generation was up, weights loaded: ready to train.")
     first_step_at: str | None = Field(default=None, description="When it trained its first step.")
+    cut_form: Literal["full", "delta"] | None = Field(
+        default=None, description="What the cut it resumed from held; unset: a new run."
+    )
+    steps_redone: int = Field(
+        default=0, ge=0, description="Steps of a delta cut trained again from their rows while restoring."
+    )
 
 
 class RecoveryPhases(ApiObject):
@@ -805,6 +811,12 @@ class LastRecovery(ApiObject):
         "recovery began, so scheduledAt and the scheduling phases are left out, and startedAt is when it saw its "
         "attempt.",
     )
+    cut_form: Literal["full", "delta"] | None = Field(
+        default=None,
+        description="full: the cut it resumed from held the weights; delta: the rows trained since a full cut, "
+        "redone while restoring (stepsRedone).",
+    )
+    steps_redone: int = Field(default=0, ge=0, description="Steps of a delta cut trained again while restoring.")
 
 
 class Accounting(ApiObject):
@@ -828,6 +840,12 @@ class Accounting(ApiObject):
         default=0, ge=0, description="Finished sibling rollouts of restored groups kept, not generated again."
     )
     restores: int = Field(default=0, ge=0, description="Attempts that resumed from a cut.")
+    steps_redone: int = Field(
+        default=0,
+        ge=0,
+        description="Steps of delta cuts trained again from their rows while restoring (not retrained: no new "
+        "audit record, the same prompts).",
+    )
     seconds_lost_per_preemption: list[float] = Field(
         default_factory=list,
         max_length=64,

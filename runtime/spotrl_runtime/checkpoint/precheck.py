@@ -35,6 +35,7 @@ from spotrl_runtime.core.validation import (
     Expectations,
     check_files,
     check_manifest,
+    validate_base,
     validate_cut,
 )
 from spotrl_runtime.storage import Storage, StorageError
@@ -70,13 +71,17 @@ def precheck_resume(storage: Storage, *, job: JobIdentity, config: RecoveryConfi
         cut_id = newest if resume == "auto" else resume
         if cut_id is None:
             return None
+        expect = Expectations(job=job.name, config=config)
         with StorageCutSource(storage, cut_id) as source:
             try:
-                validate_cut(source, None, Expectations(job=job.name, config=config), trainer_digests=False)
+                validated = validate_cut(source, None, expect, trainer_digests=False)
             except CutCheckError as err:
                 if resume == "auto" and (err.check in BYTE_LEVEL_CHECKS or _damaged(source)):
                     return None  # the restore skips it for an older cut, and says so
                 raise
+        if validated.manifest.base is not None:
+            with StorageCutSource(storage, validated.manifest.base.cut_id) as base:
+                validate_base(source.location, validated.manifest, base, None, expect, trainer_digests=False)
         return cut_id
     except StorageError as err:
         log.debug("precheck of %s: %s (the restore reads it again)", storage.uri, err)

@@ -21,19 +21,17 @@ from spotrl_runtime.checkpoint.layout import cut_dir, newest_committed
 from spotrl_runtime.checkpoint.reader import StorageCutSource
 from spotrl_runtime.checkpoint.sharded import DCP_FORMAT, ShardedCut
 from spotrl_runtime.checkpoint.trainer_state import TorchSaveFormat, TrainerSnapshot, TrainerStateFormat
-from spotrl_runtime.core.cut_format import MANIFEST_NAME, Manifest, to_snapshot
+from spotrl_runtime.core.cut_format import Manifest, to_snapshot
 from spotrl_runtime.core.owners import Owners, PromptSource, RecoveryConfig
 from spotrl_runtime.core.redo import DeltaBase, RedoStep
 from spotrl_runtime.core.types import Prompt
 from spotrl_runtime.core.validation import (
     CHECKS,
-    CutCheckError,
-    DeltaBaseError,
     Expectations,
     LoaderPositionError,
     TrainerStateError,
     ValidatedCut,
-    check_delta_base,
+    validate_base,
     validate_cut,
 )
 from spotrl_runtime.data.collate import PromptCollate
@@ -190,26 +188,6 @@ def _load_trainer(
             f"the trainer's files do not load as {fmt.name} ({type(err).__name__}: {err})",
             "restore from an older cut with --resume CUT",
         ) from None
-
-
-def validate_base(
-    loc: str, delta: Manifest, source: StorageCutSource, lookup: DatasetLookup | None, expect: Expectations | None
-) -> Manifest:
-    """Check ``delta_base``: the delta's base (``source``) exists with the recorded digest, job and
-    step, is a full cut, and passes the whole validation chain itself (a refusal names the base's
-    check). Returns the base's manifest."""
-    raw = source.read_manifest()
-    parsed = check_delta_base(loc, delta, raw, hashlib.sha256(raw).hexdigest() if raw is not None else None)
-    try:
-        validate_cut(source, lookup, expect)
-    except CutCheckError as err:
-        raise DeltaBaseError(
-            loc,
-            MANIFEST_NAME,
-            f"its base cut {source.cut_id} is refused by check {err.check}: {err.detail}",
-            "restore from an older full cut with --resume CUT (spotrl ckpt list shows each delta's base)",
-        ) from None
-    return parsed
 
 
 def trainer_files(manifest: Manifest, cut: StorageCutSource) -> dict[str, list[Path]]:

@@ -100,6 +100,13 @@ def _print(args: argparse.Namespace, data: Any, text: str) -> None:
 _COUNT_TAGS = (("reserved", "R"), ("admitted", "A"), ("replay", "F"), ("spares", "S"))
 
 
+def _form(row: dict[str, Any]) -> str:
+    """``full``, or ``delta on <base>``: a delta cut names the full cut it extends."""
+    if not row.get("committed"):
+        return "-"
+    return f"delta on {row['base']}" if row.get("form") == "delta" else str(row.get("form") or "full")
+
+
 def run_list(args: argparse.Namespace) -> int:
     from spotrl_runtime.checkpoint.layout import list_cut_folders, manifest_key, read_pointer
     from spotrl_runtime.storage import StorageError
@@ -113,16 +120,22 @@ def run_list(args: argparse.Namespace) -> int:
             try:
                 m = json.loads(target.storage.get_bytes(manifest_key(folder.cut_id)))
                 row |= {k: m.get(k) for k in ("kind", "trainer_step", "dispatch_index", "created_at", "group_counts")}
+                row["form"] = m.get("form", "full")
+                row["base"] = (m.get("base") or {}).get("cut_id")
             except (StorageError, ValueError) as err:
                 row["error"] = str(err)
         row["latest"] = folder.cut_id == pointer
         rows.append(row)
-    lines = [f"{'cut':<12} {'state':<10} {'kind':<9} {'step':>6} {'cursor':>6} {'groups':>24} {'bytes':>12}  created"]
+    lines = [
+        f"{'cut':<12} {'state':<10} {'kind':<9} {'form':<16} {'step':>6} {'cursor':>6} {'groups':>24} {'bytes':>12}  "
+        "created"
+    ]
     for r in rows:
         counts = r.get("group_counts") or {}
         groups = " ".join(f"{counts.get(k, 0)}{tag}" for k, tag in _COUNT_TAGS)
         lines.append(
             f"{r['cut_id']:<12} {'committed' if r['committed'] else 'torn':<10} {r.get('kind') or '-':<9} "
+            f"{_form(r):<16} "
             f"{r.get('trainer_step', '-')!s:>6} {r.get('dispatch_index', '-')!s:>6} "
             f"{groups if r['committed'] else '-':>24} {r['size']:>12}  {r.get('created_at') or ''}"
             + ("  <- LATEST" if r["latest"] else "")
@@ -222,7 +235,13 @@ def _fail(
 
 def run_inspect(args: argparse.Namespace) -> int:
     from spotrl_runtime.checkpoint.reader import StorageCutSource
-    from spotrl_runtime.core.cut_format import OWNER_FILES, OwnerFileError, decode_owner_files
+    from spotrl_runtime.core.cut_format import (
+        DELTA_FILES,
+        OWNER_FILES,
+        OwnerFileError,
+        decode_delta_files,
+        decode_owner_files,
+    )
     from spotrl_runtime.core.validation import INDEX_ROLE, SHARD_ROLE, CutCheckError, check_manifest
     from spotrl_runtime.data.loader import loader_position
     from spotrl_runtime.storage import StorageError
@@ -236,6 +255,9 @@ def run_inspect(args: argparse.Namespace) -> int:
             manifest = check_manifest(source.location, source.read_manifest())
             blobs = {f.role: source.read(f.path) for f in manifest.files if f.role in OWNER_FILES}
             docs = decode_owner_files(blobs)
+            if manifest.is_delta:
+                redo = {f.role: source.read(f.path) for f in manifest.files if f.role in DELTA_FILES}
+                docs = decode_delta_files(docs, redo)
         except CutCheckError as err:
             return _fail(args, target.cut_id, err.check, err.detail, 1, err.path)
         except (OwnerFileError, StorageError) as err:
@@ -247,6 +269,9 @@ def run_inspect(args: argparse.Namespace) -> int:
         "cut_id": manifest.cut_id,
         "uri": source.location,
         "kind": manifest.kind,
+        "form": manifest.form,
+        "base": manifest.base.to_json() if manifest.base is not None else None,
+        "redo_steps": [s.step for s in docs.redo_index],
         "job": manifest.job,
         "attempt": manifest.attempt,
         "created_at": manifest.created_at,
@@ -289,6 +314,14 @@ def _inspect_text(d: dict[str, Any]) -> str:
     out = [
         f"cut {d['cut_id']} ({d['kind']}) of job {d['job'] or '-'}, attempt {d['attempt']}, {d['created_at']}",
         f"  {d['uri']}",
+        *(
+            [
+                f"delta on      full cut {d['base']['cut_id']} (step {d['base']['trainer_step']}); redo steps "
+                f"{d['redo_steps'][0] if d['redo_steps'] else '-'}..{d['redo_steps'][-1] if d['redo_steps'] else '-'}"
+            ]
+            if d["base"]
+            else []
+        ),
         f"trainer step   {d['trainer_step']}",
         f"sampler cursor {d['sampler']['dispatch_index']} (lookahead {d['sampler']['lookahead']})",
         f"loader         epoch {d['loader']['epoch']}, offset {d['loader']['offset']}, "

@@ -111,6 +111,10 @@ class StartTimes:
     """The run was restored from its cut (or started from scratch)."""
     ready_at: float
     """Generation was up with the policy's weights: ready to train."""
+    cut_form: str | None = None
+    """What the cut it resumed from held (``full``, ``delta``; None: a new run)."""
+    steps_redone: int = 0
+    """A delta's steps trained again while restoring."""
 
 
 @dataclass
@@ -232,7 +236,14 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             # While the workers start (their own processes): the first pass's one-time costs.
             log.info("trainer warmed up in %.2f s while the generation workers start", trainer.warm_up())
         _wait_for_workers(job, options, pool, stop)
-        start_times = StartTimes(options.started_at or process_started_at(), restored_at, time.time())
+        restored = start.restored
+        start_times = StartTimes(
+            options.started_at or process_started_at(),
+            restored_at,
+            time.time(),
+            restored.manifest.form if restored is not None else None,
+            len(restored.redo) if restored is not None else 0,
+        )
         if start.restored is not None:
             _record_restore(audit, start.restored, start.owners.attempt, start_times)
     except BaseException:
@@ -279,6 +290,8 @@ def _record_restore(audit: AuditStore, restored: RestoredRun, attempt: int, at: 
         started_at=round(at.started_at, 3),
         restored_at=round(at.restored_at, 3),
         ready_at=round(at.ready_at, 3),
+        cut_form=restored.manifest.form,
+        steps_redone=len(restored.redo),
     )
     try:
         audit.write_restore(record)

@@ -329,6 +329,8 @@ class KubeBridge:
                 started_at=times.rfc3339_micro(_utc(start.started_at)) if start else None,
                 restored_at=times.rfc3339_micro(_utc(start.restored_at)) if start else None,
                 ready_at=times.rfc3339_micro(_utc(start.ready_at)) if start else None,
+                cut_form=start.cut_form if start else None,
+                steps_redone=start.steps_redone if start else 0,
             )
             timeline = _doc(self._times)
         self._set(attemptTimes=timeline)

@@ -46,6 +46,10 @@ class RestoreRecord:
     started_at: float | None = None
     restored_at: float | None = None
     ready_at: float | None = None
+    cut_form: str = "full"
+    """What the cut held: ``full`` (the weights), or ``delta`` (rows since a full cut, redone)."""
+    steps_redone: int = 0
+    """A delta's steps trained again from their rows while restoring (not counted as trained twice)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,6 +77,9 @@ class RunAccounting:
     groups_redispatched: int = 0
     siblings_reused: int = 0
     restores: int = 0
+    steps_redone: int = 0
+    """Steps of delta cuts trained again from their rows while restoring (no new prompts: the
+    audit holds each once, so they are not ``steps_retrained``)."""
     seconds_lost_per_preemption: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -111,6 +118,7 @@ def summarize(docs: Iterable[Mapping[str, Any]], restores: Iterable[RestoreRecor
         out.restores += 1
         out.groups_redispatched += rec.groups_redispatched
         out.siblings_reused += rec.siblings_reused
+        out.steps_redone += rec.steps_redone
         first = first_step_at.get(rec.attempt)
         if first is not None and rec.cut_committed_at is not None:
             seconds.append(round(max(0.0, first - rec.cut_committed_at), 3))
@@ -161,6 +169,7 @@ def format_summary(acc: RunAccounting, gap: RolloutGap | None = None) -> str:
         "groups_redispatched": "groupsRedispatched",
         "siblings_reused": "siblingsReused",
         "restores": "restores",
+        "steps_redone": "stepsRedone",
     }
     width = len("secondsLostPerPreemption") + 2
     lines = [f"{label:<{width}}{getattr(acc, key)}" for key, label in names.items()]

@@ -570,9 +570,11 @@ class Owners:
             if step is None:
                 raise StepNotReadyError("commit_step without begin_step")
             entries = self._buffer.take(step)
-            if fingerprint is None:
+            # A delta's redo steps must each have an audit record in the cut's audit tail: a log
+            # longer than the tail could never be cut, so it is dropped rather than grow.
+            if fingerprint is None or len(self._redo) >= self.config.audit_tail:
                 self._redo = RedoLog()
-            else:
+            if fingerprint is not None:
                 if len(self._redo) and self._redo.steps()[-1].step != step - 1:
                     self._redo = RedoLog()
                 self._redo.append(RedoStep(step, tuple(entries), fingerprint))

@@ -51,8 +51,9 @@ check                       what it refuses
 ``redo_fingerprint``        a redone step that does not reproduce its recorded fingerprint
 ==========================  ========================================================
 
-``delta_base`` reads another cut, so the storage side runs it (:func:`check_delta_base` is its
-pure half); ``redo_fingerprint`` runs when the trainer redoes the steps (resume).
+``delta_base`` reads another cut: the caller opens the base's folder for :func:`validate_base`
+(restore, verify and the resume's precheck do); ``redo_fingerprint`` runs when the trainer
+redoes the steps (resume).
 
 ``rollout_prompt_tokens`` needs the policy's tokenizer, so it runs in restore (the
 controller passes ``encode``); ``spotrl ckpt verify`` lists it as not run. The checks
@@ -62,6 +63,7 @@ can still be wrong between them (a writer bug, or an edit with the digests recom
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -1031,6 +1033,32 @@ def check_delta_base(loc: str, manifest: Manifest, base_raw: bytes | None, base_
             f"{base.trainer_step}",
             todo,
         )
+    return parsed
+
+
+def validate_base(
+    loc: str,
+    delta: Manifest,
+    source: CutSource,
+    lookup: PromptLookup | None,
+    expect: Expectations | None,
+    *,
+    trainer_digests: bool = True,
+) -> Manifest:
+    """Check ``delta_base`` whole: :func:`check_delta_base` on the base's manifest (``source``, the
+    base's folder), then the base through the whole chain (a refusal there names the base's check).
+    Returns the base's manifest."""
+    raw = source.read_manifest()
+    parsed = check_delta_base(loc, delta, raw, hashlib.sha256(raw).hexdigest() if raw is not None else None)
+    try:
+        validate_cut(source, lookup, expect, trainer_digests=trainer_digests)
+    except CutCheckError as err:
+        raise DeltaBaseError(
+            loc,
+            MANIFEST_NAME,
+            f"its base cut {parsed.cut_id} is refused by check {err.check}: {err.detail}",
+            "restore from an older full cut with --resume CUT (spotrl ckpt list shows each delta's base)",
+        ) from None
     return parsed
 
 

@@ -167,6 +167,25 @@ def test_retention_keeps_the_newest_k_and_the_pointer_follows(tmp_path: Path) ->
     assert not (tmp_path / "cuts" / ids[0]).exists(), "old cuts leave no empty folders behind"
 
 
+def test_retention_keeps_the_base_of_every_kept_delta_and_drops_it_after(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    run = Run.new(EXAMPLE_B, DATASET, storage)
+    run.writer.keep = 1  # type: ignore[union-attr]
+    run.drain(1)
+    base = run.cut().cut_id
+    run.drain(2)
+    delta = run.cut("delta")
+    assert delta.manifest.base is not None
+    assert delta.manifest.base.cut_id == base
+    assert [f.cut_id for f in list_cut_folders(storage)] == [base, delta.cut_id], "keep 1, but the delta needs its base"
+    run.drain(3)
+    second = run.cut("delta")  # a delta on the same base: the first delta goes, the base stays
+    assert [f.cut_id for f in list_cut_folders(storage)] == [base, second.cut_id]
+    full = run.cut()
+    assert [f.cut_id for f in list_cut_folders(storage)] == [full.cut_id], "no kept delta needs the old base"
+    assert not (tmp_path / "cuts" / base).exists()
+
+
 def test_barrier_past_its_deadline_commits_nothing(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path)
     run = example_b_before_cut(storage)

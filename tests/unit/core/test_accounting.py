@@ -109,3 +109,16 @@ def test_the_rollout_gap_is_read_from_the_effective_stream_only() -> None:
         "rolloutProbsDiffMax       0.05",
     ]
     assert rollout_gap([doc(0, 1, ["g0"])]).steps == 0
+
+
+def test_a_delta_resume_redoes_steps_without_retraining_them() -> None:
+    # Attempt 1 trained steps 0-3; its delta cut at step 4 extends the full cut of step 2, so
+    # attempt 2 redid steps 2 and 3 from their rows (no audit record) and trained step 4.
+    docs = [doc(s, 1, [f"g{2 * s}", f"g{2 * s + 1}"], 10.0 * s) for s in range(4)] + [doc(4, 2, ["g8", "g9"], 90)]
+    restores = [RestoreRecord(2, "c3", 4, cut_committed_at=50.0, cut_form="delta", steps_redone=2)]
+    acc = summarize(docs, restores)
+    assert (acc.steps_redone, acc.steps_retrained, acc.prompts_trained_twice) == (2, 0, 0)
+    assert "stepsRedone" in format_summary(acc)
+    assert RestoreRecord.from_json(restores[0].to_json()) == restores[0]
+    old = {k: v for k, v in restores[0].to_json().items() if k not in ("cut_form", "steps_redone")}
+    assert (RestoreRecord.from_json(old).cut_form, RestoreRecord.from_json(old).steps_redone) == ("full", 0)

@@ -170,3 +170,25 @@ def test_signals_carry_the_time_the_notice_began() -> None:
     assert taint.since == T0
     assert not_ready.since == at(3)
     assert taint == Signal("taint", "spot-a", "karpenter.sh/disrupted"), "the time is measured, never compared"
+
+
+def test_a_recovery_from_a_delta_cut_says_how_many_steps_were_redone() -> None:
+    marks = RecoveryMarks(
+        attempt=1, requested_at=micro(at(0)), committed_at=micro(at(0.4)), pod_deleted_at=micro(at(2))
+    )
+    times = AttemptTimes(
+        attempt=2,
+        started_at=micro(at(3)),
+        restored_at=micro(at(9)),
+        ready_at=micro(at(10)),
+        cut_form="delta",
+        steps_redone=2,
+    )
+    rec = recovery.compose(marks, times, 2, at(2.5), at(11))
+    assert (rec.kind, rec.cut_form, rec.steps_redone) == ("barrier", "delta", 2)
+    assert "barrier, from a delta cut: 2 step(s) redone" in recovery.describe(rec)
+    full = recovery.compose(marks, times.model_copy(update={"cut_form": "full", "steps_redone": 0}), 2, at(2.5), at(11))
+    assert full.cut_form == "full"
+    assert "delta" not in recovery.describe(full)
+    other = recovery.compose(marks, times.model_copy(update={"attempt": 3}), 2, at(2.5), at(11))
+    assert (other.cut_form, other.steps_redone) == (None, 0), "another attempt's times say nothing of this one"
