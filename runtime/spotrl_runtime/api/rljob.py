@@ -348,7 +348,7 @@ class Checkpoint(ApiObject):
             "What a barrier cut holds. full: the weights and the optimizer (grows with the model). delta: the "
             "owners and the rows trained since the newest full cut, no weights (megabytes at any size; the resume "
             "trains those steps again, without generating). auto: full when the estimate fits the deadline with "
-            "margin, else delta. A delta needs strategy single."
+            "margin, else delta."
         ),
     )
 
@@ -621,15 +621,6 @@ class RLJobSpec(ApiObject):
                 "(the rollouts of one step)"
             ),
             field="training.microBatchSize",
-        ),
-        Rule(
-            cel="self.checkpoint.barrier != 'delta' || self.training.parallelism.strategy == 'single'",
-            check=lambda s: s.checkpoint.barrier != "delta" or s.training.parallelism.strategy == "single",
-            message=(
-                "checkpoint.barrier delta is redone by one trainer process: set training.parallelism.strategy "
-                "single, or checkpoint.barrier auto (FSDP ranks then take full barrier cuts)"
-            ),
-            field="checkpoint.barrier",
         ),
     )
 

@@ -214,13 +214,6 @@ def redo(trainer: Any, restored: RestoredRun, uri: str = "", stop: Callable[[], 
     loc = f"{uri}/cuts/{restored.cut_id}"
     index = restored.manifest.file("redo_index")
     path = index.path if index is not None else None
-    if not hasattr(trainer, "fingerprint"):
-        raise TrainerStateError(
-            loc,
-            path,
-            "a delta cut is redone by one trainer process; this run's trainer is a group of FSDP ranks",
-            "resume with training.parallelism.strategy single, or from the delta's base with --resume CUT",
-        )
     started = time.monotonic()
     for step in restored.redo:
         if trainer.step != step.step:

@@ -245,9 +245,9 @@ class Controller:
         return True
 
     def _fingerprint(self, metrics: dict[str, float]) -> Any:
-        """The step's fingerprint for the redo log, when delta barrier cuts may be taken (one
-        trainer process, ``checkpoint.barrier`` auto or delta); None keeps no redo log."""
-        if self.spec.checkpoint.barrier == "full" or isinstance(self.trainer, TrainerGroup):
+        """The step's fingerprint for the redo log, when delta barrier cuts may be taken
+        (``checkpoint.barrier`` auto or delta); None keeps no redo log."""
+        if self.spec.checkpoint.barrier == "full":
             return None
         return self.trainer.fingerprint(metrics)
 
@@ -256,9 +256,7 @@ class Controller:
         :func:`~spotrl_runtime.core.cut_estimate.barrier_form`)."""
         why_not = None
         base = self.parts.writer.base
-        if isinstance(self.trainer, TrainerGroup):
-            why_not = "the trainer is a group of FSDP ranks"
-        elif base is None:
+        if base is None:
             why_not = "no full cut to extend yet"
         else:
             steps = [s.step for s in self.owners.redo_steps() if s.step >= base.trainer_step]

@@ -58,7 +58,7 @@ class StepFingerprint:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
                 raise RecordFormatError(f"fingerprint {key} must be a finite number, got {v!r}")
             values.append(float(v))
-        return cls(values[0], values[1], require_str(data, "params"), require_str(data, "where"))
+        return cls(values[0], values[1], require_str(data, "params", allow_empty=True), require_str(data, "where"))
 
     def mismatch(self, redone: StepFingerprint) -> str | None:
         """None when ``redone`` reproduces this record, else what differs."""

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from spotrl_runtime.core.redo import StepFingerprint
 from spotrl_runtime.core.types import FinishedGroup
 from spotrl_runtime.training.rows import LossSums, micro_batches, split_rows, step_metrics, step_rows
 from spotrl_runtime.training.trainer import TrainerConfig
@@ -216,6 +217,12 @@ class TrainerGroup:
             seconds=time.monotonic() - started,
         )
         return metrics
+
+    def fingerprint(self, metrics: Mapping[str, float]) -> StepFingerprint:
+        """The fingerprint of the step just taken: its loss and gradient norm over every rank. No
+        parameter digest: each rank holds a shard, and another rank count shards otherwise, so a
+        group's steps are redone within :data:`~spotrl_runtime.core.redo.RELATIVE_TOLERANCE`."""
+        return StepFingerprint(float(metrics["loss"]), float(metrics["grad_norm"]), "", f"{self.device}/{self.world}")
 
     def policy_state_dict(self) -> dict[str, Any]:
         """The whole policy on this process's CPU (gathered from the shards), for the workers."""

@@ -97,7 +97,8 @@ def test_barriers_of_two_ranks_to_s3_before_a_periodic_capture_and_mid_step_then
     marks.mkdir()
     points = "cut.periodic@4=120,cut.captured=120"
     env = {**s3_bucket.env(), "SPOTRL_FAILPOINTS": points, "SPOTRL_FAILPOINT_DIR": str(marks)}
-    proc = runs.start(runs.job(fsdp(2)), uri, **env)
+    job = runs.job({**fsdp(2), "checkpoint.barrier": "full"})  # the ranks' shards in every barrier cut
+    proc = runs.start(job, uri, **env)
     wait_for(lambda: (marks / "cut.periodic").exists(), 300, "step 4's periodic cut", proc)
     proc.send_signal(signal.SIGTERM)
     wait_for(lambda: (marks / "cut.captured").exists(), 60, "the barrier's capture", proc)
@@ -115,7 +116,7 @@ def test_barriers_of_two_ranks_to_s3_before_a_periodic_capture_and_mid_step_then
     marks = tmp_path / "marks-2"
     marks.mkdir()
     env = {**s3_bucket.env(), "SPOTRL_FAILPOINTS": "train.step@6=3", "SPOTRL_FAILPOINT_DIR": str(marks)}
-    proc = runs.start(runs.job(fsdp(2)), uri, **env)
+    proc = runs.start(job, uri, **env)
     wait_for(lambda: (marks / "train.step").exists(), 300, "step 6", proc)
     rc = stop(proc, signal.SIGTERM)
     log = runs.log_of(proc)
@@ -129,6 +130,39 @@ def test_barriers_of_two_ranks_to_s3_before_a_periodic_capture_and_mid_step_then
     records = AuditStore(store).documents()
     assert sorted(d["step"] for d in records) == [step for step, _ in baseline], "each step trained once"
     assert [(d["step"], d["idxs"]) for d in AuditStore(store).effective()] == baseline
+
+
+def test_a_delta_barrier_of_two_ranks_is_redone_on_three_and_on_one(
+    runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path
+) -> None:
+    """A delta barrier cut of a 2-rank group (no shards: the owners and the redo rows since the
+    periodic cut of step 4), then two resumes of copies of it: on 3 ranks and on 1. Each loads the
+    base's shards into its own rank count, redoes the steps (loss and gradient norm within the
+    tolerance) and trains the baseline's prompts after them."""
+    import shutil
+
+    storage, marks = tmp_path / "cuts", tmp_path / "marks"
+    marks.mkdir()
+    proc = runs.start(
+        runs.job({**fsdp(2), "checkpoint.barrier": "delta"}),
+        storage,
+        SPOTRL_FAILPOINTS="train.step@6=3",
+        SPOTRL_FAILPOINT_DIR=str(marks),
+    )
+    wait_for(lambda: (marks / "train.step").exists(), 300, "step 6", proc)
+    assert stop(proc, signal.SIGTERM) == 143, runs.log_of(proc)
+    cut_id, kind, step = newest_cut(storage)
+    manifest = manifest_of(open_storage(str(storage)), cut_id)
+    assert (kind, step, manifest["form"], manifest["base"]["trainer_step"]) == ("barrier", 7, "delta", 4), manifest
+    assert shards(manifest) == [], "a delta holds no shards"
+    for ranks, until in ((3, 9), (1, 8)):
+        copy = tmp_path / f"on-{ranks}"
+        shutil.copytree(storage, copy)
+        rc, log = runs.run(runs.job(fsdp(ranks)), copy, "--max-steps", str(until))
+        assert rc == 0, log
+        assert f"trainer group: {ranks} FSDP2 ranks" in log, log
+        assert f"redid steps 4..6 of delta cut {cut_id}" in log, log
+        assert stream(copy) == baseline[:until]
 
 
 def test_a_rank_killed_without_notice_exits_rank_lost_and_the_next_run_retrains_on_the_same_prompts(

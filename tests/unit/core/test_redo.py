@@ -177,7 +177,7 @@ EST = CutEstimate(seconds=20.0, bytes=10**9, bytes_per_second=5e7, overhead_seco
         ("auto", None, 100.0, None, "delta"),  # nothing measured: the small one
         ("auto", EST, 24.0, "no full cut to extend yet", "full"),
         ("delta", EST, 1000.0, None, "delta"),
-        ("delta", EST, 10.0, "the trainer is a group of FSDP ranks", "full"),
+        ("delta", EST, 10.0, "the redo log does not hold every step since full cut 3", "full"),
         ("full", EST, 10.0, None, "full"),
     ],
 )
