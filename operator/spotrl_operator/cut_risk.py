@@ -10,11 +10,18 @@ what an abrupt loss would then cost and what would fit, and a Warning Event
 ``BarrierAtRisk`` says so once; when it fits again, with room to spare (a smaller share of
 the window: an estimate at the edge does not flip it on every cut), the condition turns
 False with an Event ``BarrierFits``.
+
+With ``spec.checkpoint.barrier`` ``auto`` a barrier that a full cut would not fit cuts a delta
+(the owners and the rows since the newest full cut, no weights), and with ``delta`` it always
+does: then the risk is that even a delta does not fit. A delta's estimate is the fixed part of
+the recent cuts (with a trainer group, a step's seconds among it); its bytes, a few megabytes,
+count for nothing beside it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from spotrl_operator.world import Builder
 from spotrl_runtime.api.rljob import CutEstimateStatus
@@ -50,14 +57,31 @@ def assess_job(b: Builder) -> Assessment | None:
         return None
     ckpt = b.world.spec.checkpoint
     window, source = shortest_window(ckpt.barrier_deadline_seconds, b.world.deadline_caps)
-    return assess(
-        _estimate(b.st.cut_estimate),
-        window,
-        every_steps=ckpt.every_steps,
-        every_seconds=ckpt.every_seconds,
-        window_source=source,
-        was_at_risk=b.has_condition(CONDITION),
+    full = _estimate(b.st.cut_estimate)
+
+    def judge(est: CutEstimate) -> Assessment:
+        return assess(
+            est,
+            window,
+            every_steps=ckpt.every_steps,
+            every_seconds=ckpt.every_seconds,
+            window_source=source,
+            was_at_risk=b.has_condition(CONDITION),
+        )
+
+    if ckpt.barrier == "full":
+        return judge(full)
+    if ckpt.barrier == "auto":
+        first = judge(full)
+        if not first.at_risk:
+            return first
+    delta = judge(replace(full, seconds=full.overhead_seconds, bytes=0))
+    why = (
+        "checkpoint.barrier is delta"
+        if ckpt.barrier == "delta"
+        else f"a full barrier cut ({full.seconds:.1f} s) would not fit, so checkpoint.barrier auto cuts a delta"
     )
+    return replace(delta, message=f"{why}: {delta.message.replace('a barrier cut is', 'a delta cut is', 1)}")
 
 
 def tend_barrier_risk(b: Builder) -> None:

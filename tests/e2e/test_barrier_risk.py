@@ -53,7 +53,12 @@ def test_a_slow_estimate_sets_barrier_at_risk_with_an_event_and_a_fast_one_clear
     jobs.create(
         tiny_job(
             "tiny",
-            checkpoint={"storage": "s3://bucket-x/tiny", "barrierDeadlineSeconds": 5, "everySteps": 20},
+            checkpoint={
+                "storage": "s3://bucket-x/tiny",
+                "barrierDeadlineSeconds": 5,
+                "everySteps": 20,
+                "barrier": "full",
+            },
             scheduling={"nodeSelector": NOWHERE},
         )
     )

@@ -25,6 +25,8 @@ import torch
 from controller_runs import Runs, audit, newest_cut, stop, stream, wait_for
 
 from spotrl_e2e.forgery import CutSurgery
+from spotrl_runtime.checkpoint.layout import list_cut_folders
+from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.core.cut_format import decode_rollouts, encode_rollouts
 
 pytestmark = pytest.mark.slow
@@ -67,6 +69,11 @@ def made(runs: Runs, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
     cut_id, kind, step = newest_cut(store)
     assert (kind, step) == ("barrier", 6), log
     return job, store, cut_id
+
+
+def stream_of(store: Any) -> list[tuple[int, list[int]]]:
+    """The effective stream of a store (any, S3 too): (step, prompt idxs) per step."""
+    return [(d["step"], d["idxs"]) for d in AuditStore(store).effective()]
 
 
 def _copy(store: Path, to: Path) -> Path:
@@ -241,3 +248,42 @@ def test_a_forged_delta_is_refused_by_name_and_nothing_trains(
     assert rc == 3, log
     assert f"[{check}]" in log, log
     assert audit(root, "--all") == before, "a refused resume trains nothing"
+
+
+@pytest.mark.s3
+def test_auto_cuts_a_delta_when_a_full_cut_would_not_fit_the_notice(
+    runs: Runs, baseline: list[tuple[int, list[int]]], s3_bucket: Any, fault_proxy: Any, tmp_path: Path
+) -> None:
+    """``barrier: auto`` (the default) on a store where the trainer's files are slow (every PUT under
+    ``trainer/`` held 3 s): a full cut is estimated over 80% of a 3 s SIGTERM deadline, so the
+    barrier cuts a delta, which commits in time; the resume redoes its steps and trains the
+    baseline."""
+    fault_proxy.add("stall", method="PUT", key="/trainer/", seconds=3.0)
+    job = runs.job({"checkpoint.everySteps": 2})
+    uri = f"s3://{s3_bucket.bucket}/auto"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {**s3_bucket.env(), "AWS_ENDPOINT_URL_S3": fault_proxy.endpoint}
+    proc = runs.start(
+        job,
+        uri,
+        "--sigterm-deadline",
+        "3",
+        SPOTRL_FAILPOINTS="dispatch.finish@9=60",
+        SPOTRL_FAILPOINT_DIR=str(marks),
+        **env,
+    )
+    wait_for(lambda: (marks / "dispatch.finish").exists(), 300, "generation for step 9", proc)
+    wait_for(lambda: "barrier cut estimate:" in runs.log_of(proc), 120, "a full cut measured", proc)
+    assert stop(proc, signal.SIGTERM) == 143, runs.log_of(proc)
+    log = runs.log_of(proc)
+    assert "barrier cut: delta (a full cut is estimated at" in log, log
+    store = s3_bucket.storage("auto")
+    cut_id = list_cut_folders(store)[-1].cut_id
+    manifest = json.loads(store.get_bytes(f"cuts/{cut_id}/manifest.json"))
+    assert (manifest["kind"], manifest["form"]) == ("barrier", "delta"), manifest
+
+    rc, log = runs.run(job, uri, **env)
+    assert rc == 0, log
+    assert f"of delta cut {cut_id}" in log, log
+    assert stream_of(store) == baseline

@@ -15,14 +15,14 @@ T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 MB = 1_000_000
 
 
-def spec(deadline: int = 100, every_steps: int = 50) -> object:
+def spec(deadline: int = 100, every_steps: int = 50, barrier: str = "full") -> object:
     return parse_spec(
         {
             "policy": {"model": "builtin:tiny-arith"},
             "dataset": {"uri": "builtin:arithmetic"},
             "reward": {"name": "arithmetic_exact"},
             "training": {"totalSteps": 300},
-            "checkpoint": {"barrierDeadlineSeconds": deadline, "everySteps": every_steps},
+            "checkpoint": {"barrierDeadlineSeconds": deadline, "everySteps": every_steps, "barrier": barrier},
         }
     )
 
@@ -174,3 +174,29 @@ def test_an_estimate_hovering_at_the_edge_says_barrier_at_risk_once_and_fits_aga
     assert got is not None
     assert got[:2] == ("False", "BarrierFits")
     assert [(e.type, e.reason) for e in events(plan)] == [("Normal", "BarrierFits")]
+
+
+def test_with_barrier_auto_a_full_cut_too_slow_is_no_risk_while_a_delta_fits() -> None:
+    plan = reconcile(world(running(estimate(30.0)), barrier="auto"))
+    got = risk(plan)
+    assert got is not None
+    assert got[:2] == ("False", "BarrierFits"), got
+    assert "a full barrier cut (30.0 s) would not fit, so checkpoint.barrier auto cuts a delta" in got[2]
+    assert "a delta cut is estimated at 1.0 s" in got[2]
+    assert events(plan) == []
+    fits = risk(reconcile(world(running(estimate(10.0)), barrier="auto")))
+    assert fits is not None
+    assert "delta" not in fits[2], "a full cut that fits is what auto takes"
+
+
+def test_at_risk_with_deltas_means_even_a_delta_does_not_fit() -> None:
+    slow_fixed = estimate(30.0).model_copy(update={"overhead_seconds": 18.0})
+    for barrier in ("auto", "delta"):
+        got = risk(reconcile(world(running(slow_fixed), barrier=barrier)))
+        assert got is not None
+        assert got[:2] == ("True", "CutTooSlow"), (barrier, got)
+        assert "a delta cut is estimated at 18.0 s" in got[2]
+    delta = risk(reconcile(world(running(estimate(30.0)), barrier="delta")))
+    assert delta is not None
+    assert delta[0] == "False"
+    assert delta[2].startswith("checkpoint.barrier is delta: ")
