@@ -26,7 +26,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 REPORT=${1:?usage: e2e/suite.sh REPORT_DIR [PYTEST ARGS...]}
 shift
-DEFAULT_LANES="tests/e2e tests/cluster tests/security tests/integration/generation tests/integration/checkpoint tests/integration/storage tests/integration/training tests/integration/controller/test_controller_cut_estimate.py"
+DEFAULT_LANES="tests/e2e tests/cluster tests/security tests/integration/generation tests/integration/checkpoint tests/integration/storage tests/integration/training tests/integration/controller/test_controller_cut_estimate.py tests/integration/controller/test_delta_cuts.py"
 LANES=${SPOTRL_SUITE_LANES:-$DEFAULT_LANES}
 cd "$ROOT"
 mkdir -p "$REPORT"
