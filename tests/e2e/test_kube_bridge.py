@@ -44,7 +44,11 @@ bridge.start(Cuts())
 damaged = types.SimpleNamespace(cut_id="0000000009", check="file_digest", message="weights.pt: sha256 differs")
 bridge.on_started(CutInfo("0000000008", 2, "s3://bucket-x/j/cuts/0000000008", "periodic", time.time(), 0.0), [damaged])
 now = time.time()
-bridge.note_start(types.SimpleNamespace(started_at=now - 3, restored_at=now - 2, ready_at=now - 1))
+bridge.note_start(
+    types.SimpleNamespace(
+        started_at=now - 3, restored_at=now - 2, ready_at=now - 1, cut_form="delta", steps_redone=2
+    )
+)
 for step in (1, 2, 3):
     bridge.on_step(step, {})
 bridge.on_cut(CutInfo("0000000000", 3, "s3://bucket-x/j/cuts/0000000000", "periodic", time.time(), 0.1))
@@ -126,11 +130,11 @@ def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identit
         return data / f"asked-{n}"
 
     try:
-        wait_until(
-            lambda: (data / "ready").exists(),
-            30,
-            f"the bridge to start; log:\n{cluster.pod_log(namespace, 'controller')}",
-        )
+        try:
+            # The pod's Python imports the runtime's API model first: seconds, more beside a loaded lane.
+            wait_until(lambda: (data / "ready").exists(), 90, "the bridge to start")
+        except TimeoutError as err:
+            raise AssertionError(f"{err}; its log:\n{cluster.pod_log(namespace, 'controller')}") from None
         st = status()
         assert (st["step"], st["stepAttempt"]) == (3, 1)
         assert (st["lastCut"]["id"], st["lastCut"]["kind"]) == ("0000000000", "periodic")
@@ -142,6 +146,7 @@ def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identit
         assert at["attempt"] == 1, at
         marks = [at[k] for k in ("startedAt", "restoredAt", "readyAt", "firstStepAt")]
         assert marks == sorted(marks), at
+        assert (at["cutForm"], at["stepsRedone"]) == ("delta", 2), at
 
         # 1. A request is answered: the cut commits, then Committed + cutId + lastCut.
         deadline = request("r1", "cordon: spec.unschedulable")

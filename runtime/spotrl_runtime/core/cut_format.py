@@ -42,7 +42,7 @@ import re
 import struct
 import sys
 from array import array
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -51,14 +51,7 @@ from spotrl_runtime.core.fields import RecordFormatError, optional_int, require_
 from spotrl_runtime.core.ledger import LedgerRecord, Phase
 from spotrl_runtime.core.orders import OrderSet
 from spotrl_runtime.core.owners import OwnersSnapshot, RecoveryConfig
-from spotrl_runtime.core.redo import (
-    DeltaBase,
-    RedoIndexStep,
-    RedoStep,
-    decode_redo_index,
-    encode_redo_index,
-    redo_rows,
-)
+from spotrl_runtime.core.redo import DeltaBase, RedoStep, StepFingerprint
 from spotrl_runtime.core.replay_buffer import ReplayEntry
 from spotrl_runtime.core.spare_pool import Spare
 from spotrl_runtime.core.types import FinishedGroup, Prompt, Rollout
@@ -378,6 +371,31 @@ class ReplayLocator:
         }
 
     @classmethod
+    def of(cls, entry: ReplayEntry) -> ReplayLocator:
+        """The locator of a finished group (its rows go to the rows file)."""
+        prompt = entry.group.prompt
+        return cls(
+            group_id=entry.group_id,
+            admission_id=entry.admission_id,
+            order=entry.order,
+            idx=prompt.idx,
+            task_name=prompt.task_name,
+            target_step=entry.target_step,
+            weight_version=entry.weight_version,
+            fingerprint=prompt.fingerprint,
+            rollouts=len(entry.group.rollouts),
+        )
+
+    def entry(self, prompt: Prompt, rows: tuple[Rollout, ...]) -> ReplayEntry:
+        """The finished group back, from its rebuilt prompt and its rows."""
+        return ReplayEntry(
+            FinishedGroup(self.group_id, prompt, self.target_step, rows),
+            self.admission_id,
+            self.order,
+            self.weight_version,
+        )
+
+    @classmethod
     def from_json(cls, data: Any) -> ReplayLocator:
         if not isinstance(data, dict):
             raise RecordFormatError("replay entry is not a JSON object")
@@ -453,20 +471,7 @@ def encode_owner_files(snapshot: OwnersSnapshot) -> dict[str, bytes]:
         "retired": snapshot.retired.to_json(),
         "config": snapshot.config.to_json(),
     }
-    replay = [
-        ReplayLocator(
-            group_id=e.group_id,
-            admission_id=e.admission_id,
-            order=e.order,
-            idx=e.group.prompt.idx,
-            task_name=e.group.prompt.task_name,
-            target_step=e.target_step,
-            weight_version=e.weight_version,
-            fingerprint=e.group.prompt.fingerprint,
-            rollouts=len(e.group.rollouts),
-        ).to_json()
-        for e in snapshot.replay
-    ]
+    replay = [ReplayLocator.of(e).to_json() for e in snapshot.replay]
     rows: list[tuple[str, tuple[Rollout, ...]]] = [(e.group_id, e.group.rollouts) for e in snapshot.replay]
     rows += [(gid, rs) for gid, rs in snapshot.partial.items()]
     return {
@@ -577,6 +582,40 @@ def decode_owner_files(blobs: Mapping[str, bytes]) -> CutDocuments:
     )
 
 
+@dataclass(frozen=True)
+class RedoIndexStep:
+    """One step of ``redo.json``: its groups' locators in the order trained, and its fingerprint."""
+
+    step: int
+    groups: tuple[ReplayLocator, ...]
+    fingerprint: StepFingerprint
+
+
+def encode_redo_index(steps: Iterable[RedoStep]) -> bytes:
+    """``redo.json``: per step, its groups' locators (as the replay index has them) and its fingerprint."""
+    doc = [
+        {
+            "step": s.step,
+            "groups": [ReplayLocator.of(e).to_json() for e in s.entries],
+            "fingerprint": s.fingerprint.to_json(),
+        }
+        for s in steps
+    ]
+    return _json({"steps": doc})
+
+
+def decode_redo_index(blob: bytes) -> tuple[RedoIndexStep, ...]:
+    """Parses ``redo.json``; raises :class:`RecordFormatError` naming what is malformed."""
+    doc = _load("redo_index", blob)
+    out = []
+    for raw in _list("redo_index", doc, "steps"):
+        if not isinstance(raw, dict) or not isinstance(raw.get("groups"), list):
+            raise RecordFormatError("each step must be a JSON object with a list 'groups'")
+        groups = tuple(ReplayLocator.from_json(g) for g in raw["groups"])
+        out.append(RedoIndexStep(require_int(raw, "step"), groups, StepFingerprint.from_json(raw.get("fingerprint"))))
+    return tuple(out)
+
+
 class DeltaNotCoveredError(ValueError):
     """The redo log does not hold every step from the base's to the snapshot's: only a full cut can."""
 
@@ -592,7 +631,8 @@ def encode_delta_files(snapshot: OwnersSnapshot, base: DeltaBase) -> dict[str, b
             f"the redo log holds steps {have}, a delta on cut {base.cut_id} needs {base.trainer_step}.."
             f"{snapshot.trainer_step - 1}"
         )
-    return {"redo_index": encode_redo_index(steps), "redo_rows": encode_rollouts(redo_rows(steps))}
+    rows = [(e.group_id, e.group.rollouts) for s in steps for e in s.entries]
+    return {"redo_index": encode_redo_index(steps), "redo_rows": encode_rollouts(rows)}
 
 
 def decode_delta_files(docs: CutDocuments, blobs: Mapping[str, bytes]) -> CutDocuments:
@@ -610,15 +650,7 @@ def decode_delta_files(docs: CutDocuments, blobs: Mapping[str, bytes]) -> CutDoc
 
 def to_snapshot(docs: CutDocuments, prompts: Mapping[str, Prompt]) -> OwnersSnapshot:
     """The snapshot a restore rebuilds the owners from, given the rebuilt prompts of every group."""
-    replay = tuple(
-        ReplayEntry(
-            FinishedGroup(loc.group_id, prompts[loc.group_id], loc.target_step, docs.rollouts[loc.group_id]),
-            loc.admission_id,
-            loc.order,
-            loc.weight_version,
-        )
-        for loc in docs.replay
-    )
+    replay = tuple(loc.entry(prompts[loc.group_id], docs.rollouts[loc.group_id]) for loc in docs.replay)
     return OwnersSnapshot(
         config=docs.config,
         attempt=docs.attempt,
@@ -644,17 +676,7 @@ def redo_steps(docs: CutDocuments, prompts: Mapping[str, Prompt]) -> tuple[RedoS
     """A delta cut's redo steps as the trainer redoes them (prompts rebuilt by the chain)."""
     return tuple(
         RedoStep(
-            s.step,
-            tuple(
-                ReplayEntry(
-                    FinishedGroup(g.group_id, prompts[g.group_id], g.target_step, docs.redo_rollouts[g.group_id]),
-                    g.admission_id,
-                    g.order,
-                    g.weight_version,
-                )
-                for g in s.groups
-            ),
-            s.fingerprint,
+            s.step, tuple(g.entry(prompts[g.group_id], docs.redo_rollouts[g.group_id]) for g in s.groups), s.fingerprint
         )
         for s in docs.redo_index
     )

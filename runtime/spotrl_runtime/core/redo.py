@@ -11,16 +11,16 @@ them (the replay buffer's entries, rows and all) and the fingerprint of the step
 append a step when it commits and drop the steps a committed full cut includes
 (:meth:`RedoLog.trim`).
 
-In a delta cut the log is two files: ``redo.json`` (role ``redo_index``: per step, the groups'
-locators and the fingerprint) and ``redo_rows.bin`` (role ``redo_rows``: the rows, in the
-replay buffer's row format, :func:`~spotrl_runtime.core.cut_format.encode_rollouts`).
+In a delta cut the log is two files, whose format is :mod:`~spotrl_runtime.core.cut_format`'s:
+``redo.json`` (role ``redo_index``: per step, the groups' locators, as the replay index has
+them, and the fingerprint) and ``redo_rows.bin`` (role ``redo_rows``: the rows, in the replay
+buffer's row format).
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,124 +139,3 @@ class RedoLog:
 
     def __len__(self) -> int:
         return len(self._steps)
-
-
-# ------------------------------------------------------------------ the files
-
-
-@dataclass(frozen=True)
-class RedoLocator:
-    """One group of a redo step in ``redo.json``: its locator (its rows are in ``redo_rows.bin``)."""
-
-    group_id: str
-    admission_id: str
-    order: int
-    idx: int
-    task_name: str
-    target_step: int
-    weight_version: int | None
-    fingerprint: str
-    rollouts: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "group_id": self.group_id,
-            "admission_id": self.admission_id,
-            "order": self.order,
-            "idx": self.idx,
-            "task_name": self.task_name,
-            "target_step": self.target_step,
-            "weight_version": self.weight_version,
-            "fingerprint": self.fingerprint,
-            "rollouts": self.rollouts,
-        }
-
-    @classmethod
-    def of(cls, entry: ReplayEntry) -> RedoLocator:
-        p = entry.group.prompt
-        return cls(
-            entry.group_id,
-            entry.admission_id,
-            entry.order,
-            p.idx,
-            p.task_name,
-            entry.target_step,
-            entry.weight_version,
-            p.fingerprint,
-            len(entry.group.rollouts),
-        )
-
-    @classmethod
-    def from_json(cls, data: Any) -> RedoLocator:
-        if not isinstance(data, dict):
-            raise RecordFormatError("a redo group is not a JSON object")
-        version = data.get("weight_version")
-        if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
-            raise RecordFormatError(f"weight_version must be an integer or null, got {version!r}")
-        return cls(
-            group_id=require_str(data, "group_id"),
-            admission_id=require_str(data, "admission_id"),
-            order=require_int(data, "order"),
-            idx=require_int(data, "idx"),
-            task_name=require_str(data, "task_name"),
-            target_step=require_int(data, "target_step"),
-            weight_version=version,
-            fingerprint=require_str(data, "fingerprint", allow_empty=True),
-            rollouts=require_int(data, "rollouts", minimum=1),
-        )
-
-
-@dataclass(frozen=True)
-class RedoIndexStep:
-    """One step of ``redo.json``."""
-
-    step: int
-    groups: tuple[RedoLocator, ...]
-    fingerprint: StepFingerprint
-
-
-def encode_redo_index(steps: Iterable[RedoStep]) -> bytes:
-    """``redo.json``: per step, its groups' locators in trained order and its fingerprint."""
-    doc = {
-        "steps": [
-            {
-                "step": s.step,
-                "groups": [RedoLocator.of(e).to_json() for e in s.entries],
-                "fingerprint": s.fingerprint.to_json(),
-            }
-            for s in steps
-        ]
-    }
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
-
-
-def decode_redo_index(blob: bytes) -> tuple[RedoIndexStep, ...]:
-    """Parses ``redo.json``; raises :class:`RecordFormatError` naming what is malformed."""
-    try:
-        doc = json.loads(blob)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise RecordFormatError(f"is not JSON ({err})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("steps"), list):
-        raise RecordFormatError("must be a JSON object with a list 'steps'")
-    out = []
-    for raw in doc["steps"]:
-        if not isinstance(raw, dict) or not isinstance(raw.get("groups"), list):
-            raise RecordFormatError("each step must be a JSON object with a list 'groups'")
-        out.append(
-            RedoIndexStep(
-                require_int(raw, "step"),
-                tuple(RedoLocator.from_json(g) for g in raw["groups"]),
-                StepFingerprint.from_json(raw.get("fingerprint")),
-            )
-        )
-    return tuple(out)
-
-
-def redo_rows(steps: Iterable[RedoStep]) -> list[tuple[str, tuple[Any, ...]]]:
-    """The rows of every redo step's groups, as :func:`~spotrl_runtime.core.cut_format.encode_rollouts` takes them."""
-    return [(e.group_id, e.group.rollouts) for s in steps for e in s.entries]
-
-
-def counts_by_group(index: Iterable[RedoIndexStep]) -> Mapping[str, int]:
-    """Rollouts each group of the index says it has."""
-    return {g.group_id: g.rollouts for s in index for g in s.groups}

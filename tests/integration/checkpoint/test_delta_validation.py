@@ -5,7 +5,6 @@ The controller's own deltas meet the same forgeries in tests/integration/control
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -14,13 +13,23 @@ from typing import Any
 import pytest
 from cut_scenarios import DATASET, EXAMPLE_B, Run, loader_for
 
-from spotrl_e2e.forgery import CutSurgery
+from spotrl_e2e.forgery import (
+    CutSurgery,
+    base_of_another_job,
+    base_refused_by_its_chain,
+    delta_base,
+    drop_a_redo_row,
+    drop_a_redo_step,
+    edit_the_base,
+    rebase,
+    remove_the_base,
+    swap_two_redo_groups,
+)
 from spotrl_runtime.checkpoint import restore_cut
 from spotrl_runtime.checkpoint.layout import list_cut_folders
 from spotrl_runtime.checkpoint.resume import redo
 from spotrl_runtime.cli import main as spotrl
 from spotrl_runtime.core import validation as v
-from spotrl_runtime.core.cut_format import decode_rollouts, encode_rollouts
 from spotrl_runtime.core.redo import StepFingerprint
 from spotrl_runtime.core.types import FinishedGroup
 from spotrl_runtime.data import PromptCollate
@@ -46,66 +55,15 @@ def _delta(root: Path) -> CutSurgery:
     return CutSurgery(root / "cuts" / list_cut_folders(LocalStorage(root))[-1].cut_id)
 
 
-def _base(c: CutSurgery) -> CutSurgery:
-    return CutSurgery(c.cut.parent / c.m["base"]["cut_id"])
-
-
-def _rebase(c: CutSurgery) -> None:
-    c.m["base"]["manifest_sha256"] = hashlib.sha256(_base(c).manifest_path.read_bytes()).hexdigest()
-    c.save_manifest()
-
-
-def drop_a_redo_step(c: CutSurgery) -> None:
-    c.edit_json("redo_index", lambda d: d["steps"].pop(0))
-
-
-def drop_a_redo_row(c: CutSurgery) -> None:
-    rows = decode_rollouts(c.path("redo_rows").read_bytes())
-    first = next(iter(rows))
-    rows[first] = rows[first][:-1]
-    c.replace("redo_rows", encode_rollouts(list(rows.items())))
-
-
 def restamp_a_redo_group(c: CutSurgery) -> None:
     c.edit_json("redo_index", lambda d: d["steps"][0]["groups"][0].update(target_step=3))
 
 
-def swap_two_redo_groups(c: CutSurgery) -> None:
-    def swap(d: Any) -> None:
-        groups = d["steps"][0]["groups"]
-        groups[0], groups[1] = groups[1], groups[0]
-
-    c.edit_json("redo_index", swap)
-
-
-def remove_the_base(c: CutSurgery) -> None:
-    _base(c).manifest_path.unlink()
-
-
-def edit_the_base(c: CutSurgery) -> None:
-    base = _base(c)
-    base.m["created_at"] = "2020-01-01T00:00:00.000+00:00"
-    base.save_manifest()
-
-
-def base_of_another_job(c: CutSurgery) -> None:
-    base = _base(c)
-    base.m["job"] = "default/other"
-    base.save_manifest()
-    _rebase(c)
-
-
-def base_refused_by_its_chain(c: CutSurgery) -> None:
-    base = _base(c)
-    base.edit_json("loader", lambda d: d.update(_num_yielded=d["_num_yielded"] + 1))
-    _rebase(c)
-
-
 def base_a_delta(c: CutSurgery) -> None:
-    base = _base(c)
+    base = delta_base(c)
     base.m.update(form="delta", trainer_format=None, base=dict(c.m["base"]))
     base.save_manifest()
-    _rebase(c)
+    rebase(c)
 
 
 Breaker = Callable[[CutSurgery], Any]

@@ -178,6 +178,12 @@ def audit(storage: Path, *extra: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.stdout.splitlines()]
 
 
+def verify(job: Path, root: Path) -> subprocess.CompletedProcess[str]:
+    """`spotrl ckpt verify ROOT -f JOB --json`: the newest cut of a store, against its job."""
+    cmd = [sys.executable, "-m", "spotrl_runtime.cli", "ckpt", "verify", str(root), "-f", str(job), "--json"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
 def stream(storage: Path) -> list[tuple[int, list[int]]]:
     """The effective stream: (step, prompt idxs) per step."""
     return [(d["step"], d["prompts"]) for d in audit(storage)]

@@ -14,20 +14,27 @@ import hashlib
 import json
 import shutil
 import signal
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from controller_runs import Runs, audit, newest_cut, stop, stream, wait_for
+from controller_runs import Runs, audit, newest_cut, stop, stream, verify, wait_for
 
-from spotrl_e2e.forgery import CutSurgery
-from spotrl_runtime.checkpoint.layout import list_cut_folders
+from spotrl_e2e.forgery import (
+    CutSurgery,
+    base_of_another_job,
+    base_refused_by_its_chain,
+    drop_a_redo_row,
+    drop_a_redo_step,
+    edit_the_base,
+    remove_the_base,
+    swap_two_redo_groups,
+)
+from spotrl_runtime.checkpoint.layout import newest_committed
 from spotrl_runtime.controller.audit_store import AuditStore
-from spotrl_runtime.core.cut_format import decode_rollouts, encode_rollouts
+from spotrl_runtime.core.cut_format import decode_rollouts
 
 pytestmark = pytest.mark.slow
 
@@ -135,60 +142,6 @@ def test_killed_then_stopped_during_the_redo_the_resume_ends_with_the_uninterrup
 # ----------------------------------------------------------------------------- forgeries
 
 
-def _base(c: CutSurgery) -> CutSurgery:
-    return CutSurgery(c.cut.parent / c.m["base"]["cut_id"])
-
-
-def _rebase(c: CutSurgery, base: CutSurgery) -> None:
-    """The delta records the base's manifest as it now is (its digest recomputed)."""
-    c.m["base"]["manifest_sha256"] = hashlib.sha256(base.manifest_path.read_bytes()).hexdigest()
-    c.save_manifest()
-
-
-def forge_redo_steps(c: CutSurgery) -> None:
-    c.edit_json("redo_index", lambda d: d["steps"].pop())
-
-
-def forge_redo_rows(c: CutSurgery) -> None:
-    rows = decode_rollouts(c.path("redo_rows").read_bytes())
-    first = next(iter(rows))
-    rows[first] = rows[first][:-1]
-    c.replace("redo_rows", encode_rollouts(list(rows.items())))
-
-
-def forge_redo_audit(c: CutSurgery) -> None:
-    def swap(doc: Any) -> None:
-        groups = doc["steps"][0]["groups"]
-        groups[0], groups[1] = groups[1], groups[0]
-
-    c.edit_json("redo_index", swap)
-
-
-def forge_base_missing(c: CutSurgery) -> None:
-    _base(c).manifest_path.unlink()
-
-
-def forge_base_digest(c: CutSurgery) -> None:
-    base = _base(c)
-    base.m["created_at"] = "2020-01-01T00:00:00.000+00:00"
-    base.save_manifest()
-
-
-def forge_base_of_another_job(c: CutSurgery) -> None:
-    base = _base(c)
-    base.m["job"] = "another"
-    base.save_manifest()
-    _rebase(c, base)
-
-
-def forge_base_refused(c: CutSurgery) -> None:
-    base = _base(c)
-    meta = base.json("trainer_meta")
-    meta["trainer_step"] += 1
-    base.replace("trainer_meta", json.dumps(meta).encode())
-    _rebase(c, base)
-
-
 def forge_delta_of_another_job(c: CutSurgery) -> None:
     c.m["job"] = "another"
     c.save_manifest()
@@ -202,26 +155,21 @@ def forge_fingerprint(c: CutSurgery) -> None:
 
 
 FORGERIES: list[tuple[str, str, Callable[[CutSurgery], None]]] = [
-    ("redo_steps", "redo_steps", forge_redo_steps),
-    ("redo_rows", "redo_rows", forge_redo_rows),
-    ("redo_audit", "redo_audit", forge_redo_audit),
-    ("base_missing", "delta_base", forge_base_missing),
-    ("base_digest", "delta_base", forge_base_digest),
-    ("base_of_another_job", "delta_base", forge_base_of_another_job),
-    ("base_refused", "delta_base", forge_base_refused),
+    ("redo_steps", "redo_steps", drop_a_redo_step),
+    ("redo_rows", "redo_rows", drop_a_redo_row),
+    ("redo_audit", "redo_audit", swap_two_redo_groups),
+    ("base_missing", "delta_base", remove_the_base),
+    ("base_digest", "delta_base", edit_the_base),
+    ("base_of_another_job", "delta_base", base_of_another_job),
+    ("base_refused", "delta_base", base_refused_by_its_chain),
     ("delta_of_another_job", "job_identity", forge_delta_of_another_job),
     ("fingerprint", "redo_fingerprint", forge_fingerprint),  # resume only: the redo computes it
 ]
 
 
-def _verify(job: Path, root: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "spotrl_runtime.cli", "ckpt", "verify", str(root), "-f", str(job), "--json"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-
-
 def test_the_controllers_delta_passes_verify_with_its_base(made: tuple[Path, Path, str], runs: Runs) -> None:
     job, store, _ = made
-    out = _verify(job, _copy(store, runs.base / "delta-untouched"))
+    out = verify(job, _copy(store, runs.base / "delta-untouched"))
     assert out.returncode == 0, out.stderr
     checks = json.loads(out.stdout)["checks"]
     assert {"redo_steps", "redo_rows", "redo_audit", "delta_base"} <= set(checks)
@@ -237,7 +185,7 @@ def test_a_forged_delta_is_refused_by_name_and_nothing_trains(
     forge(CutSurgery(root / "cuts" / cut_id))
     before = audit(root, "--all")
 
-    out = _verify(job, root)
+    out = verify(job, root)
     if check == "redo_fingerprint":
         assert out.returncode == 0, "verify trains nothing; the resume's redo runs this check"
     else:
@@ -259,29 +207,26 @@ def test_auto_cuts_a_delta_when_a_full_cut_would_not_fit_the_notice(
     barrier cuts a delta, which commits in time; the resume redoes its steps and trains the
     baseline."""
     fault_proxy.add("stall", method="PUT", key="/trainer/", seconds=3.0)
-    job = runs.job({"checkpoint.everySteps": 2})
+    # A full cut every 4 steps; generation held before step 7, so the cut of step 4 is the last one
+    # in flight: the barrier finds the writer idle (one writes at a time).
+    job = runs.job({"checkpoint.everySteps": 4})
     uri = f"s3://{s3_bucket.bucket}/auto"
     marks = tmp_path / "marks"
     marks.mkdir()
     env = {**s3_bucket.env(), "AWS_ENDPOINT_URL_S3": fault_proxy.endpoint}
-    proc = runs.start(
-        job,
-        uri,
-        "--sigterm-deadline",
-        "3",
-        SPOTRL_FAILPOINTS="dispatch.finish@9=60",
-        SPOTRL_FAILPOINT_DIR=str(marks),
-        **env,
-    )
-    wait_for(lambda: (marks / "dispatch.finish").exists(), 300, "generation for step 9", proc)
-    wait_for(lambda: "barrier cut estimate:" in runs.log_of(proc), 120, "a full cut measured", proc)
+    points = {"SPOTRL_FAILPOINTS": "dispatch.finish@7=60", "SPOTRL_FAILPOINT_DIR": str(marks)}
+    proc = runs.start(job, uri, "--sigterm-deadline", "3", **points, **env)
+    wait_for(lambda: (marks / "dispatch.finish").exists(), 300, "generation for step 7", proc)
+    wait_for(lambda: "barrier cut estimate:" in runs.log_of(proc), 120, "the full cut of step 4 measured", proc)
     assert stop(proc, signal.SIGTERM) == 143, runs.log_of(proc)
     log = runs.log_of(proc)
     assert "barrier cut: delta (a full cut is estimated at" in log, log
     store = s3_bucket.storage("auto")
-    cut_id = list_cut_folders(store)[-1].cut_id
+    cut_id = newest_committed(store)
+    assert cut_id is not None
+    assert f"barrier cut {cut_id} committed at step" in log, log
     manifest = json.loads(store.get_bytes(f"cuts/{cut_id}/manifest.json"))
-    assert (manifest["kind"], manifest["form"]) == ("barrier", "delta"), manifest
+    assert (manifest["kind"], manifest["form"], manifest["base"]["trainer_step"]) == ("barrier", "delta", 4), manifest
 
     rc, log = runs.run(job, uri, **env)
     assert rc == 0, log

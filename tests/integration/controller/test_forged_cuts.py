@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -18,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_runs import Runs, audit, stop, stream, wait_for
+from controller_runs import Runs, audit, stop, stream, verify, wait_for
 
 from spotrl_e2e.forgery import CutSurgery
 from spotrl_runtime.core.cut_format import (
@@ -174,14 +172,9 @@ def _copy(store: Path, cut_id: str, to: Path) -> CutSurgery:
     return CutSurgery(to / "cuts" / cut_id)
 
 
-def _verify(job: Path, root: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "spotrl_runtime.cli", "ckpt", "verify", str(root), "-f", str(job), "--json"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-
-
 def test_the_controllers_cut_passes_verify_against_its_job(made: tuple[Path, Path, str], runs: Runs) -> None:
     job, store, cut_id = made
-    out = _verify(job, _copy(store, cut_id, runs.base / "untouched").cut.parents[1])
+    out = verify(job, _copy(store, cut_id, runs.base / "untouched").cut.parents[1])
     assert out.returncode == 0, out.stderr
     checks = json.loads(out.stdout)["checks"]
     assert "coverage" in checks
@@ -200,7 +193,7 @@ def test_a_forged_cut_is_refused_and_nothing_trains(
     forge(cut)
     before = audit(root, "--all")
 
-    out = _verify(job, root)
+    out = verify(job, root)
     if check == "rollout_prompt_tokens":
         assert out.returncode == 0, "verify has no tokenizer; the restore runs this check"
     else:
