@@ -30,6 +30,9 @@ class Tools:
     kube_score: Path | None = None
     checkov: Path | None = None
     """The security scanners (tests/security); the control plane does not need them."""
+    kueue: Path | None = None
+    kueue_manifests: Path | None = None
+    """Kueue's manager and its CRDs and webhook configurations (the RLJob queueing tests)."""
 
     def require(self, *names: str) -> None:
         """Raises :class:`ToolchainMissingError` naming every absent binary and how to build it."""

@@ -23,6 +23,7 @@ kube_dir=$cache/kubernetes-$KUBERNETES_VERSION
 etcd_dir=$cache/etcd-$ETCD_VERSION
 helm_dir=$cache/helm-$HELM_VERSION
 s3_dir=$cache/versitygw-$VERSITYGW_VERSION
+kueue_dir=$cache/kueue-$KUEUE_VERSION
 kube_score_dir=$cache/kube-score-$KUBE_SCORE_VERSION
 # checkov's folder is keyed by its locked requirements too: a re-lock is a new folder.
 checkov_lock=$here/checkov/requirements.txt
@@ -36,6 +37,8 @@ if [[ ${1:-} == --env ]]; then
   echo "ETCD=$etcd_dir/etcd"
   echo "HELM=$helm_dir/helm"
   echo "VERSITYGW=$s3_dir/versitygw"
+  echo "KUEUE=$kueue_dir/kueue"
+  echo "KUEUE_MANIFESTS=$kueue_dir/manifests"
   echo "KUBE_SCORE=$kube_score_dir/kube-score"
   echo "CHECKOV=$checkov_dir/checkov"
   exit 0
@@ -70,6 +73,18 @@ build_helm() {
 build_versitygw() {
   GOBIN=$1 go install -trimpath -ldflags "-s -w -X main.Version=$VERSITYGW_VERSION" \
     "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION"
+}
+
+# Kueue's manager from its module, and from the same module's source its CRDs (the v1beta2
+# bases: no conversion webhook) and its webhook configurations (made local by the harness).
+build_kueue() {
+  local out=$1 src
+  GOBIN=$out go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+  src=$(go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [[ -d $src/config/components/crd/bases ]] || { echo "toolchain: no CRDs in $src" >&2; return 1; }
+  mkdir -p "$out/manifests/crds"
+  cp "$src"/config/components/crd/bases/*.yaml "$out/manifests/crds/"
+  cp "$src/config/components/webhook/manifests.yaml" "$out/manifests/webhooks.yaml"
 }
 
 build_kube_score() {
@@ -107,6 +122,7 @@ step versitygw "$s3_dir" versitygw
 step helm "$helm_dir" helm
 step kubernetes "$kube_dir" kube-apiserver kube-controller-manager kube-scheduler kubectl
 step kube_score "$kube_score_dir" kube-score
+step kueue "$kueue_dir" kueue
 step checkov "$checkov_dir" checkov venv/bin/python
 if ((${#TOOLCHAIN_BUILT[@]})); then
   echo "toolchain: built ${TOOLCHAIN_BUILT[*]}; total $((SECONDS - t_all)) s"

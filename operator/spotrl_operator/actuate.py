@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from spotrl_operator import resources, retention
-from spotrl_operator.observe import STATUS_FIELDS, Snapshot, job_ref, node_lost, rljob_path
+from spotrl_operator import queueing, resources, retention
+from spotrl_operator.observe import STATUS_FIELDS, Snapshot, job_ref, node_lost, rljob_path, workload_path
 from spotrl_operator.reconcile import crash_backoff
 from spotrl_operator.resources import STANDBY_LABEL
 from spotrl_operator.settings import Settings
@@ -145,6 +145,14 @@ def action_key(job: str, action: object) -> tuple[str, str]:
         return f"delete-pod/{action.name}", f"deleting pod {action.name}"
     if isinstance(action, PromoteStandby):
         return f"promote-pod/{action.name}", f"taking the standby label off pod {action.name}"
+    if isinstance(action, queueing.CreateWorkload):
+        return "workload", "creating the job's Kueue Workload"
+    if isinstance(action, queueing.DeleteWorkload):
+        return "workload", f"deleting Kueue Workload {action.name} (its pod sets changed)"
+    if isinstance(action, queueing.ReleaseQuota):
+        return "workload-status", f"giving Kueue Workload {action.name}'s quota back (its eviction is complete)"
+    if isinstance(action, queueing.FinishWorkload):
+        return "workload-status", f"marking Kueue Workload {action.name} Finished"
     if isinstance(action, OpenDisruptionBudget | CloseDisruptionBudget):
         return "pdb", f"{'opening' if isinstance(action, OpenDisruptionBudget) else 'closing'} the PodDisruptionBudget"
     return type(action).__name__, type(action).__name__
@@ -190,6 +198,20 @@ def _closed_budget(job: Obj) -> Obj:
     except api.SpecError:
         trainers = 0
     return resources.disruption_budget(job_ref(job), open_=False, trainers=trainers)
+
+
+def admitted(pod: Obj, status: api.RLJobStatus | None, pod_set: str) -> None:
+    """Adds what Kueue's admission assigned to ``pod_set`` (its flavors' node labels and
+    tolerations) to a pod about to be created."""
+    queue = status.queue if status is not None else None
+    where = queue.placement.get(pod_set) if queue is not None and queue.admitted else None
+    if where is None:
+        return
+    spec = pod["spec"]
+    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **where.node_selector}
+    tolerations = list(spec.get("tolerations") or [])
+    added = [t.model_dump(by_alias=True, exclude_none=True) for t in where.tolerations]
+    spec["tolerations"] = tolerations + [t for t in added if t not in tolerations]
 
 
 def status_doc(status: api.RLJobStatus) -> Obj:
@@ -266,7 +288,7 @@ class Actuator:
                 out.held.append(action)
                 continue
             try:
-                self._do(job, action)
+                self._do(job, action, plan.status)
             except KubeError as err:
                 failure = self.backoffs.failed(uid, key, what, err, failure_budget(job), now)
                 log.warning("%s: %s (try %d)", what, err, failure.tries)
@@ -328,7 +350,7 @@ class Actuator:
                 raise ConflictError(str(err)) from None
             raise
 
-    def _do(self, job: Obj, action: object) -> None:
+    def _do(self, job: Obj, action: object, status: api.RLJobStatus | None = None) -> None:
         ref = job_ref(job)
         ns = ref.namespace
         if isinstance(action, CreateControllerPod):
@@ -336,6 +358,7 @@ class Actuator:
             pod = resources.controller_pod(
                 ref, spec, self.settings, action.attempt, action.avoid_nodes, standby=action.standby
             )
+            admitted(pod, status, "standby" if action.standby else "controller")
             self.ensure_children(job)
             try:
                 self.kube.create(path("v1", "pods", ns), pod)
@@ -346,6 +369,7 @@ class Actuator:
             spec = api.parse_spec(job["spec"])
             build = resources.trainer_pod if action.role == "trainer" else resources.worker_pod
             pod = build(ref, spec, self.settings, action.attempt, action.index, action.address, action.avoid_nodes)
+            admitted(pod, status, "trainers" if action.role == "trainer" else "workers")
             try:
                 self.kube.create(path("v1", "pods", ns), pod)
             except KubeError as err:
@@ -360,10 +384,58 @@ class Actuator:
             self.set_disruption_budget(job, open_=isinstance(action, OpenDisruptionBudget))
         elif isinstance(action, RequestBarrier):
             pass  # the status write above carried it
+        elif isinstance(action, queueing.CreateWorkload):
+            spec = api.parse_spec(job["spec"])
+            body = queueing.workload(ref, spec, self.settings, action.queue, self.priority(job, spec))
+            try:
+                self.kube.create(workload_path(ns), body)
+            except KubeError as err:
+                if err.status != 409:
+                    raise
+        elif isinstance(action, queueing.DeleteWorkload):
+            try:
+                self.kube.delete(workload_path(ns, action.name))
+            except KubeError as err:
+                if err.status != 404:
+                    raise
+        elif isinstance(action, queueing.ReleaseQuota | queueing.FinishWorkload):
+            self.patch_workload_status(ns, action)
         else:
             raise TypeError(f"unknown action {action!r}")
         if self.on_action is not None:
             self.on_action(job, action)
+
+    def priority(self, job: Obj, spec: api.RLJobSpec) -> queueing.Priority | None:
+        """The Workload's priority, as Kueue's job controllers resolve it: the job's
+        WorkloadPriorityClass label, else its pods' PriorityClass, else none. A class that does
+        not exist is an error (no Workload is made until it does)."""
+        wpc = ((job.get("metadata") or {}).get("labels") or {}).get(queueing.PRIORITY_LABEL)
+        if wpc:
+            found = self.kube.get(path(queueing.API_VERSION, "workloadpriorityclasses", None, wpc))
+            return queueing.Priority("WorkloadPriorityClass", wpc, int(found.get("value") or 0))
+        pc = spec.scheduling.priority_class_name
+        if pc:
+            found = self.kube.get(path("scheduling.k8s.io/v1", "priorityclasses", None, pc))
+            return queueing.Priority("PriorityClass", pc, int(found.get("value") or 0))
+        return None
+
+    def patch_workload_status(self, namespace: str, action: queueing.ReleaseQuota | queueing.FinishWorkload) -> None:
+        """Kueue's side of an eviction or of the job's end, on the Workload's status, guarded by
+        the resourceVersion read (a conflict is retried by the next pass)."""
+        url = workload_path(namespace, action.name)
+        wl = self.kube.get_or_none(url)
+        if wl is None:
+            return
+        now = self.clock()
+        if isinstance(action, queueing.ReleaseQuota):
+            view = queueing.workload_view(wl)
+            if not view.reserved:
+                return  # given back already (a pass from a stale cache)
+            diff = queueing.release_patch(wl, action.reason, action.message, now)
+        else:
+            diff = queueing.finish_patch(wl, action.succeeded, action.message, now)
+        body = {"metadata": {"resourceVersion": wl["metadata"]["resourceVersion"]}, "status": diff}
+        self.kube.patch(url + "/status", body)
 
     def stop_pods(self, job: Obj, nodes: Mapping[str, Obj]) -> int:
         """Deletes every pod of the job (a pod on a lost node at once: nobody is left to run its

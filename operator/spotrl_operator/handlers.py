@@ -29,10 +29,20 @@ from typing import Any
 
 import kopf
 
-from spotrl_operator import retention
+from spotrl_operator import queueing, retention
 from spotrl_operator.actuate import Actuator, ConflictError, failure_budget
 from spotrl_operator.metrics import Metrics
-from spotrl_operator.observe import Snapshot, fetch, job_storage, trim_node, trim_pdb, trim_pod, world_of
+from spotrl_operator.observe import (
+    Snapshot,
+    fetch,
+    job_storage,
+    trim_node,
+    trim_pdb,
+    trim_pod,
+    trim_workload,
+    workload_owner,
+    world_of,
+)
 from spotrl_operator.reconcile import reconcile
 from spotrl_operator.resources import JOB_LABEL, ROLE_LABEL
 from spotrl_operator.settings import Settings
@@ -146,6 +156,14 @@ async def job_pdbs(namespace: str | None, labels: kopf.Labels, body: kopf.Body, 
     return {(namespace, labels[JOB_LABEL]): trim_pdb(dict(body))}
 
 
+def _own_workload(index: Mapping[Any, Iterable[Obj]] | None, namespace: str, name: str, meta: kopf.Meta) -> Obj | None:
+    """The Workload the operator made for this RLJob (by its deterministic name: an older one
+    of a job deleted and made again under the same name is not it)."""
+    want = queueing.workload_name(name, str(meta.get("uid", "")))
+    found = [w for w in (index or {}).get((namespace, name), ()) if w["metadata"].get("name") == want]
+    return found[0] if found else None
+
+
 def _first(store: Iterable[Any] | None) -> Any:
     return next(iter(store), None) if store is not None else None
 
@@ -195,6 +213,33 @@ async def rljob_changed(type: str, namespace: str | None, name: str, memo: Any, 
     if type == "DELETED":  # a job held by this one's storage (StorageConflict) may start now
         for event in ctx.wakeups.values():
             event.set()
+
+
+# ----------------------------------------------------------------------------- Kueue
+
+
+async def job_workloads(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    owner = workload_owner(dict(body))
+    return {(namespace, owner): trim_workload(dict(body))} if owner else None
+
+
+async def flavors_index(name: str, spec: kopf.Spec, **_: Any) -> dict[Any, Any]:
+    return {name: dict(spec)}
+
+
+async def workload_changed(namespace: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    owner = workload_owner(dict(body))
+    if owner:
+        ctx_of(memo).wake(namespace, owner)
+
+
+def register_kueue() -> None:
+    """With the operator setting ``kueue``: watch Kueue's Workloads (those an RLJob owns wake it)
+    and ResourceFlavors. Only then: Kopf waits for every index's first list, and a cluster
+    without Kueue's CRDs has none to give."""
+    kopf.index(queueing.GROUP, queueing.VERSION, "workloads")(job_workloads)
+    kopf.index(queueing.GROUP, queueing.VERSION, "resourceflavors")(flavors_index)
+    kopf.on.event(queueing.GROUP, queueing.VERSION, "workloads")(workload_changed)
 
 
 # ----------------------------------------------------------------------------- children
@@ -254,6 +299,8 @@ async def lifecycle(
                 nodes=cached_nodes(nodes_index),
                 pdb=_first(job_pdbs.get((namespace, name))),
                 peers=tuple(storages.get(None, ())),
+                workload=_own_workload(kwargs.get("job_workloads"), namespace, name, meta),
+                flavors=cached_nodes(kwargs.get("flavors_index") or {}),
             )
             delay, written = await ctx.io(pass_once, ctx, snap, logger)
             pending = (job["metadata"].get("resourceVersion", ""), written) if written is not None else None
@@ -281,7 +328,7 @@ def pass_once(ctx: Context, snap: Snapshot, logger: kopf.Logger) -> tuple[float,
         except ConflictError:
             ctx.metrics.reconciles.labels("conflict").inc()
             try:
-                fresh = fetch(ctx.kube, ns, name, snap.nodes, snap.peers)
+                fresh = fetch(ctx.kube, ns, name, snap.nodes, snap.peers, kueue=ctx.settings.kueue)
             except KubeError as err:
                 return _pass_failed(ctx, snap.job, err, logger), None
             if fresh is None:

@@ -105,6 +105,9 @@ def _run_kopf(settings: Settings, kube: Any, metrics: Any) -> None:
 
     import spotrl_operator.handlers as handlers  # registers the handlers with Kopf
 
+    if settings.kueue:
+        handlers.register_kueue()
+
     memo = kopf.Memo(ctx=handlers.Context(settings=settings, kube=kube, metrics=metrics))
     ready = threading.Event()
 

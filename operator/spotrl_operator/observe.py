@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from spotrl_operator import placement, storage_overlap
+from spotrl_operator import placement, queueing, storage_overlap
 from spotrl_operator.resources import (
     ATTEMPT_LABEL,
     INDEX_LABELS,
@@ -63,6 +63,10 @@ class Snapshot:
     """The job's PodDisruptionBudget: its ``spec`` as :func:`trim_pdb` keeps it."""
     peers: tuple[JobStorage, ...] = ()
     """Every RLJob's effective storage (:func:`job_storage`), this one's included."""
+    workload: Obj | None = None
+    """The job's Kueue Workload (operator setting ``kueue``), as :func:`trim_workload` keeps it."""
+    flavors: Mapping[str, Obj] = field(default_factory=dict)
+    """Kueue's ResourceFlavors by name: their ``spec`` (node labels, tolerations)."""
 
 
 def job_ref(job: Obj) -> JobRef:
@@ -109,6 +113,37 @@ def trim_node(node: Obj) -> Obj:
             ]
         },
     }
+
+
+def trim_workload(wl: Obj) -> Obj:
+    """The parts of a Kueue Workload :func:`~spotrl_operator.queueing.workload_view` reads."""
+    meta, st = wl.get("metadata") or {}, wl.get("status") or {}
+    return {
+        "metadata": {
+            k: meta.get(k)
+            for k in ("name", "namespace", "annotations", "ownerReferences", "deletionTimestamp", "resourceVersion")
+        },
+        "status": {"conditions": list(st.get("conditions") or []), "admission": st.get("admission")},
+    }
+
+
+def workload_owner(wl: Obj) -> str | None:
+    """The RLJob that owns a Workload (None: not one of ours)."""
+    for ref in (wl.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == api.KIND and str(ref.get("apiVersion", "")).startswith(api.GROUP + "/"):
+            return str(ref.get("name"))
+    return None
+
+
+def queue_view(snap: Snapshot, spec: api.RLJobSpec, settings: Settings) -> queueing.QueueView | None:
+    """The job's place in Kueue, when the operator queues through Kueue and the job has the label."""
+    queue = ((snap.job.get("metadata") or {}).get("labels") or {}).get(queueing.QUEUE_LABEL)
+    if not settings.kueue or not queue:
+        return None
+    want = queueing.pod_sets_digest(queueing.pod_sets(job_ref(snap.job), spec, settings))
+    view = queueing.workload_view(snap.workload) if snap.workload is not None else None
+    where = queueing.placement(view, snap.flavors) if view is not None and view.admitted else {}
+    return queueing.QueueView(name=str(queue), want_pod_sets=want, workload=view, placement=where)
 
 
 def trim_pod(pod: Obj) -> Obj:
@@ -321,6 +356,7 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
         deadline_caps=dict(settings.deadline_caps),
         config_error=config_error,
         storage_conflict=shared,
+        queue=queue_view(snap, spec, settings),
     )
 
 
@@ -341,6 +377,7 @@ def fetch(
     name: str,
     nodes: Mapping[str, Obj] | None = None,
     peers: tuple[JobStorage, ...] = (),
+    kueue: bool = False,
 ) -> Snapshot | None:
     """A fresh snapshot from the API server (None once the RLJob is gone). ``nodes``: the
     node cache, if there is one (nodes change rarely and are not guarded by the job's
@@ -355,7 +392,18 @@ def fetch(
     pdb = trim_pdb(pdb) if pdb is not None else None
     if nodes is None:
         nodes = nodes_of(kube.get(path("v1", "nodes")).get("items") or [])
-    return Snapshot(job=job, pods=tuple(pods), nodes=nodes, pdb=pdb, peers=peers)
+    workload, flavors = None, {}
+    if kueue:
+        wl = kube.get_or_none(workload_path(namespace, queueing.workload_name(name, job["metadata"].get("uid", ""))))
+        workload = trim_workload(wl) if wl is not None else None
+        if workload is not None and (workload["status"].get("admission") or None):
+            items = kube.get(path(queueing.API_VERSION, "resourceflavors")).get("items") or []
+            flavors = {f["metadata"]["name"]: f.get("spec") or {} for f in items}
+    return Snapshot(job=job, pods=tuple(pods), nodes=nodes, pdb=pdb, peers=peers, workload=workload, flavors=flavors)
+
+
+def workload_path(namespace: str, name: str | None = None) -> str:
+    return path(queueing.API_VERSION, "workloads", namespace, name)
 
 
 def nodes_of(items: Iterable[Obj]) -> dict[str, Obj]:

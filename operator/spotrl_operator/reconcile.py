@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime, timedelta
 
-from spotrl_operator import recovery
+from spotrl_operator import queueing, recovery
 from spotrl_operator.cut_risk import tend_barrier_risk
 from spotrl_operator.standby import tend_standby, usable
 from spotrl_operator.trainers import tend_trainers, trainer_notices
@@ -97,6 +97,7 @@ def _lifecycle(b: Builder) -> float | None:
     :func:`~spotrl_operator.trainers.tend_trainers`).
     Returns when to look again (seconds; None: at the next period)."""
     world = b.world
+    b.held = queueing.tend(b)
     if b.st.phase in ("Succeeded", "Failed"):
         return None
 
@@ -131,7 +132,7 @@ def _lifecycle(b: Builder) -> float | None:
 
     if current is not None and current.phase in ("Succeeded", "Failed"):
         return _finished(b, current)
-    if world.spec.suspend:
+    if b.stopping:
         return _suspend(b, current)
     if current is None:
         return _start(b)
@@ -316,23 +317,33 @@ def _may_still_write(st: RLJobStatus, pod: PodView, world: World) -> bool:
 
 
 def _suspend(b: Builder, current: PodView | None) -> float | None:
+    """Stops the job through a barrier cut: ``spec.suspend``, or Kueue holds it (:attr:`Builder.held`).
+    Kueue's eviction completes (the quota goes back) once no pod of the job is left."""
     world = b.world
+    kueue = b.held is not None and not world.spec.suspend
+    doing = "evicted by Kueue" if kueue else "suspending"
     if current is None:
         if any(p.deleting_since is not None for p in world.pods):
-            b.phase("Checkpointing", "suspending: waiting for the controller to exit")
+            b.phase("Checkpointing", f"{doing}: waiting for the controller to exit")
             return 1.0
+        if b.held is not None:
+            queueing.settle(b)
+        if kueue:
+            b.phase("Queued", b.held or "queued")
+            return None
         b.phase("Suspended", "suspended; set spec.suspend=false to resume from the last cut")
         return None
     # A barrier already asked of this controller (a notice came first) serves the suspend
     # too: asking again would make it cut twice.
     barrier = b.st.barrier
     if barrier is None:
-        req = _new_barrier(b, "suspend", current, node=None, provider="suspend")
-        b.event("Normal", "BarrierRequested", f"suspending: barrier {req.request_id} requested")
-        b.phase("Checkpointing", "suspending: waiting for the barrier cut")
+        reason = queueing.BARRIER_REASON if kueue else "suspend"
+        req = _new_barrier(b, reason, current, node=None, provider="suspend")
+        b.event("Normal", "BarrierRequested", f"{doing}: barrier {req.request_id} requested")
+        b.phase("Checkpointing", f"{doing}: waiting for the barrier cut")
         return 1.0
     if barrier.state == "Requested" and not _past_deadline(b, barrier):
-        b.phase("Checkpointing", "suspending: waiting for the barrier cut")
+        b.phase("Checkpointing", f"{doing}: waiting for the barrier cut")
         return 1.0
     if barrier.state == "Requested":
         _missed(b, barrier)
@@ -341,7 +352,7 @@ def _suspend(b: Builder, current: PodView | None) -> float | None:
     elif barrier.state == "Committed":
         _committed(b, barrier)
     b.act(DeletePod(current.name))
-    b.phase("Checkpointing", "suspending: stopping the controller")
+    b.phase("Checkpointing", f"{doing}: stopping the controller")
     return 1.0
 
 
@@ -379,7 +390,9 @@ def _start(b: Builder) -> float | None:
 
     first = st.attempt == 0
     crash = retry_after is not None
-    resumed_from_suspend = st.phase == "Suspended" or (st.barrier is not None and st.barrier.reason == "suspend")
+    resumed_from_suspend = st.phase in ("Suspended", "Queued") or (
+        st.barrier is not None and st.barrier.reason in ("suspend", queueing.BARRIER_REASON)
+    )
     if not (first or crash or resumed_from_suspend or refused):
         b.interrupted()  # it vanished: evicted, drained, moved by us, or its node was lost
         b.update(preemptions=st.preemptions + 1)

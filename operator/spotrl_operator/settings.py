@@ -62,6 +62,9 @@ class Settings:
     """Give each job a NetworkPolicy: its pods reach each other; metrics_from reaches /metrics."""
     metrics_from: tuple[Mapping[str, Any], ...] = ({"namespaceSelector": {}},)
     """NetworkPolicy peers allowed to scrape the controllers' /metrics port (default: any pod)."""
+    kueue: bool = False
+    """Act as Kueue's external controller for RLJobs that carry ``kueue.x-k8s.io/queue-name``
+    (:mod:`~spotrl_operator.queueing`); needs Kueue's CRDs in the cluster."""
 
     namespaces: tuple[str, ...] = ()
     """Namespaces to watch; empty: the whole cluster."""
@@ -240,6 +243,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="NetworkPolicy peers (a JSON list) allowed to scrape the controllers' /metrics; "
         'default: [{"namespaceSelector": {}}], any pod ($SPOTRL_METRICS_FROM)',
     )
+    g.add_argument(
+        "--kueue",
+        action=argparse.BooleanOptionalAction,
+        default=(_env("SPOTRL_KUEUE", "false") or "false").lower() in ("1", "true", "yes"),
+        help="queue RLJobs labelled kueue.x-k8s.io/queue-name through Kueue: a Workload per job, "
+        "admitted before any pod starts, a barrier cut when Kueue evicts it ($SPOTRL_KUEUE)",
+    )
     g = p.add_argument_group("preemption signals")
     g.add_argument(
         "--extra-taint-key",
@@ -340,6 +350,7 @@ def from_args(args: argparse.Namespace) -> Settings:
         retention_image=args.retention_image,
         network_policy=args.network_policy,
         metrics_from=_peers(args.metrics_from),
+        kueue=args.kueue,
         namespaces=tuple(args.namespaces),
         reconcile_interval=args.reconcile_interval,
         leader_election=args.leader_election,

@@ -53,7 +53,7 @@ def tend_standby(b: Builder) -> None:
         and current.name not in stopping
         and current.node not in world.unusable_nodes
     )
-    wanted = spec.standby and not spec.suspend and st.phase not in ("Succeeded", "Failed", "Suspended")
+    wanted = spec.standby and not b.stopping and st.phase not in ("Succeeded", "Failed", "Suspended", "Queued")
     following = st.attempt + 1
 
     kept: PodView | None = None

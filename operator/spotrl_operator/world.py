@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import ClassVar, Literal
 
+from spotrl_operator.queueing import CreateWorkload, DeleteWorkload, FinishWorkload, QueueView, ReleaseQuota
 from spotrl_operator.signals import Signal
 from spotrl_runtime.api import times
 from spotrl_runtime.api.rljob import BarrierStatus, Condition, JobPhase, RecoveryMarks, RLJobSpec, RLJobStatus
@@ -83,6 +84,9 @@ class World:
     storage_conflict: str | None = None
     """Why no controller may start: an older RLJob's storage overlaps this one's
     (:func:`~spotrl_operator.storage_overlap.conflict`)."""
+    queue: QueueView | None = None
+    """Kueue: the job's LocalQueue and Workload, when it carries the queue-name label
+    (:mod:`~spotrl_operator.queueing`)."""
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,10 @@ Action = (
     | OpenDisruptionBudget
     | CloseDisruptionBudget
     | Event
+    | CreateWorkload
+    | DeleteWorkload
+    | ReleaseQuota
+    | FinishWorkload
 )
 
 
@@ -212,6 +220,13 @@ class Builder:
         self.st = world.status.model_copy(
             update={"observed_generation": world.generation, "total_steps": world.spec.training.total_steps}
         )
+        self.held: str | None = None
+        """Why Kueue holds the job now (:func:`~spotrl_operator.queueing.tend`): it stops as a suspend does."""
+
+    @property
+    def stopping(self) -> bool:
+        """The job must not run now: suspended, or held by Kueue."""
+        return self.world.spec.suspend or self.held is not None
 
     def act(self, *actions: Action) -> None:
         self.plan.actions.extend(actions)
@@ -254,7 +269,7 @@ class Builder:
         stopping = {a.name for a in self.plan.actions if isinstance(a, DeletePod)}
         if current.phase != "Running" or current.name in stopping or current.node in world.lost_nodes:
             return None
-        if not through_suspend and (world.spec.suspend or self.st.phase in ("Succeeded", "Failed", "Suspended")):
+        if not through_suspend and (self.stopping or self.st.phase in ("Succeeded", "Failed", "Suspended", "Queued")):
             return None
         return current.attempt
 

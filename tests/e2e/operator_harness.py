@@ -91,11 +91,11 @@ def service_account_client(cluster: Cluster, namespace: str, service_account: st
     return KubeClient(Credentials(cluster.server, cluster.ca, token=token))
 
 
-def install_operator_identity(cluster: Cluster, namespace: str, workdir: Path) -> Path:
+def install_operator_identity(cluster: Cluster, namespace: str, workdir: Path, *sets: str) -> Path:
     """The chart's ServiceAccount, its two ClusterRoles (the jobs' namespaces, and Nodes) bound
     cluster-wide, and the leader Role(Binding) in ``namespace``; returns a kubeconfig that
-    authenticates as that ServiceAccount."""
-    docs = render_chart(cluster, namespace, only=("templates/serviceaccount.yaml", "templates/rbac.yaml"))
+    authenticates as that ServiceAccount. ``sets``: chart values (``kueue.enabled=true``)."""
+    docs = render_chart(cluster, namespace, *sets, only=("templates/serviceaccount.yaml", "templates/rbac.yaml"))
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == [
         "ClusterRole",

@@ -178,6 +178,7 @@ def crd() -> dict[str, Any]:
                         {"name": "Total", "type": "integer", "jsonPath": ".spec.training.totalSteps"},
                         {"name": "Last-Cut", "type": "string", "jsonPath": ".status.lastCut.id"},
                         {"name": "Preemptions", "type": "integer", "jsonPath": ".status.preemptions"},
+                        {"name": "Queue", "type": "string", "jsonPath": ".status.queue.name", "priority": 1},
                         # Set only while the operator cannot write the job's objects (actuate.STUCK).
                         {
                             "name": "Error",

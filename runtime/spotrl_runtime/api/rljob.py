@@ -862,7 +862,46 @@ class CutEstimateStatus(ApiObject):
     attempt: int | None = Field(default=None, ge=0, description="The controller attempt that made it.")
 
 
-JobPhase = Literal["Pending", "Running", "Checkpointing", "Rescheduling", "Suspended", "Succeeded", "Failed"]
+class PodPlacement(ApiObject):
+    """What Kueue's admission adds to the pods of one pod set: its ResourceFlavors' node labels
+    (a nodeSelector) and tolerations."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict, description="The assigned flavors' nodeLabels.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="The assigned flavors' tolerations.")
+
+
+class QueueEviction(ApiObject):
+    """One eviction by Kueue, and the barrier cut that answered it."""
+
+    reason: str = Field(description="The Workload's Evicted reason: Preempted, InactiveWorkload, Deactivated...")
+    message: str = Field(default="", max_length=2048)
+    at: str = Field(description="When Kueue evicted the Workload (its Evicted condition's lastTransitionTime).")
+    barrier: str | None = Field(default=None, description="The barrier's request id.")
+    cut_id: str | None = Field(default=None, description="The cut the barrier committed, if it did.")
+    released_at: str | None = Field(
+        default=None,
+        description="When the operator gave the quota back (the pods gone, the cut committed or given up).",
+    )
+
+
+class QueueStatus(ApiObject):
+    """The job's place in Kueue (label ``kueue.x-k8s.io/queue-name``; set by the operator)."""
+
+    name: str = Field(description="The LocalQueue (the label's value).")
+    workload: str | None = Field(default=None, description="The job's Kueue Workload.")
+    cluster_queue: str | None = Field(default=None, description="The ClusterQueue that admitted it, while admitted.")
+    admitted: bool = Field(default=False, description="Kueue admitted the Workload and has not evicted it.")
+    flavors: dict[str, list[str]] = Field(
+        default_factory=dict, description="Per pod set, the ResourceFlavors of the admission."
+    )
+    placement: dict[str, PodPlacement] = Field(
+        default_factory=dict, description="Per pod set, what the admission adds to its pods."
+    )
+    evictions: int = Field(default=0, ge=0, description="Evictions by Kueue, each answered with a barrier.")
+    last_eviction: QueueEviction | None = None
+
+
+JobPhase = Literal["Pending", "Queued", "Running", "Checkpointing", "Rescheduling", "Suspended", "Succeeded", "Failed"]
 
 
 class RLJobStatus(ApiObject):
@@ -958,6 +997,10 @@ class RLJobStatus(ApiObject):
     )
     cut_estimate: CutEstimateStatus | None = Field(
         default=None, description="A barrier cut's estimated seconds, from the last cuts (set by the controller)."
+    )
+    queue: QueueStatus | None = Field(
+        default=None,
+        description="Kueue: the LocalQueue, the Workload, its admission and evictions (set by the operator).",
     )
     message: str | None = None
 
