@@ -1,0 +1,188 @@
+"""RLJobs queued by a real Kueue (v0.17, built from its Go module) on the test control plane:
+the operator (``--kueue``, with the chart's RBAC for it) is the RLJob's external controller.
+
+- A job larger than the whole quota stays Queued, with Kueue's own reason, and starts no pod.
+- One ClusterQueue with quota for one tiny job: a low-priority job trains; a high-priority job
+  preempts it. The low job's barrier cut commits before its controller is stopped, Kueue's
+  eviction completes (the quota goes back) only once its pods are gone, and the high job
+  starts only then. The high job ends, its Workload is Finished, and the low job is admitted
+  again and resumes from its barrier cut. Both effective streams equal a never-preempted run's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from operator_harness import (
+    TARGET,
+    Jobs,
+    JobStorage,
+    OperatorProcess,
+    apply_crd,
+    install_operator_identity,
+    wait_until,
+)
+from test_preemption import assert_same_stream, assert_stopped_after, succeeded, tiny_job, training
+from test_preemption import reference as reference  # the module's fixture
+
+from spotrl_e2e.cluster import Cluster
+from spotrl_e2e.kueue import Kueue, cluster_queue, local_queue, priority_class, resource_flavor
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(TARGET == "kind", reason="Kueue runs on the test control plane (see e2e/README.md)"),
+]
+SPOT = {"karpenter.sh/capacity-type": "spot"}
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+
+
+@pytest.fixture(scope="module")
+def kueue(spotrl_cluster_session: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kueue]:
+    cluster = spotrl_cluster_session
+    cluster.tools.require("kueue")
+    assert cluster.tools.kueue is not None
+    assert cluster.tools.kueue_manifests is not None
+    k = Kueue(
+        cluster,
+        cluster.controlplane.pki,
+        cluster.tools.kueue,
+        cluster.tools.kueue_manifests,
+        tmp_path_factory.mktemp("kueue"),
+    )
+    try:
+        k.start()
+    except Exception:
+        k.stop()
+        raise
+    k.apply(resource_flavor("spot", SPOT), priority_class("low", 100), priority_class("high", 1000))
+    yield k
+    k.stop()
+
+
+@pytest.fixture
+def queued_jobs(
+    cluster: Cluster, namespace: str, kueue: Kueue, tmp_path: Path
+) -> Iterator[tuple[Jobs, OperatorProcess, str]]:
+    """The operator with ``--kueue`` and the chart's identity with ``kueue.enabled=true``; a
+    ClusterQueue with quota for one tiny job (its controller asks for 500m and 4Gi) and a
+    LocalQueue ``lq`` in the test's namespace. Returns (jobs, operator, ClusterQueue)."""
+    apply_crd(cluster)
+    lease_ns = cluster.create_namespace("spotrl-system")
+    kubeconfig = install_operator_identity(cluster, lease_ns, tmp_path, "kueue.enabled=true")
+    op = OperatorProcess(cluster, kubeconfig, lease_ns, tmp_path, args=("--kueue",)).start()
+    cq = f"cq-{namespace}"[:63]
+    kueue.apply(cluster_queue(cq, "spot", cpu="750m", memory="6Gi"), local_queue(namespace, "lq", cq))
+    jobs = Jobs(cluster, namespace)
+    try:
+        yield jobs, op, cq
+    finally:
+        jobs.cleanup()
+        op.stop()
+        kueue.delete("clusterqueue", cq)
+        cluster.delete_namespace(lease_ns)
+
+
+def condition(st: dict[str, Any], ctype: str) -> dict[str, Any]:
+    return next((c for c in st.get("conditions") or [] if c["type"] == ctype), {})
+
+
+def test_a_job_larger_than_the_quota_stays_queued_with_kueues_reason(
+    queued_jobs: tuple[Jobs, OperatorProcess, str], e2e_storage: JobStorage, kueue: Kueue
+) -> None:
+    jobs, _, _ = queued_jobs
+    job_name = "huge"
+    jobs.create(_labelled(jobs, e2e_storage, job_name, training={"resources": {"cpu": "2", "memory": "4Gi"}}))
+    st = jobs.wait(
+        job_name, lambda s: "insufficient" in condition(s, "Queued").get("message", ""), 60, "Kueue's reason"
+    )
+    assert st["phase"] == "Queued"
+    assert condition(st, "Queued")["status"] == "True"
+    assert "cpu" in condition(st, "Queued")["message"], condition(st, "Queued")
+    assert st["queue"]["name"] == "lq"
+    assert st["queue"]["admitted"] is False
+    (wl,) = kueue.workloads(jobs.ns)
+    assert wl["metadata"]["name"] == st["queue"]["workload"]
+    owner = wl["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("RLJob", job_name, True)
+    requests = wl["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert requests["cpu"] == "2", "the pod set carries the pods' own requests"
+    assert jobs.pods(job_name) == [], "no pod before Kueue admits the job"
+    jobs.said(job_name, {"Queued"})
+
+
+def _labelled(jobs: Jobs, storage: JobStorage, name: str, **spec: Any) -> dict[str, Any]:
+    """The tiny job with its queue label from the start (as a user applies it)."""
+    if jobs.cluster.admin().get_or_none(f"/api/v1/namespaces/{jobs.ns}/secrets/s3") is None:
+        jobs.cluster.admin().create(f"/api/v1/namespaces/{jobs.ns}/secrets", storage.secret())
+    job = tiny_job(name, storage, {})
+    job["metadata"]["labels"] = {QUEUE_LABEL: "lq"}
+    for key, value in spec.items():
+        job["spec"].setdefault(key, {}).update(value)
+    return job
+
+
+def test_a_higher_priority_preempts_through_a_barrier_cut_and_both_train_the_reference(
+    queued_jobs: tuple[Jobs, OperatorProcess, str],
+    e2e_storage: JobStorage,
+    kueue: Kueue,
+    reference: dict[int, Any],
+) -> None:
+    jobs, op, cq = queued_jobs
+    ns = jobs.ns
+    low = _labelled(jobs, e2e_storage, "low")
+    low["metadata"]["labels"][PRIORITY_LABEL] = "low"
+    jobs.create(low)
+    st = jobs.wait("low", lambda s: (s.get("queue") or {}).get("admitted") is True, 60, "low admitted")
+    assert st["queue"]["clusterQueue"] == cq
+    assert st["queue"]["flavors"] == {"controller": ["spot"]}
+    training(jobs, "low", 2)
+    (pod,) = jobs.pods("low")
+    assert pod["spec"]["nodeSelector"] == SPOT, "the flavor's node labels"
+    assert pod["spec"]["nodeName"] in ("spot-a", "spot-b")
+
+    high = _labelled(jobs, e2e_storage, "high")
+    high["metadata"]["labels"][PRIORITY_LABEL] = "high"
+    jobs.create(high)
+    st = jobs.wait("low", lambda s: (s.get("queue") or {}).get("evictions") == 1, 60, "low evicted by Kueue")
+    st = jobs.wait(
+        "low", lambda s: ((s.get("queue") or {}).get("lastEviction") or {}).get("releasedAt"), 120, "quota released"
+    )
+    eviction = st["queue"]["lastEviction"]
+    assert eviction["reason"] == "Preempted"
+    assert st["barrier"]["reason"] == "kueue-eviction"
+    assert st["barrier"]["state"] == "Committed"
+    assert eviction["cutId"] == st["barrier"]["cutId"], "the eviction names its barrier cut"
+    assert st["phase"] == "Queued"
+    assert_stopped_after(jobs.cluster, ns, pod["metadata"]["name"], st["barrier"]["committedAt"])
+
+    # The high job starts only once the low job's quota is back.
+    training(jobs, "high", 1)
+    (high_pod,) = jobs.pods("high")
+    assert high_pod["metadata"]["creationTimestamp"][:19] >= eviction["releasedAt"][:19]
+    succeeded(jobs, "high")
+    high_wl = next(w for w in kueue.workloads(ns) if w["metadata"]["ownerReferences"][0]["name"] == "high")
+    wait_until(
+        lambda: (
+            condition(kueue_wl(kueue, ns, high_wl["metadata"]["name"])["status"], "Finished").get("status") == "True"
+        ),
+        30,
+        "the high job's Workload Finished",
+    )
+
+    # The low job is admitted again and resumes from its barrier cut.
+    training(jobs, "low", st["lastCut"]["step"] + 1, attempt=2)
+    st = succeeded(jobs, "low")
+    assert (st["preemptions"], st["restarts"]) == (0, 0), "a Kueue eviction is not a node preemption"
+    assert st["queue"]["evictions"] == 1
+    jobs.said("low", {"Admitted", "Evicted", "BarrierRequested", "BarrierCommitted", "QuotaReleased"})
+    assert_same_stream(reference, e2e_storage, "low")
+    assert_same_stream(reference, e2e_storage, "high")
+    assert "Traceback" not in op.log()
+
+
+def kueue_wl(kueue: Kueue, namespace: str, name: str) -> dict[str, Any]:
+    return next(w for w in kueue.workloads(namespace) if w["metadata"]["name"] == name)
