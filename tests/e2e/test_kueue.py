@@ -30,11 +30,16 @@ from operator_harness import (
     install_operator_identity,
     wait_until,
 )
+from test_dry_run import SETTINGS as DRY_SETTINGS
+from test_dry_run import SPECS
 from test_preemption import assert_same_stream, assert_stopped_after, succeeded, tiny_job, training
 from test_preemption import reference as reference  # the module's fixture
 
 from spotrl_e2e.cluster import Cluster
-from spotrl_e2e.kueue import Kueue, cluster_queue, local_queue, priority_class, resource_flavor
+from spotrl_e2e.kueue import API, Kueue, cluster_queue, local_queue, priority_class, resource_flavor
+from spotrl_operator import queueing
+from spotrl_operator.resources import JobRef
+from spotrl_runtime.api.rljob import parse_spec
 
 pytestmark = [
     pytest.mark.cluster,
@@ -268,3 +273,29 @@ def test_a_borrowing_job_is_reclaimed_through_a_barrier_cut_and_resumes(
 
 def kueue_wl(kueue: Kueue, namespace: str, name: str) -> dict[str, Any]:
     return next(w for w in kueue.workloads(namespace) if w["metadata"]["name"] == name)
+
+
+DRY_SPECS = {**SPECS, "standby": {**SPECS["tiny-cpu"], "standby": True}}
+
+
+@pytest.mark.parametrize("spec_name", sorted(DRY_SPECS))
+def test_the_api_server_and_kueues_webhooks_accept_every_workload_the_operator_builds(
+    cluster: Cluster, namespace: str, kueue: Kueue, spec_name: str
+) -> None:
+    """Each spec's Workload (every example's among them), created with ``dryRun=All``: the
+    Workload CRD's schema and CEL rules, and Kueue's own defaulting and validating webhooks."""
+    spec = parse_spec(DRY_SPECS[spec_name])
+    ref = JobRef(spec_name, namespace, "6f1c4c1e-0c55-4a51-9a4e-1a0c3d7f6e0b")
+    priority = queueing.Priority("WorkloadPriorityClass", "high", 1000)
+    body = queueing.workload(ref, spec, DRY_SETTINGS, "lq", priority)
+    got = cluster.admin().create(f"{API}/namespaces/{namespace}/workloads", body, dryRun="All")
+    sets = {s["name"]: s for s in got["spec"]["podSets"]}
+    roles = ["controller"] + (["standby"] if spec.standby else [])
+    roles += ["workers"] if spec.generation.worker_pods else []
+    roles += ["trainers"] if spec.training.parallelism.trainer_pods else []
+    assert list(sets) == roles
+    assert got["spec"]["priority"] == 1000
+    assert (
+        got["metadata"]["annotations"][queueing.POD_SETS_ANNOTATION]
+        == body["metadata"]["annotations"][queueing.POD_SETS_ANNOTATION]
+    )
