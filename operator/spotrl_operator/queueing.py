@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from spotrl_operator import resources
 from spotrl_runtime.api import rljob as api
 from spotrl_runtime.api import times
 
@@ -73,10 +74,9 @@ def role_of_pod_set(name: str) -> str:
     return {"controller": "controller", "standby": "controller", "workers": "worker", "trainers": "trainer"}[name]
 
 
-def pod_sets(ref: Any, spec: api.RLJobSpec, settings: Settings) -> list[Obj]:
+def pod_sets(ref: resources.JobRef, spec: api.RLJobSpec, settings: Settings) -> list[Obj]:
     """One pod set per role the job runs, with the pods' templates (their requests, placement
     and priority class) and count, in :data:`POD_SETS` order."""
-    from spotrl_operator import resources
 
     def template(pod: Obj) -> Obj:
         return {"metadata": {"labels": dict(pod["metadata"]["labels"])}, "spec": pod["spec"]}
@@ -115,7 +115,7 @@ class Priority:
         return {"group": group, "kind": self.kind, "name": self.name}
 
 
-def workload(ref: Any, spec: api.RLJobSpec, settings: Settings, queue: str, priority: Priority | None) -> Obj:
+def workload(ref: resources.JobRef, spec: api.RLJobSpec, settings: Settings, queue: str, priority: Priority | None) -> Obj:
     """The job's Workload: owned by the RLJob (controller), in its LocalQueue, with its pod
     sets and priority."""
     sets = pod_sets(ref, spec, settings)
@@ -128,16 +128,7 @@ def workload(ref: Any, spec: api.RLJobSpec, settings: Settings, queue: str, prio
             "namespace": ref.namespace,
             "labels": labels,
             "annotations": {POD_SETS_ANNOTATION: pod_sets_digest(sets)},
-            "ownerReferences": [
-                {
-                    "apiVersion": api.API_VERSION,
-                    "kind": api.KIND,
-                    "name": ref.name,
-                    "uid": ref.uid,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "ownerReferences": [resources.owner_reference(ref)],
         },
         "spec": {"queueName": queue, "podSets": sets},
     }

@@ -109,16 +109,19 @@ def _meta(
         "name": name,
         "namespace": ref.namespace,
         "labels": {**labels(ref.name, role), **(extra_labels or {})},
-        "ownerReferences": [
-            {
-                "apiVersion": api.API_VERSION,
-                "kind": api.KIND,
-                "name": ref.name,
-                "uid": ref.uid,
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ],
+        "ownerReferences": [owner_reference(ref)],
+    }
+
+
+def owner_reference(ref: JobRef) -> dict[str, Any]:
+    """The RLJob as the controlling owner of an object (garbage-collected with it)."""
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "name": ref.name,
+        "uid": ref.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
     }
 
 
