@@ -115,7 +115,9 @@ class Priority:
         return {"group": group, "kind": self.kind, "name": self.name}
 
 
-def workload(ref: resources.JobRef, spec: api.RLJobSpec, settings: Settings, queue: str, priority: Priority | None) -> Obj:
+def workload(
+    ref: resources.JobRef, spec: api.RLJobSpec, settings: Settings, queue: str, priority: Priority | None
+) -> Obj:
     """The job's Workload: owned by the RLJob (controller), in its LocalQueue, with its pod
     sets and priority."""
     sets = pod_sets(ref, spec, settings)
