@@ -31,7 +31,7 @@ import yaml
 
 from spotrl_e2e.cluster import Cluster
 from spotrl_e2e.kube import path
-from spotrl_e2e.kueue import Kueue, cluster_queue, local_queue, priority_class, resource_flavor
+from spotrl_e2e.kueue import LocalKueue, cluster_queue, local_queue, priority_class, resource_flavor
 from spotrl_e2e.procs import Process, free_port
 from spotrl_e2e.s3 import S3Server
 
@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             assert cluster.tools.kueue is not None
             assert cluster.tools.kueue_manifests is not None
             cluster.install_crd(REPO / "crds" / "rljobs.spotrl.dev.yaml")
-            kueue = Kueue(cluster, cluster.controlplane.pki, cluster.tools.kueue, cluster.tools.kueue_manifests, work)
+            kueue = LocalKueue(
+                cluster, cluster.controlplane.pki, cluster.tools.kueue, cluster.tools.kueue_manifests, work
+            )
             kueue.start()
             s3 = S3Server(work / "s3").start()
             bucket = s3.create_bucket("bench")

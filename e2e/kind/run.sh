@@ -10,11 +10,14 @@
 #   4a. before the cluster, the store: one containerd root with the images unpacked, cached
 #      by the images' IDs; each node's /var/lib/containerd is a hard-linked clone of it, so
 #      no image is loaded into a node (containerd-store.sh)
-#   5. the S3 server (versitygw) in the cluster, charts/spotrl installed
+#   5. the S3 server (versitygw) and Kueue (its manager from the toolchain's binary) in the
+#      cluster, charts/spotrl installed with kueue.enabled
 #   6. the README's first hour as written (tests/e2e/test_first_hour.py: helm install,
 #      kubectl apply, a drain), then the chart installed for the rest of tests/e2e, with
 #      SPOTRL_E2E_TARGET=kind. `SPOTRL_KIND_SUBSET=ci` (what CI runs) runs only the tests
-#      marked kind_ci: a drain after a notice and an abrupt node loss, on the chart.
+#      marked kind_ci: a drain after a notice, an abrupt node loss, retention Delete, and
+#      Kueue: a job over the quota kept Queued, a higher priority preempting through a
+#      barrier cut.
 #   7. the cluster deleted (KEEP_CLUSTER=1 keeps it, and the next run reuses it while the
 #      images are the same, and makes a new one from the new store when they are not; the
 #      chart is upgraded; logs go to $ARTIFACTS on failure)
@@ -150,7 +153,7 @@ if [ "$PHASES" != tests ]; then
   # (containerd-store.sh): no image is loaded into a node. A kept cluster is reused only if
   # it was made from the store of these very images.
   source "$ROOT/e2e/toolchain/versions.env"
-  images=("spotrl-local/versitygw:$VERSITYGW_VERSION" "$OPERATOR_IMAGE" "$RUNTIME_IMAGE")
+  images=("spotrl-local/versitygw:$VERSITYGW_VERSION" "spotrl-local/kueue:$KUEUE_VERSION" "$OPERATOR_IMAGE" "$RUNTIME_IMAGE")
   store=$("$HERE/containerd-store.sh" build "$KIND_NODE_IMAGE" "${images[@]}")
   if [ "$PHASES" = prepare ]; then
     phase end
@@ -198,6 +201,12 @@ EOF
     curl -s -o /dev/null http://127.0.0.1:30070/ && break
     sleep 2
   done
+
+  phase kueue
+  # Kueue's manager, CRDs, roles, certificate and webhooks; before the chart, whose operator
+  # (kueue.enabled) watches Kueue's Workloads from its start.
+  PYTHONPATH="$ROOT/e2e" "$PY" -m spotrl_e2e.kueue install --manifests "$KUEUE_MANIFESTS" --image "spotrl-local/kueue:$KUEUE_VERSION" \
+    --workdir "$ARTIFACTS/kueue"
 fi
 
 export SPOTRL_E2E_TARGET=kind
@@ -228,12 +237,12 @@ if [ "$PHASES" != tests ] || [ "$last_setup" != chart ]; then
     --set image.repository=spotrl-operator --set image.tag=$TAG --set image.pullPolicy=Never \
     --set runtimeImage.repository=spotrl-runtime-cpu --set runtimeImage.tag=$TAG --set runtimeImage.pullPolicy=Never \
     --set-string 'nodeSelector.karpenter\.sh/capacity-type=on-demand' \
-    --set leaderElection.leaseSeconds=6 --set reconcileInterval=1 \
+    --set leaderElection.leaseSeconds=6 --set reconcileInterval=1 --set kueue.enabled=true \
     --wait --timeout 180s
   kubectl -n spotrl-system get pods -o wide
   setup_done chart
 fi
 
 phase tests
-"$PY" -m pytest tests/e2e/test_preemption.py --junitxml "$ARTIFACTS/junit.xml" "${pytest_args[@]}"
+"$PY" -m pytest tests/e2e/test_preemption.py tests/e2e/test_kueue.py --junitxml "$ARTIFACTS/junit.xml" "${pytest_args[@]}"
 phase end

@@ -23,7 +23,8 @@ kube_dir=$cache/kubernetes-$KUBERNETES_VERSION
 etcd_dir=$cache/etcd-$ETCD_VERSION
 helm_dir=$cache/helm-$HELM_VERSION
 s3_dir=$cache/versitygw-$VERSITYGW_VERSION
-kueue_dir=$cache/kueue-$KUEUE_VERSION
+# -b2: the folder also holds the roles of Kueue's manager (a new layout is a new folder).
+kueue_dir=$cache/kueue-$KUEUE_VERSION-b2
 kube_score_dir=$cache/kube-score-$KUBE_SCORE_VERSION
 # checkov's folder is keyed by its locked requirements too: a re-lock is a new folder.
 checkov_lock=$here/checkov/requirements.txt
@@ -76,7 +77,8 @@ build_versitygw() {
 }
 
 # Kueue's manager from its module, and from the same module's source its CRDs (the v1beta2
-# bases: no conversion webhook) and its webhook configurations (made local by the harness).
+# bases: no conversion webhook), its webhook configurations (pointed at the manager by the
+# harness) and its manager's ClusterRole (for Kueue in a kind cluster).
 build_kueue() {
   local out=$1 src
   GOBIN=$out go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
@@ -85,6 +87,8 @@ build_kueue() {
   mkdir -p "$out/manifests/crds"
   cp "$src"/config/components/crd/bases/*.yaml "$out/manifests/crds/"
   cp "$src/config/components/webhook/manifests.yaml" "$out/manifests/webhooks.yaml"
+  mkdir -p "$out/manifests/rbac"
+  cp "$src"/config/components/rbac/{role,manager_secrets_role}.yaml "$out/manifests/rbac/"
 }
 
 build_kube_score() {

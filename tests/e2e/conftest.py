@@ -121,9 +121,9 @@ def e2e_storage(request: pytest.FixtureRequest) -> Iterator[JobStorage]:
         yield JobStorage(b.bucket, b.endpoint, b.endpoint, b.access_key, b.secret_key, b.region)
 
 
-@pytest.fixture(scope="module")
-def e2e_module_storage(request: pytest.FixtureRequest) -> Iterator[JobStorage]:
-    """A bucket for the whole module (the reference run's cuts and audit)."""
+@pytest.fixture(scope="session")
+def e2e_session_storage(request: pytest.FixtureRequest) -> Iterator[JobStorage]:
+    """A bucket for the whole run (the reference run's cuts and audit)."""
     if TARGET == "kind":
         yield kind_bucket()
         return
@@ -131,6 +131,15 @@ def e2e_module_storage(request: pytest.FixtureRequest) -> Iterator[JobStorage]:
     b = server.create_bucket("reference")
     yield JobStorage(b.bucket, b.endpoint, b.endpoint, b.access_key, b.secret_key, b.region)
     server.delete_bucket(b)
+
+
+@pytest.fixture(scope="session")
+def reference(e2e_session_storage: JobStorage, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Any]:
+    """The effective stream of the tiny job never preempted (``test_preemption.run_reference``),
+    once per run: every preempted, evicted or reclaimed tiny job is compared with it."""
+    from test_preemption import run_reference
+
+    return run_reference(e2e_session_storage, tmp_path_factory.mktemp("reference"))
 
 
 @pytest.fixture

@@ -1,12 +1,17 @@
-"""RLJobs queued by a real Kueue (v0.17, built from its Go module) on the test control plane:
-the operator (``--kueue``, with the chart's RBAC for it) is the RLJob's external controller.
+"""RLJobs queued by a real Kueue (v0.17, built from its Go module): the operator (``--kueue``,
+with the chart's RBAC for it) is the RLJob's external controller. On the test control plane
+Kueue's manager is a local process and the operator a subprocess; on kind
+(``SPOTRL_E2E_TARGET=kind``) Kueue is a Deployment in the cluster and the operator the chart's
+two replicas, both installed by ``e2e/kind/run.sh``.
 
 - A job larger than the whole quota stays Queued, with Kueue's own reason, and starts no pod.
 - One ClusterQueue with quota for one tiny job: a low-priority job trains; a high-priority job
-  preempts it. The low job's barrier cut is held while the operator that asked for it is
-  killed and another takes over; the quota stays the low job's until the cut commits and its
-  pods are gone, and the high job starts only then. The high job ends, its Workload is
-  Finished, and the low job is admitted again and resumes from its barrier cut.
+  preempts it. The operator that asked for the eviction's barrier cut is killed and another
+  takes over (on the test control plane with the cut held until then, so that the quota is
+  seen kept meanwhile; on kind the leading replica's pod is force-deleted as soon as the cut is
+  asked for). The quota stays the low job's until the cut commits and its pods are gone, and
+  the high job starts only then. The high job ends, its Workload is Finished, and the low job
+  is admitted again and resumes from its barrier cut.
 - Borrowing: two ClusterQueues in one cohort; a job runs on the lender's idle quota and the
   lender's job reclaims it through a barrier cut; the borrower resumes afterwards.
 
@@ -15,8 +20,10 @@ Every effective stream equals a never-preempted run's.
 
 from __future__ import annotations
 
+import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,91 +35,127 @@ from operator_harness import (
     OperatorProcess,
     apply_crd,
     install_operator_identity,
+    lease_holder,
     wait_until,
 )
 from test_dry_run import SETTINGS as DRY_SETTINGS
 from test_dry_run import SPECS
 from test_preemption import assert_same_stream, assert_stopped_after, succeeded, tiny_job, training
-from test_preemption import reference as reference  # the module's fixture
 
-from spotrl_e2e.cluster import Cluster
-from spotrl_e2e.kueue import API, Kueue, cluster_queue, local_queue, priority_class, resource_flavor
+from spotrl_e2e.kueue import (
+    API,
+    MANAGER,
+    NAMESPACE,
+    Kueue,
+    LocalKueue,
+    cluster_queue,
+    local_queue,
+    priority_class,
+    resource_flavor,
+)
 from spotrl_operator import queueing
 from spotrl_operator.resources import JobRef
 from spotrl_runtime.api.rljob import parse_spec
 
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.skipif(TARGET == "kind", reason="Kueue runs on the test control plane (see e2e/README.md)"),
-]
+pytestmark = [pytest.mark.cluster]
 SPOT = {"karpenter.sh/capacity-type": "spot"}
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+OPERATOR_NAMESPACE = os.environ.get("SPOTRL_E2E_OPERATOR_NAMESPACE", "spotrl-system")
 
 
 @pytest.fixture(scope="module")
-def kueue(spotrl_cluster_session: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kueue]:
-    cluster = spotrl_cluster_session
-    cluster.tools.require("kueue")
-    assert cluster.tools.kueue is not None
-    assert cluster.tools.kueue_manifests is not None
-    k = Kueue(
-        cluster,
-        cluster.controlplane.pki,
-        cluster.tools.kueue,
-        cluster.tools.kueue_manifests,
-        tmp_path_factory.mktemp("kueue"),
-    )
-    try:
-        k.start()
-    except Exception:
-        k.stop()
-        raise
+def kueue(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kueue]:
+    """Kueue with a ResourceFlavor ``spot`` (the spot nodes) and two WorkloadPriorityClasses."""
+    local: LocalKueue | None = None
+    if TARGET == "kind":
+        k = Kueue(request.getfixturevalue("kind_cluster"))
+        k.cluster.kubectl("rollout", "status", "-n", NAMESPACE, f"deployment/{MANAGER}", "--timeout=120s")
+    else:
+        cluster = request.getfixturevalue("spotrl_cluster_session")
+        cluster.tools.require("kueue")
+        assert cluster.tools.kueue is not None
+        assert cluster.tools.kueue_manifests is not None
+        k = local = LocalKueue(
+            cluster,
+            cluster.controlplane.pki,
+            cluster.tools.kueue,
+            cluster.tools.kueue_manifests,
+            tmp_path_factory.mktemp("kueue"),
+        )
+        try:
+            local.start()
+        except Exception:
+            local.stop()
+            raise
     k.apply(resource_flavor("spot", SPOT), priority_class("low", 100), priority_class("high", 1000))
     yield k
-    k.stop()
+    for kind, name in (("resourceflavor", "spot"), ("workloadpriorityclass", "low"), ("workloadpriorityclass", "high")):
+        k.delete(kind, name)
+    if local is not None:
+        local.stop()
+
+
+@dataclass
+class Queued:
+    """A test's queued jobs: the RLJobs, their ClusterQueue (``cq``, quota for one tiny job: its
+    controller asks for 500m and 4Gi; LocalQueue ``lq`` in the test's namespace), and the
+    operators: on the test control plane started by :meth:`start_operator` (with ``--kueue``,
+    the chart's identity with ``kueue.enabled=true``), on kind the chart's."""
+
+    jobs: Jobs
+    cq: str
+    kubeconfig: Path | None = None
+    lease_ns: str | None = None
+    tmp_path: Path | None = None
+    started: list[OperatorProcess] = field(default_factory=list)
+
+    def start_operator(self, *args: str) -> OperatorProcess | None:
+        if TARGET == "kind":
+            self.jobs.cluster.kubectl(
+                "rollout", "status", "deployment/spotrl", "-n", OPERATOR_NAMESPACE, "--timeout=120s"
+            )
+            return None
+        assert self.kubeconfig is not None
+        assert self.lease_ns is not None
+        assert self.tmp_path is not None
+        op = OperatorProcess(self.jobs.cluster, self.kubeconfig, self.lease_ns, self.tmp_path, args=("--kueue", *args))
+        self.started.append(op)
+        return op.start()
 
 
 @pytest.fixture
-def queued_jobs(
-    cluster: Cluster, namespace: str, kueue: Kueue, tmp_path: Path
-) -> Iterator[tuple[Jobs, Callable[..., OperatorProcess], str]]:
-    """The chart's identity with ``kueue.enabled=true``, a way to start operators with
-    ``--kueue`` (all stopped at the end), a ClusterQueue with quota for one tiny job (its
-    controller asks for 500m and 4Gi) and a LocalQueue ``lq`` in the test's namespace.
-    Returns (jobs, start an operator, ClusterQueue)."""
-    apply_crd(cluster)
-    lease_ns = cluster.create_namespace("spotrl-system")
-    kubeconfig = install_operator_identity(cluster, lease_ns, tmp_path, "kueue.enabled=true")
-    started: list[OperatorProcess] = []
-
-    def start_operator(*args: str) -> OperatorProcess:
-        op = OperatorProcess(cluster, kubeconfig, lease_ns, tmp_path, args=("--kueue", *args))
-        started.append(op)
-        return op.start()
-
-    cq = f"cq-{namespace}"[:63]
-    kueue.apply(cluster_queue(cq, "spot", cpu="750m", memory="6Gi"), local_queue(namespace, "lq", cq))
-    jobs = Jobs(cluster, namespace)
+def queued(e2e_cluster: Any, e2e_namespace: str, kueue: Kueue, request: pytest.FixtureRequest) -> Iterator[Queued]:
+    cq = f"cq-{e2e_namespace}"[:63]
+    kueue.apply(cluster_queue(cq, "spot", cpu="750m", memory="6Gi"), local_queue(e2e_namespace, "lq", cq))
+    jobs = Jobs(e2e_cluster, e2e_namespace)
+    q = Queued(jobs, cq)
+    if TARGET != "kind":
+        apply_crd(e2e_cluster)
+        q.lease_ns = e2e_cluster.create_namespace("spotrl-system")
+        q.tmp_path = request.getfixturevalue("tmp_path")
+        q.kubeconfig = install_operator_identity(e2e_cluster, q.lease_ns, q.tmp_path, "kueue.enabled=true")
     try:
-        yield jobs, start_operator, cq
+        yield q
     finally:
         jobs.cleanup()
-        for op in reversed(started):
+        for op in reversed(q.started):
             op.stop()
         kueue.delete("clusterqueue", cq)
-        cluster.delete_namespace(lease_ns)
+        if q.lease_ns is not None:
+            e2e_cluster.delete_namespace(q.lease_ns)
 
 
 def condition(st: dict[str, Any], ctype: str) -> dict[str, Any]:
     return next((c for c in st.get("conditions") or [] if c["type"] == ctype), {})
 
 
+@pytest.mark.kind_ci
 def test_a_job_larger_than_the_quota_stays_queued_with_kueues_reason(
-    queued_jobs: tuple[Jobs, Callable[..., OperatorProcess], str], e2e_storage: JobStorage, kueue: Kueue
+    queued: Queued, e2e_storage: JobStorage, kueue: Kueue
 ) -> None:
-    jobs, start_operator, _ = queued_jobs
-    start_operator()
+    jobs = queued.jobs
+    queued.start_operator()
     job_name = "huge"
     jobs.create(_labelled(jobs, e2e_storage, job_name, training={"resources": {"cpu": "2", "memory": "4Gi"}}))
     st = jobs.wait(
@@ -144,22 +187,25 @@ def _labelled(jobs: Jobs, storage: JobStorage, name: str, queue: str = "lq", **s
     return job
 
 
+@pytest.mark.kind_ci
 def test_a_higher_priority_preempts_through_a_barrier_cut_even_with_the_operator_restarted_in_it(
-    queued_jobs: tuple[Jobs, Callable[..., OperatorProcess], str],
+    queued: Queued,
     e2e_storage: JobStorage,
     kueue: Kueue,
     reference: dict[int, Any],
     tmp_path: Path,
 ) -> None:
-    """The eviction's barrier cut is held (failpoint ``cut.captured``) while the operator that
-    asked for it is killed and another takes over: the quota stays the low job's until the cut
-    commits and its pods are gone, and the outcome is the same."""
-    jobs, start_operator, cq = queued_jobs
+    """The operator that asked for the eviction's barrier cut is killed and another takes over.
+    On the test control plane the cut is held (failpoint ``cut.captured``) until then, and the
+    quota is seen kept meanwhile; on kind the leading replica's pod is force-deleted as soon as
+    the cut is asked for. The quota stays the low job's until the cut commits and its pods are
+    gone, and the outcome is the same."""
+    jobs, cq = queued.jobs, queued.cq
     held = tmp_path / "failpoints"
     held.mkdir()
     held.chmod(0o777)  # the pods' user writes its marks here
     env = ("--runtime-env", "SPOTRL_FAILPOINTS=cut.captured=120", "--runtime-env", f"SPOTRL_FAILPOINT_DIR={held}")
-    first = start_operator(*env)
+    first = queued.start_operator(*env)
     ns = jobs.ns
     low = _labelled(jobs, e2e_storage, "low", checkpoint={"barrierDeadlineSeconds": 90})
     low["metadata"]["labels"][PRIORITY_LABEL] = "low"
@@ -170,20 +216,25 @@ def test_a_higher_priority_preempts_through_a_barrier_cut_even_with_the_operator
     training(jobs, "low", 2)
     (pod,) = jobs.pods("low")
     assert pod["spec"]["nodeSelector"] == SPOT, "the flavor's node labels"
-    assert pod["spec"]["nodeName"] in ("spot-a", "spot-b")
+    node = jobs.cluster.admin().get(f"/api/v1/nodes/{pod['spec']['nodeName']}")
+    assert node["metadata"]["labels"].get("karpenter.sh/capacity-type") == "spot", node["metadata"]["name"]
 
     high = _labelled(jobs, e2e_storage, "high")
     high["metadata"]["labels"][PRIORITY_LABEL] = "high"
     jobs.create(high)
-    wait_until((held / "cut.captured").exists, 60, "the eviction's barrier cut, held")
-    low_wl = next(w for w in kueue.workloads(ns) if w["metadata"]["ownerReferences"][0]["name"] == "low")
-    wl_status = kueue_wl(kueue, ns, low_wl["metadata"]["name"])["status"]
-    assert condition(wl_status, "Evicted")["status"] == "True"
-    assert condition(wl_status, "QuotaReserved")["status"] == "True", "the quota is kept while the cut is held"
-    assert jobs.pods("high") == [], "the preemptor waits for the cut"
-    first.kill(signal.SIGKILL)
-    start_operator(*env)
-    (held / "cut.captured.release").touch()
+    if first is None:  # kind: the chart's replicas
+        jobs.wait("low", lambda s: bool(s.get("barrier")), 60, "the eviction's barrier request")
+        kill_the_leading_replica(jobs.cluster)
+    else:
+        wait_until((held / "cut.captured").exists, 60, "the eviction's barrier cut, held")
+        low_wl = next(w for w in kueue.workloads(ns) if w["metadata"]["ownerReferences"][0]["name"] == "low")
+        wl_status = kueue_wl(kueue, ns, low_wl["metadata"]["name"])["status"]
+        assert condition(wl_status, "Evicted")["status"] == "True"
+        assert condition(wl_status, "QuotaReserved")["status"] == "True", "the quota is kept while the cut is held"
+        assert jobs.pods("high") == [], "the preemptor waits for the cut"
+        first.kill(signal.SIGKILL)
+        queued.start_operator(*env)
+        (held / "cut.captured.release").touch()
 
     st = jobs.wait(
         "low", lambda s: ((s.get("queue") or {}).get("lastEviction") or {}).get("releasedAt"), 120, "quota released"
@@ -224,15 +275,15 @@ def test_a_higher_priority_preempts_through_a_barrier_cut_even_with_the_operator
 
 
 def test_a_borrowing_job_is_reclaimed_through_a_barrier_cut_and_resumes(
-    queued_jobs: tuple[Jobs, Callable[..., OperatorProcess], str],
+    queued: Queued,
     e2e_storage: JobStorage,
     kueue: Kueue,
     reference: dict[int, Any],
 ) -> None:
     """Two ClusterQueues in one cohort: the borrower has no quota of its own and runs on the
     lender's idle quota; the lender's job reclaims it (barrier, quota back, resume)."""
-    jobs, start_operator, _ = queued_jobs
-    start_operator()
+    jobs = queued.jobs
+    queued.start_operator()
     ns = jobs.ns
     cohort, lender, borrower = f"pool-{ns}"[:63], f"lend-{ns}"[:63], f"borrow-{ns}"[:63]
     kueue.apply(
@@ -275,20 +326,31 @@ def kueue_wl(kueue: Kueue, namespace: str, name: str) -> dict[str, Any]:
     return next(w for w in kueue.workloads(namespace) if w["metadata"]["name"] == name)
 
 
+def kill_the_leading_replica(cluster: Any) -> None:
+    """kind: the chart's leading operator pod force-deleted (no grace: its process is killed);
+    returns once the other replica holds the Lease."""
+    leader = lease_holder(cluster, OPERATOR_NAMESPACE)
+    assert leader, "no operator holds the Lease"
+    cluster.kubectl("delete", "pod", leader, "-n", OPERATOR_NAMESPACE, "--grace-period=0", "--force")
+    wait_until(
+        lambda: lease_holder(cluster, OPERATOR_NAMESPACE) not in (None, leader), 60, "the standby to take the Lease"
+    )
+
+
 DRY_SPECS = {**SPECS, "standby": {**SPECS["tiny-cpu"], "standby": True}}
 
 
 @pytest.mark.parametrize("spec_name", sorted(DRY_SPECS))
 def test_the_api_server_and_kueues_webhooks_accept_every_workload_the_operator_builds(
-    cluster: Cluster, namespace: str, kueue: Kueue, spec_name: str
+    e2e_cluster: Any, e2e_namespace: str, kueue: Kueue, spec_name: str
 ) -> None:
     """Each spec's Workload (every example's among them), created with ``dryRun=All``: the
     Workload CRD's schema and CEL rules, and Kueue's own defaulting and validating webhooks."""
     spec = parse_spec(DRY_SPECS[spec_name])
-    ref = JobRef(spec_name, namespace, "6f1c4c1e-0c55-4a51-9a4e-1a0c3d7f6e0b")
+    ref = JobRef(spec_name, e2e_namespace, "6f1c4c1e-0c55-4a51-9a4e-1a0c3d7f6e0b")
     priority = queueing.Priority("WorkloadPriorityClass", "high", 1000)
     body = queueing.workload(ref, spec, DRY_SETTINGS, "lq", priority)
-    got = cluster.admin().create(f"{API}/namespaces/{namespace}/workloads", body, dryRun="All")
+    got = e2e_cluster.admin().create(f"{API}/namespaces/{e2e_namespace}/workloads", body, dryRun="All")
     sets = {s["name"]: s for s in got["spec"]["podSets"]}
     roles = ["controller"] + (["standby"] if spec.standby else [])
     roles += ["workers"] if spec.generation.worker_pods else []

@@ -162,14 +162,12 @@ def training(jobs: Jobs, name: str, min_step: int, attempt: int = 1) -> dict[str
     )
 
 
-@pytest.fixture(scope="module")
-def reference(e2e_module_storage: JobStorage, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Any]:
+def run_reference(storage: JobStorage, folder: Path) -> dict[int, Any]:
     """The effective stream of the same job never preempted: `spotrl run` of the same spec
-    (its cuts and audit in the module's bucket), once per module."""
-    storage = e2e_module_storage
+    (its cuts and audit in ``storage``; the ``reference`` fixture runs it once per run)."""
     job = tiny_job("reference", storage, ON_DEMAND)
     job["spec"]["checkpoint"]["s3Endpoint"] = storage.host_endpoint
-    file = tmp_path_factory.mktemp("reference") / "reference.yaml"
+    file = folder / "reference.yaml"
     file.write_text(yaml.safe_dump(job))
     env = {
         **os.environ,
