@@ -153,6 +153,8 @@ def action_key(job: str, action: object) -> tuple[str, str]:
         return "workload-status", f"giving Kueue Workload {action.name}'s quota back (its eviction is complete)"
     if isinstance(action, queueing.FinishWorkload):
         return "workload-status", f"marking Kueue Workload {action.name} Finished"
+    if isinstance(action, queueing.LetGoWorkload):
+        return "workload", f"letting Kueue Workload {action.name} go (the job's pods are gone: its finalizer off)"
     if isinstance(action, OpenDisruptionBudget | CloseDisruptionBudget):
         return "pdb", f"{'opening' if isinstance(action, OpenDisruptionBudget) else 'closing'} the PodDisruptionBudget"
     return type(action).__name__, type(action).__name__
@@ -400,6 +402,8 @@ class Actuator:
                     raise
         elif isinstance(action, queueing.ReleaseQuota | queueing.FinishWorkload):
             self.patch_workload_status(ns, action)
+        elif isinstance(action, queueing.LetGoWorkload):
+            self.let_go_workload(ns, action.name)
         else:
             raise TypeError(f"unknown action {action!r}")
         if self.on_action is not None:
@@ -436,6 +440,30 @@ class Actuator:
             diff = queueing.finish_patch(wl, action.succeeded, action.message, now)
         body = {"metadata": {"resourceVersion": wl["metadata"]["resourceVersion"]}, "status": diff}
         self.kube.patch(url + "/status", body)
+
+    def let_go_workload(self, namespace: str, name: str) -> None:
+        """Takes Kueue's in-use finalizer off the Workload, guarded by the resourceVersion read
+        (a conflict is retried by the next pass); gone or let go already: nothing to do."""
+        url = workload_path(namespace, name)
+        wl = self.kube.get_or_none(url)
+        diff = queueing.let_go_patch(wl) if wl is not None else None
+        if diff is None:
+            return
+        try:
+            self.kube.patch(url, diff)
+        except KubeError as err:
+            if err.status != 404:
+                raise
+
+    def let_go_workloads(self, job: Obj) -> None:
+        """A deleted job whose pods are gone: every Workload it owns let go, so that the garbage
+        collector can delete them (with Kueue's finalizer on, nobody else would)."""
+        ref = job_ref(job)
+        items = self.kube.get(workload_path(ref.namespace)).get("items") or []
+        for wl in items:
+            owners = (wl.get("metadata") or {}).get("ownerReferences") or []
+            if any(o.get("uid") == ref.uid for o in owners):
+                self.let_go_workload(ref.namespace, wl["metadata"]["name"])
 
     def stop_pods(self, job: Obj, nodes: Mapping[str, Obj]) -> int:
         """Deletes every pod of the job (a pod on a lost node at once: nobody is left to run its

@@ -400,7 +400,8 @@ def finalize(
     **kwargs: Any,
 ) -> None:
     """Stops the job's pods, waits until they are gone (a controller's SIGTERM cut lands
-    first), then applies the retention policy to its cuts and reports it as an Event."""
+    first), lets its Kueue Workloads go (with ``--kueue``), then applies the retention policy
+    to its cuts and reports it as an Event."""
     ctx = ctx_of(memo)
     namespace = namespace or ""
     job = copy.deepcopy(dict(body))
@@ -410,6 +411,11 @@ def finalize(
         raise kopf.TemporaryError(f"stopping the job's pods: {err}", delay=2) from err
     if left:
         raise kopf.TemporaryError(f"waiting for {left} pod(s) of the job to exit", delay=2)
+    if ctx.settings.kueue:
+        try:
+            ctx.actuator.let_go_workloads(job)
+        except KubeError as err:
+            raise kopf.TemporaryError(f"letting the job's Kueue Workloads go: {err}", delay=2) from err
     decision = retention.decide(job, ctx.settings)
     if isinstance(decision, retention.DeleteCuts):
         try:

@@ -121,7 +121,15 @@ def trim_workload(wl: Obj) -> Obj:
     return {
         "metadata": {
             k: meta.get(k)
-            for k in ("name", "namespace", "annotations", "ownerReferences", "deletionTimestamp", "resourceVersion")
+            for k in (
+                "name",
+                "namespace",
+                "annotations",
+                "ownerReferences",
+                "finalizers",
+                "deletionTimestamp",
+                "resourceVersion",
+            )
         },
         "status": {"conditions": list(st.get("conditions") or []), "admission": st.get("admission")},
     }

@@ -22,6 +22,13 @@ committed cut as a suspend does.
 
 A changed spec whose pod sets differ gets a new Workload once the pods are gone. When the job
 ends, its Workload is marked ``Finished``, which gives the quota back.
+
+Each Workload carries Kueue's ``kueue.x-k8s.io/resource-in-use`` finalizer, as Kueue's own job
+controllers make theirs: a Workload deleted (by hand, by the garbage collector, or because its
+pod sets changed) keeps its quota in Kueue's books until the job's pods are gone, and only then
+does the operator take the finalizer off. So a deletion is one more way to be held: a barrier
+cut, the pods stopped, then the Workload let go and made again. A Finished Workload is let go
+at once; a deleted RLJob's Workloads once its pods are gone (:func:`let_go_patch`).
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ PRIORITY_LABEL = f"{GROUP}/priority-class"
 """A WorkloadPriorityClass for the job's Workload (else ``scheduling.priorityClassName``'s PriorityClass)."""
 JOB_UID_LABEL = f"{GROUP}/job-uid"
 POD_SETS_ANNOTATION = "spotrl.dev/pod-sets"
+IN_USE_FINALIZER = f"{GROUP}/resource-in-use"
+"""Kueue's: a Workload's quota stays in use until its job controller takes this off."""
 """On the Workload: a digest of the pod sets it was made from (a spec that changes them gets a new one)."""
 BARRIER_REASON = "kueue-eviction"
 """The reason of a barrier asked for because Kueue evicted the job's Workload."""
@@ -131,6 +140,7 @@ def workload(
             "labels": labels,
             "annotations": {POD_SETS_ANNOTATION: pod_sets_digest(sets)},
             "ownerReferences": [resources.owner_reference(ref)],
+            "finalizers": [IN_USE_FINALIZER],
         },
         "spec": {"queueName": queue, "podSets": sets},
     }
@@ -162,6 +172,8 @@ class WorkloadView:
     """Per pod set, the ResourceFlavors its admission assigned."""
     finished: bool = False
     deleting: bool = False
+    in_use: bool = False
+    """It carries :data:`IN_USE_FINALIZER`."""
 
 
 def _conditions(obj: Obj) -> dict[str, Obj]:
@@ -203,6 +215,7 @@ def workload_view(obj: Obj) -> WorkloadView:
         flavors=flavors,
         finished=true("Finished"),
         deleting=bool(meta.get("deletionTimestamp")),
+        in_use=IN_USE_FINALIZER in (meta.get("finalizers") or []),
     )
 
 
@@ -266,6 +279,13 @@ class FinishWorkload:
     message: str
 
 
+@dataclass(frozen=True)
+class LetGoWorkload:
+    """Takes :data:`IN_USE_FINALIZER` off: the job's pods are gone (or it finished)."""
+
+    name: str
+
+
 def _active(b: Builder) -> bool:
     """Whether any pod of the job still exists (Kueue's ``IsActive``)."""
     w = b.world
@@ -284,10 +304,17 @@ def tend(b: Builder) -> str | None:
     if b.st.phase in ("Succeeded", "Failed"):
         if wl is not None and not wl.finished and not wl.deleting:
             b.act(FinishWorkload(wl.name, b.st.phase == "Succeeded", b.st.message or b.st.phase))
+        elif wl is not None and wl.in_use and not _active(b):
+            b.act(LetGoWorkload(wl.name))
         b.update(queue=st.model_copy(update={"admitted": False, "cluster_queue": None}))
         return None
-    if wl is None or wl.deleting:
-        if wl is None and not _active(b):
+    if wl is not None and wl.deleting:
+        if wl.in_use and not _active(b):
+            b.act(LetGoWorkload(wl.name))
+        b.update(queue=st.model_copy(update={"workload": None, "admitted": False, "cluster_queue": None}))
+        return f"its Kueue Workload {wl.name} is being deleted: let go once the job's pods are gone, then made again"
+    if wl is None:
+        if not _active(b):
             b.act(CreateWorkload(q.name))
         b.update(queue=st.model_copy(update={"workload": None, "admitted": False, "cluster_queue": None}))
         return f"waiting for its Kueue Workload in LocalQueue {q.name}"
@@ -403,6 +430,17 @@ def release_patch(obj: Obj, reason: str, message: str, now: datetime) -> Obj:
         if gen is not None:
             c["observedGeneration"] = gen
     return {"admission": None, "conditions": _with(conds, *new)}
+
+
+def let_go_patch(obj: Obj) -> Obj | None:
+    """The merge patch that takes :data:`IN_USE_FINALIZER` off the Workload, guarded by its
+    resourceVersion (None: it is not there)."""
+    meta = obj.get("metadata") or {}
+    finalizers = list(meta.get("finalizers") or [])
+    if IN_USE_FINALIZER not in finalizers:
+        return None
+    rest = [f for f in finalizers if f != IN_USE_FINALIZER]
+    return {"metadata": {"resourceVersion": meta.get("resourceVersion"), "finalizers": rest or None}}
 
 
 def finish_patch(obj: Obj, succeeded: bool, message: str, now: datetime) -> Obj:

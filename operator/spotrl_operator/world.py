@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import ClassVar, Literal
 
-from spotrl_operator.queueing import CreateWorkload, DeleteWorkload, FinishWorkload, QueueView, ReleaseQuota
+from spotrl_operator.queueing import (
+    CreateWorkload,
+    DeleteWorkload,
+    FinishWorkload,
+    LetGoWorkload,
+    QueueView,
+    ReleaseQuota,
+)
 from spotrl_operator.signals import Signal
 from spotrl_runtime.api import times
 from spotrl_runtime.api.rljob import BarrierStatus, Condition, JobPhase, RecoveryMarks, RLJobSpec, RLJobStatus
@@ -174,6 +181,7 @@ Action = (
     | DeleteWorkload
     | ReleaseQuota
     | FinishWorkload
+    | LetGoWorkload
 )
 
 

@@ -12,6 +12,8 @@ two replicas, both installed by ``e2e/kind/run.sh``.
   asked for). The quota stays the low job's until the cut commits and its pods are gone, and
   the high job starts only then. The high job ends, its Workload is Finished, and the low job
   is admitted again and resumes from its barrier cut.
+- A Workload deleted while its job trains keeps its quota (Kueue's in-use finalizer) until the
+  job has stopped through a barrier cut; then a new Workload, and the job resumes.
 - Borrowing: two ClusterQueues in one cohort; a job runs on the lender's idle quota and the
   lender's job reclaims it through a barrier cut; the borrower resumes afterwards.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +177,20 @@ def test_a_job_larger_than_the_quota_stays_queued_with_kueues_reason(
     assert requests["cpu"] == "2", "the pod set carries the pods' own requests"
     assert jobs.pods(job_name) == [], "no pod before Kueue admits the job"
     jobs.said(job_name, {"Queued"})
+    assert wl["metadata"]["finalizers"] == [queueing.IN_USE_FINALIZER], "Kueue's in-use finalizer, as its jobs have"
+
+    # A Workload deleted while the job has no pod is let go at once, and made again.
+    jobs.cluster.kubectl("delete", "-n", jobs.ns, f"workloads.kueue.x-k8s.io/{wl['metadata']['name']}", "--wait=false")
+    wait_until(
+        lambda: [w["metadata"]["uid"] for w in kueue.workloads(jobs.ns)] not in ([], [wl["metadata"]["uid"]]),
+        30,
+        "the Workload let go and made again",
+    )
+    st = jobs.wait(job_name, lambda s: "insufficient" in condition(s, "Queued").get("message", ""), 60, "queued again")
+    assert st["phase"] == "Queued"
+    # The job deleted: its Workload is let go and the garbage collector deletes it.
+    jobs.delete(job_name)
+    wait_until(lambda: kueue.workloads(jobs.ns) == [], 30, "the deleted job's Workload gone")
 
 
 def _labelled(jobs: Jobs, storage: JobStorage, name: str, queue: str = "lq", **spec: Any) -> dict[str, Any]:
@@ -272,6 +289,45 @@ def test_a_higher_priority_preempts_through_a_barrier_cut_even_with_the_operator
     assert sum(e.get("count") or 1 for e in committed) == 1, "one barrier cut, not two"
     assert_same_stream(reference, e2e_storage, "low")
     assert_same_stream(reference, e2e_storage, "high")
+
+
+def test_a_deleted_workload_keeps_its_quota_until_the_job_stopped_through_a_barrier_cut(
+    queued: Queued, e2e_storage: JobStorage, kueue: Kueue, reference: dict[int, Any]
+) -> None:
+    """Its Workload deleted while the job trains (as ``kubectl delete workload`` does): with
+    Kueue's in-use finalizer on, the Workload, and so its quota, outlives the job's pod; the job
+    takes a barrier cut, stops, lets the Workload go, makes a new one and resumes from the cut."""
+    jobs = queued.jobs
+    queued.start_operator()
+    jobs.create(_labelled(jobs, e2e_storage, "tiny"))
+    jobs.wait("tiny", lambda s: (s.get("queue") or {}).get("admitted") is True, 60, "admitted")
+    training(jobs, "tiny", 2)
+    (wl,) = kueue.workloads(jobs.ns)
+    (pod,) = jobs.pods("tiny")
+    jobs.cluster.kubectl("delete", "-n", jobs.ns, f"workloads.kueue.x-k8s.io/{wl['metadata']['name']}", "--wait=false")
+    # Which goes first, to a tenth of a second: the pod, or the Workload that holds the quota.
+    listed = {"pod": lambda: jobs.pods("tiny"), "workload": lambda: kueue.workloads(jobs.ns)}
+    uid = {"pod": pod["metadata"]["uid"], "workload": wl["metadata"]["uid"]}
+    gone: dict[str, float] = {}
+    start = time.monotonic()
+    while len(gone) < 2 and time.monotonic() - start < 120:
+        now = time.monotonic()
+        for what in sorted(set(uid) - set(gone)):
+            if uid[what] not in {o["metadata"]["uid"] for o in listed[what]()}:
+                gone[what] = now
+        time.sleep(0.1)
+    assert set(gone) == {"pod", "workload"}, gone
+    assert gone["pod"] <= gone["workload"], f"the Workload went {gone['pod'] - gone['workload']:.1f} s before the pod"
+    jobs.said("tiny", {"BarrierRequested", "BarrierCommitted"})
+    (committed,) = [e for e in jobs.events("tiny") if e["reason"] == "BarrierCommitted"]
+    cut_id = committed["message"].rsplit(" ", 1)[-1]
+    training(jobs, "tiny", 1, attempt=2)
+    st = succeeded(jobs, "tiny")
+    assert st["resume"]["cutId"] == cut_id, "resumed from the barrier cut"
+    assert (st["preemptions"], st["restarts"]) == (0, 0)
+    (again,) = kueue.workloads(jobs.ns)
+    assert again["metadata"]["uid"] != wl["metadata"]["uid"], "a new Workload"
+    assert_same_stream(reference, e2e_storage, "tiny")
 
 
 def test_a_borrowing_job_is_reclaimed_through_a_barrier_cut_and_resumes(

@@ -41,7 +41,7 @@ KARPENTER = "karpenter.sh/disrupted"
 VLLM = {"backend": "vllm", "kvCacheMemory": "64Mi"}
 """spec.generation for vLLM's CPU build (the production engine): on the test control plane the
 pods run with this checkout's environment, on kind the runtime-cpu image carries it. The prompt
-stream does not depend on the engine, so the module's reference (transformers) is theirs too."""
+stream does not depend on the engine, so the run's reference (transformers) is theirs too."""
 VLLM_CPU = vllm_build() != "cuda" and platform.machine() == "x86_64"
 """vLLM's CPU build belongs here (x86-64 without the CUDA build): the drain test generates with it."""
 needs_vllm_cpu = pytest.mark.skipif(

@@ -28,7 +28,6 @@ from test_preemption import (
     AWS_NOTICE,
     assert_same_stream,
     assert_stopped_after,
-    reference,
     succeeded,
     tiny_job,
     training,
@@ -37,7 +36,6 @@ from test_preemption import (
 from spotrl_e2e.procs import ray_processes_on
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-__all__ = ["reference"]  # the module's never-preempted run (a fixture shared with test_preemption)
 NAME = "fsdp"
 
 

@@ -5,7 +5,7 @@ The tiny job runs with two worker pods that join the controller's Ray cluster. T
 one of them is lost abruptly: the controller sends that worker's groups to the other one,
 the operator replaces the pod, and the job succeeds without a restore (attempt 1, no
 preemption, no barrier) on exactly the prompt stream of the same job never disturbed (the
-module's reference, which the transformers backend trained: the stream does not depend on
+never-preempted reference run, which the transformers backend trained: the stream does not depend on
 the engine). Real parts only: API server, controllers, node agent, S3 server, operator,
 `spotrl controller`, `spotrl worker` and vLLM. Worker processes with the transformers
 backend joining and lost: tests/integration/controller/test_worker_nodes.py.
@@ -35,7 +35,6 @@ from test_preemption import (
     TRAIN_TIMEOUT,
     assert_same_stream,
     needs_vllm_cpu,
-    reference,
     start_operator_holding,
     tiny_job,
     training,
@@ -49,7 +48,6 @@ pytestmark = [
     needs_vllm_cpu,
 ]
 HELD_STEP = 6
-__all__ = ["reference"]  # the module's never-preempted run (a fixture shared with test_preemption)
 
 
 def worker_pods(jobs: Jobs, name: str) -> list[dict[str, Any]]:

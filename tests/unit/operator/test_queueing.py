@@ -17,6 +17,7 @@ from spotrl_operator.queueing import (
     CreateWorkload,
     DeleteWorkload,
     FinishWorkload,
+    LetGoWorkload,
     QueueView,
     ReleaseQuota,
     WorkloadView,
@@ -215,8 +216,48 @@ def test_the_end_of_the_job_finishes_the_workload() -> None:
     done = RLJobStatus(phase="Succeeded", attempt=1, step=30, message="trained 30 steps")
     plan = reconcile(world(ADMITTED, status=done))
     assert of(plan, FinishWorkload) == [FinishWorkload("rljob-j-abcde", True, "trained 30 steps")]
-    finished = replace(ADMITTED, finished=True)
-    assert of(reconcile(world(finished, status=done)), FinishWorkload) == []
+    finished = replace(ADMITTED, finished=True, in_use=True)
+    plan = reconcile(world(finished, status=done))
+    assert of(plan, FinishWorkload) == []
+    assert of(plan, LetGoWorkload) == [LetGoWorkload("rljob-j-abcde")], "Finished: let go at once"
+    assert of(reconcile(world(replace(finished, in_use=False), status=done)), LetGoWorkload) == []
+    # A pod of the ended job still exiting keeps it.
+    going = replace(running(), phase="Succeeded", deleting_since=T0)
+    assert of(reconcile(world(finished, status=done, pods=(going,))), LetGoWorkload) == []
+
+
+def test_a_deleted_workload_holds_the_job_and_is_let_go_only_once_its_pods_are_gone() -> None:
+    """Kueue keeps a deleted Workload's quota in use while its finalizer is on: the job takes a
+    barrier cut and stops, and only then is the finalizer taken off; then a new Workload."""
+    deleting = replace(ADMITTED, deleting=True, in_use=True)
+    st = RLJobStatus(phase="Running", attempt=1, step=5, step_attempt=1)
+    p1 = reconcile(world(deleting, status=st, pods=(running(),)))
+    (req,) = of(p1, RequestBarrier)
+    assert req.barrier.reason == queueing.BARRIER_REASON
+    assert of(p1, LetGoWorkload) == []
+    assert of(p1, CreateWorkload) == [], "not while the old one exists"
+    going = replace(running(), deleting_since=T0)
+    assert of(reconcile(world(deleting, status=p1.status, pods=(going,))), LetGoWorkload) == []
+    p2 = reconcile(world(deleting, status=p1.status))
+    assert of(p2, LetGoWorkload) == [LetGoWorkload("rljob-j-abcde")]
+    assert of(p2, CreateWorkload) == []
+    assert p2.status is not None
+    assert p2.status.phase == "Queued"
+    p3 = reconcile(world(None, status=p2.status))
+    assert of(p3, CreateWorkload) == [CreateWorkload("lq")]
+    # One already let go (or never ours) is not patched again.
+    assert of(reconcile(world(replace(deleting, in_use=False), status=p1.status)), LetGoWorkload) == []
+
+
+def test_the_let_go_patch_takes_off_kueues_finalizer_alone_guarded_by_the_resource_version() -> None:
+    meta = {"name": "w", "resourceVersion": "42", "finalizers": ["other.io/keep", queueing.IN_USE_FINALIZER]}
+    assert queueing.let_go_patch({"metadata": meta}) == {
+        "metadata": {"resourceVersion": "42", "finalizers": ["other.io/keep"]}
+    }
+    alone = {"metadata": {"resourceVersion": "7", "finalizers": [queueing.IN_USE_FINALIZER]}}
+    assert queueing.let_go_patch(alone) == {"metadata": {"resourceVersion": "7", "finalizers": None}}
+    assert queueing.let_go_patch({"metadata": {"resourceVersion": "7", "finalizers": ["other.io/keep"]}}) is None
+    assert queueing.let_go_patch({"metadata": {}}) is None
 
 
 def test_a_job_without_the_label_or_with_kueue_off_is_not_queued() -> None:
@@ -263,6 +304,8 @@ def test_the_workload_has_one_pod_set_per_role_with_the_pods_requests() -> None:
     assert owner["kind"] == "RLJob"
     assert owner["controller"] is True
     assert owner["uid"] == "uid-1"
+    assert wl["metadata"]["finalizers"] == ["kueue.x-k8s.io/resource-in-use"], "Kueue's, as its job controllers set it"
+    assert queueing.workload_view(trim_workload(wl)).in_use
     assert wl["metadata"]["name"] == queueing.workload_name("j", "uid-1")
     assert wl["metadata"]["name"] != queueing.workload_name("j", "uid-2"), "a job made again gets a new Workload"
     # A change of the pods is a change of the digest; one that leaves them alone is not.
