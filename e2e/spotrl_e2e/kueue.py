@@ -125,11 +125,6 @@ class Kueue:
             "delete", "--ignore-not-found", "--wait=false", f"{kind}.kueue.x-k8s.io/{name}", check=False
         )
 
-    def log(self) -> str:
-        """The manager's log (in a cluster: its pods')."""
-        out = self.cluster.kubectl("logs", "-n", NAMESPACE, f"deployment/{MANAGER}", "--tail=300", check=False)
-        return out.stdout + out.stderr
-
 
 class LocalKueue(Kueue):
     """Kueue's CRDs, webhooks and manager as a local process, on a :class:`KubeCluster` whose CA
