@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import urllib.request
+from typing import Any
 
 import pytest
 import yaml
@@ -221,8 +222,15 @@ def test_the_installed_chart_runs_an_rljob(cluster: Cluster, namespace: str) -> 
                 admin.wait_for(url, lambda o: o is None, 30, "the RLJob gone")
         out = helm(cluster, "uninstall", RELEASE, "--namespace", release_ns, "--wait", "--timeout", "60s")
         assert "uninstalled" in out
-        left = admin.get(path("v1", "pods", release_ns))["items"]
-        assert [p for p in left if not p["metadata"].get("deletionTimestamp")] == [], json.dumps(left)[:500]
+
+        # The Deployment is gone; its pods go through the garbage collector, a moment later.
+        def running() -> list[dict[str, Any]]:
+            pods = admin.get(path("v1", "pods", release_ns))["items"]
+            return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+        with contextlib.suppress(TimeoutError):
+            wait_until(lambda: not running(), 30, "the operator's pods deleted")
+        assert running() == [], json.dumps(running())[:500]
         cluster.delete_namespace(release_ns)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-import socket
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
@@ -34,13 +33,6 @@ WRITE_THREADS = 2
 """Files each rank writes a cut's shards into at once: one thread's hashing and writing then
 overlap another's (the 100M policy's 1.33 GB on 2 cores: 3.9 s with one file, 2.2 s with two;
 torch.save + fsync of the same state 2.6 s)."""
-
-
-def free_port(host: str) -> int:
-    """A TCP port free on ``host`` now (rank 0 serves the process group's rendezvous on it)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def shard_policy(model: Any, mesh: Any = None) -> Any:
@@ -75,15 +67,21 @@ class TrainerRank:
         """The token of a barrier's capture: while it is held, a periodic capture is refused."""
         self._lock = threading.Lock()
         self._storages: dict[str, Any] = {}
+        self._store: Any = None
+        """Rank 0's rendezvous store (a TCPStore server), from :meth:`rendezvous` to :meth:`start`."""
 
     # ------------------------------------------------------------------ start
 
     def rendezvous(self) -> tuple[str, int]:
-        """Rank 0's address for the process group (called on rank 0 only)."""
+        """Rank 0's address for the process group (called on rank 0 only): it serves the group's
+        rendezvous store from now on, on a port the OS picked for it. (A port found free and
+        bound later could be taken in between by any process on the node: it was, in CI.)"""
         import ray
+        from torch.distributed import TCPStore
 
         host = ray.util.get_node_ip_address()
-        return host, free_port(host)
+        self._store = TCPStore(host, 0, self.world, True, timeout=COLLECTIVE_TIMEOUT, wait_for_workers=False)
+        return host, int(self._store.port)
 
     def start(self, master: tuple[str, int], policy: Any, config: Any, pad_token_id: int) -> int:
         """Joins the process group, loads and shards the policy. Returns this process's pid."""
@@ -99,13 +97,10 @@ class TrainerRank:
         if self.device.startswith("cuda"):
             torch.cuda.set_device(0)  # Ray shows each rank its own GPU as device 0
         backend = "nccl" if self.device.startswith("cuda") else "gloo"
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://{master[0]}:{master[1]}",
-            rank=self.rank,
-            world_size=self.world,
-            timeout=COLLECTIVE_TIMEOUT,
-        )
+        store = self._store
+        if store is None:
+            store = dist.TCPStore(master[0], master[1], self.world, False, timeout=COLLECTIVE_TIMEOUT)
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world, timeout=COLLECTIVE_TIMEOUT)
         self._ckpt_group = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
         model, _ = load_policy(policy, self.device)
         shard_policy(model)
