@@ -35,6 +35,7 @@ from datetime import datetime, timedelta
 
 from spotrl_operator import queueing, recovery
 from spotrl_operator.cut_risk import tend_barrier_risk
+from spotrl_operator.learning_signal import tend_learning_signal
 from spotrl_operator.standby import tend_standby, usable
 from spotrl_operator.trainers import tend_trainers, trainer_notices
 from spotrl_operator.workers import tend_workers
@@ -88,6 +89,7 @@ def reconcile(world: World) -> Plan:
     tend_workers(b)
     tend_trainers(b)
     tend_barrier_risk(b)
+    tend_learning_signal(b)
     tend_standby(b)
     return b.finish()
 

@@ -257,6 +257,25 @@ def test_a_bad_field_fails_before_anything_starts(cli: Cli, changes: dict[str, o
     assert out.stderr.startswith(f"spotrl run: -f {path}: ")
 
 
+@pytest.mark.parametrize(
+    ("rows", "reward", "names"),
+    [
+        ([{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2="}], "arithmetic_exact", "row idx 1 has no 'answer'"),
+        ([{"prompt": "1+1=", "answer": "2"}] * 3 + [{"question": "2+2=", "answer": "4"}], "format_only", "row idx 3"),
+    ],
+)
+def test_a_dataset_row_without_the_fields_the_job_reads_is_refused(
+    cli: Cli, rows: list[dict[str, str]], reward: str, names: str
+) -> None:
+    """Without its answer every reward would be 0 and the run would train nothing, silently."""
+    (cli.work / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    job = job_file(cli.work, spec__dataset__uri="rows.jsonl", spec__reward__name=reward)
+    out = cli("run", "-f", str(job))
+    assert_refused(out, names)
+    assert "spec.dataset." in out.stderr
+    assert ("answerField" if reward != "format_only" else "promptField") in out.stderr
+
+
 def test_a_vllm_job_on_a_device_its_build_cannot_serve_is_refused(cli: Cli) -> None:
     """The installed vLLM is read from its distribution, before torch: the CPU build cannot serve
     --device cuda, the CUDA build cannot serve --device cpu, and no build serves either."""

@@ -64,7 +64,23 @@ class Policy(ApiObject):
         ),
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        default="float32", description="Parameter dtype of the trainer."
+        default="float32",
+        description=(
+            "The compute dtype: the trainer's passes, generation, exports. The trainer's parameters and optimizer "
+            "state stay float32 (master weights); float16 is refused for training (it needs a loss scaler)."
+        ),
+    )
+
+    rules = (
+        Rule(
+            cel="!has(self.dtype) || self.dtype != 'float16'",
+            check=lambda p: p.dtype != "float16",
+            message=(
+                "float16 is not trained by SpotRL (it needs a loss scaler, which the trainer does not have); "
+                "use bfloat16, which has float32's range"
+            ),
+            field="dtype",
+        ),
     )
 
 
@@ -235,17 +251,53 @@ class Training(ApiObject):
     algorithm: Literal["grpo"] = Field(default="grpo", description="The RL algorithm.")
     total_steps: int = Field(ge=1, le=10_000_000, description="Optimizer steps to train.")
     learning_rate: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
-    micro_batch_size: int = Field(default=8, ge=1, le=65536, description="Rollouts per forward/backward pass.")
+    micro_batch_size: int = Field(default=8, ge=1, le=65536, description="Rollouts per forward/backward pass at most.")
+    micro_batch_tokens: int | None = Field(
+        default=16384,
+        ge=1,
+        le=16_777_216,
+        description=(
+            "Padded tokens per forward/backward pass at most (rows times the longest row; rows are sorted by length "
+            "first, so rows of like length share a pass). A row longer than this goes alone. Unset: microBatchSize "
+            "alone decides."
+        ),
+    )
     clip_epsilon: float = Field(default=0.2, gt=0, le=1, description="PPO-style clip of the importance ratio.")
-    kl_coef: float = Field(default=0.0, ge=0, le=100, description="Weight of the KL penalty to the initial policy.")
-    importance_sampling_cap: float | None = Field(
+    clip_epsilon_high: float | None = Field(
         default=None,
+        gt=0,
+        le=10,
+        description="Clip-higher (DAPO): the ratio's upper clip is 1 + clipEpsilonHigh (unset: clipEpsilon).",
+    )
+    dual_clip: float | None = Field(
+        default=3.0,
+        gt=1,
+        le=100,
+        description="Dual-clip: a token with a negative advantage loses at most dualClip times |advantage|.",
+    )
+    kl_coef: float = Field(default=0.0, ge=0, le=100, description="Weight of the KL penalty to the initial policy.")
+    importance_sampling_cap: float = Field(
+        default=2.0,
         ge=1,
         le=100,
         description=(
-            "Truncated importance sampling (off when unset; 2 is usual): weight each token of a rollout generated "
-            "with the trainer's current weights by min(p_trainer / p_generator, cap), correcting for a generator "
-            "whose numerics differ from the trainer's (bf16 vLLM on GPUs). See rollout_probs_diff in the README."
+            "The off-policy correction, always on: each trained token is weighted by min(p_trainer / p_generator, "
+            "cap), detached, whether its rollout came from the current weights or one version behind "
+            "(generation.lookahead), and whatever the generator's numerics. See the README's Numerics."
+        ),
+    )
+    warmup_steps: int = Field(
+        default=0, ge=0, le=10_000_000, description="Linear learning-rate warmup over this many steps."
+    )
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        default="constant",
+        description="After the warmup: 'constant', or 'cosine' down to 0 at totalSteps.",
+    )
+    activation_checkpointing: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description=(
+            "Recompute each transformer block's activations in the backward pass instead of keeping them. 'auto': "
+            "on for policies of 100M parameters or more."
         ),
     )
     weight_decay: float = Field(default=0.0, ge=0, le=1, description="AdamW weight decay.")
@@ -287,8 +339,19 @@ class Reward(ApiObject):
         le=3600,
         description=(
             "Each call's limit (a batched reward's: each group's). A call that outlasts it, raises or returns no "
-            "number drops its group, with the reason in the audit; it is never scored 0."
+            "number has failed: see onError."
         ),
+    )
+    on_error: Literal["score", "drop"] = Field(
+        default="score",
+        description=(
+            "A completion the reward failed on: 'score' gives it errorScore and trains the rest of its group "
+            "(reward_errors counts them every step); 'drop' drops the whole group, with the reason in the audit "
+            "(which biases training against the prompts a reward finds hard)."
+        ),
+    )
+    error_score: float = Field(
+        default=0.0, ge=-1e6, le=1e6, description="With onError score: the score of a completion the reward failed on."
     )
 
     rules = (
@@ -862,6 +925,18 @@ class CutEstimateStatus(ApiObject):
     attempt: int | None = Field(default=None, ge=0, description="The controller attempt that made it.")
 
 
+class LearningSignalStatus(ApiObject):
+    """Whether the run's steps train anything (set by the controller after each step; the
+    operator turns it into condition ``NoLearningSignal``)."""
+
+    steps_without_signal: int = Field(
+        ge=0, description="Steps in a row in which every group's rollouts had equal rewards (nothing was trained)."
+    )
+    threshold: int = Field(ge=1, description="Steps in a row after which the run is said to learn nothing.")
+    step: int = Field(ge=0, description="The step this was measured at.")
+    reward_mean: float = Field(description="That step's mean reward.")
+
+
 class PodPlacement(ApiObject):
     """What Kueue's admission adds to the pods of one pod set: its ResourceFlavors' node labels
     (a nodeSelector) and tolerations."""
@@ -997,6 +1072,9 @@ class RLJobStatus(ApiObject):
     )
     cut_estimate: CutEstimateStatus | None = Field(
         default=None, description="A barrier cut's estimated seconds, from the last cuts (set by the controller)."
+    )
+    learning_signal: LearningSignalStatus | None = Field(
+        default=None, description="Whether the steps train anything (set by the controller after each step)."
     )
     queue: QueueStatus | None = Field(
         default=None,

@@ -45,10 +45,17 @@ class Exported:
 
 
 def export_policy(
-    storage: Storage, base_model: str, out_dir: Path, *, cut_id: str | None = None, spool_dir: Path | None = None
+    storage: Storage,
+    base_model: str,
+    out_dir: Path,
+    *,
+    cut_id: str | None = None,
+    spool_dir: Path | None = None,
+    dtype: str = "float32",
 ) -> Exported:
     """Writes the policy of ``cut_id`` (default: the newest committed cut) to ``out_dir``, which
-    must not exist yet. Raises the chain's ``CutCheckError`` for a cut that fails it, and
+    must not exist yet, its weights in ``dtype`` (a job's ``policy.dtype``: cuts hold float32
+    masters, the job computes in its dtype). Raises the chain's ``CutCheckError`` for a cut that fails it, and
     :class:`ExportError` for the rest."""
     from spotrl_runtime.checkpoint.restore import sharded_cut, trainer_files
     from spotrl_runtime.checkpoint.sharded import DCP_FORMAT, load_sharded
@@ -86,6 +93,10 @@ def export_policy(
             f"{storage.uri}/cuts/{chosen}: its weights do not fit {base_model!r} ({str(err)[:300]}); "
             "give the policy the run was started with (-f its RLJob, or --base)"
         ) from None
+    if dtype != "float32":
+        import torch
+
+        model = model.to(getattr(torch, dtype))
     step = int(validated.documents.trainer_step)
     out_dir = out_dir.absolute()
     out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -184,6 +184,9 @@ def load_trainer(trainer: Any, snap: TrainerSnapshot | ShardedCut, cut_id: str =
             "resume this run with training.parallelism.strategy single (its next cuts stay torch.save), "
             "or start a new run with strategy fsdp",
         )
+    notice = low_precision_notice(snap.weights)
+    if notice is not None:
+        log.warning("cut %s: %s", cut_id, notice)
     try:
         trainer.model.load_state_dict(snap.weights, strict=True)
         if snap.optimizer is not None:
@@ -198,6 +201,28 @@ def load_trainer(trainer: Any, snap: TrainerSnapshot | ShardedCut, cut_id: str =
             f"the trainer state does not load into this policy ({type(err).__name__}: {str(err)[:300]})",
             "resume with the policy the run was started with, or from an older cut with --resume CUT",
         ) from None
+
+
+def low_precision_notice(weights: Mapping[str, Any]) -> str | None:
+    """For a cut's weights: a sentence when they are held below float32 (a cut written before the
+    trainer kept float32 master weights, from a bf16 job), None when they are float32. Loading them
+    into float32 masters is exact (every bf16 value is a float32 value), so such a cut resumes
+    where it stopped, and the run's later updates are no longer rounded away."""
+    import torch
+
+    low = sorted(
+        {
+            str(v.dtype).removeprefix("torch.")
+            for v in weights.values()
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype != torch.float32
+        }
+    )
+    if not low:
+        return None
+    return (
+        f"it holds {', '.join(low)} weights (written before the trainer kept float32 master weights); they are "
+        "loaded exactly into float32 masters"
+    )
 
 
 class RedoStoppedError(Exception):

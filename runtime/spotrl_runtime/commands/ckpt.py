@@ -56,6 +56,11 @@ def register(sub: Any) -> None:
     base = q.add_mutually_exclusive_group(required=True)
     base.add_argument("-f", "--filename", help="the job's RLJob YAML: its spec.policy.model is the base policy")
     base.add_argument("--base", help="the policy the run started from (builtin:<name>, a folder or s3:// prefix)")
+    q.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        help="the exported weights' dtype (default: the job's policy.dtype with -f, else float32; cuts hold float32)",
+    )
     q.set_defaults(func=run_export)
     q = cmds.add_parser("delete", help="delete a job's cuts, audit and pointer (only under its own prefix)")
     common(q)
@@ -363,14 +368,17 @@ def run_export(args: argparse.Namespace) -> int:
     from spotrl_runtime.checkpoint.export import ExportError, export_policy
     from spotrl_runtime.core.validation import CutCheckError
 
-    base = args.base
+    base, dtype = args.base, args.dtype or "float32"
     if args.filename:
         from spotrl_runtime.commands.preflight import load_rljob_file
 
-        base = load_rljob_file(args.filename).spec.policy.model
+        policy = load_rljob_file(args.filename).spec.policy
+        base, dtype = policy.model, args.dtype or policy.dtype
     target = _Target(args)
     try:
-        done = export_policy(target.storage, base, Path(args.out), cut_id=target.cut_id if target.named_cut else None)
+        done = export_policy(
+            target.storage, base, Path(args.out), cut_id=target.cut_id if target.named_cut else None, dtype=dtype
+        )
     except CutCheckError as err:
         print(f"not exported: cut fails check {err.check}: {err}", file=sys.stderr)
         return 1

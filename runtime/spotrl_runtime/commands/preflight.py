@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-BUILTIN_MODELS = ("tiny-arith", "tiny-chat", "random-100m")
+BUILTIN_MODELS = ("tiny-arith", "tiny-chat", "random-100m", "random-0.5b")
 """``spec.policy.model: builtin:<name>``; :data:`spotrl_runtime.models.loading.BUILTIN_MODELS`
 (imported there with torch, so named again here; a unit test keeps the two equal)."""
 MAX_SECONDS = 3600.0
@@ -229,16 +229,11 @@ def check_generation(job: Any, device: str, where: str) -> None:
 
 
 def _check_job_inputs(job: Any) -> None:
-    from spotrl_runtime.data import DatasetError, open_dataset
-
     spec = job.spec
     uri = spec.dataset.uri
     field = "spec.dataset.uri"
     if uri.startswith("builtin:"):
-        try:
-            open_dataset(spec.dataset)  # a built-in dataset is generated from code: cheap
-        except (DatasetError, ValueError) as err:
-            raise UsageError(f"{field}: {err}") from None
+        _check_dataset_rows(job)  # a built-in dataset is generated from code: cheap
     elif uri.startswith("s3://"):
         bucket, key = _s3_parts(uri)
         if bucket is None or not key:
@@ -264,6 +259,7 @@ def _check_job_inputs(job: Any) -> None:
                 f"{field} {uri!r}: does not exist (from {os.getcwd()}); give the JSONL or Parquet file of prompts, "
                 "or a save_to_disk folder"
             )
+        _check_dataset_rows(job)
 
     model = spec.policy.model
     field = "spec.policy.model"
@@ -283,6 +279,18 @@ def _check_job_inputs(job: Any) -> None:
             raise UsageError(f"{field} {model!r}: no such folder; give a Hugging Face model folder")
         if not (path / "config.json").is_file():
             raise UsageError(f"{field} {model!r}: has no config.json; give a Hugging Face model folder")
+
+
+def _check_dataset_rows(job: Any) -> None:
+    """A local or built-in dataset opens, and its first rows hold the fields the job reads (an
+    s3:// one is checked by the controller, which downloads it)."""
+    from spotrl_runtime.data import DatasetError, check_fields, open_dataset
+
+    try:
+        dataset = open_dataset(job.spec.dataset)
+        check_fields(dataset, job.spec.dataset, answers=job.spec.reward.name != "format_only")
+    except (DatasetError, ValueError, OSError) as err:
+        raise UsageError(f"spec.dataset.uri: {err}") from None
 
 
 def _s3_parts(uri: str) -> tuple[str | None, str]:

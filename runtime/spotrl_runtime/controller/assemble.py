@@ -30,7 +30,7 @@ from spotrl_runtime.core.accounting import RestoreRecord
 from spotrl_runtime.core.identity import JobIdentity
 from spotrl_runtime.core.owners import Owners, RecoveryConfig
 from spotrl_runtime.core.types import Prompt
-from spotrl_runtime.data import collate_for, describe_dataset, open_dataset
+from spotrl_runtime.data import DatasetError, check_fields, collate_for, describe_dataset, open_dataset
 from spotrl_runtime.data.loader import PromptLoader
 from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation.cluster import RayRuntime, generation_pool, start_ray
@@ -189,6 +189,10 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         storage = open_storage(options.storage_uri)
         audit = AuditStore(storage)
         dataset, collate = open_dataset(spec.dataset), collate_for(spec.dataset)
+        try:
+            check_fields(dataset, spec.dataset, answers=spec.reward.name != "format_only")
+        except DatasetError as err:
+            raise ControllerError(f"spec.dataset.uri {spec.dataset.uri!r}: {err}") from None
         batch = spec.generation.prompts_per_step
         loader = PromptLoader(dataset, collate, batch_size=batch, shuffle=spec.dataset.shuffle, seed=spec.dataset.seed)
         if par.strategy == "fsdp":
@@ -197,7 +201,7 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             trainer = TrainerGroup.from_rljob(spec, options.device, pad_token_id=tokenizer.pad_token_id or 0)
             trainer.start(timeout=options.worker_wait_seconds, stop=stop)
         else:
-            model, tokenizer = options.policy or load_policy(spec.policy, options.device)
+            model, tokenizer = options.policy or load_policy(spec.policy, options.device, dtype="float32")
             options.policy = None
             trainer = Trainer(model, TrainerConfig.from_rljob(spec), pad_token_id=tokenizer.pad_token_id or 0)
         try:

@@ -37,6 +37,7 @@ from spotrl_runtime.api import times
 from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.controller.control import BarrierFailed, Controllable, CutInfo
 from spotrl_runtime.core.cut_estimate import CutEstimate
+from spotrl_runtime.core.step_stats import NO_SIGNAL_STEPS
 from spotrl_runtime.kube import JSON_PATCH, Kube, KubeError, path
 
 if TYPE_CHECKING:
@@ -376,10 +377,18 @@ class KubeBridge:
             if first and self._times is not None:
                 self._times = self._times.model_copy(update={"first_step_at": times.rfc3339_micro()})
             timeline = _doc(self._times) if first else None
+        fields: dict[str, Any] = {"step": step}
         if timeline is not None:
-            self._set(step=step, attemptTimes=timeline)
-        else:
-            self._set(step=step)
+            fields["attemptTimes"] = timeline
+        if "steps_without_signal" in metrics:
+            signal = api.LearningSignalStatus(
+                steps_without_signal=int(metrics["steps_without_signal"]),
+                threshold=NO_SIGNAL_STEPS,
+                step=step,
+                reward_mean=float(metrics.get("reward", 0.0)),
+            )
+            fields["learningSignal"] = _doc(signal)
+        self._set(**fields)
 
     def on_cut(self, cut: CutInfo) -> None:
         if self._note_cut(cut):
@@ -442,6 +451,8 @@ class KubeBridge:
                 ops.append(_add("/status/accounting", want["accounting"]))
             if "cutEstimate" in want:
                 ops.append(_add("/status/cutEstimate", want["cutEstimate"]))
+            if "learningSignal" in want:
+                ops.append(_add("/status/learningSignal", want["learningSignal"]))
             self._patch_retrying(ops, f"status of attempt {self.attempt}")
             with self._lock:
                 self._written_version = max(self._written_version, version)

@@ -49,14 +49,14 @@ from spotrl_runtime.controller.control import BarrierFailed, CutInfo
 from spotrl_runtime.controller.tensorboard import TensorBoardLog
 from spotrl_runtime.core.cut_estimate import CutEstimator, barrier_form
 from spotrl_runtime.core.owners import Dispatch, OwnershipError, OwnersSnapshot, UnknownGroupError
-from spotrl_runtime.core.step_stats import rollout_stats
+from spotrl_runtime.core.step_stats import LearningSignal, rollout_stats
 from spotrl_runtime.core.types import Rollout
 from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation import GroupFailed, GroupGenerated, GroupLost
 from spotrl_runtime.generation.rollouts import make_request, score_group
 from spotrl_runtime.rewards.runner import RewardFailure
 from spotrl_runtime.training.group import CaptureRefusedError, TrainerGroup
-from spotrl_runtime.training.rows import ROLLOUT_GAP_METRICS
+from spotrl_runtime.training.rows import ROLLOUT_GAP_METRICS, STALE_GAP_METRICS
 from spotrl_runtime.training.trainer import StepInterruptedError
 
 log = logging.getLogger("spotrl.controller")
@@ -66,10 +66,21 @@ EXIT_ERROR = 1
 EXIT_TERMINATED = 143
 EXIT_FENCED = 4
 """Another controller owns the job (a newer attempt claimed it): this one wrote nothing more."""
-TRAINER_STATS = ("kl", "entropy", "clip_fraction", "grad_norm", "learning_rate")
+TRAINER_STATS = (
+    "kl",
+    "entropy",
+    "clip_fraction",
+    "grad_norm",
+    "learning_rate",
+    "is_weight_mean",
+    "is_weight_max",
+    "is_capped_fraction",
+    "padding_share",
+)
 """The trainer's step metrics the audit and /metrics keep (``clip_fraction``: PPO's, the tokens
 whose ratio the clip bounded; ``kl``: to the reference policy, 0 without one; ``entropy``: the
-policy's, per trained token, in nats)."""
+policy's, per trained token, in nats; ``is_weight_*``: the off-policy correction's importance
+weight; ``padding_share``: the share of the positions computed that were padding)."""
 STATS = ("groups_generated", "groups_retried", "groups_lost_redispatched", "prompts_dropped", "tokens_generated")
 """What :attr:`Controller.stats` counts."""
 
@@ -114,6 +125,10 @@ class Controller:
         on it instead of spinning (which took a core and the GIL from the trainer)."""
         self._last_cut_time = time.monotonic()
         self.stats: dict[str, float] = dict.fromkeys(STATS, 0.0)
+        self._signal = LearningSignal()
+        self._reward_errors: dict[str, int] = {}
+        """Completions the reward failed on, by group, until the group is trained (in memory: a
+        group finished before a restore counts none)."""
         self.history: list[dict[str, Any]] = []
         """One entry per step this process trained: step, reward, seconds ..."""
         self._last_step_at = time.monotonic()
@@ -203,6 +218,16 @@ class Controller:
             self._wake.set()
             seconds = time.monotonic() - t0
             stats = rollout_stats(groups)
+            stats["reward_errors"] = float(sum(self._reward_errors.pop(g.group_id, 0) for g in groups))
+            if self._signal.observe(stats["frac_reward_zero_std"]):
+                log.warning(
+                    "no learning signal: in each of the last %d steps every group's rollouts had equal rewards, so "
+                    "nothing was trained (mean reward %.3f); check the reward, the dataset's answerField, and that "
+                    "the policy can solve some of the prompts",
+                    self._signal.streak,
+                    stats["reward_mean"],
+                )
+            stats["steps_without_signal"] = float(self._signal.streak)
             reward = stats["reward_mean"]
             # Generation's pace since the last step: what the workers produced meanwhile.
             now, generated = time.monotonic(), self.stats["tokens_generated"]
@@ -226,7 +251,7 @@ class Controller:
                 **step_stats,
             }
             # The generator's mismatch with the trainer (training/rows.py: step_metrics), where measured.
-            gap = {k: metrics[k] for k in ROLLOUT_GAP_METRICS if k in metrics}
+            gap = {k: metrics[k] for k in (*ROLLOUT_GAP_METRICS, *STALE_GAP_METRICS) if k in metrics}
             entry.update(gap)
             self.parts.audit.write(record, reward=reward, seconds=round(seconds, 4), **step_stats, **gap)
             self.history.append(entry)
@@ -350,9 +375,23 @@ class Controller:
         """Scores a generated group and hands it to the replay buffer; a reward that failed on
         one of its rollouts drops the group (the audit keeps why). Returns what to dispatch."""
         failpoint("dispatch.finish", d.target_step)
-        scores = self.parts.reward.score(d.prompt, [s.text for s in generated.samples])
-        if scores and isinstance(scores[-1], RewardFailure):
-            return self._drop(d, f"reward failed on rollout {len(scores) - 1}: {scores[-1].message}")
+        reward = self.spec.reward
+        drop = reward.on_error == "drop"
+        scores = self.parts.reward.score(d.prompt, [s.text for s in generated.samples], stop_at_failure=drop)
+        failed = [(i, s) for i, s in enumerate(scores) if isinstance(s, RewardFailure)]
+        if failed and drop:
+            return self._drop(d, f"reward failed on rollout {failed[0][0]}: {failed[0][1].message}")
+        if failed:
+            log.warning(
+                "group %s: the reward failed on %d of %d rollouts (scored %g): %s",
+                d.group_id,
+                len(failed),
+                len(scores),
+                reward.error_score,
+                failed[0][1].message,
+            )
+            scores = [reward.error_score if isinstance(s, RewardFailure) else s for s in scores]
+            self._reward_errors[d.group_id] = len(failed)
         scored = score_group(generated, d.prompt, scores, d.target_step)  # type: ignore[arg-type]
         rollouts = [
             Rollout(**{**r.__dict__, "index": d.rollout_indexes[i]})

@@ -56,7 +56,7 @@ def stand_by(job: RLJob, bridge: KubeBridge, options: ControllerOptions, prestar
         from spotrl_runtime.models import load_policy
 
         if job.spec.training.parallelism.strategy != "fsdp":  # FSDP ranks load the policy themselves
-            options.policy = load_policy(job.spec.policy, options.device)
+            options.policy = load_policy(job.spec.policy, options.device, dtype="float32")
         prestart.wait(workers=True)
         log.info(
             "standby for attempt %d: warm in %.2f s (imports, Ray, generation workers, policy); "

@@ -20,6 +20,7 @@ __all__ = [
     "PromptCollate",
     "PromptDataset",
     "Row",
+    "check_fields",
     "collate_for",
     "describe_dataset",
     "open_dataset",
@@ -63,6 +64,28 @@ def open_dataset(spec: DatasetSpec, **s3_options: Any) -> PromptDataset:
 def collate_for(spec: DatasetSpec) -> PromptCollate:
     """The one-row collate for the fields ``spec.dataset`` names."""
     return PromptCollate(task_field=spec.task_field, prompt_field=spec.prompt_field, answer_field=spec.answer_field)
+
+
+FIELD_CHECK_ROWS = 1024
+"""Rows :func:`check_fields` reads before a run starts (the first ones; a larger dataset's later
+rows are read as the run reaches them)."""
+
+
+def check_fields(dataset: PromptDataset, spec: DatasetSpec, *, answers: bool, rows: int = FIELD_CHECK_ROWS) -> None:
+    """The first ``rows`` rows each hold ``spec.promptField``, and ``spec.answerField`` when the
+    reward reads answers (``answers``): a dataset without them would give every row an empty
+    answer, every reward 0 and every group zero variance, and the run would train nothing
+    without a word. Raises :class:`DatasetError` naming the field, the row and its fields."""
+    for idx in range(min(rows, len(dataset))):
+        row = dataset[idx]
+        for name, value in (("promptField", spec.prompt_field), ("answerField", spec.answer_field)):
+            if name == "answerField" and not answers:
+                continue
+            if row.get(value) in (None, ""):
+                raise DatasetError(
+                    f"row idx {idx} has no {value!r} (spec.dataset.{name}); its fields are "
+                    f"{sorted(k for k in row if k != 'idx')}: set spec.dataset.{name} to the field that holds it"
+                )
 
 
 def describe_dataset(spec: DatasetSpec, dataset: PromptDataset) -> dict[str, Any]:

@@ -5,6 +5,7 @@
 - ``builtin:tiny-arith`` — the demo policy, built from code and cached (:mod:`.tiny_arith`);
 - ``builtin:tiny-chat`` — the chat demo policy, a Qwen2-shaped instruct model (:mod:`.tiny_chat`);
 - ``builtin:random-100m`` — random weights of about 100M parameters, for timing (:mod:`.random_policy`);
+- ``builtin:random-0.5b`` — random weights in Qwen2.5-0.5B's shape, for benchmarks (:mod:`.random_policy`);
 - a local folder in Hugging Face format (``config.json``, weights, tokenizer files);
 - ``s3://bucket/prefix`` — such a folder in object storage, downloaded once into the cache;
 - a model id, for users whose machines reach a model hub (transformers resolves it).
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_MODELS = ("tiny-arith", "tiny-chat", "random-100m")
+BUILTIN_MODELS = ("tiny-arith", "tiny-chat", "random-100m", "random-0.5b")
 
 PrefixDownloader = Callable[[str, Path], None]
 """Copies every object under a URI prefix into a local folder, keeping the relative keys."""
@@ -72,10 +73,10 @@ def resolve_model_dir(model: str, *, downloader: PrefixDownloader | None = None)
             from spotrl_runtime.models.tiny_chat import tiny_chat_dir
 
             return tiny_chat_dir()
-        if name == "random-100m":
-            from spotrl_runtime.models.random_policy import random_policy_dir
+        if name in ("random-100m", "random-0.5b"):
+            from spotrl_runtime.models.random_policy import RANDOM_0_5B, RANDOM_100M, random_policy_dir
 
-            return random_policy_dir()
+            return random_policy_dir(RANDOM_100M if name == "random-100m" else RANDOM_0_5B)
         raise PolicyError(
             f"policy.model: unknown built-in model {model!r}; the built-in models are "
             + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)

@@ -7,8 +7,9 @@ process (``spawn``: nothing of the controller's threads, Ray or torch is inherit
 the reward once and scores one completion per call (a ``batched`` reward: one group per call).
 A call that outlasts ``spec.reward.timeoutSeconds`` costs that child: it is killed and a fresh
 one started for the next call. A call that raises, times out or returns no finite number is a
-:class:`RewardFailure` with its message; the controller drops the group, and the audit records
-why (``reward failed: ...``). It is never scored 0 in silence.
+:class:`RewardFailure` with its message. By ``spec.reward.onError`` the controller scores it
+``errorScore`` and counts it (``reward_errors``, every step, with a warning in the log), or
+drops the group and the audit records why (``reward failed: ...``). It is never scored in silence.
 """
 
 from __future__ import annotations
@@ -103,20 +104,22 @@ class RewardRunner:
             self._proc.join(10)
             self._proc = None
 
-    def score(self, prompt: Prompt, completions: Sequence[str]) -> list[Score]:
-        """One score per completion, in order, up to the first :class:`RewardFailure`: the list
-        ends there (the group is dropped, so the rest need not wait for the reward)."""
+    def score(self, prompt: Prompt, completions: Sequence[str], *, stop_at_failure: bool = True) -> list[Score]:
+        """One score per completion, in order. ``stop_at_failure``: the list ends at the first
+        :class:`RewardFailure` (the group is dropped, so the rest need not wait for the reward);
+        otherwise every completion has its score or its failure (a batched call that failed as
+        a whole fails each of its completions)."""
         with self._lock:
             if self.batched:
                 out = self._call(("batch", [prompt] * len(completions), list(completions)))
                 if isinstance(out, RewardFailure):
-                    return [out]
+                    return [out] if stop_at_failure else [out] * len(completions)
                 failed = [s for s in out if isinstance(s, RewardFailure)]
-                return out[: out.index(failed[0]) + 1] if failed else out
+                return out[: out.index(failed[0]) + 1] if failed and stop_at_failure else out
             scores: list[Score] = []
             for text in completions:
                 scores.append(self._call(("one", prompt, text)))
-                if isinstance(scores[-1], RewardFailure):
+                if stop_at_failure and isinstance(scores[-1], RewardFailure):
                     break
             return scores
 

@@ -1,19 +1,14 @@
-"""GRPO training in plain torch: the pure loss arithmetic and the :class:`Trainer`."""
+"""GRPO training in plain torch: advantages, losses, the step and the :class:`Trainer`."""
 
-from spotrl_runtime.training.grpo import (
-    LossTerms,
-    completion_logprobs,
-    contributes,
-    group_advantages,
-    token_loss_terms,
-)
+from spotrl_runtime.training.grpo import contributes, group_advantages
+from spotrl_runtime.training.losses import LossConfig, LossTerms, token_loss_terms
 from spotrl_runtime.training.trainer import Trainer, TrainerConfig
 
 __all__ = [
+    "LossConfig",
     "LossTerms",
     "Trainer",
     "TrainerConfig",
-    "completion_logprobs",
     "contributes",
     "group_advantages",
     "token_loss_terms",

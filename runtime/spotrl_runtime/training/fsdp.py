@@ -20,7 +20,6 @@ import os
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 log = logging.getLogger("spotrl.trainer")
@@ -35,10 +34,15 @@ overlap another's (the 100M policy's 1.33 GB on 2 cores: 3.9 s with one file, 2.
 torch.save + fsync of the same state 2.6 s)."""
 
 
-def shard_policy(model: Any, mesh: Any = None) -> Any:
+def shard_policy(model: Any, compute_dtype: Any, mesh: Any = None) -> Any:
     """FSDP2 over ``model``: each transformer block is its own unit (the classes the model names
-    in ``_no_split_modules``), then the root (embeddings, final norm, head). In place."""
-    from torch.distributed.fsdp import fully_shard
+    in ``_no_split_modules``), then the root (embeddings, final norm, head). In place. The shards
+    stay float32; each unit is gathered in ``compute_dtype`` and its gradients reduced in float32
+    (:func:`~spotrl_runtime.training.precision.fsdp_mixed_precision`). The trainer's log-prob
+    method (:mod:`~spotrl_runtime.training.logprobs`) runs under the root's hooks, as ``forward`` does."""
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    from spotrl_runtime.training import logprobs, precision
 
     block_names = set(getattr(model, "_no_split_modules", None) or ())
     blocks = [m for m in model.modules() if type(m).__name__ in block_names]
@@ -47,9 +51,13 @@ def shard_policy(model: Any, mesh: Any = None) -> Any:
             f"{type(model).__name__} names no transformer block class (_no_split_modules); FSDP needs one "
             "to shard per block"
         )
+    mp_policy = precision.fsdp_mixed_precision(compute_dtype)
+    options: dict[str, Any] = {"mesh": mesh} if mp_policy is None else {"mesh": mesh, "mp_policy": mp_policy}
     for block in blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, **options)
+    fully_shard(model, **options)
+    logprobs.attach(model)
+    register_fsdp_forward_method(model, logprobs.METHOD)
     return model
 
 
@@ -89,6 +97,7 @@ class TrainerRank:
         import torch.distributed as dist
 
         from spotrl_runtime.models import load_policy, resolve_model_dir
+        from spotrl_runtime.training import precision
         from spotrl_runtime.training.trainer import Trainer
 
         # Build or download the policy into this node's cache first: inside a process group,
@@ -102,15 +111,15 @@ class TrainerRank:
             store = dist.TCPStore(master[0], master[1], self.world, False, timeout=COLLECTIVE_TIMEOUT)
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world, timeout=COLLECTIVE_TIMEOUT)
         self._ckpt_group = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
-        model, _ = load_policy(policy, self.device)
-        shard_policy(model)
-        # The KL reference is sharded the same way (Trainer's own deep copy is for one process).
-        self.trainer = Trainer(model, replace(config, kl_coef=0.0), pad_token_id=pad_token_id)
-        self.trainer.config = config
-        if config.kl_coef > 0:
-            reference, _ = load_policy(policy, self.device)
+        dtype = precision.compute_dtype(config.compute_dtype)
+        model, _ = load_policy(policy, self.device, dtype="float32")
+        shard_policy(model, dtype)
+        reference = None
+        if config.kl_coef > 0:  # sharded the same way (Trainer's own deep copy is for one process)
+            reference, _ = load_policy(policy, self.device, dtype="float32")
             reference.requires_grad_(False)
-            self.trainer.reference = shard_policy(reference).eval()
+            reference = shard_policy(reference, dtype).eval()
+        self.trainer = Trainer(model, config, pad_token_id=pad_token_id, reference=reference)
         return os.getpid()
 
     # ------------------------------------------------------------------ the step
@@ -145,15 +154,17 @@ class TrainerRank:
             return sums, grad_norm, lr
 
     def full_state(self) -> dict[str, Any] | None:
-        """The whole policy on rank 0's CPU (every rank must call it: it gathers), for the
-        generation workers. Other ranks return None."""
+        """The whole policy on rank 0's CPU in the compute dtype (every rank must call it: it
+        gathers), for the generation workers. Other ranks return None."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        from spotrl_runtime.training import precision
 
         with self._lock:
             state = get_model_state_dict(
                 self.trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
             )
-        return dict(state) if self.rank == 0 else None
+        return precision.to_compute_dtype(state, self.trainer.compute_dtype) if self.rank == 0 else None
 
     # ------------------------------------------------------------------ cuts
 

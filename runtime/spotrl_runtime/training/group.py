@@ -200,7 +200,7 @@ class TrainerGroup:
         started = time.monotonic()
         plan = step_rows(groups)
         shares = split_rows(plan, self.world)
-        passes = micro_batches(shares, self.config.micro_batch_size)
+        passes = micro_batches(shares, self.config.micro_batch_size, self.config.micro_batch_tokens)
         results = self._get(
             [
                 a.train.remote(share, plan.tokens, passes, self.step)

@@ -10,9 +10,8 @@ count, and the ranks' gradients add up to the single process's.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from spotrl_runtime.core.types import FinishedGroup
@@ -98,14 +97,37 @@ def split_rows(step: StepRows, ranks: int) -> list[list[Row]]:
     return shares
 
 
-def micro_batches(shares: Sequence[Sequence[Row]], micro_batch_size: int) -> int:
+def plan_micro_batches(rows: Sequence[Row], max_rows: int, max_tokens: int | None) -> list[list[Row]]:
+    """``rows`` in micro-batches: longest first (so rows of like length pad each other), each
+    batch at most ``max_rows`` rows and, padded to its longest row, at most ``max_tokens`` tokens
+    (a row longer than that goes alone). Deterministic: equal lengths keep their order."""
+    order = sorted(range(len(rows)), key=lambda i: (-_length(rows[i]), i))
+    batches: list[list[Row]] = []
+    for i in order:
+        row = rows[i]
+        if batches:
+            batch = batches[-1]
+            width = _length(batch[0])  # the batch's longest: rows come longest first
+            if len(batch) < max_rows and (max_tokens is None or width * (len(batch) + 1) <= max_tokens):
+                batch.append(row)
+                continue
+        batches.append([row])
+    return batches
+
+
+def _length(row: Row) -> int:
+    return len(row.prompt_ids) + len(row.completion_ids)
+
+
+def micro_batches(shares: Sequence[Sequence[Row]], max_rows: int, max_tokens: int | None) -> int:
     """Forward/backward passes every rank runs: the most any rank's share needs."""
-    return max((math.ceil(len(s) / micro_batch_size) for s in shares), default=0)
+    return max((len(plan_micro_batches(s, max_rows, max_tokens)) for s in shares), default=0)
 
 
 @dataclass
 class LossSums:
-    """Sums over trained tokens (a rank's, or the step's once the ranks' are added)."""
+    """Sums over trained tokens (a rank's, or the step's once the ranks' are added); fields named
+    ``*_max`` are maxima."""
 
     loss: float = 0.0
     policy: float = 0.0
@@ -113,42 +135,65 @@ class LossSums:
     clipped: int = 0
     ratio: float = 0.0
     ratio_max: float = 0.0
+    is_weight: float = 0.0
+    is_weight_max: float = 0.0
+    is_capped: int = 0
     probs_diff: float = 0.0
     probs_diff_max: float = 0.0
     probs_diff_tokens: int = 0
+    stale_diff: float = 0.0
+    stale_diff_max: float = 0.0
+    stale_diff_tokens: int = 0
     entropy: float = 0.0
+    padded_tokens: int = 0
+    """Positions the micro-batches computed (rows times their padded width)."""
+    real_tokens: int = 0
+    """Of those, the rows' own prompt and completion tokens."""
 
-    def add(self, terms: Any) -> None:
-        """Adds one micro-batch's :class:`~spotrl_runtime.training.grpo.LossTerms`."""
-        self.loss += float(terms.loss_sum.detach())
-        self.policy += terms.policy_sum
-        self.kl += terms.kl_sum
-        self.clipped += terms.clipped_tokens
-        self.ratio += terms.ratio_sum
-        self.ratio_max = max(self.ratio_max, terms.ratio_max)
-        self.probs_diff += terms.probs_diff_sum
-        self.probs_diff_max = max(self.probs_diff_max, terms.probs_diff_max)
-        self.probs_diff_tokens += terms.probs_diff_tokens
-        self.entropy += terms.entropy_sum
+    def add(self, terms: Any, padded_tokens: int = 0, real_tokens: int = 0) -> None:
+        """Adds one micro-batch's :class:`~spotrl_runtime.training.losses.LossTerms`."""
+        self.merge(
+            LossSums(
+                loss=float(terms.loss_sum.detach()),
+                policy=terms.policy_sum,
+                kl=terms.kl_sum,
+                clipped=terms.clipped_tokens,
+                ratio=terms.ratio_sum,
+                ratio_max=terms.ratio_max,
+                is_weight=terms.is_weight_sum,
+                is_weight_max=terms.is_weight_max,
+                is_capped=terms.is_capped,
+                probs_diff=terms.probs_diff_sum,
+                probs_diff_max=terms.probs_diff_max,
+                probs_diff_tokens=terms.probs_diff_tokens,
+                stale_diff=terms.stale_diff_sum,
+                stale_diff_max=terms.stale_diff_max,
+                stale_diff_tokens=terms.stale_diff_tokens,
+                entropy=terms.entropy_sum,
+                padded_tokens=padded_tokens,
+                real_tokens=real_tokens,
+            )
+        )
+
+    def merge(self, other: LossSums) -> None:
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            setattr(self, f.name, max(mine, theirs) if f.name.endswith("_max") else mine + theirs)
 
     @classmethod
     def total(cls, parts: Sequence[LossSums]) -> LossSums:
         out = cls()
         for p in parts:
-            out.loss += p.loss
-            out.policy += p.policy
-            out.kl += p.kl
-            out.clipped += p.clipped
-            out.ratio += p.ratio
-            out.ratio_max = max(out.ratio_max, p.ratio_max)
-            out.probs_diff += p.probs_diff
-            out.probs_diff_max = max(out.probs_diff_max, p.probs_diff_max)
-            out.probs_diff_tokens += p.probs_diff_tokens
-            out.entropy += p.entropy
+            out.merge(p)
         return out
 
 
 ROLLOUT_GAP_METRICS = ("rollout_probs_diff_mean", "rollout_probs_diff_max", "rollout_probs_diff_tokens")
+STALE_GAP_METRICS = (
+    "rollout_probs_diff_stale_mean",
+    "rollout_probs_diff_stale_max",
+    "rollout_probs_diff_stale_tokens",
+)
 """The step metrics that compare the generator's log-probs with the trainer's (:func:`step_metrics`)."""
 
 
@@ -159,13 +204,20 @@ def step_metrics(step: StepRows, sums: LossSums) -> dict[str, float]:
     TRL's ``sampling_logp_difference`` measure the same thing) compare the generator's
     probability of each trained token with the trainer's, over the rows generated with the
     weights the step started from; they are left out when no such row was trained (every
-    group of the step was generated ahead, with older weights, or had equal rewards)."""
+    group of the step was generated ahead, with older weights, or had equal rewards).
+    ``rollout_probs_diff_stale_*`` are the same over rows generated with older weights.
+    ``is_weight_mean``/``_max`` and ``is_capped_fraction`` describe the importance weight
+    (:func:`~spotrl_runtime.training.losses.importance_weight`) over every trained token;
+    ``padding_share`` is the share of the positions computed that were padding."""
     tokens = step.tokens
     denom = max(tokens, 1)
     gap: dict[str, float] = {}
     if sums.probs_diff_tokens:
         values = (sums.probs_diff / sums.probs_diff_tokens, sums.probs_diff_max, float(sums.probs_diff_tokens))
         gap = dict(zip(ROLLOUT_GAP_METRICS, values, strict=True))
+    if sums.stale_diff_tokens:
+        values = (sums.stale_diff / sums.stale_diff_tokens, sums.stale_diff_max, float(sums.stale_diff_tokens))
+        gap |= dict(zip(STALE_GAP_METRICS, values, strict=True))
     return gap | {
         "reward_mean": sum(step.rewards) / len(step.rewards) if step.rewards else 0.0,
         "groups": float(step.groups),
@@ -179,4 +231,8 @@ def step_metrics(step: StepRows, sums: LossSums) -> dict[str, float]:
         "clip_fraction": sums.clipped / denom,
         "ratio_mean": sums.ratio / denom if tokens else 1.0,
         "ratio_max": sums.ratio_max,
+        "is_weight_mean": sums.is_weight / denom if tokens else 1.0,
+        "is_weight_max": sums.is_weight_max,
+        "is_capped_fraction": sums.is_capped / denom,
+        "padding_share": 1.0 - sums.real_tokens / sums.padded_tokens if sums.padded_tokens else 0.0,
     }

@@ -1,28 +1,33 @@
 """The GRPO trainer: one optimizer step per call, over the finished groups stamped for it.
 
 Read top to bottom: advantages per group, rows of (prompt, completion, generation-time
-log-probs, advantage), micro-batches of ``micro_batch_size`` rollouts whose loss sums are
-scaled by the step's token count, gradient clipping, AdamW. The frozen reference for the KL
-term is the policy as the trainer received it (the initial policy); it is rebuilt from the
-policy spec on restore, so :meth:`Trainer.state_dict` does not carry it.
+log-probs, advantage), micro-batches (at most ``micro_batch_size`` rollouts and
+``micro_batch_tokens`` padded tokens, longest rows first) whose loss sums are scaled by the
+step's token count, gradient clipping, AdamW. Parameters and optimizer state are float32; the
+passes compute in ``compute_dtype`` (:mod:`~spotrl_runtime.training.precision`). The frozen
+reference for the KL term is the policy as the trainer received it (the initial policy); it is
+rebuilt from the policy spec on restore, so :meth:`Trainer.state_dict` does not carry it.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from spotrl_runtime.checkpoint.trainer_state import capture_rng, restore_rng
 from spotrl_runtime.core.redo import StepFingerprint
 from spotrl_runtime.core.types import FinishedGroup
-from spotrl_runtime.training.grpo import completion_logprobs, token_entropy_sum, token_loss_terms
-from spotrl_runtime.training.rows import LossSums, Row, step_metrics, step_rows
+from spotrl_runtime.training import logprobs as lp
+from spotrl_runtime.training import precision
+from spotrl_runtime.training.losses import LossConfig, Tokens, token_loss_terms
+from spotrl_runtime.training.rows import LossSums, Row, plan_micro_batches, step_metrics, step_rows
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -40,16 +45,26 @@ class TrainerConfig:
     clip_epsilon: float = 0.2
     kl_coef: float = 0.0
     micro_batch_size: int = 8
+    micro_batch_tokens: int | None = None
+    """A micro-batch's padded tokens at most (rows times its longest row); None: rows alone decide."""
     temperature: float = 1.0
     """The generation temperature: the trainer's log-probs are taken at the same temperature."""
     seed: int = 0
     warmup_steps: int = 0
     """Linear learning-rate warmup over this many steps. A fresh AdamW's first updates move every
     weight by about the full learning rate whatever its gradient; a warmup keeps them small."""
+    schedule: str = "constant"
+    """After the warmup: ``constant``, or ``cosine`` down to 0 at ``total_steps``."""
+    total_steps: int = 0
     adam_betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
-    is_cap: float | None = None
-    """Truncated importance sampling's cap (``training.importanceSamplingCap``; None: off)."""
+    is_cap: float | None = 2.0
+    """The importance weight's cap (``training.importanceSamplingCap``; None, in tests only: no weight)."""
+    clip_epsilon_high: float | None = None
+    dual_clip: float | None = 3.0
+    compute_dtype: str = "float32"
+    """``policy.dtype``: what the passes compute in (the parameters stay float32)."""
+    activation_checkpointing: str = "auto"
 
     @classmethod
     def from_rljob(cls, spec: Any) -> TrainerConfig:
@@ -62,11 +77,31 @@ class TrainerConfig:
             clip_epsilon=t.clip_epsilon,
             kl_coef=t.kl_coef,
             micro_batch_size=t.micro_batch_size,
+            micro_batch_tokens=t.micro_batch_tokens,
             temperature=spec.generation.temperature,
             seed=t.seed,
-            warmup_steps=getattr(t, "warmup_steps", 0),
+            warmup_steps=t.warmup_steps,
+            schedule=t.lr_schedule,
+            total_steps=t.total_steps,
             is_cap=t.importance_sampling_cap,
+            clip_epsilon_high=t.clip_epsilon_high,
+            dual_clip=t.dual_clip,
+            compute_dtype=spec.policy.dtype,
+            activation_checkpointing=t.activation_checkpointing,
         )
+
+    @property
+    def loss(self) -> LossConfig:
+        return LossConfig(self.clip_epsilon, self.clip_epsilon_high, self.dual_clip, self.is_cap, self.kl_coef)
+
+    def learning_rate_at(self, step: int) -> float:
+        """The learning rate of step ``step`` (0-based): linear warmup, then the schedule."""
+        if step < self.warmup_steps:
+            return self.learning_rate * (step + 1) / self.warmup_steps
+        if self.schedule == "cosine" and self.total_steps > self.warmup_steps:
+            progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+            return self.learning_rate * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.learning_rate
 
 
 class StepInterruptedError(Exception):
@@ -78,15 +113,31 @@ class StepInterruptedError(Exception):
 class Trainer:
     """GRPO on a transformers causal LM. ``step`` counts optimizer steps taken (= weight version)."""
 
-    def __init__(self, model: PreTrainedModel, config: TrainerConfig, *, pad_token_id: int = 0) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        config: TrainerConfig,
+        *,
+        pad_token_id: int = 0,
+        reference: PreTrainedModel | None = None,
+    ) -> None:
+        """``model``'s parameters become float32 masters if they are not. ``reference``: the KL
+        term's frozen policy, when the caller built it (a rank shards its own); by default a copy
+        of ``model`` when ``kl_coef`` is set."""
         torch.manual_seed(config.seed)
-        self.model = model
+        self.compute_dtype = precision.compute_dtype(config.compute_dtype)
+        if any(p.dtype != precision.MASTER_DTYPE for p in model.parameters()):
+            model = cast(Any, model).to(precision.MASTER_DTYPE)
+        self.model = lp.attach(model)
         self.config = config
         self.pad_token_id = pad_token_id
         self.device = next(model.parameters()).device
         self.step = 0
-        self.reference: PreTrainedModel | None = None
-        if config.kl_coef > 0:
+        self.activation_checkpointing = precision.wants_activation_checkpointing(config.activation_checkpointing, model)
+        if self.activation_checkpointing:
+            precision.enable_activation_checkpointing(model)
+        self.reference = reference
+        if reference is None and config.kl_coef > 0:
             self.reference = copy.deepcopy(model).eval()
             self.reference.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
@@ -173,8 +224,7 @@ class Trainer:
         whatever its share of the step's rows. ``interrupted``: asked before each micro-batch
         (:class:`StepInterruptedError`); one process only, since ranks must run the same passes.
         """
-        mb = self.config.micro_batch_size
-        chunks = [rows[start : start + mb] for start in range(0, len(rows), mb)]
+        chunks = plan_micro_batches(rows, self.config.micro_batch_size, self.config.micro_batch_tokens)
         padding = max(0, (micro_batches or 0) - len(chunks))
         sums = LossSums()
         self.model.train()
@@ -182,11 +232,11 @@ class Trainer:
             for i, chunk in enumerate(chunks):
                 if interrupted is not None and interrupted():
                     raise StepInterruptedError(f"step {self.step} interrupted after {i} of {len(chunks)} micro-batches")
-                terms = self._micro_batch(chunk)
+                terms, batch = self._micro_batch(chunk)
                 (terms.loss_sum * (loss_scale / total_tokens)).backward()
-                sums.add(terms)
+                sums.add(terms, batch.padded_tokens, batch.real_tokens)
             for _ in range(padding):
-                terms = self._micro_batch([Row((self.pad_token_id,), (self.pad_token_id,), (0.0,), 0.0)])
+                terms, _ = self._micro_batch([Row((self.pad_token_id,), (self.pad_token_id,), (0.0,), 0.0)])
                 (terms.loss_sum * 0.0).backward()
         finally:
             self.model.eval()
@@ -207,7 +257,7 @@ class Trainer:
         row = Row((self.pad_token_id,) * half, (self.pad_token_id,) * half, (0.0,) * half, 0.0)
         self.model.train()
         try:
-            terms = self._micro_batch([row] * max(1, rows))
+            terms, _ = self._micro_batch([row] * max(1, rows))
             (terms.loss_sum * 0.0).backward()
         finally:
             self.model.eval()
@@ -216,50 +266,33 @@ class Trainer:
         return time.monotonic() - started
 
     def learning_rate_at(self, step: int) -> float:
-        """The learning rate of step ``step`` (0-based): linear warmup, then constant."""
-        if self.config.warmup_steps <= 0:
-            return self.config.learning_rate
-        return self.config.learning_rate * min(1.0, (step + 1) / self.config.warmup_steps)
+        return self.config.learning_rate_at(step)
 
-    def _micro_batch(self, rows: Sequence[Row]) -> Any:
-        """Right-padded batch → per-token log-probs of the completion tokens → loss terms."""
-        width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
-        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        # Targets are shifted by one: position t predicts token t+1.
-        mask = torch.zeros((len(rows), width - 1), dtype=torch.bool)
-        old = torch.zeros((len(rows), width - 1), dtype=torch.float32)
-        for i, r in enumerate(rows):
-            seq = r.prompt_ids + r.completion_ids
-            input_ids[i, : len(seq)] = torch.tensor(seq)
-            attention[i, : len(seq)] = 1
-            first = len(r.prompt_ids) - 1
-            mask[i, first : first + len(r.completion_ids)] = True
-            old[i, first : first + len(r.completion_ids)] = torch.tensor(r.old_logprobs)
-        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
-        mask, old = mask.to(self.device), old.to(self.device)
-        advantages = torch.tensor([r.advantage for r in rows], device=self.device)
-        targets = input_ids[:, 1:]
-
-        logits = self.model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
-        logprobs = completion_logprobs(logits, targets, self.config.temperature)
-        ref_logprobs = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref_logits = self.reference(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
-                ref_logprobs = completion_logprobs(ref_logits, targets, self.config.temperature)
-        terms = token_loss_terms(
-            logprobs,
-            old,
-            advantages,
-            mask,
-            self.config.clip_epsilon,
-            ref_logprobs=ref_logprobs,
-            kl_coef=self.config.kl_coef,
-            same_weights=torch.tensor([r.weight_version == self.step for r in rows]),
-            is_cap=self.config.is_cap,
+    def _micro_batch(self, rows: Sequence[Row]) -> tuple[Any, lp.TokenBatch]:
+        """One forward pass over ``rows`` (right-padded): the loss terms at their completion tokens."""
+        batch = lp.token_batch([(r.prompt_ids, r.completion_ids) for r in rows], self.pad_token_id, self.device)
+        per_row = [len(r.completion_ids) for r in rows]
+        behaviour = torch.tensor([x for r in rows for x in r.old_logprobs], dtype=torch.float32, device=self.device)
+        advantages = torch.tensor([r.advantage for r in rows], dtype=torch.float32).repeat_interleave(
+            torch.tensor(per_row)
         )
-        return replace(terms, entropy_sum=token_entropy_sum(logits, mask, self.config.temperature))
+        fresh = torch.tensor([r.weight_version == self.step for r in rows]).repeat_interleave(torch.tensor(per_row))
+        with precision.autocast(self.device, self.compute_dtype):
+            logprobs, entropy = lp.call(self.model, batch, self.config.temperature)
+            reference = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    reference, _ = lp.call(self.reference, batch, self.config.temperature)
+        tokens = Tokens(
+            logprobs=logprobs,
+            proximal=logprobs.detach(),
+            behaviour=behaviour,
+            advantages=advantages.to(self.device),
+            fresh=fresh.to(self.device),
+            reference=reference,
+        )
+        terms = token_loss_terms(tokens, self.config.loss)
+        return replace(terms, entropy_sum=float(entropy.sum())), batch
 
     def fingerprint(self, metrics: Mapping[str, float]) -> StepFingerprint:
         """The fingerprint of the step just taken (``metrics``: what :meth:`train_step` returned):
@@ -277,8 +310,10 @@ class Trainer:
     # ------------------------------------------------------------------ state
 
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
-        """A CPU copy of the policy weights, for the generation workers (weight sync)."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        """A CPU copy of the policy weights in the compute dtype, for the generation workers
+        (weight sync): what they generate with is what the trainer computes with."""
+        state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        return precision.to_compute_dtype(state, self.compute_dtype)
 
     def snapshot(self, meta: Mapping[str, Any], *, last: bool = False) -> Any:
         """The trainer's part of a cut (call it between steps, under the cut's lock).
@@ -348,7 +383,7 @@ class Trainer:
         return {
             "format": STATE_FORMAT,
             "step": self.step,
-            "model": self.policy_state_dict(),
+            "model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
             "optimizer": self.optimizer.state_dict(),
             "rng": rng,
             "config": asdict(self.config),

@@ -35,6 +35,12 @@ def test_a_short_run_learns(baseline: list[tuple[int, list[int]]], runs: Runs) -
         # Tokens of groups that finished since the step before: none, when every group of this
         # step had finished before the step before ended (lookahead); the run's sum is not 0.
         assert d["generation_tokens_per_second"] >= 0
+        # The off-policy correction and the batching (training/losses.py, training/rows.py).
+        assert 0 < d["is_weight_mean"] <= d["is_weight_max"] <= 2.0
+        assert 0 <= d["is_capped_fraction"] < 1
+        assert 0 <= d["padding_share"] < 1
+        assert 0 <= d["frac_reward_zero_std"] <= 1
+        assert d["reward_errors"] == 0
     assert sum(d["generation_tokens_per_second"] for d in docs) > 0
     # The tiny policy rambles past its answers at first (clipped at 8 tokens) and learns to stop.
     lengths = [d["response_length_mean"] for d in docs]
@@ -93,9 +99,36 @@ def test_metrics_and_a_barrier_over_http(runs: Runs, tmp_path: Path) -> None:
     assert max(d["step"] for d in audit(storage)) == cut_step - 1
 
 
+def test_a_reward_that_raises_scores_the_completion_error_score_and_trains_the_rest(
+    runs: Runs, tmp_path: Path
+) -> None:
+    """reward.onError score (the default): a completion the reward raised on is scored
+    errorScore, the rest of its group trains, nothing is dropped, and each step counts them."""
+    code = tmp_path / "rewards"
+    code.mkdir()
+    (code / "picky_reward.py").write_text(
+        "def score(prompt, completion):\n"
+        "    if prompt.idx % 4 == 1 and completion.strip() != prompt.answer.strip():\n"
+        "        raise ValueError(f'cannot score row {prompt.idx}')\n"
+        "    return 1.0 if completion.strip() == prompt.answer.strip() else 0.0\n"
+    )
+    job = runs.job({"reward": {"importPath": "picky_reward:score", "errorScore": -1.0}, "training.totalSteps": 2})
+    storage = tmp_path / "cuts"
+    proc = runs.start(job, storage, PYTHONPATH=str(code))
+    assert proc.wait(timeout=420) == 0, runs.log_of(proc)
+    records = [json.loads(p.read_text()) for p in sorted((storage / "audit").glob("step-*/attempt-*.json"))]
+    assert [r["step"] for r in records] == [0, 1]
+    assert [d for r in records for d in r["dropped"]] == []
+    assert sum(r["reward_errors"] for r in records) > 0
+    trained = [i for r in records for i in r["idxs"]]
+    assert [i for i in trained if i % 4 == 1], "the groups the reward failed on were trained"
+    assert min(r["reward"] for r in records) < 0.5, "scored -1"
+    assert "the reward failed on" in runs.log_of(proc)
+
+
 def test_a_reward_that_raises_or_hangs_drops_its_groups_with_the_reason(runs: Runs, tmp_path: Path) -> None:
-    """A user's reward that raises on some rows and hangs on others (as math-verify can on a
-    pathological answer): each such group is dropped, its reason in the step's audit record;
+    """reward.onError drop: a user's reward that raises on some rows and hangs on others (as
+    math-verify can on a pathological answer): each such group is dropped, its reason in the step's audit record;
     spares take their places, the run trains to its end, and the reward's process goes with it."""
     code = tmp_path / "rewards"
     code.mkdir()
@@ -110,7 +143,7 @@ def test_a_reward_that_raises_or_hangs_drops_its_groups_with_the_reason(runs: Ru
     )
     job = runs.job(
         {
-            "reward": {"importPath": "flaky_reward:score", "timeoutSeconds": 1},
+            "reward": {"importPath": "flaky_reward:score", "timeoutSeconds": 1, "onError": "drop"},
             "training.totalSteps": 2,
             "preemption.onDroppedPrompt": "replace",
             "preemption.sparePoolBatches": 2,

@@ -79,6 +79,39 @@ def test_two_fsdp_ranks_train_what_one_process_trains(ray_session: Any, kl_coef:
     assert moved > 1e-3, "the steps moved the weights (else parity proves nothing)"
 
 
+def test_two_bf16_fsdp_ranks_train_as_one_bf16_process(ray_session: Any) -> None:
+    """bf16 compute over float32 masters: FSDP2's mixed-precision policy on the ranks, autocast in
+    one process. The two cast different tensors (FSDP every parameter, autocast the matrix
+    products' inputs), so they agree to bf16's resolution, not bit for bit: the log-probs'
+    statistics within 5% (one bf16 process's entropy drifts 2.5% from fp32's in these 5 steps),
+    the loss absolutely (a sum of advantages that nearly cancel), and the weights' difference
+    small against how far the steps moved them."""
+    cfg = config(compute_dtype="bfloat16")
+    single_metrics, single_weights = run_single(cfg)
+    group = TrainerGroup(POLICY, cfg, ranks=2, cpus_per_rank=0.5)
+    try:
+        group.start(timeout=120)
+        group_metrics = [group.train_step(groups) for groups in steps_of_groups()]
+        weights = group.policy_state_dict()
+    finally:
+        group.shutdown()
+    for one, two in zip(single_metrics, group_metrics, strict=True):
+        gaps = [k for k in one if k.startswith("rollout_probs_diff") and k.endswith("_mean")]
+        assert gaps
+        for key in ("entropy", "is_weight_mean", *gaps):
+            assert two[key] == pytest.approx(one[key], rel=5e-2), (key, one, two)
+        assert two["loss"] == pytest.approx(one["loss"], abs=5e-3), (one, two)
+        assert two["tokens"] == one["tokens"]
+    assert {w.dtype for w in weights.values()} == {w.dtype for w in single_weights.values()} == {torch.bfloat16}
+    initial, _ = load_policy(POLICY)
+    moved = diff = 0.0
+    for name, w in initial.state_dict().items():
+        moved += float((single_weights[name].float() - w).norm() ** 2)
+        diff += float((weights[name].float() - single_weights[name].float()).norm() ** 2)
+    assert moved > 0
+    assert diff**0.5 < 0.25 * moved**0.5, (diff**0.5, moved**0.5)
+
+
 def test_a_rank_killed_mid_run_fails_the_step_as_rank_lost(ray_session: Any) -> None:
     import os
     import signal

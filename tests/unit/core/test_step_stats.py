@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from spotrl_runtime.core.step_stats import STEP_STATS, rollout_stats
+from spotrl_runtime.core.step_stats import STEP_STATS, LearningSignal, rollout_stats
 from spotrl_runtime.core.types import FinishedGroup, Prompt, Rollout
 
 
@@ -31,6 +31,20 @@ def test_the_statistics_of_known_rollouts() -> None:
     assert stats["response_length_mean"] == 5.0
     assert stats["response_length_max"] == 8.0
     assert stats["response_clip_ratio"] == 0.25
+    assert stats["frac_reward_zero_std"] == 0.0
+    flat = [*groups, _group("g2", [(0.0, 3, "stop"), (0.0, 1, "stop")])]
+    assert rollout_stats(flat)["frac_reward_zero_std"] == pytest.approx(1 / 3)
+
+
+def test_the_learning_signal_is_lost_after_patience_steps_without_variance_and_found_again() -> None:
+    signal = LearningSignal(patience=3)
+    said = [signal.observe(f) for f in (1.0, 1.0, 0.5, 1.0, 1.0, 1.0, 1.0)]
+    assert said == [False, False, False, False, False, True, False], "said once, when the streak reaches 3"
+    assert signal.lost
+    assert signal.streak == 4
+    signal.observe(0.9)
+    assert not signal.lost
+    assert signal.streak == 0
 
 
 def test_no_rollouts_give_zeros_not_an_error() -> None:

@@ -197,6 +197,25 @@ def test_random_policy_shape_counts_its_parameters(tmp_path: Path) -> None:
     assert RandomPolicyShape().num_parameters() == pytest.approx(100e6, rel=0.05)
 
 
+def test_the_qwen_shapes_count_their_parameters_and_keep_the_100m_key(tmp_path: Path) -> None:
+    """A small Qwen2 (grouped-query attention, q/k/v biases) as built and counted; the published
+    sizes of Qwen2.5-0.5B (494M) and 1.5B (1.54B); random-100m's cache key as before Qwen shapes."""
+    from spotrl_runtime.models.random_policy import RANDOM_0_5B, RANDOM_1_5B, RANDOM_100M
+
+    shape = RandomPolicyShape(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
+        architecture="qwen2",
+    )  # fmt: skip
+    model, tok = load_policy(str(random_policy_dir(shape, cache_dir=tmp_path)))
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert model.config.num_key_value_heads == 2
+    assert sum(p.numel() for p in model.parameters()) == shape.num_parameters()
+    assert len(tok) == 64
+    assert RANDOM_0_5B.num_parameters() == pytest.approx(494e6, rel=0.01)
+    assert RANDOM_1_5B.num_parameters() == pytest.approx(1.54e9, rel=0.01)
+    assert RANDOM_100M.key() == "a9f2cc809294fc01"
+
+
 _RANK_BUILD = """
 import json, os, sys
 from pathlib import Path

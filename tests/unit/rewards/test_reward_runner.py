@@ -103,6 +103,10 @@ def test_a_reward_that_raises_or_returns_no_number_fails_with_its_message(
         RewardFailure(f"reward '{module}:raises' raised ZeroDivisionError: the reward divided by zero"),
     ], "scoring stops at the first failure: the group is dropped"
     assert raises.score(_prompt("1"), ["ok", "ok"]) == [1.0, 1.0], "and goes on with the next group"
+    failure = RewardFailure(f"reward '{module}:raises' raised ZeroDivisionError: the reward divided by zero")
+    assert raises.score(_prompt("1"), ["boom", "ok", "boom"], stop_at_failure=False) == [failure, 1.0, failure], (
+        "with onError score every completion gets its own score or failure"
+    )
     assert nan.score(_prompt("1"), ["x"]) == [0.5]
     (out,) = nan.score(_prompt("1"), ["nan", "x"])
     assert isinstance(out, RewardFailure)

@@ -9,7 +9,15 @@ import pytest
 from training_helpers import make_group
 
 from spotrl_runtime.training.group import TrainerGroup, TrainerGroupError
-from spotrl_runtime.training.rows import LossSums, micro_batches, split_rows, step_metrics, step_rows
+from spotrl_runtime.training.rows import (
+    LossSums,
+    Row,
+    micro_batches,
+    plan_micro_batches,
+    split_rows,
+    step_metrics,
+    step_rows,
+)
 
 
 def groups(n: int, seed: int = 0) -> list:
@@ -45,8 +53,8 @@ def test_more_ranks_than_groups_leaves_some_empty_and_micro_batches_follow_the_l
     plan = step_rows([make_group("a", [0.0, 1.0, 1.0, 0.0]), make_group("b", [1.0, 0.0, 0.0, 0.0])])
     shares = split_rows(plan, 3)
     assert sorted(len(s) for s in shares) == [0, 4, 4]
-    assert micro_batches(shares, 3) == 2
-    assert micro_batches([[], []], 3) == 0
+    assert micro_batches(shares, 3, None) == 2
+    assert micro_batches([[], []], 3, None) == 0
     with pytest.raises(ValueError, match="ranks must be at least 1"):
         split_rows(plan, 0)
 
@@ -83,3 +91,16 @@ def test_ranks_in_the_controller_must_fit_beside_its_generation_workers() -> Non
     gpu = TrainerGroup("m", None, ranks=2, gpus_per_rank=1)  # type: ignore[arg-type]
     with pytest.raises(TrainerGroupError, match=r"GPU 2 \(this Ray has 1\)"):
         gpu._check_fits({"CPU": 8.0, "GPU": 1.0})
+
+
+def test_micro_batches_by_a_token_budget_put_rows_of_like_length_together() -> None:
+    """Longest rows first, each batch within the row cap and, padded to its longest, the token
+    budget; a row longer than the budget goes alone; nothing is lost or repeated."""
+    rows = [Row((1,) * p, (5,) * c, (-1.0,) * c, 1.0) for p, c in [(2, 3), (9, 30), (2, 1), (9, 28), (4, 4), (2, 90)]]
+    batches = plan_micro_batches(rows, 8, 80)
+    assert [[len(r.prompt_ids) + len(r.completion_ids) for r in b] for b in batches] == [[92], [39, 37], [8, 5, 3]]
+    assert sorted(map(id, (r for b in batches for r in b))) == sorted(map(id, rows))
+    widths = [max(len(r.prompt_ids) + len(r.completion_ids) for r in b) for b in batches]
+    assert all(len(b) == 1 or w * len(b) <= 80 for b, w in zip(batches, widths, strict=True))
+    assert [len(b) for b in plan_micro_batches(rows, 2, None)] == [2, 2, 2]
+    assert micro_batches([rows, rows[:2]], 8, 80) == 3

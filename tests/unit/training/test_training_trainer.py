@@ -83,12 +83,15 @@ def test_the_step_moves_probability_from_the_worse_completion_to_the_better() ->
     assert metrics["learning_rate"] == 1e-4
 
 
-def test_ratio_and_clip_metrics_reflect_stale_logprobs() -> None:
-    # Generation-time log-probs far below the policy's: ratios > 1 + eps, clipped for A > 0.
+def test_generator_logprobs_far_below_the_trainers_are_capped_by_the_importance_weight() -> None:
+    """The ratio is taken against the trainer's own (proximal) log-probs, so it is 1 and never
+    clipped; the gap to the generator is the importance weight, capped at every token."""
     group = make_group("g", [1.0, 0.0, 1.0, 0.0], logprob=lambda i: -30.0)
-    metrics = Trainer(small_llama(), TrainerConfig(clip_epsilon=0.2)).train_step([group])
-    assert metrics["ratio_max"] > 1.2
-    assert 0 < metrics["clip_fraction"] < 1
+    metrics = Trainer(small_llama(), TrainerConfig(clip_epsilon=0.2, is_cap=2.0)).train_step([group])
+    assert metrics["ratio_max"] == pytest.approx(1.0)
+    assert metrics["clip_fraction"] == 0.0
+    assert metrics["is_weight_max"] == metrics["is_weight_mean"] == 2.0
+    assert metrics["is_capped_fraction"] == 1.0
 
 
 def test_kl_is_zero_at_the_start_and_grows_as_the_policy_moves(groups: list[FinishedGroup]) -> None:
@@ -170,6 +173,46 @@ def test_warmup_ramps_the_learning_rate() -> None:
     assert [trainer.learning_rate_at(s) for s in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
 
 
+def test_a_cosine_schedule_after_the_warmup_ends_at_zero_on_the_last_step() -> None:
+    config = TrainerConfig(learning_rate=1e-3, warmup_steps=2, schedule="cosine", total_steps=6)
+    rates = [config.learning_rate_at(s) for s in range(7)]
+    assert rates == pytest.approx(
+        [5e-4, 1e-3, 1e-3, 0.5 * (1 + math.cos(math.pi / 4)) * 1e-3, 5e-4, 1.464e-4, 0.0], abs=1e-6
+    )
+
+
+def test_the_spec_reaches_the_schedule_and_the_precision() -> None:
+    from spotrl_runtime.api.rljob import parse_spec
+
+    spec = parse_spec(
+        {
+            "policy": {"model": "builtin:tiny-arith", "dtype": "bfloat16"},
+            "dataset": {"uri": "builtin:arithmetic"},
+            "reward": {"name": "arithmetic_exact"},
+            "training": {
+                "totalSteps": 50,
+                "warmupSteps": 5,
+                "lrSchedule": "cosine",
+                "microBatchTokens": 4096,
+                "activationCheckpointing": "on",
+                "clipEpsilonHigh": 0.28,
+                "dualClip": 4.0,
+                "importanceSamplingCap": 3.0,
+            },
+        }
+    )
+    config = TrainerConfig.from_rljob(spec)
+    assert (config.warmup_steps, config.schedule, config.total_steps) == (5, "cosine", 50)
+    assert (config.compute_dtype, config.activation_checkpointing, config.micro_batch_tokens) == (
+        "bfloat16",
+        "on",
+        4096,
+    )
+    assert (config.loss.clip_epsilon_high, config.loss.dual_clip, config.loss.is_cap) == (0.28, 4.0, 3.0)
+    assert config.learning_rate_at(4) == config.learning_rate
+    assert config.learning_rate_at(30) < config.learning_rate
+
+
 def test_config_from_the_rljob_spec() -> None:
     from spotrl_runtime.api.rljob import parse_spec
 
@@ -186,7 +229,8 @@ def test_config_from_the_rljob_spec() -> None:
     assert (config.learning_rate, config.micro_batch_size, config.kl_coef, config.seed) == (3e-4, 4, 0.05, 9)
     assert config.temperature == 0.9
     assert config.clip_epsilon == 0.2
-    assert TrainerConfig.from_rljob(SimpleNamespace(training=spec.training, generation=spec.generation)) == config
+    namespace = SimpleNamespace(training=spec.training, generation=spec.generation, policy=spec.policy)
+    assert TrainerConfig.from_rljob(namespace) == config
 
 
 def _with_dropout() -> torch.nn.Module:
@@ -271,14 +315,14 @@ def _as_generated(model: torch.nn.Module, group: FinishedGroup, version: int, sh
     plus ``shift``), stamped with weight version ``version``."""
     from dataclasses import replace
 
-    from spotrl_runtime.training.grpo import completion_logprobs
+    from spotrl_runtime.training.logprobs import full_softmax_logprobs, token_batch
 
     rollouts = []
     for r in group.rollouts:
-        ids = torch.tensor([r.prompt_token_ids + r.completion_token_ids])
         with torch.no_grad():
-            logits = model(input_ids=ids).logits[:, :-1]
-        lp = completion_logprobs(logits, ids[:, 1:], 1.0)[0, len(r.prompt_token_ids) - 1 :]
+            lp = full_softmax_logprobs(
+                model, token_batch([(r.prompt_token_ids, r.completion_token_ids)], 0, "cpu"), 1.0
+            )
         rollouts.append(replace(r, logprobs=tuple(float(x) + shift for x in lp), weight_version=version))
     return replace(group, rollouts=tuple(rollouts))
 
@@ -304,30 +348,45 @@ def test_the_rollout_probs_diff_measures_the_generator_against_the_trainer() -> 
     assert "rollout_probs_diff_max" not in metrics
 
 
-def test_truncated_importance_sampling_is_wired_from_the_config() -> None:
-    """Own rows whose generator log-probs are off by -0.7: the clip fires on them without the
-    correction (ρ = e^0.7), and never with it (the trainer's log-probs are the old policy)."""
+def test_a_wrong_behaviour_logprob_changes_the_loss_through_the_importance_weight() -> None:
+    """Rows whose generator log-probs are 0.7 below the trainer's weigh min(e^0.7, 2) = 2 each,
+    fresh or one version stale; with the weight left out they would train as if they were right."""
     model = small_llama()
-    off = [_as_generated(model, make_group(f"g{i}", [1.0, 0.0, 0.5]), version=0, shift=-0.7) for i in range(3)]
-    plain = Trainer(copy.deepcopy(model), TrainerConfig()).train_step(off)
-    capped = Trainer(copy.deepcopy(model), TrainerConfig(is_cap=2.0)).train_step(off)
-    assert plain["clip_fraction"] > 0.3
-    assert capped["clip_fraction"] == 0.0
-    assert capped["rollout_probs_diff_max"] == pytest.approx(plain["rollout_probs_diff_max"])
+    raw = [make_group(f"g{i}", [1.0, 0.0, 0.5]) for i in range(3)]
+    right = Trainer(copy.deepcopy(model), TrainerConfig(is_cap=2.0)).train_step(
+        [_as_generated(model, g, 0) for g in raw]
+    )
+    for version in (0, -1):  # -1: generated one version before the step's weights (lookahead 1)
+        off = [_as_generated(model, g, version=version, shift=-0.7) for g in raw]
+        capped = Trainer(copy.deepcopy(model), TrainerConfig(is_cap=2.0)).train_step(off)
+        unweighted = Trainer(copy.deepcopy(model), TrainerConfig(is_cap=None)).train_step(off)
+        assert capped["policy_loss"] == pytest.approx(2.0 * right["policy_loss"], rel=1e-5)
+        assert unweighted["policy_loss"] == pytest.approx(right["policy_loss"], rel=1e-5)
+        assert capped["is_capped_fraction"] == 1.0
+        assert capped["clip_fraction"] == 0.0
+    assert "rollout_probs_diff_stale_max" in capped
+    assert "rollout_probs_diff_max" not in capped
 
 
-def test_the_entropy_of_a_uniform_and_of_a_certain_policy() -> None:
-    """token_entropy_sum: log V nats a position for uniform logits, ~0 for one-hot ones, only
-    where the mask is set, the same in chunks as at once."""
-    from spotrl_runtime.training.grpo import token_entropy_sum
+def test_the_entropy_of_a_uniform_policy_and_of_the_chunked_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """log V nats a position where the head gives every token the same logit; otherwise the
+    chunked path's entropies equal the full softmax's, at any chunk size."""
+    from training_helpers import VOCAB
 
-    vocab = 50
-    uniform = torch.zeros((2, 3, vocab))
-    mask = torch.tensor([[True, True, False], [False, True, True]])
-    assert token_entropy_sum(uniform, mask, 1.0) == pytest.approx(4 * math.log(vocab))
-    certain = torch.full((2, 3, vocab), -1e4)
-    certain[..., 7] = 1e4
-    assert token_entropy_sum(certain, mask, 1.0) == pytest.approx(0.0, abs=1e-6)
-    logits = torch.randn((2, 3, vocab))
-    assert token_entropy_sum(logits, mask, 0.7, chunk=1) == pytest.approx(token_entropy_sum(logits, mask, 0.7))
-    assert token_entropy_sum(logits, mask, 0.7) != pytest.approx(token_entropy_sum(logits, mask, 1.0))
+    from spotrl_runtime.training import logprobs as lp
+
+    groups = [make_group("a", [1.0, 0.0, 0.5])]
+    model = small_llama()
+    batch = lp.token_batch([(r.prompt_token_ids, r.completion_token_ids) for r in groups[0].rollouts], 0, "cpu")
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention).logits[batch.rows, batch.positions]
+        logp = torch.log_softmax(logits / 0.7, -1)
+        expected = -(logp.exp() * logp).sum(-1)
+        _, whole = lp.token_logprobs(model, batch, 0.7)
+        monkeypatch.setattr(lp, "LOGITS_CHUNK_ELEMENTS", VOCAB * 2)  # two positions a chunk
+        _, chunked = lp.token_logprobs(model, batch, 0.7)
+        assert torch.allclose(whole, expected, atol=1e-6)
+        assert torch.allclose(chunked, expected, atol=1e-6)
+        model.lm_head.weight.zero_()  # tied: the embeddings too; every logit is 0
+        _, uniform = lp.token_logprobs(model, batch, 1.0)
+    assert uniform.tolist() == pytest.approx([math.log(VOCAB)] * batch.targets.numel())

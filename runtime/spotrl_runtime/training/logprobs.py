@@ -1,0 +1,135 @@
+"""The policy's log-probabilities of the tokens a step trains on, and nothing more.
+
+A micro-batch is right-padded rows of prompt + completion. Only completion tokens are trained,
+so the language-model head runs only where they are predicted: the decoder's hidden states are
+gathered at those positions first (``[tokens, hidden]``), then the head and an fp32 log-softmax
+run over them a chunk at a time (:data:`LOGITS_CHUNK_ELEMENTS`). ``[rows, seq, vocab]`` logits
+are never built, in any dtype: with Qwen's 151,936-entry vocabulary a micro-batch of 8 rows of
+512 tokens would be 2.5 GB of fp32 logits for the log-softmax alone, most of them at prompt and
+padding positions. In a backward pass each chunk's logits are recomputed from its hidden states
+(a checkpoint around the head), so what a step keeps is ``[tokens, hidden]``, not
+``[tokens, vocab]``.
+
+Models whose causal-LM head does more than ``lm_head(hidden)`` (a logit scale or soft-capping)
+are not supported by this path; Llama, Qwen2/2.5/3, Mistral and their kin are plain heads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+LOGITS_CHUNK_ELEMENTS = 2**26
+"""Logit entries one chunk of the head computes at once: 256 MB in fp32, ~440 positions of a
+151,936-entry vocabulary."""
+
+METHOD = "spotrl_token_logprobs"
+"""The name under which :func:`attach` puts :func:`token_logprobs` on a model, so that FSDP2 runs
+its hooks around it as around ``forward`` (the root unit holds the embeddings and the head)."""
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """A micro-batch on the device: the padded rows, and where each trained token is."""
+
+    input_ids: torch.Tensor
+    """[rows, width] right-padded prompt + completion ids."""
+    attention: torch.Tensor
+    """[rows, width] 1 on real tokens."""
+    rows: torch.Tensor
+    """[tokens] the row of each trained (completion) token."""
+    positions: torch.Tensor
+    """[tokens] the position whose hidden state predicts it (its own position minus one)."""
+    targets: torch.Tensor
+    """[tokens] the token ids."""
+
+    @property
+    def padded_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    @property
+    def real_tokens(self) -> int:
+        return int(self.attention.sum())
+
+
+def token_batch(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, device: Any) -> TokenBatch:
+    """(prompt ids, completion ids) pairs as a :class:`TokenBatch` on ``device``."""
+    width = max(len(p) + len(c) for p, c in sequences)
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(sequences), width), dtype=torch.long)
+    rows: list[int] = []
+    positions: list[int] = []
+    for i, (prompt, completion) in enumerate(sequences):
+        seq = list(prompt) + list(completion)
+        input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention[i, : len(seq)] = 1
+        first = len(prompt) - 1  # position t predicts token t + 1
+        rows += [i] * len(completion)
+        positions += range(first, first + len(completion))
+    rows_t = torch.tensor(rows, dtype=torch.long)
+    positions_t = torch.tensor(positions, dtype=torch.long)
+    targets = input_ids[rows_t, positions_t + 1]
+    return TokenBatch(
+        input_ids.to(device), attention.to(device), rows_t.to(device), positions_t.to(device), targets.to(device)
+    )
+
+
+def token_logprobs(model: Any, batch: TokenBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs [tokens] in fp32, entropies [tokens] in nats, no gradient) of ``batch``'s trained
+    tokens under ``log_softmax(logits / temperature)``. Differentiable in the log-probs when
+    gradients are enabled. Call it through :func:`call` (FSDP2 needs its hooks around it)."""
+    decoder = model.get_decoder()
+    hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention, use_cache=False).last_hidden_state
+    picked = hidden[batch.rows, batch.positions]
+    head = model.get_output_embeddings()
+    chunk = max(1, LOGITS_CHUNK_ELEMENTS // head.weight.shape[0])
+    keep_graph = torch.is_grad_enabled() and picked.requires_grad
+    logps, entropies = [], []
+    for start in range(0, picked.shape[0], chunk):
+        args = (head, picked[start : start + chunk], batch.targets[start : start + chunk], temperature)
+        if keep_graph:
+            logp, entropy = checkpoint(_head_logprobs, *args, use_reentrant=False)
+        else:
+            logp, entropy = _head_logprobs(*args)
+        logps.append(logp)
+        entropies.append(entropy)
+    if not logps:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty + hidden.sum() * 0.0, empty
+    return torch.cat(logps), torch.cat(entropies)
+
+
+def _head_logprobs(
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logp = torch.log_softmax(head(hidden).float() / temperature, dim=-1)
+    with torch.no_grad():
+        entropy = -(logp.exp() * logp).sum(-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
+
+
+def attach(model: Any) -> Any:
+    """Puts :func:`token_logprobs` on ``model`` as a method (:data:`METHOD`); returns the model.
+    FSDP2 then registers it as a forward method (:func:`spotrl_runtime.training.fsdp.shard_policy`)."""
+    import types
+
+    if not hasattr(model, METHOD):
+        setattr(model, METHOD, types.MethodType(token_logprobs, model))
+    return model
+
+
+def call(model: Any, batch: TokenBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_logprobs` through the model's own method (attached on first use)."""
+    return getattr(attach(model), METHOD)(batch, temperature)
+
+
+def full_softmax_logprobs(model: Any, batch: TokenBatch, temperature: float) -> torch.Tensor:
+    """The same log-probs the plain way: the model's whole ``[rows, seq, vocab]`` logits, one fp32
+    log-softmax. Only for tests and benchmarks: it is what the chunked path must equal."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention).logits
+    logp = torch.log_softmax(logits[batch.rows, batch.positions].float() / temperature, dim=-1)
+    return logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)

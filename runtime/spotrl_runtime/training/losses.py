@@ -1,0 +1,158 @@
+"""The per-token losses of a step, one small function per term. Pure tensor arithmetic, no I/O.
+
+Every tensor here is flat over the micro-batch's trained tokens (``[tokens]``): the log-probs
+of :mod:`~spotrl_runtime.training.logprobs` are already gathered at completion positions, so
+there is no mask and no padding to guard. Three policies meet in a step (decoupled PPO's names):
+
+- the *behaviour* policy generated the rows: the generator's log-probs, from weights that may be
+  a version behind (``generation.lookahead``) and from vLLM's numerics;
+- the *proximal* policy is the trainer's own at the start of the step (the detached log-probs of
+  its first forward);
+- the policy being trained, whose log-probs carry the gradient.
+
+The policy-gradient term is PPO's clipped ratio against the proximal policy (with one optimizer
+update per batch the ratio is 1 and the clip never fires), weighted per token by the truncated
+importance weight ``min(p_proximal / p_behaviour, cap)`` (detached): the correction for stale
+weights and for the generator's numerics, applied to every row, stale or not.
+
+A new term is a function of these tensors and one line in :func:`token_loss_terms`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The loss's knobs (``spec.training``)."""
+
+    clip_epsilon: float = 0.2
+    clip_epsilon_high: float | None = None
+    """Clip-higher (DAPO): the ratio's upper bound is ``1 + clip_epsilon_high``; None: ``clip_epsilon``."""
+    dual_clip: float | None = 3.0
+    """Dual-clip: a negative-advantage token's loss is at most ``dual_clip * |A|`` (None: off)."""
+    is_cap: float | None = 2.0
+    """The importance weight's cap; None leaves the weight out (every token weighs 1)."""
+    kl_coef: float = 0.0
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """One micro-batch's trained tokens, flat."""
+
+    logprobs: torch.Tensor
+    """The trainer's, with gradient."""
+    proximal: torch.Tensor
+    """The trainer's at the start of the step, detached."""
+    behaviour: torch.Tensor
+    """The generator's."""
+    advantages: torch.Tensor
+    fresh: torch.Tensor
+    """bool: generated with the very weights the step starts from (not ahead, with older ones)."""
+    reference: torch.Tensor | None = None
+    """The frozen reference policy's, for the KL term."""
+
+
+@dataclass(frozen=True)
+class LossTerms:
+    """Sums over one micro-batch's trained tokens (divide by the step's token count)."""
+
+    loss_sum: torch.Tensor
+    """Differentiable: the weighted policy-gradient term plus ``kl_coef`` times the KL term."""
+    policy_sum: float
+    kl_sum: float
+    clipped_tokens: int
+    tokens: int
+    ratio_sum: float
+    ratio_max: float
+    is_weight_sum: float = 0.0
+    is_weight_max: float = 0.0
+    is_capped: int = 0
+    probs_diff_sum: float = 0.0
+    """Over fresh tokens: ``|p_trainer - p_generator|``, the generator's mismatch with the trainer
+    (veRL's ``rollout_probs_diff``), which a weight sync that did not arrive turns large."""
+    probs_diff_max: float = 0.0
+    probs_diff_tokens: int = 0
+    stale_diff_sum: float = 0.0
+    """The same over stale tokens: the gap one version of staleness makes, plus the numerics."""
+    stale_diff_max: float = 0.0
+    stale_diff_tokens: int = 0
+    entropy_sum: float = 0.0
+    """The policy's entropy at each trained position, summed (nats; no gradient)."""
+
+
+def importance_weight(proximal: torch.Tensor, behaviour: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """``min(exp(proximal - behaviour), cap)``, detached; ones when ``cap`` is None."""
+    if cap is None:
+        return torch.ones_like(proximal)
+    return (proximal.detach() - behaviour).exp().clamp(max=cap)
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    proximal: torch.Tensor,
+    advantages: torch.Tensor,
+    config: LossConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's per-token loss ``max(-ρA, -clip(ρ, 1-ε, 1+ε_high)A)`` with ``ρ = exp(logp - proximal)``,
+    and dual-clip's bound ``-c·A`` for ``A < 0``. Returns (loss, ρ, whether the clip fired)."""
+    ratio = (logprobs - proximal).exp()
+    high = config.clip_epsilon if config.clip_epsilon_high is None else config.clip_epsilon_high
+    unclipped = -ratio * advantages
+    clipped = -ratio.clamp(1 - config.clip_epsilon, 1 + high) * advantages
+    loss = torch.maximum(unclipped, clipped)
+    if config.dual_clip is not None:
+        bound = -config.dual_clip * advantages
+        loss = torch.where(advantages < 0, torch.minimum(loss, bound), loss)
+    return loss, ratio, clipped > unclipped
+
+
+def k3_kl(logprobs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(policy ‖ reference) per token: ``e^d - d - 1``, ``d = ref - logp``."""
+    delta = reference - logprobs
+    return delta.exp() - delta - 1
+
+
+def probability_gap(logprobs: torch.Tensor, behaviour: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """``|p_trainer - p_generator|`` at the tokens ``where`` selects (no gradient)."""
+    return (logprobs.detach().exp() - behaviour.exp()).abs()[where]
+
+
+def token_loss_terms(tokens: Tokens, config: LossConfig) -> LossTerms:
+    """The micro-batch's loss sum and its metrics' sums."""
+    weight = importance_weight(tokens.proximal, tokens.behaviour, config.is_cap)
+    policy, ratio, clipped = clipped_policy_loss(tokens.logprobs, tokens.proximal, tokens.advantages, config)
+    policy = policy * weight
+    loss = policy.sum()
+    kl_sum = 0.0
+    if tokens.reference is not None and config.kl_coef > 0:
+        kl = k3_kl(tokens.logprobs, tokens.reference)
+        loss = loss + config.kl_coef * kl.sum()
+        kl_sum = float(kl.detach().sum())
+    fresh = probability_gap(tokens.proximal, tokens.behaviour, tokens.fresh)
+    stale = probability_gap(tokens.proximal, tokens.behaviour, ~tokens.fresh)
+    return LossTerms(
+        loss_sum=loss,
+        policy_sum=float(policy.detach().sum()),
+        kl_sum=kl_sum,
+        clipped_tokens=int(clipped.sum()),
+        tokens=int(tokens.logprobs.numel()),
+        ratio_sum=float(ratio.detach().sum()),
+        ratio_max=_max(ratio.detach()),
+        is_weight_sum=float(weight.sum()),
+        is_weight_max=_max(weight),
+        is_capped=int((weight >= config.is_cap).sum()) if config.is_cap is not None else 0,
+        probs_diff_sum=float(fresh.sum()),
+        probs_diff_max=_max(fresh),
+        probs_diff_tokens=int(fresh.numel()),
+        stale_diff_sum=float(stale.sum()),
+        stale_diff_max=_max(stale),
+        stale_diff_tokens=int(stale.numel()),
+    )
+
+
+def _max(values: torch.Tensor) -> float:
+    return float(values.max()) if values.numel() else 0.0
