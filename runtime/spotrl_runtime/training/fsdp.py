@@ -61,6 +61,41 @@ def shard_policy(model: Any, compute_dtype: Any, mesh: Any = None) -> Any:
     return model
 
 
+def build_sharded(policy: Any, device: str, compute_dtype: Any, rank: int) -> Any:
+    """The policy as this rank's float32 shards on ``device``, without any rank holding the
+    whole model on its device, and only rank 0 holding it at all (in host memory): the model is
+    built on the meta device (no memory), sharded (:func:`shard_policy`), given empty shards on
+    ``device``, and filled from rank 0's copy of the weights, which it reads on the CPU and
+    broadcasts. An 8B policy in float32 is 32 GB: eight ranks of a node each loading it would
+    need 256 GB of host memory, and each GPU would hold it whole before sharding. Buffers that
+    are not in the weights (rotary frequencies) are broadcast from rank 0 too. Every rank of
+    the group must call it (it broadcasts)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from spotrl_runtime.models import load_policy, resolve_model_dir
+
+    where = resolve_model_dir(policy if isinstance(policy, str) else policy.model)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(where), dtype=torch.float32)
+    shard_policy(model, compute_dtype)
+    model.to_empty(device=device)
+    full: dict[str, Any] = {}
+    buffers: dict[str, Any] = {}
+    if rank == 0:
+        whole, _ = load_policy(policy, "cpu", dtype="float32")
+        full, buffers = whole.state_dict(), dict(whole.named_buffers())
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if rank == 0:
+                buffer.copy_(buffers[name])
+            dist.broadcast(buffer, src=0)
+    return model.eval()
+
+
 class TrainerRank:
     """One rank of the trainer group (a Ray actor); see the module docstring."""
 
@@ -96,7 +131,7 @@ class TrainerRank:
         import torch
         import torch.distributed as dist
 
-        from spotrl_runtime.models import load_policy, resolve_model_dir
+        from spotrl_runtime.models import resolve_model_dir
         from spotrl_runtime.training import precision
         from spotrl_runtime.training.trainer import Trainer
 
@@ -112,13 +147,10 @@ class TrainerRank:
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world, timeout=COLLECTIVE_TIMEOUT)
         self._ckpt_group = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
         dtype = precision.compute_dtype(config.compute_dtype)
-        model, _ = load_policy(policy, self.device, dtype="float32")
-        shard_policy(model, dtype)
+        model = build_sharded(policy, self.device, dtype, self.rank)
         reference = None
         if config.kl_coef > 0:  # sharded the same way (Trainer's own deep copy is for one process)
-            reference, _ = load_policy(policy, self.device, dtype="float32")
-            reference.requires_grad_(False)
-            reference = shard_policy(reference, dtype).eval()
+            reference = build_sharded(policy, self.device, dtype, self.rank).requires_grad_(False)
         self.trainer = Trainer(model, config, pad_token_id=pad_token_id, reference=reference)
         return os.getpid()
 

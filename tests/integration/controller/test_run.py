@@ -99,9 +99,7 @@ def test_metrics_and_a_barrier_over_http(runs: Runs, tmp_path: Path) -> None:
     assert max(d["step"] for d in audit(storage)) == cut_step - 1
 
 
-def test_a_reward_that_raises_scores_the_completion_error_score_and_trains_the_rest(
-    runs: Runs, tmp_path: Path
-) -> None:
+def test_a_reward_that_raises_scores_the_completion_error_score_and_trains_the_rest(runs: Runs, tmp_path: Path) -> None:
     """reward.onError score (the default): a completion the reward raised on is scored
     errorScore, the rest of its group trains, nothing is dropped, and each step counts them."""
     code = tmp_path / "rewards"

@@ -144,3 +144,34 @@ def test_float16_is_refused_by_the_trainer_and_by_the_spec() -> None:
     }
     with pytest.raises(SpecError, match=r"policy\.dtype.*float16 is not trained"):
         parse_rljob(doc)
+
+
+def test_a_cut_of_a_bf16_trainer_without_masters_resumes_exactly_into_float32_masters(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What a bf16 job cut before the trainer kept masters: bf16 weights and AdamW state over
+    them. Every bf16 value is a float32 value, so they load exactly, with a warning that says so;
+    the run goes on with float32 masters."""
+    import logging
+
+    from spotrl_runtime.checkpoint.resume import load_trainer
+    from spotrl_runtime.checkpoint.trainer_state import snapshot_trainer
+
+    old = small_llama().to(torch.bfloat16)
+    optimizer = torch.optim.AdamW(old.parameters(), lr=1e-3)
+    old(torch.tensor([[1, 4, 5, 6]])).logits.float().sum().backward()
+    optimizer.step()
+    snap = snapshot_trainer(old.state_dict(), optimizer.state_dict(), step=3)
+    trainer = Trainer(small_llama(seed=1), TrainerConfig(compute_dtype="bfloat16"))
+    with caplog.at_level(logging.WARNING, logger="spotrl.resume"):
+        load_trainer(trainer, snap, "0000000003", "file:///x")
+    assert "holds bfloat16 weights" in caplog.text
+    assert trainer.step == 3
+    for name, param in trainer.model.named_parameters():
+        assert param.dtype == torch.float32
+        assert torch.equal(param.detach(), old.state_dict()[name].float()), name
+    moments = [s["exp_avg"] for s in trainer.optimizer.state.values()]
+    assert moments and {m.dtype for m in moments} == {torch.float32}
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train_step([make_group("g", [1.0, 0.0, 0.5])])
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
