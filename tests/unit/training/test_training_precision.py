@@ -171,7 +171,8 @@ def test_a_cut_of_a_bf16_trainer_without_masters_resumes_exactly_into_float32_ma
         assert param.dtype == torch.float32
         assert torch.equal(param.detach(), old.state_dict()[name].float()), name
     moments = [s["exp_avg"] for s in trainer.optimizer.state.values()]
-    assert moments and {m.dtype for m in moments} == {torch.float32}
+    assert moments
+    assert {m.dtype for m in moments} == {torch.float32}
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train_step([make_group("g", [1.0, 0.0, 0.5])])
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
