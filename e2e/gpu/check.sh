@@ -4,7 +4,11 @@
 #      GRPO steps and weight sync on a ~100M model built in code; the vLLM rows run only
 #      where vllm is importable;
 #   2. the real controller on the GPU (`spotrl run` through examples/demo.py): the tiny job
-#      and the ~100M job, each SIGTERMed part-way (barrier cut), resumed and finished.
+#      and the ~100M job, each SIGTERMed part-way (barrier cut), resumed and finished;
+#   3. bench/bench_numerics.py: one GRPO step of random policies in Qwen2.5-0.5B's and 1.5B's
+#      shapes (8 rows of 128 + up to 384 tokens, micro-batches of 8 rows / 4096 tokens): bf16
+#      compute over float32 masters against the step as it was (bf16 weights, whole-vocabulary
+#      logits): peak GPU memory and step time.
 # Prepare here with e2e/gpu/prepare.sh (wheels the machine lacks, in .gpu/); run there with
 #   bash e2e/gpu/check.sh            (writes results under $OUT, or ./.out/gpu)
 set -uo pipefail
@@ -35,5 +39,11 @@ for job in examples/tiny-cpu.yaml e2e/gpu/random-100m.yaml; do
   cp "/tmp/demo-$name/second.json" "$out/demo-$name-second.json" 2>/dev/null
 done
 cp /tmp/demo-tiny-cpu/reward.png "$out/" 2>/dev/null
+
+t0=$SECONDS
+timeout 300 python3 bench/bench_numerics.py --only step --device cuda --policies 0.5b,1.5b \
+  --variants "before bf16,after bf16,after fp32" --out "$out/numerics.json" >"$out/numerics.log" 2>&1
+echo "bench_numerics rc=$? in $((SECONDS - t0)) s" | tee -a "$out/env.txt"
+cat "$out/numerics.log"
 tail -n 25 "$out"/demo-*.log
 exit 0

@@ -73,3 +73,28 @@ def test_no_two_test_modules_share_a_basename() -> None:
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
         seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
     assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+def _imported(package: str) -> dict[str, set[str]]:
+    """For each module of ``spotrl_runtime.<package>``: the spotrl_runtime packages it imports
+    (at the top or inside a function)."""
+    import ast
+
+    out: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "runtime" / "spotrl_runtime" / package).glob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+        out[path.name] = {n.split(".")[1] for n in names if n.startswith("spotrl_runtime.") and n.count(".") >= 1}
+    return out
+
+
+def test_the_checkpoint_package_does_not_import_the_training_package() -> None:
+    """training/ lends its tensors to checkpoint/ (cuts, restore, redo), never the other way
+    round, so the two never import each other in a circle."""
+    offenders = {name: deps for name, deps in _imported("checkpoint").items() if "training" in deps}
+    assert offenders == {}
+    assert any("checkpoint" in deps for deps in _imported("training").values()), "the check sees imports at all"

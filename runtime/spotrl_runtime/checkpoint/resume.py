@@ -27,7 +27,7 @@ from spotrl_runtime.checkpoint.sharded import ShardedCut, ShardError
 from spotrl_runtime.checkpoint.trainer_state import TrainerSnapshot, restore_rng
 from spotrl_runtime.core.identity import JobIdentity
 from spotrl_runtime.core.owners import Owners, PromptSource, RecoveryConfig
-from spotrl_runtime.core.types import Prompt
+from spotrl_runtime.core.types import Prompt, RankLostError
 from spotrl_runtime.core.validation import (
     BYTE_LEVEL_CHECKS,
     CutCheckError,
@@ -272,8 +272,6 @@ def redo(trainer: Any, restored: RestoredRun, uri: str = "", stop: Callable[[], 
 
 
 def _load_sharded(trainer: Any, cut: ShardedCut, cut_id: str, uri: str) -> None:
-    from spotrl_runtime.training.group import RankLostError
-
     try:
         trainer.load_sharded(cut)
         trainer.step = int(cut.meta["trainer_step"])

@@ -50,3 +50,8 @@ class FinishedGroup:
     prompt: Prompt
     target_step: int
     rollouts: tuple[Rollout, ...] = field(default_factory=tuple)
+
+
+class RankLostError(RuntimeError):
+    """A trainer rank died: the group's state is gone with it (restore from the last cut). Raised
+    by the trainer group; a restore passes it on unchanged (it is not the cut's fault)."""

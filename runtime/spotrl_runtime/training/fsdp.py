@@ -157,33 +157,18 @@ class TrainerRank:
     # ------------------------------------------------------------------ the step
 
     def train(self, rows: Sequence[Any], total_tokens: int, micro_batches: int, step: int) -> tuple[Any, float, float]:
-        """This rank's share of one optimizer step: (its loss sums, grad norm, learning rate).
+        """This rank's share of one optimizer step: (its loss sums, grad norm, learning rate), by
+        the single process's own :meth:`~spotrl_runtime.training.trainer.Trainer.optimizer_step`.
 
         Every rank runs ``micro_batches`` passes and the clipping and the optimizer step, so their
         collectives line up. FSDP averages gradients over the ranks; the loss is scaled by the
         world size, so the ranks' gradients add up to the step's token mean, as in one process.
         """
-        import torch
-
-        trainer = self.trainer
         with self._lock:
-            trainer.step = step
-            trainer.optimizer.zero_grad(set_to_none=True)
-            sums = trainer.accumulate(
-                list(rows), max(total_tokens, 1), micro_batches=micro_batches, loss_scale=self.world
+            self.trainer.step = step
+            return self.trainer.optimizer_step(
+                list(rows), total_tokens, micro_batches=micro_batches, loss_scale=self.world
             )
-            lr = trainer.learning_rate_at(step)
-            for group in trainer.optimizer.param_groups:
-                group["lr"] = lr
-            grad_norm = 0.0
-            if total_tokens:
-                params = [p for p in trainer.model.parameters() if p.requires_grad]
-                norm = torch.nn.utils.clip_grad_norm_(params, trainer.config.max_grad_norm)
-                grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-                trainer.optimizer.step()
-            trainer.optimizer.zero_grad(set_to_none=True)
-            trainer.step = step + 1
-            return sums, grad_norm, lr
 
     def full_state(self) -> dict[str, Any] | None:
         """The whole policy on rank 0's CPU in the compute dtype (every rank must call it: it

@@ -28,15 +28,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from spotrl_runtime.core.redo import StepFingerprint
-from spotrl_runtime.core.types import FinishedGroup
+from spotrl_runtime.core.types import FinishedGroup, RankLostError
 from spotrl_runtime.training.rows import LossSums, micro_batches, split_rows, step_metrics, step_rows
 from spotrl_runtime.training.trainer import TrainerConfig
 
 log = logging.getLogger("spotrl.trainer")
-
-
-class RankLostError(RuntimeError):
-    """A trainer rank died: the group's state is gone with it (restore from the last cut)."""
 
 
 class TrainerGroupError(RuntimeError):

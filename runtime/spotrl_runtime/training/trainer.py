@@ -172,10 +172,32 @@ class Trainer:
         (a barrier then waits one micro-batch, not a whole step).
         """
         started = time.monotonic()
+        plan = step_rows(groups)
+        sums, grad_norm, lr = self.optimizer_step(plan.rows, plan.tokens, interrupted=interrupted)
+        metrics = step_metrics(plan, sums)
+        metrics.update(grad_norm=grad_norm, learning_rate=lr, step=float(self.step), seconds=time.monotonic() - started)
+        return metrics
+
+    def optimizer_step(
+        self,
+        rows: Sequence[Row],
+        total_tokens: int,
+        *,
+        micro_batches: int | None = None,
+        loss_scale: float = 1.0,
+        interrupted: Callable[[], bool] | None = None,
+    ) -> tuple[LossSums, float, float]:
+        """The step itself, one process's or one FSDP rank's: the gradients of ``rows``
+        (:meth:`accumulate`), clipping, AdamW at this step's learning rate; the step count goes
+        up by one even when no row contributes. Returns (loss sums, grad norm, learning rate).
+        A rank passes the step's ``total_tokens`` over every rank, the passes every rank runs
+        and its world size as ``loss_scale``; FSDP makes clipping and AdamW collective."""
         rng = capture_rng() if interrupted is not None else None
         self.optimizer.zero_grad(set_to_none=True)
         try:
-            metrics = self.compute_gradients(groups, interrupted)
+            sums = self.accumulate(
+                rows, max(total_tokens, 1), micro_batches=micro_batches, loss_scale=loss_scale, interrupted=interrupted
+            )
             if interrupted is not None and interrupted():
                 raise StepInterruptedError(f"step {self.step} interrupted before its optimizer step")
         except StepInterruptedError:
@@ -187,15 +209,15 @@ class Trainer:
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = lr
         grad_norm = 0.0
-        if metrics["tokens"]:
+        if total_tokens:
             params = [p for p in self.model.parameters() if p.requires_grad]
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
+            norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # a DTensor on ranks
             self.wait_for_cuts()
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        metrics.update(grad_norm=grad_norm, learning_rate=lr, step=float(self.step), seconds=time.monotonic() - started)
-        return metrics
+        return sums, grad_norm, lr
 
     def compute_gradients(
         self, groups: Sequence[FinishedGroup], interrupted: Callable[[], bool] | None = None

@@ -57,24 +57,27 @@ def send(proc: subprocess.Popen[str], sig: int, to: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("strategy", "sig", "to"),
+    ("strategy", "sig", "to", "dtype"),
     [
         # Each signal, target and strategy at least once. That a signal to the group reaches
         # the controller alone is one mechanism for either signal (Ray's processes in sessions
         # of their own): proven with ranks and without. SIGTERM to the pid is the kubelet's
-        # stop, which the controller preemption tests send.
-        pytest.param("single", signal.SIGINT, "pid", id="single-SIGINT-pid"),
-        pytest.param("single", signal.SIGINT, "group", id="single-SIGINT-group"),
-        pytest.param("fsdp", signal.SIGTERM, "group", id="fsdp-SIGTERM-group"),
+        # stop, which the controller preemption tests send. Once in the users' dtype: bf16
+        # compute over float32 masters, bf16 generation; the stream is the fp32 baseline's
+        # (the prompts a step trains do not depend on the weights).
+        pytest.param("single", signal.SIGINT, "pid", "float32", id="single-SIGINT-pid"),
+        pytest.param("single", signal.SIGINT, "group", "float32", id="single-SIGINT-group"),
+        pytest.param("fsdp", signal.SIGTERM, "group", "float32", id="fsdp-SIGTERM-group"),
+        pytest.param("single", signal.SIGTERM, "pid", "bfloat16", id="single-SIGTERM-pid-bf16"),
     ],
 )
 def test_a_stop_signal_commits_a_barrier_cut_and_the_resume_trains_the_baseline(
-    runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path, strategy: str, sig: int, to: str
+    runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path, strategy: str, sig: int, to: str, dtype: str
 ) -> None:
     storage, marks = tmp_path / "cuts", tmp_path / "marks"
     marks.mkdir()
     name = signal.Signals(sig).name
-    job = runs.job(fsdp(2) if strategy == "fsdp" else None)
+    job = runs.job({**(fsdp(2) if strategy == "fsdp" else {}), "policy.dtype": dtype})
     # Held in step 4, and the barrier's cut once captured, so that the test sees who is alive then.
     env = {"SPOTRL_FAILPOINTS": "train.step@3=3,cut.captured=60", "SPOTRL_FAILPOINT_DIR": str(marks)}
     proc = runs.start(job, storage, new_session=True, **env)
@@ -102,6 +105,13 @@ def test_a_stop_signal_commits_a_barrier_cut_and_the_resume_trains_the_baseline(
 
     cut_id, kind, cut_step = newest_cut(storage)
     assert kind == "barrier"
+    if dtype == "bfloat16":
+        import torch
+
+        parts = sorted(storage.glob(f"cuts/{cut_id}/*/trainer/weights*.pt"))
+        assert parts, sorted(p.name for p in storage.glob(f"cuts/{cut_id}/*/trainer/*"))
+        weights = {k: v for part in parts for k, v in torch.load(part, weights_only=True).items()}
+        assert {v.dtype for v in weights.values()} == {torch.float32}, "a bf16 job's cut holds its float32 masters"
     first = audit(storage, "--all")
     # The single process's barrier interrupts step 4; the ranks finish it, and the cut holds it.
     assert trained_before == 3
