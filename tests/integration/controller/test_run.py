@@ -42,6 +42,8 @@ def test_a_short_run_learns(baseline: list[tuple[int, list[int]]], runs: Runs) -
         assert 0 <= d["frac_reward_zero_std"] <= 1
         assert d["reward_errors"] == 0
     assert sum(d["generation_tokens_per_second"] for d in docs) > 0
+    # lookahead 1: most rows were generated one version behind, and their gap is reported apart.
+    assert [d for d in docs if "rollout_probs_diff_stale_mean" in d], "stale rows measured"
     # The tiny policy rambles past its answers at first (clipped at 8 tokens) and learns to stop.
     lengths = [d["response_length_mean"] for d in docs]
     assert sum(lengths[-4:]) < sum(lengths[:4]), lengths
@@ -122,6 +124,23 @@ def test_a_reward_that_raises_scores_the_completion_error_score_and_trains_the_r
     assert [i for i in trained if i % 4 == 1], "the groups the reward failed on were trained"
     assert min(r["reward"] for r in records) < 0.5, "scored -1"
     assert "the reward failed on" in runs.log_of(proc)
+
+
+def test_a_run_whose_rewards_never_differ_says_it_learns_nothing(runs: Runs, tmp_path: Path) -> None:
+    """Every rollout scored 0 (a dataset the policy cannot solve): after 5 steps in a row without
+    a group whose rewards differ, the run log says so, once, and each step's record counts them."""
+    code = tmp_path / "rewards"
+    code.mkdir()
+    (code / "hopeless.py").write_text("def score(prompt, completion):\n    return 0.0\n")
+    job = runs.job({"reward": {"importPath": "hopeless:score"}, "training.totalSteps": 6})
+    storage = tmp_path / "cuts"
+    rc, log = runs.run(job, storage, PYTHONPATH=str(code))
+    assert rc == 0, log
+    records = [json.loads(p.read_text()) for p in sorted((storage / "audit").glob("step-*/attempt-*.json"))]
+    assert [d["frac_reward_zero_std"] for d in records] == [1.0] * 6
+    assert [d["steps_without_signal"] for d in records] == [1, 2, 3, 4, 5, 6]
+    assert [d["grad_norm"] for d in records] == [0.0] * 6, "nothing was trained"
+    assert log.count("no learning signal: in each of the last 5 steps") == 1, log
 
 
 def test_a_reward_that_raises_or_hangs_drops_its_groups_with_the_reason(runs: Runs, tmp_path: Path) -> None:

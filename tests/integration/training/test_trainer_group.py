@@ -85,8 +85,9 @@ def test_two_bf16_fsdp_ranks_train_as_one_bf16_process(ray_session: Any) -> None
     products' inputs), so they agree to bf16's resolution, not bit for bit: the log-probs'
     statistics within 5% (one bf16 process's entropy drifts 2.5% from fp32's in these 5 steps),
     the loss absolutely (a sum of advantages that nearly cancel), and the weights' difference
-    small against how far the steps moved them."""
-    cfg = config(compute_dtype="bfloat16")
+    small against how far the steps moved them. Both recompute each block in the backward pass
+    (activation checkpointing), which changes no gradient."""
+    cfg = config(compute_dtype="bfloat16", activation_checkpointing="on")  # and AC under FSDP2
     single_metrics, single_weights = run_single(cfg)
     group = TrainerGroup(POLICY, cfg, ranks=2, cpus_per_rank=0.5)
     try:
