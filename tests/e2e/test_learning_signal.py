@@ -26,7 +26,7 @@ def _condition(jobs: Jobs) -> dict | None:
 def test_five_steps_without_reward_variance_set_no_learning_signal_and_a_step_with_it_clears_it(
     cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs, tmp_path: Path
 ) -> None:
-    jobs.create(tiny_job("tiny", scheduling={"nodeSelector": NOWHERE}))
+    jobs.create(tiny_job("tiny", checkpoint={"storage": "s3://bucket-x/tiny"}, scheduling={"nodeSelector": NOWHERE}))
     jobs.wait("tiny", lambda s: s.get("attempt") == 1, 20, "started")
     from kubernetes import config
 

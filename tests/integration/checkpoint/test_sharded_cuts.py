@@ -64,7 +64,7 @@ def policy(mesh: Any = None) -> Any:
     from spotrl_runtime.training.fsdp import shard_policy
 
     model, _ = load_policy("builtin:tiny-arith")
-    return model if mesh is None else shard_policy(model, mesh)
+    return model if mesh is None else shard_policy(model, torch.float32, mesh)
 
 
 def optimizer(model: Any) -> torch.optim.Optimizer:
