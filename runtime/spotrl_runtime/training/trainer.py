@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from spotrl_runtime.checkpoint.lending import Lender
 from spotrl_runtime.checkpoint.trainer_state import capture_rng, restore_rng
 from spotrl_runtime.core.redo import StepFingerprint
 from spotrl_runtime.core.types import FinishedGroup
@@ -147,14 +148,8 @@ class Trainer:
             eps=config.adam_eps,
             weight_decay=config.weight_decay,
         )
-        self.cut_copy = "background"
-        """How :meth:`snapshot` takes the weights and optimizer: ``"background"`` (by reference,
-        copied by a background thread while the next step's gradients are computed) or
-        ``"locked"`` (copied right there, under the cut's lock: the trainer waits for it)."""
-        self.cut_wait_seconds = 0.0
-        """Seconds this trainer waited, before an optimizer step, for cuts to be done with its tensors."""
-        self._lent: list[Any] = []
-        self._buffers: Any = None
+        self.lender = Lender()
+        """Lends the weights and optimizer state to cuts; the optimizer step waits for it."""
 
     # ------------------------------------------------------------------ the step
 
@@ -338,49 +333,26 @@ class Trainer:
         return precision.to_compute_dtype(state, self.compute_dtype)
 
     def snapshot(self, meta: Mapping[str, Any], *, last: bool = False) -> Any:
-        """The trainer's part of a cut (call it between steps, under the cut's lock).
-
-        By default its weights and optimizer state are lent by reference (microseconds under
-        the lock; :class:`~spotrl_runtime.checkpoint.trainer_state.LentTrainerState`): a
-        background thread copies them (into buffers reused across cuts) while the next step's
-        gradients are computed, and the next optimizer step waits for that copy
-        (:meth:`wait_for_cuts`). ``last``: nothing is copied at all; the cut writer reads the
-        live tensors, and the next optimizer step waits for the whole cut (a barrier: the
-        trainer is parked and takes no further step). ``cut_copy = "locked"``: CPU copies
-        made right here, under the lock, as before. Written later as ``torch.save/v2``.
-        """
-        from spotrl_runtime.checkpoint.trainer_state import (
-            BufferPool,
-            LentTrainerState,
-            TrainerSnapshot,
-            capture_rng,
-            snapshot_trainer,
-        )
-
-        if self.cut_copy == "locked":
-            return snapshot_trainer(self.model.state_dict(), self.optimizer.state_dict(), step=self.step, meta=meta)
-        if self._buffers is None:
-            self._buffers = BufferPool()
-        live = TrainerSnapshot(
-            weights=self.model.state_dict(),
-            optimizer=self.optimizer.state_dict(),
-            rng=capture_rng(),
-            meta={**meta, "trainer_step": self.step},
-        )
-        lent = LentTrainerState(live, copy=not last, buffers=self._buffers)
-        self._lent = [x for x in self._lent if not x.released()] + [lent]
-        return lent
+        """The trainer's part of a cut (call it between steps, under the cut's lock): its tensors,
+        lent (:class:`~spotrl_runtime.checkpoint.lending.Lender`)."""
+        return self.lender.lend(self.model, self.optimizer, self.step, meta, last=last)
 
     def wait_for_cuts(self) -> float:
-        """Waits until no cut holds this trainer's live tensors (call it before changing them);
-        returns the seconds waited (also added to ``cut_wait_seconds``)."""
-        t0 = time.perf_counter()
-        for lent in self._lent:
-            lent.wait_released()
-        self._lent = []
-        waited = time.perf_counter() - t0
-        self.cut_wait_seconds += waited
-        return waited
+        """Waits until no cut holds this trainer's live tensors; returns the seconds waited."""
+        return self.lender.wait()
+
+    @property
+    def cut_copy(self) -> str:
+        """How :meth:`snapshot` takes the tensors: ``"background"`` or ``"locked"``."""
+        return self.lender.mode
+
+    @cut_copy.setter
+    def cut_copy(self, mode: str) -> None:
+        self.lender.mode = mode
+
+    @property
+    def cut_wait_seconds(self) -> float:
+        return self.lender.wait_seconds
 
     def load_sharded(self, cut: Any, *, storage: Any = None) -> None:
         """Loads a ``dcp/v1`` cut (a :class:`~spotrl_runtime.checkpoint.sharded.ShardedCut`, written
