@@ -226,7 +226,8 @@ def in_child(kind: str, args: argparse.Namespace, policy: str = "0.5b") -> dict[
         [*command, "--device", args.device, "--policies", policy], check=False, capture_output=True, text=True
     )
     if out.returncode != 0:
-        return {"variant": kind, "policy": policy, "error": out.stderr.strip().splitlines()[-1:]}
+        why = "killed (SIGKILL: out of memory?)" if out.returncode == -9 else out.stderr.strip().splitlines()[-1:]
+        return {"variant": kind, "policy": policy, "error": why}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
