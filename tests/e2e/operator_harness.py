@@ -385,3 +385,30 @@ def kind_bucket() -> JobStorage:
     storage = JobStorage(f"e2e-{uuid.uuid4().hex[:12]}", os.environ["SPOTRL_E2E_S3_POD_ENDPOINT"], host, *keys)
     storage.client().create_bucket(Bucket=storage.bucket)
     return storage
+
+
+def condition_of(jobs: Jobs, name: str, ctype: str) -> dict[str, Any] | None:
+    """The RLJob's condition of type ``ctype``, or None."""
+    conds = jobs.status(name).get("conditions") or []
+    return next((c for c in conds if c["type"] == ctype), None)
+
+
+class NoCuts:
+    """A Controllable that is never asked for a barrier: a bridge started for status alone."""
+
+    def request_barrier(self, reason: str, deadline: Any) -> Any:
+        from spotrl_runtime.controller.control import BarrierFailed
+
+        raise BarrierFailed("not in this test")
+
+
+def runtime_bridge(cluster: Cluster, namespace: str, job: str, tmp_path: Path) -> Any:
+    """The real KubeBridge of attempt 1 of ``job``, as its controller pod would run it: with the
+    job's runtime ServiceAccount, no controller behind it (:class:`NoCuts`). Stop it after."""
+    from kubernetes import config
+
+    from spotrl_runtime.controller.kube_bridge import KubeBridge
+
+    kubeconfig = token_kubeconfig(cluster, namespace, f"{job}-runtime", tmp_path / f"{job}-runtime.kubeconfig")
+    client = config.new_client_from_config(config_file=str(kubeconfig))
+    return KubeBridge(job, namespace, 1, api_client=client).start(NoCuts())

@@ -10,22 +10,22 @@ import time
 from pathlib import Path
 
 import pytest
-from operator_harness import NOWHERE, Jobs, OperatorProcess, events_of_reason, tiny_job, token_kubeconfig, wait_until
+from operator_harness import (
+    NOWHERE,
+    Jobs,
+    OperatorProcess,
+    condition_of,
+    events_of_reason,
+    runtime_bridge,
+    tiny_job,
+    wait_until,
+)
 
 from spotrl_e2e.cluster import Cluster
-from spotrl_runtime.api.times import Deadline
-from spotrl_runtime.controller.control import BarrierFailed, CutInfo
-from spotrl_runtime.controller.kube_bridge import KubeBridge
+from spotrl_runtime.controller.control import CutInfo
 from spotrl_runtime.core.cut_estimate import CutEstimate
 
 pytestmark = pytest.mark.cluster
-
-
-class NoCuts:
-    """A Controllable that is never asked for a barrier here."""
-
-    def request_barrier(self, reason: str, deadline: Deadline) -> CutInfo:
-        raise BarrierFailed("not in this test")
 
 
 def _cut(n: int, seconds: float) -> CutInfo:
@@ -43,8 +43,7 @@ def _cut(n: int, seconds: float) -> CutInfo:
 
 
 def _risk(jobs: Jobs) -> dict | None:
-    conds = jobs.status("tiny").get("conditions") or []
-    return next((c for c in conds if c["type"] == "BarrierAtRisk"), None)
+    return condition_of(jobs, "tiny", "BarrierAtRisk")
 
 
 def test_a_slow_estimate_sets_barrier_at_risk_with_an_event_and_a_fast_one_clears_it(
@@ -63,12 +62,7 @@ def test_a_slow_estimate_sets_barrier_at_risk_with_an_event_and_a_fast_one_clear
         )
     )
     jobs.wait("tiny", lambda s: s.get("attempt") == 1, 20, "started")
-    from kubernetes import config
-
-    kubeconfig = token_kubeconfig(cluster, namespace, "tiny-runtime", tmp_path / "tiny-runtime.kubeconfig")
-    bridge = KubeBridge(
-        "tiny", namespace, 1, api_client=config.new_client_from_config(config_file=str(kubeconfig))
-    ).start(NoCuts())
+    bridge = runtime_bridge(cluster, namespace, "tiny", tmp_path)
     try:
         bridge.on_cut(_cut(1, 12.0))
         assert bridge.flush(10)

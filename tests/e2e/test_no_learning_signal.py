@@ -9,18 +9,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from operator_harness import NOWHERE, Jobs, OperatorProcess, events_of_reason, tiny_job, token_kubeconfig, wait_until
-from test_barrier_risk import NoCuts
+from operator_harness import (
+    NOWHERE,
+    Jobs,
+    OperatorProcess,
+    condition_of,
+    events_of_reason,
+    runtime_bridge,
+    tiny_job,
+    wait_until,
+)
 
 from spotrl_e2e.cluster import Cluster
-from spotrl_runtime.controller.kube_bridge import KubeBridge
 
 pytestmark = pytest.mark.cluster
 
 
 def _condition(jobs: Jobs) -> dict | None:
-    conds = jobs.status("tiny").get("conditions") or []
-    return next((c for c in conds if c["type"] == "NoLearningSignal"), None)
+    return condition_of(jobs, "tiny", "NoLearningSignal")
 
 
 def test_five_steps_without_reward_variance_set_no_learning_signal_and_a_step_with_it_clears_it(
@@ -28,12 +34,7 @@ def test_five_steps_without_reward_variance_set_no_learning_signal_and_a_step_wi
 ) -> None:
     jobs.create(tiny_job("tiny", checkpoint={"storage": "s3://bucket-x/tiny"}, scheduling={"nodeSelector": NOWHERE}))
     jobs.wait("tiny", lambda s: s.get("attempt") == 1, 20, "started")
-    from kubernetes import config
-
-    kubeconfig = token_kubeconfig(cluster, namespace, "tiny-runtime", tmp_path / "tiny-runtime.kubeconfig")
-    bridge = KubeBridge(
-        "tiny", namespace, 1, api_client=config.new_client_from_config(config_file=str(kubeconfig))
-    ).start(NoCuts())
+    bridge = runtime_bridge(cluster, namespace, "tiny", tmp_path)
     try:
         for step in range(1, 5):
             bridge.on_step(step, {"reward": 0.0, "steps_without_signal": float(step)})
