@@ -11,7 +11,8 @@ padding positions. In a backward pass each chunk's logits are recomputed from it
 ``[tokens, vocab]``.
 
 Models whose causal-LM head does more than ``lm_head(hidden)`` (a logit scale or soft-capping)
-are not supported by this path; Llama, Qwen2/2.5/3, Mistral and their kin are plain heads.
+would get wrong log-probs from this path, and are refused (:func:`check_plain_head`); Llama,
+Qwen2/2.5/3, Mistral and their kin are plain heads.
 """
 
 from __future__ import annotations
@@ -112,11 +113,29 @@ def _head_logprobs(
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
 
 
+HEAD_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+"""Config fields of models whose logits are more than ``lm_head(hidden)`` (Gemma 2's soft-capping,
+Cohere's and Granite's scales)."""
+
+
+def check_plain_head(model: Any) -> None:
+    """Raises ValueError, naming the field, for a model whose logits this path would get wrong."""
+    config = getattr(model, "config", None)
+    for name in HEAD_TRANSFORMS:
+        value = getattr(config, name, None)
+        if value not in (None, 1, 1.0):
+            raise ValueError(
+                f"policy.model: {type(model).__name__} transforms its logits ({name}={value}), which SpotRL's "
+                "trainer does not apply; train a model with a plain language-model head (Llama, Qwen, Mistral)"
+            )
+
+
 def attach(model: Any) -> Any:
     """Puts :func:`token_logprobs` on ``model`` as a method (:data:`METHOD`); returns the model.
     FSDP2 then registers it as a forward method (:func:`spotrl_runtime.training.fsdp.shard_policy`)."""
     import types
 
+    check_plain_head(model)
     if not hasattr(model, METHOD):
         setattr(model, METHOD, types.MethodType(token_logprobs, model))
     return model

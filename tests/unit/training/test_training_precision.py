@@ -176,3 +176,15 @@ def test_a_cut_of_a_bf16_trainer_without_masters_resumes_exactly_into_float32_ma
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train_step([make_group("g", [1.0, 0.0, 0.5])])
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+
+
+@pytest.mark.parametrize(("field", "value"), [("final_logit_softcapping", 30.0), ("logit_scale", 0.0625)])
+def test_a_model_that_transforms_its_logits_is_refused_by_name(field: str, value: float) -> None:
+    """Gemma 2 soft-caps its logits and Cohere scales them: the sliced head would get their
+    log-probs wrong, so the trainer refuses them, naming the field."""
+    model = small_llama()
+    setattr(model.config, field, value)
+    with pytest.raises(ValueError, match=rf"{field}={value}.*plain language-model head"):
+        Trainer(model, TrainerConfig())
+    setattr(model.config, field, None)
+    Trainer(model, TrainerConfig())  # a plain head is taken
