@@ -61,15 +61,16 @@ def shard_policy(model: Any, compute_dtype: Any, mesh: Any = None) -> Any:
     return model
 
 
-def build_sharded(policy: Any, device: str, compute_dtype: Any, rank: int) -> Any:
-    """The policy as this rank's float32 shards on ``device``, without any rank holding the
-    whole model on its device, and only rank 0 holding it at all (in host memory): the model is
+def build_sharded(policy: Any, device: str, compute_dtype: Any, rank: int, copies: int = 1) -> list[Any]:
+    """``copies`` of the policy (the model, and the KL reference when there is one) as this
+    rank's float32 shards on ``device``, without any rank holding the whole model on its device,
+    and only rank 0 holding it at all (in host memory, read once for every copy): each copy is
     built on the meta device (no memory), sharded (:func:`shard_policy`), given empty shards on
-    ``device``, and filled from rank 0's copy of the weights, which it reads on the CPU and
-    broadcasts. An 8B policy in float32 is 32 GB: eight ranks of a node each loading it would
-    need 256 GB of host memory, and each GPU would hold it whole before sharding. Buffers that
-    are not in the weights (rotary frequencies) are broadcast from rank 0 too. Every rank of
-    the group must call it (it broadcasts)."""
+    ``device``, and filled from rank 0's weights, which it reads on the CPU and broadcasts. An
+    8B policy in float32 is 32 GB: eight ranks of a node each loading it would need 256 GB of
+    host memory, and each GPU would hold it whole before sharding. Buffers that are not in the
+    weights (rotary frequencies) are broadcast from rank 0 too. Every rank of the group must
+    call it (it broadcasts)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -77,23 +78,27 @@ def build_sharded(policy: Any, device: str, compute_dtype: Any, rank: int) -> An
 
     from spotrl_runtime.models import load_policy, resolve_model_dir
 
-    where = resolve_model_dir(policy if isinstance(policy, str) else policy.model)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(where), dtype=torch.float32)
-    shard_policy(model, compute_dtype)
-    model.to_empty(device=device)
+    config = AutoConfig.from_pretrained(resolve_model_dir(policy if isinstance(policy, str) else policy.model))
     full: dict[str, Any] = {}
     buffers: dict[str, Any] = {}
     if rank == 0:
         whole, _ = load_policy(policy, "cpu", dtype="float32")
         full, buffers = whole.state_dict(), dict(whole.named_buffers())
-    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    with torch.no_grad():
-        for name, buffer in model.named_buffers():
-            if rank == 0:
-                buffer.copy_(buffers[name])
-            dist.broadcast(buffer, src=0)
-    return model.eval()
+    models = []
+    for _ in range(copies):
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        shard_policy(model, compute_dtype)
+        model.to_empty(device=device)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(model, dict(full), options=options)  # it changes the dict it is given
+        with torch.no_grad():
+            for name, buffer in model.named_buffers():
+                if rank == 0:
+                    buffer.copy_(buffers[name])
+                dist.broadcast(buffer, src=0)
+        models.append(model.eval())
+    return models
 
 
 class TrainerRank:
@@ -147,10 +152,9 @@ class TrainerRank:
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world, timeout=COLLECTIVE_TIMEOUT)
         self._ckpt_group = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
         dtype = precision.compute_dtype(config.compute_dtype)
-        model = build_sharded(policy, self.device, dtype, self.rank)
-        reference = None
-        if config.kl_coef > 0:  # sharded the same way (Trainer's own deep copy is for one process)
-            reference = build_sharded(policy, self.device, dtype, self.rank).requires_grad_(False)
+        # The KL reference is sharded the same way (Trainer's own deep copy is for one process).
+        model, *rest = build_sharded(policy, self.device, dtype, self.rank, copies=2 if config.kl_coef > 0 else 1)
+        reference = rest[0].requires_grad_(False) if rest else None
         self.trainer = Trainer(model, config, pad_token_id=pad_token_id, reference=reference)
         return os.getpid()
 
