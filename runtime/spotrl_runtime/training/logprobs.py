@@ -131,12 +131,13 @@ def check_plain_head(model: Any) -> None:
 
 
 def attach(model: Any) -> Any:
-    """Puts :func:`token_logprobs` on ``model`` as a method (:data:`METHOD`); returns the model.
-    FSDP2 then registers it as a forward method (:func:`spotrl_runtime.training.fsdp.shard_policy`)."""
+    """Puts :func:`token_logprobs` on ``model`` as a method (:data:`METHOD`), once, after
+    :func:`check_plain_head`; returns the model. FSDP2 then registers it as a forward method
+    (:func:`spotrl_runtime.training.fsdp.shard_policy`)."""
     import types
 
-    check_plain_head(model)
     if not hasattr(model, METHOD):
+        check_plain_head(model)
         setattr(model, METHOD, types.MethodType(token_logprobs, model))
     return model
 
