@@ -80,6 +80,15 @@ def test_cel_rule_replace_without_spare_pool_is_rejected(cluster: Cluster, crd: 
     assert "onDroppedPrompt 'replace' needs sparePoolBatches >= 1" in err.message
 
 
+def test_cel_rule_float16_policy_is_rejected(cluster: Cluster, crd: dict[str, Any], namespace: str) -> None:
+    job = copy.deepcopy(example_job())
+    job["metadata"]["name"] = "bad-half"
+    job["spec"]["policy"]["dtype"] = "float16"
+    err = _create(cluster, namespace, job)
+    assert "spec.policy.dtype" in err.message
+    assert "float16 is not trained by SpotRL" in err.message
+
+
 def test_cross_field_rule_on_the_spec_is_rejected(cluster: Cluster, crd: dict[str, Any], namespace: str) -> None:
     job = copy.deepcopy(example_job())
     job["metadata"]["name"] = "bad-micro-batch"

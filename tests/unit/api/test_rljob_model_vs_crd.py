@@ -127,6 +127,12 @@ BAD = {
     "group-size-1": (with_("spec.generation", {"groupSize": 1}), "spec.generation.groupSize"),
     "wrong-type": (with_("spec.generation", {"promptsPerStep": "eight"}), "spec.generation.promptsPerStep"),
     "unknown-backend": (with_("spec.generation", {"backend": "tgi"}), "spec.generation.backend"),
+    "float16-policy": (with_("spec.policy", {"model": "builtin:tiny-arith", "dtype": "float16"}), "spec.policy.dtype"),
+    "unknown-on-error": (
+        with_("spec.reward", {"name": "arithmetic_exact", "onError": "zero"}),
+        "spec.reward.onError",
+    ),
+    "schedule-unknown": (with_("spec.training", {"totalSteps": 4, "lrSchedule": "linear"}), "spec.training.lrSchedule"),
     "unknown-field": (with_("spec.generation", {"grupSize": 4}), "spec.generation"),
     "negative-lookahead": (with_("spec.generation", {"lookahead": -1}), "spec.generation.lookahead"),
     "temperature-zero": (with_("spec.generation", {"temperature": 0}), "spec.generation.temperature"),
