@@ -391,7 +391,6 @@ class Controller:
                 failed[0][1].message,
             )
             scores = [reward.error_score if isinstance(s, RewardFailure) else s for s in scores]
-            self._reward_errors[d.group_id] = len(failed)
         scored = score_group(generated, d.prompt, scores, d.target_step)  # type: ignore[arg-type]
         rollouts = [
             Rollout(**{**r.__dict__, "index": d.rollout_indexes[i]})
@@ -401,6 +400,8 @@ class Controller:
             self.owners.finish_group(d.group_id, rollouts, partial_ok=True)
         except UnknownGroupError:
             return []  # a late duplicate (e.g. the group was dropped meanwhile)
+        if failed:  # counted once the group is the replay buffer's: a late duplicate counts nothing
+            self._reward_errors[d.group_id] = len(failed)
         self.stats["groups_generated"] += 1
         self.stats["tokens_generated"] += sum(len(r.completion_token_ids) for r in rollouts)
         return []
