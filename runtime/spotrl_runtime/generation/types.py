@@ -25,6 +25,10 @@ class GenerationRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0
+    weight_version: int | None = None
+    """The weights to generate it with: the version the group was admitted with. The pool sends
+    it to a worker before that version's successor and holds it until that version is given to
+    the pool. None: whatever weights the pool holds when it reaches a worker."""
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

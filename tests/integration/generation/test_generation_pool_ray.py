@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -75,23 +76,31 @@ def shared_pool(ray_session: Any) -> Any:
 
 
 @pytest.fixture
-def pool(shared_pool: GenerationPool) -> GenerationPool:
-    """The shared pool, idle, with the initial weights as version 0."""
+def v0(shared_pool: GenerationPool) -> int:
+    """The version the shared pool holds the initial weights as, for one test: versions only
+    grow, so each test gets a new one (and its own versions above it)."""
     assert shared_pool.in_flight() == 0
     assert shared_pool.queued() == 0
     model, _ = load_policy("builtin:tiny-arith")
-    shared_pool.update_weights(model.state_dict(), version=0)
+    version = shared_pool.version() + 100
+    shared_pool.update_weights(model.state_dict(), version=version)
+    return version
+
+
+@pytest.fixture
+def pool(shared_pool: GenerationPool, v0: int) -> GenerationPool:
+    """The shared pool, idle, with the initial weights as version ``v0``."""
     return shared_pool
 
 
-def test_two_workers_generate_every_group_once(pool: GenerationPool) -> None:
+def test_two_workers_generate_every_group_once(pool: GenerationPool, v0: int) -> None:
     pool.submit(requests(0, 12))
     assert pool.in_flight() + pool.queued() == 12
     outcomes = drain(pool, 12)
     assert sorted(o.group_id for o in outcomes) == sorted(f"g{i}" for i in range(12))
     assert all(isinstance(o, GroupGenerated) for o in outcomes)
     assert {o.worker for o in outcomes if isinstance(o, GroupGenerated)} == {"gen-0", "gen-1"}
-    assert all(len(o.samples) == 4 and o.weight_version == 0 for o in outcomes if isinstance(o, GroupGenerated))
+    assert all(len(o.samples) == 4 and o.weight_version == v0 for o in outcomes if isinstance(o, GroupGenerated))
     assert pool.in_flight() == 0
     assert pool.queued() == 0
     assert pool.poll(timeout=0.1) == []
@@ -112,14 +121,14 @@ def test_results_match_the_backend_run_in_process(pool: GenerationPool) -> None:
         assert [s.completion_token_ids for s in got.samples] == [s.completion_token_ids for s in expected.samples]
 
 
-def test_weight_sync_reaches_every_worker_and_stamps_the_version(pool: GenerationPool) -> None:
+def test_weight_sync_reaches_every_worker_and_stamps_the_version(pool: GenerationPool, v0: int) -> None:
     pool.submit(requests(0, 4))
     before = {o.group_id: o for o in drain(pool, 4)}
-    pool.update_weights(perturbed_weights(1), version=1)
-    assert [w["weight_version"] for w in pool.workers()] == [1, 1]
+    pool.update_weights(perturbed_weights(1), version=v0 + 1)
+    assert [w["weight_version"] for w in pool.workers()] == [v0 + 1, v0 + 1]
     pool.submit(requests(0, 4, n=4))
     after = {o.group_id: o for o in drain(pool, 4)}
-    assert all(isinstance(o, GroupGenerated) and o.weight_version == 1 for o in after.values())
+    assert all(isinstance(o, GroupGenerated) and o.weight_version == v0 + 1 for o in after.values())
     assert {o.worker for o in after.values() if isinstance(o, GroupGenerated)} == {"gen-0", "gen-1"}
     changed = [
         gid
@@ -130,7 +139,7 @@ def test_weight_sync_reaches_every_worker_and_stamps_the_version(pool: Generatio
 
 
 def test_weights_sent_in_many_parts_generate_what_the_same_weights_do_in_process(
-    pool: GenerationPool, monkeypatch: pytest.MonkeyPatch
+    pool: GenerationPool, v0: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from spotrl_runtime.checkpoint.trainer_state import weight_parts
     from spotrl_runtime.generation import build_backend
@@ -139,21 +148,21 @@ def test_weights_sent_in_many_parts_generate_what_the_same_weights_do_in_process
     weights = perturbed_weights(3)
     monkeypatch.setattr(pool_module, "WEIGHT_PUT_BYTES", 4096)  # a part per tensor or two
     assert len(weight_parts(weights, pool_module.WEIGHT_PUT_BYTES, pool_module.WEIGHT_PUT_MAX_PARTS)) > 10
-    assert pool.update_weights(weights, version=7)
+    assert pool.update_weights(weights, version=v0 + 7)
     local = build_backend(SPEC)
-    local.load_weights(weights, 7)
+    local.load_weights(weights, v0 + 7)
     expected = local.generate(requests(0, 4))
     pool.submit(requests(0, 4))
     remote = {o.group_id: o for o in drain(pool, 4)}
     for e in expected:
         got = remote[e.group_id]
         assert isinstance(got, GroupGenerated)
-        assert got.weight_version == 7
+        assert got.weight_version == v0 + 7
         assert [s.completion_token_ids for s in got.samples] == [s.completion_token_ids for s in e.samples]
 
 
 def test_a_weight_update_cancelled_between_parts_sends_nothing(
-    pool: GenerationPool, monkeypatch: pytest.MonkeyPatch
+    pool: GenerationPool, v0: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What a barrier does to the weights still on their way (nothing will use them)."""
     from spotrl_runtime.generation import pool as pool_module
@@ -165,21 +174,78 @@ def test_a_weight_update_cancelled_between_parts_sends_nothing(
         asked.append(1)
         return len(asked) > 3  # three parts are put, then the barrier comes
 
-    assert pool.update_weights(perturbed_weights(4), version=9, cancelled=cancelled) is False
+    assert pool.update_weights(perturbed_weights(4), version=v0 + 9, cancelled=cancelled) is False
     assert len(asked) == 4
-    assert [w["weight_version"] for w in pool.workers()] == [0, 0]
+    assert [w["weight_version"] for w in pool.workers()] == [v0, v0]
+    assert pool.version() == v0, "a cancelled version was never given"
     pool.submit(requests(0, 2))
-    assert {o.weight_version for o in drain(pool, 2) if isinstance(o, GroupGenerated)} == {0}
+    assert {o.weight_version for o in drain(pool, 2) if isinstance(o, GroupGenerated)} == {v0}
 
 
-def test_groups_sent_before_a_weight_update_keep_the_old_version(pool: GenerationPool) -> None:
+def test_groups_sent_before_a_weight_update_keep_the_old_version(pool: GenerationPool, v0: int) -> None:
     pool.submit(requests(0, 4))  # 2 calls per worker: all four are at the workers already
-    pool.update_weights(perturbed_weights(2), version=5, wait=False)
-    pool.submit(requests(4, 4))  # sent after the load: generated with version 5
+    pool.update_weights(perturbed_weights(2), version=v0 + 5, wait=False)
+    pool.submit(requests(4, 4))  # sent after the load: generated with the new version
     outcomes = {o.group_id: o for o in drain(pool, 8)}
     versions = {gid: o.weight_version for gid, o in outcomes.items() if isinstance(o, GroupGenerated)}
-    assert {versions[f"g{i}"] for i in range(4)} == {0}
-    assert {versions[f"g{i}"] for i in range(4, 8)} == {5}
+    assert {versions[f"g{i}"] for i in range(4)} == {v0}
+    assert {versions[f"g{i}"] for i in range(4, 8)} == {v0 + 5}
+
+
+def test_versions_must_increase(pool: GenerationPool, v0: int) -> None:
+    with pytest.raises(ValueError, match=f"weight version {v0} given after version {v0}: versions must increase"):
+        pool.update_weights(perturbed_weights(2), version=v0)
+    assert pool.version() == v0
+
+
+def at(version: int, reqs: list[GenerationRequest]) -> list[GenerationRequest]:
+    """``reqs``, each asking for weight ``version`` (its admission version)."""
+    return [replace(r, weight_version=version) for r in reqs]
+
+
+def test_a_load_never_overtakes_the_requests_queued_before_it(ray_session: Any) -> None:
+    """One worker with room for two calls of one group: update(v1), three requests, update(v2),
+    no poll between. The third request is still in the pool's queue when v2 arrives; it must
+    reach the worker before v2's load, so all three come back generated by v1."""
+    pool = GenerationPool(
+        SPEC, num_workers=1, groups_per_call=1, calls_per_worker=2, max_restarts=0, actor_options=OPTIONS
+    )
+    try:
+        pool.wait_ready()
+        pool.update_weights(perturbed_weights(1), version=1, wait=False)
+        pool.submit(requests(0, 3, n=16, max_new_tokens=32, temperature=3.0))
+        assert pool.queued() >= 1, "the third request waits in the pool's queue"
+        pool.update_weights(perturbed_weights(2), version=2, wait=False)
+        pool.submit(at(1, requests(3, 1)))  # admitted with v1 after v2 arrived: still before v2's load
+        pool.submit(requests(4, 1))  # no version asked: the newest given
+        outcomes = {o.group_id: o for o in drain(pool, 5)}
+        versions = {gid: o.weight_version for gid, o in outcomes.items() if isinstance(o, GroupGenerated)}
+        assert versions == {"g0": 1, "g1": 1, "g2": 1, "g3": 1, "g4": 2}
+    finally:
+        pool.shutdown()
+
+
+def test_a_request_for_a_version_not_given_yet_waits_for_it(pool: GenerationPool, v0: int) -> None:
+    """What a relaunched group of a resumed run asks: the weights it was admitted with, which
+    the resume gives the pool after the older versions it needs first."""
+    pool.submit(at(v0 + 2, requests(0, 2)) + at(v0, requests(2, 2)))
+    assert pool.queued() + pool.in_flight() == 4
+    early = {o.group_id: o.weight_version for o in drain(pool, 2) if isinstance(o, GroupGenerated)}
+    assert early == {"g2": v0, "g3": v0}
+    assert pool.queued() == 2, "held until their version is given"
+    pool.update_weights(perturbed_weights(1), version=v0 + 1, wait=False)
+    assert pool.queued() == 2
+    pool.update_weights(perturbed_weights(2), version=v0 + 2, wait=False)
+    late = {o.group_id: o.weight_version for o in drain(pool, 2) if isinstance(o, GroupGenerated)}
+    assert late == {"g0": v0 + 2, "g1": v0 + 2}
+
+
+def test_a_request_for_a_replaced_version_is_generated_with_the_current_one(pool: GenerationPool, v0: int) -> None:
+    """A group redispatched after its worker died, once its version left the workers: the
+    outcome says which version generated it, for the caller to count the mismatch."""
+    pool.update_weights(perturbed_weights(1), version=v0 + 1)
+    pool.submit(at(v0, requests(0, 2)))
+    assert {o.weight_version for o in drain(pool, 2) if isinstance(o, GroupGenerated)} == {v0 + 1}
 
 
 def test_a_failing_group_is_reported_alone(pool: GenerationPool) -> None:
