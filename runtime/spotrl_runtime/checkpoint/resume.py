@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,10 @@ class Start:
     restored: RestoredRun | None
     fence: Fence
     skipped: tuple[SkippedCut, ...] = field(default_factory=tuple)
+    older_weights: tuple[tuple[dict[str, Any], int], ...] = ()
+    """(policy state dict, version) of the versions older than the trainer's that the relaunched
+    groups ask for, oldest first: a delta's redo passed through them. Give them to the pool
+    before the trainer's own."""
 
 
 def resume_or_start(
@@ -101,7 +105,10 @@ def resume_or_start(
         return Start(Owners(config, loader, attempt=attempt), None, fence)
     expect = Expectations(job=job.name, config=config, dataset=dataset_description)
 
+    older: list[tuple[dict[str, Any], int]] = []
+
     def restore(cut_id: str) -> RestoredRun:
+        older.clear()
         restored = restore_cut(
             storage,
             dataset=dataset,
@@ -115,7 +122,7 @@ def resume_or_start(
         if restored.trainer is not None:
             load_trainer(trainer, restored.trainer, restored.cut_id, storage.uri)
         if restored.manifest.is_delta:
-            redo(trainer, restored, storage.uri, stop)
+            older.extend(redo(trainer, restored, storage.uri, stop, keep=restored.owners.versions_wanted()))
         if trainer.step != restored.owners.trainer_step:
             raise TrainerStateError(
                 f"{storage.uri}/cuts/{restored.cut_id}",
@@ -127,7 +134,7 @@ def resume_or_start(
 
     if resume != "auto":
         restored = restore(resume)
-        return Start(restored.owners, restored, fence)
+        return Start(restored.owners, restored, fence, older_weights=tuple(older))
     skipped: list[SkippedCut] = []
     for cut_id in reversed(committed):
         try:
@@ -145,7 +152,7 @@ def resume_or_start(
                 len(skipped),
                 ", ".join(f"{s.cut_id} ({s.check})" for s in skipped),
             )
-        return Start(restored.owners, restored, fence, tuple(skipped))
+        return Start(restored.owners, restored, fence, tuple(skipped), tuple(older))
     raise ResumeError(
         f"every committed cut of {storage.uri} is damaged: "
         + "; ".join(f"{s.cut_id}: [{s.check}] {s.message}" for s in skipped)
@@ -230,12 +237,20 @@ class RedoStoppedError(Exception):
     controller resumes from the same delta cut)."""
 
 
-def redo(trainer: Any, restored: RestoredRun, uri: str = "", stop: Callable[[], bool] | None = None) -> None:
+def redo(
+    trainer: Any,
+    restored: RestoredRun,
+    uri: str = "",
+    stop: Callable[[], bool] | None = None,
+    keep: Collection[int] = (),
+) -> list[tuple[dict[str, Any], int]]:
     """Trains a delta cut's redo steps again on ``trainer`` (at the base's state): each step from
     its recorded groups, in their recorded order, no generation; each must reproduce its recorded
     fingerprint (check ``redo_fingerprint``: bit for bit when both ran in one CPU process).
     Writes nothing: a process killed during the redo resumes from the same delta, and one asked to
-    ``stop`` stops between steps (:class:`RedoStoppedError`)."""
+    ``stop`` stops between steps (:class:`RedoStoppedError`). Returns the policy weights of each
+    version in ``keep`` it passed through, oldest first (those the relaunched groups ask for)."""
+    kept: list[tuple[dict[str, Any], int]] = []
     loc = f"{uri}/cuts/{restored.cut_id}"
     index = restored.manifest.file("redo_index")
     path = index.path if index is not None else None
@@ -245,6 +260,8 @@ def redo(trainer: Any, restored: RestoredRun, uri: str = "", stop: Callable[[], 
             raise TrainerStateError(
                 loc, path, f"redo step {step.step} comes after trainer step {trainer.step}", "resume from its base"
             )
+        if trainer.step in keep:
+            kept.append((trainer.policy_state_dict(), trainer.step))
         failpoint("redo.step", step.step)
         if stop is not None and stop():
             raise RedoStoppedError(
@@ -269,6 +286,7 @@ def redo(trainer: Any, restored: RestoredRun, uri: str = "", stop: Callable[[], 
             restored.base.cut_id,
             time.monotonic() - started,
         )
+    return kept
 
 
 def _load_sharded(trainer: Any, cut: ShardedCut, cut_id: str, uri: str) -> None:

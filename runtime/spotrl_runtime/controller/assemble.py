@@ -21,7 +21,7 @@ from spotrl_runtime.api import times
 from spotrl_runtime.api.rljob import RLJob
 from spotrl_runtime.checkpoint.fence import Fence
 from spotrl_runtime.checkpoint.restore import RestoredRun
-from spotrl_runtime.checkpoint.resume import SkippedCut, resume_or_start
+from spotrl_runtime.checkpoint.resume import SkippedCut, Start, resume_or_start
 from spotrl_runtime.checkpoint.writer import CutWriter
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.controller.control import CutInfo, StatusSink
@@ -140,6 +140,9 @@ class Parts:
     """Newer cuts ``--resume auto`` passed over as damaged."""
     times: StartTimes | None = None
     """When this controller started, restored and was ready."""
+    weights_to_give: tuple[tuple[dict[str, Any], int], ...] = ()
+    """Weight versions the pool still gets before the first step's, in order (a resumed run:
+    the pool has the oldest its relaunched groups ask for, and these after them)."""
 
     def shutdown(self) -> None:
         """Stops the trainer ranks, the generation workers, the reward's process and the Ray
@@ -235,7 +238,9 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         )
         if start.restored is not None:
             writer.base = start.restored.base  # the full cut the next delta cuts extend
-        pool.update_weights(trainer.policy_state_dict(), trainer.step)
+        versions = [*start.older_weights, (trainer.policy_state_dict(), trainer.step)]
+        _say_what_the_cut_lacks(start)
+        pool.update_weights(*versions[0])  # the rest go after the relaunched groups that ask for it
         if isinstance(trainer, Trainer):
             # While the workers start (their own processes): the first pass's one-time costs.
             log.info("trainer warmed up in %.2f s while the generation workers start", trainer.warm_up())
@@ -275,7 +280,25 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         start.fence,
         start.skipped,
         start_times,
+        tuple(versions[1:]),
     )
+
+
+def _say_what_the_cut_lacks(start: Start) -> None:
+    """Warns when relaunched groups ask for weights the cut cannot rebuild (a full cut holds the
+    newest only; a delta rebuilds those since its base): they are generated with the trainer's."""
+    if start.restored is None:
+        return
+    missing = start.owners.versions_wanted() - {v for _, v in start.older_weights}
+    if missing:
+        log.warning(
+            "groups admitted with weight versions %s are relaunched, but cut %s cannot rebuild those weights; "
+            "they are generated with version %d (counted in version_mismatches; the importance weight corrects "
+            "for the difference)",
+            sorted(missing),
+            start.restored.cut_id,
+            start.owners.trainer_step,
+        )
 
 
 def _record_restore(audit: AuditStore, restored: RestoredRun, attempt: int, at: StartTimes) -> None:

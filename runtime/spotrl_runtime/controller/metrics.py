@@ -60,6 +60,7 @@ STEP_GAUGES = {
     "frac_reward_zero_std": "Fraction of groups whose rewards were all equal (no learning signal)",
     "steps_without_signal": "Steps in a row in which every group's rewards were equal",
     "reward_errors": "Completions the reward failed on, scored reward.errorScore",
+    "version_mismatches": "Groups generated with other weights than they were admitted with (a lost worker's)",
     "kl": "KL divergence to the reference policy per token",
     "entropy": "Policy entropy per trained token, in nats",
     "clip_fraction": "Fraction of trained tokens whose ratio PPO's clip bounded",

@@ -35,6 +35,7 @@ TAGS = {
     "response_clip_ratio": "response_length/clip_ratio",
     "frac_reward_zero_std": "reward/frac_zero_std",
     "reward_errors": "reward/errors",
+    "version_mismatches": "rollout/version_mismatches",
     "loss": "actor/loss",
     "kl": "actor/kl",
     "entropy": "actor/entropy",

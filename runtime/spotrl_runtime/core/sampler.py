@@ -34,6 +34,11 @@ class LookaheadSampler:
         """The step the next admitted batch will be stamped with."""
         return self.dispatch_index + 1
 
+    def admission_version(self, step: int) -> int:
+        """The weight version a batch stamped ``step`` is generated with: that of the trainer step
+        at which the gate opened for it (the gate opens for ``step`` at trainer step ``step - L``)."""
+        return max(0, step - self.lookahead)
+
     def stamp(self) -> int:
         """Moves the cursor up one step and returns the new stamp."""
         self.dispatch_index += 1
