@@ -395,6 +395,22 @@ class Checkpoint(ApiObject):
     )
     every_steps: int = Field(default=5, ge=0, le=1_000_000, description="Periodic cut every N steps; 0: off.")
     every_seconds: int = Field(default=0, ge=0, le=86400, description="Periodic cut every T seconds; 0: off.")
+    delta_every_steps: int = Field(
+        default=1,
+        ge=0,
+        le=1_000_000,
+        description=(
+            "Between full cuts, a delta cut every N steps: the owners and the rows of the steps trained since the "
+            "newest full cut, no weights (megabytes at any model size). A loss without notice then costs at most N "
+            "steps; the resume trains the delta's steps again from their rows, without generating. 0: off."
+        ),
+    )
+    delta_every_seconds: int = Field(
+        default=0,
+        ge=0,
+        le=86400,
+        description="Also a delta cut every T seconds while a step's groups are generated (long steps); 0: off.",
+    )
     keep: int = Field(default=3, ge=1, le=1000, description="Committed cuts kept; older ones are deleted.")
     barrier_deadline_seconds: int = Field(
         default=100,

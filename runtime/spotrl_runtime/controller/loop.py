@@ -48,6 +48,7 @@ from spotrl_runtime.controller.assemble import ControllerError, ControllerOption
 from spotrl_runtime.controller.control import BarrierFailed, CutInfo
 from spotrl_runtime.controller.tensorboard import TensorBoardLog
 from spotrl_runtime.core.cut_estimate import CutEstimator, barrier_form
+from spotrl_runtime.core.cut_schedule import CutSchedule
 from spotrl_runtime.core.owners import Dispatch, OwnershipError, OwnersSnapshot, UnknownGroupError
 from spotrl_runtime.core.step_stats import LearningSignal, rollout_stats
 from spotrl_runtime.core.types import Rollout
@@ -81,7 +82,14 @@ TRAINER_STATS = (
 whose ratio the clip bounded; ``kl``: to the reference policy, 0 without one; ``entropy``: the
 policy's, per trained token, in nats; ``is_weight_*``: the off-policy correction's importance
 weight; ``padding_share``: the share of the positions computed that were padding)."""
-STATS = ("groups_generated", "groups_retried", "groups_lost_redispatched", "prompts_dropped", "tokens_generated")
+STATS = (
+    "groups_generated",
+    "groups_retried",
+    "groups_lost_redispatched",
+    "prompts_dropped",
+    "tokens_generated",
+    "version_mismatches",
+)
 """What :attr:`Controller.stats` counts."""
 
 
@@ -93,6 +101,15 @@ class _CutJob:
     snapshot: OwnersSnapshot | None = None
     """Periodic cuts: captured on the trainer thread at the step boundary."""
     done: Future[CutInfo] = field(default_factory=Future)
+
+
+def _newest_full_then_delta(pending: list[_CutJob]) -> list[_CutJob]:
+    """Of periodic snapshots waiting, in capture order: the newest full one, then the newest
+    delta captured after it (either may be absent)."""
+    fulls = [i for i, j in enumerate(pending) if j.request.form == "full"]
+    start = fulls[-1] if fulls else 0
+    deltas = [j for j in pending[start:] if j.request.form == "delta"]
+    return ([pending[start]] if fulls else []) + deltas[-1:]
 
 
 class Controller:
@@ -119,16 +136,32 @@ class Controller:
         self._barrier_cut: CutInfo | None = None
         self._cuts: queue.Queue[_CutJob | None] = queue.Queue()
         self._weights: queue.Queue[tuple[dict[str, Any], int]] = queue.Queue()
+        """The trainer's weights for the pool, every version in order (none is skipped)."""
+        for version in parts.weights_to_give:
+            self._weights.put(version)
         self._wake = threading.Event()
         """The dispatcher's doorbell: rung when a step is committed (the gate may open, new
         weights wait), on a barrier and on stop. With no call in flight the dispatcher sleeps
         on it instead of spinning (which took a core and the GIL from the trainer)."""
-        self._last_cut_time = time.monotonic()
+        checkpoint = self.spec.checkpoint
+        now = time.monotonic()
+        self._schedule = CutSchedule(
+            every_steps=checkpoint.every_steps,
+            every_seconds=checkpoint.every_seconds,
+            delta_every_steps=checkpoint.delta_every_steps,
+            delta_every_seconds=checkpoint.delta_every_seconds,
+            last_full_at=now,
+            last_cut_at=now,
+            last_cut_step=parts.owners.trainer_step,
+        )
+        """When the periodic cuts are taken (:mod:`spotrl_runtime.core.cut_schedule`)."""
         self.stats: dict[str, float] = dict.fromkeys(STATS, 0.0)
         self._signal = LearningSignal()
         self._reward_errors: dict[str, int] = {}
         """Completions the reward failed on, by group, until the group is trained (in memory: a
         group finished before a restore counts none)."""
+        self._version_mismatches: set[str] = set()
+        """Groups generated with other weights than their admission version, until trained."""
         self.history: list[dict[str, Any]] = []
         """One entry per step this process trained: step, reward, seconds ..."""
         self._last_step_at = time.monotonic()
@@ -182,19 +215,21 @@ class Controller:
 
     def _train_loop(self) -> bool:
         """The trainer thread. True when every step is trained."""
-        owners, trainer = self.owners, self.trainer
-        every_steps = self.spec.checkpoint.every_steps
-        every_seconds = self.spec.checkpoint.every_seconds
+        owners, trainer, schedule = self.owners, self.trainer, self._schedule
         while owners.trainer_step < self.target_steps:
             self._raise_failure()
             if self._parked.is_set() or self._stop.is_set():
                 return False
-            if every_seconds and time.monotonic() - self._last_cut_time >= every_seconds:
-                self._periodic_cut(f"every {every_seconds} s")
+            why = schedule.while_waiting(time.monotonic(), has_base=self.parts.writer.base is not None)
+            if why is not None:
+                self._periodic_cut(why, "delta")
             if not owners.wait_step_ready(timeout=0.2):
                 continue
             if self._parked.is_set():
                 return False
+            why = schedule.at_ready(has_base=self.parts.writer.base is not None)
+            if why is not None:
+                self._periodic_cut(why, "full")
             t0 = time.monotonic()
             groups = owners.begin_step()
             try:
@@ -219,6 +254,9 @@ class Controller:
             seconds = time.monotonic() - t0
             stats = rollout_stats(groups)
             stats["reward_errors"] = float(sum(self._reward_errors.pop(g.group_id, 0) for g in groups))
+            mismatched = {g.group_id for g in groups} & self._version_mismatches
+            self._version_mismatches -= mismatched
+            stats["version_mismatches"] = float(len(mismatched))
             if self._signal.observe(stats["frac_reward_zero_std"]):
                 log.warning(
                     "no learning signal: in each of the last %d steps every group's rollouts had equal rewards, so "
@@ -260,19 +298,15 @@ class Controller:
             # Not once a barrier was asked for while this step trained: the barrier's cut holds
             # it (and should one be captured after this check, a trainer group refuses the
             # periodic capture rather than replace the barrier's).
-            if (
-                every_steps
-                and owners.trainer_step % every_steps == 0
-                and owners.trainer_step < self.target_steps
-                and not self._parked.is_set()
-            ):
-                self._periodic_cut(f"every {every_steps} steps")
+            why = schedule.after_step(owners.trainer_step, has_base=self.parts.writer.base is not None)
+            if why is not None and owners.trainer_step < self.target_steps and not self._parked.is_set():
+                self._periodic_cut(why, "delta")
         return True
 
     def _fingerprint(self, metrics: dict[str, float]) -> Any:
-        """The step's fingerprint for the redo log, when delta barrier cuts may be taken
-        (``checkpoint.barrier`` auto or delta); None keeps no redo log."""
-        if self.spec.checkpoint.barrier == "full":
+        """The step's fingerprint for the redo log, when delta cuts may be taken (periodic ones,
+        or ``checkpoint.barrier`` auto or delta); None keeps no redo log."""
+        if self.spec.checkpoint.barrier == "full" and not self._schedule.deltas:
             return None
         return self.trainer.fingerprint(metrics)
 
@@ -300,7 +334,6 @@ class Controller:
         owners, pool, gen = self.owners, self.parts.pool, self.spec.generation
         inflight: dict[str, Dispatch] = {}
         tries: dict[str, int] = {}
-        version = self.trainer.step
 
         def send(dispatches: Sequence[Dispatch]) -> None:
             reqs = []
@@ -310,7 +343,7 @@ class Controller:
                 req = make_request(
                     d.group_id, ids, gen, run_seed=self.spec.training.seed, attempt=tries.get(d.group_id, 0)
                 )
-                reqs.append(replace(req, n=d.generations))
+                reqs.append(replace(req, n=d.generations, weight_version=d.weight_version))
             if reqs:
                 pool.submit(reqs)
 
@@ -329,15 +362,13 @@ class Controller:
                     len(inflight),
                 )
                 return
-            latest = None
-            while not self._weights.empty():
-                latest = self._weights.get_nowait()
-            if latest is not None and pool.update_weights(
-                latest[0], latest[1], wait=False, cancelled=self._parked.is_set
-            ):
-                version = latest[1]
-            if not self._parked.is_set():
-                send(owners.pump(weight_version=version))
+            # What the gate lets through first, then the trainer's new weights, every version in
+            # order: a group asks for the version it was admitted with, and the pool sends each
+            # version only after the groups that ask for an older one.
+            send(owners.pump())
+            while not self._weights.empty() and not self._parked.is_set():
+                state, version = self._weights.get_nowait()
+                pool.update_weights(state, version, wait=False, cancelled=self._parked.is_set)
             outcomes = pool.poll(timeout=0.05)
             if not outcomes and not pool.calls_in_flight():
                 # poll came back at once (nothing to wait on): the gate is closed until the
@@ -402,6 +433,18 @@ class Controller:
             return []  # a late duplicate (e.g. the group was dropped meanwhile)
         if failed:  # counted once the group is the replay buffer's: a late duplicate counts nothing
             self._reward_errors[d.group_id] = len(failed)
+        if generated.weight_version != d.weight_version:
+            # Its admission version had left the workers (a group redispatched after its worker
+            # died, or relaunched from a cut that cannot rebuild it): trained all the same, the
+            # importance weight correcting for the difference.
+            self._version_mismatches.add(d.group_id)
+            self.stats["version_mismatches"] += 1
+            log.warning(
+                "group %s was generated with weights %d, not %d (its admission version)",
+                d.group_id,
+                generated.weight_version,
+                d.weight_version,
+            )
         self.stats["groups_generated"] += 1
         self.stats["tokens_generated"] += sum(len(r.completion_token_ids) for r in rollouts)
         return []
@@ -415,25 +458,27 @@ class Controller:
         barrier: no step follows): nothing is copied, the writer reads the live tensors."""
         return self.trainer.snapshot({"model": self.spec.policy.model}, last=last)
 
-    def _periodic_cut(self, reason: str) -> _CutJob | None:
+    def _periodic_cut(self, reason: str, form: CutForm = "full") -> _CutJob | None:
         """Captures now, on the trainer thread, so the cut lands exactly on this step boundary;
-        the cut-writer thread writes the files while training goes on. None when a trainer
-        group refused it: a barrier captured since holds this step (and is the last word)."""
+        the cut-writer thread writes the files while training goes on. A delta captures the
+        owners only (their redo log holds the steps since the newest full cut). None when a
+        trainer group refused it: a barrier captured since holds this step (and is the last word)."""
         failpoint("cut.periodic", self.owners.trainer_step)
         try:
-            snapshot = self.owners.capture(self._trainer_state)
+            snapshot = self.owners.capture(self._trainer_state if form == "full" else None)
         except CaptureRefusedError as err:
             log.info("periodic cut (%s) not taken: %s", reason, err)
             return None
-        job = _CutJob(CutRequest.periodic(reason), snapshot=snapshot)
-        self._last_cut_time = time.monotonic()
+        job = _CutJob(replace(CutRequest.periodic(reason), form=form), snapshot=snapshot)
+        self._schedule.taken(form, self.owners.trainer_step, time.monotonic())
         self._cuts.put(job)
         return job
 
     def _cut_loop(self) -> None:
         """The cut-writer thread. A barrier supersedes periodic snapshots still waiting (it is
-        captured later, so it holds everything they hold), and of several waiting periodic
-        snapshots only the newest is written: cut ids must grow with the state they hold."""
+        captured later, so it holds everything they hold). Of several waiting periodic snapshots
+        the newest full one is written, then the newest delta captured after it: cut ids must
+        grow with the state they hold, and a delta must not leave its base unwritten."""
         while True:
             job = self._cuts.get()
             if job is None:
@@ -446,22 +491,24 @@ class Controller:
                     break
                 pending.append(nxt)
             barriers = [j for j in pending if j.request.kind == "barrier"]
-            chosen = barriers[0] if barriers else pending[-1]
             last_word = next((c for c in reversed(self.cuts) if c.kind == "barrier"), None)
-            if last_word is not None and chosen.request.kind != "barrier":
+            if last_word is not None and not barriers:
                 # A committed barrier is this controller's last word: a periodic snapshot
                 # captured before it must not become a newer (but older) cut.
                 for j in pending:
                     j.done.set_result(last_word)
                 continue
-            info = self._write_cut(chosen)
+            chosen = barriers[:1] if barriers else _newest_full_then_delta(pending)
+            info = None
+            for j in chosen:
+                info = self._write_cut(j)
             for j in pending:
-                if j is chosen:
+                if j in chosen:
                     continue
                 if info is not None:
                     j.done.set_result(info)
                 else:
-                    j.done.set_exception(RuntimeError(f"superseded by a {chosen.request.kind} cut that failed"))
+                    j.done.set_exception(RuntimeError(f"superseded by a {chosen[-1].request.kind} cut that failed"))
 
     def _write_cut(self, job: _CutJob) -> CutInfo | None:
         request = job.request
