@@ -19,6 +19,10 @@ the server closes) and relays it byte for byte. Faults, chosen per request by
 ``stall``          holds the request ``seconds`` before forwarding it (None: until the proxy closes)
 ``stall_answer``   forwards, then holds the answer ``seconds`` (None: until the proxy closes)
 
+Apart from faults, :meth:`FaultProxy.strip_header` removes a header from matching requests
+before they go on (a server, or a gateway in front of one, that ignores ``If-None-Match``),
+and signs each such request again so the server still takes it: SigV4 signs the header.
+
 :attr:`FaultProxy.requests` counts the requests seen, :attr:`FaultProxy.faults` the faults
 injected by kind, :attr:`FaultProxy.log` has one ``(method, path, fault)`` per request.
 :meth:`FaultProxy.close` ends every connection and joins every thread it started.
@@ -27,6 +31,8 @@ injected by kind, :attr:`FaultProxy.log` has one ``(method, path, fault)`` per r
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import random
 import socket
 import struct
@@ -71,6 +77,24 @@ class Rule:
         if self.method is not None and method != self.method:
             return False
         return self.key is None or self.key in path
+
+
+@dataclass
+class Strip:
+    """Removes header ``name`` from requests that match ``method`` (None: any) and whose decoded
+    target contains ``key`` (None: any), and signs them again with ``secret_key`` (SigV4, the
+    request's own credential scope, date and payload hash). ``stripped`` counts the requests."""
+
+    name: str
+    secret_key: str
+    method: str | None = None
+    key: str | None = None
+    stripped: int = 0
+
+    def matches(self, method: str, path: str, headers: list[tuple[str, str]]) -> bool:
+        if self.method is not None and method != self.method:
+            return False
+        return (self.key is None or self.key in path) and _header(headers, self.name.lower()) is not None
 
 
 class _ClosedError(Exception):
@@ -179,6 +203,39 @@ def _error(kind: str, close: bool = False) -> bytes:
     return (head + connection + "\r\n").encode() + body
 
 
+def _resign(method: str, target: str, headers: list[tuple[str, str]], secret_key: str) -> list[tuple[str, str]]:
+    """``headers`` with the SigV4 ``Authorization`` computed again over the headers it signed
+    that are still there; a request signed otherwise (or not at all) is left as it is."""
+    auth = _header(headers, "authorization") or ""
+    scheme = "AWS4-HMAC-SHA256 "
+    if not auth.startswith(scheme):
+        return headers
+    fields = dict(part.strip().partition("=")[::2] for part in auth[len(scheme) :].split(","))
+    present = {k.lower() for k, _ in headers}
+    signed = [h for h in fields["SignedHeaders"].split(";") if h in present]
+    path, _, query = target.partition("?")
+    pairs = sorted(tuple(p.partition("=")[::2]) for p in query.split("&")) if query else []
+    canonical = "\n".join(
+        [
+            method,
+            path,
+            "&".join(f"{k}={v}" for k, v in pairs),
+            "".join(f"{h}:{','.join(' '.join(v.split()) for k, v in headers if k.lower() == h)}\n" for h in signed),
+            ";".join(signed),
+            _header(headers, "x-amz-content-sha256") or "UNSIGNED-PAYLOAD",
+        ]
+    )
+    scope = fields["Credential"].split("/", 1)[1]
+    digest = hashlib.sha256(canonical.encode()).hexdigest()
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", _header(headers, "x-amz-date") or "", scope, digest])
+    key = f"AWS4{secret_key}".encode()
+    for part in scope.split("/"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    value = f"{scheme}Credential={fields['Credential']}, SignedHeaders={';'.join(signed)}, Signature={signature}"
+    return [(k, value if k.lower() == "authorization" else v) for k, v in headers]
+
+
 def _reset(sock: socket.socket) -> None:
     """Closes with RST (not FIN): the peer sees 'connection reset'."""
     with contextlib.suppress(OSError):
@@ -194,6 +251,7 @@ class FaultProxy:
         parsed = urlsplit(upstream)
         self.upstream = (parsed.hostname or "127.0.0.1", parsed.port or 80)
         self.rules: list[Rule] = []
+        self.strips: list[Strip] = []
         self.requests = 0
         self.faults: Counter[str] = Counter()
         self.log: list[tuple[str, str, str | None]] = []
@@ -237,10 +295,20 @@ class FaultProxy:
         for kind, probability in MIX.items():
             self.add(kind, probability=probability, seconds=stall)
 
+    def strip_header(self, name: str, *, secret_key: str, method: str | None = None, key: str | None = None) -> Strip:
+        """Removes header ``name`` from every matching request from now on, signing it again with
+        ``secret_key`` (the S3 server's secret key, which a real gateway would not need: it is
+        only that the server checks the signature of what arrives)."""
+        strip = Strip(name, secret_key, method, key)
+        with self._lock:
+            self.strips.append(strip)
+        return strip
+
     def clear(self) -> None:
-        """Removes every rule (the counters stay)."""
+        """Removes every rule and every header strip (the counters stay)."""
         with self._lock:
             self.rules.clear()
+            self.strips.clear()
 
     def _choose(self, method: str, path: str) -> Rule | None:
         with self._lock:
@@ -256,6 +324,18 @@ class FaultProxy:
             return chosen
 
     # ------------------------------------------------------------ serving
+
+    def _stripped(self, method: str, target: str, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """``headers`` less those a :class:`Strip` removes, signed again."""
+        path = unquote(target)
+        with self._lock:
+            strips = [s for s in self.strips if s.matches(method, path, headers)]
+            for strip in strips:
+                strip.stripped += 1
+        for strip in strips:
+            headers = [(k, v) for k, v in headers if k.lower() != strip.name.lower()]
+            headers = _resign(method, target, headers, strip.secret_key)
+        return headers
 
     def _track(self, sock: socket.socket) -> bool:
         with self._lock:
@@ -308,6 +388,7 @@ class FaultProxy:
                     _reset(client_sock)
                     return
                 body = self._body(client, headers)
+                headers = self._stripped(method, target, headers)
                 if kind in _ANSWERED:
                     client_sock.sendall(_error(kind))
                     continue
