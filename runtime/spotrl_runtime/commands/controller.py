@@ -63,8 +63,15 @@ def _parse(rljob: dict[str, Any], namespace: str, name: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spotrl_runtime.commands.run import controller_options, refused_early, run_controller, start_ray_early
+    from spotrl_runtime.commands.run import (
+        controller_options,
+        refused_early,
+        refused_store,
+        run_controller,
+        start_ray_early,
+    )
     from spotrl_runtime.controller.standby import StandbyStopped, stand_by, status_attempt
+    from spotrl_runtime.storage import open_storage
 
     job_name, namespace = _required("SPOTRL_JOB"), os.environ.get("SPOTRL_NAMESPACE") or "default"
     storage, attempt_text = _required("SPOTRL_STORAGE"), _required("SPOTRL_ATTEMPT")
@@ -108,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
                 prestart = start_ray_early(args, job, ray_host=ray_host, remote_workers=remote_workers)
                 options = controller_options(args, job, storage, metrics_host=metrics_host)
                 options.started_at = time.time()
+            # Promoted: from now on the store's writer, so its store is probed as any controller's.
+            refused = refused_store(open_storage(storage))
+            if refused is not None:
+                return refused
         options.prestart = prestart
         options.attempt = attempt
         options.ray_host = ray_host

@@ -12,10 +12,10 @@ only /metrics and /healthz.
 Exit codes: 0 every step trained; 143 stopped by SIGTERM, 130 by SIGINT (with its barrier
 cut, or saying why there is none); 2 a bad flag, file or RLJob field (one line names it;
 nothing was started); 3 the run cannot start from this storage (it belongs to another job, a
-cut fails the validation chain, or ``--resume`` asks for what is not there; nothing was
-written there); 4 fenced (another controller claimed the job; this one wrote nothing more);
-5 a trainer rank lost; 1 any other error (Ray or the trainer group could not start, the
-generation workers did not come).
+cut fails the validation chain, ``--resume`` asks for what is not there, or an S3 store ignores
+create-only puts; nothing was written there); 4 fenced (another controller claimed the job;
+this one wrote nothing more); 5 a trainer rank lost; 1 any other error (Ray or the trainer
+group could not start, the generation workers did not come).
 """
 
 from __future__ import annotations
@@ -134,8 +134,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def refused_early(job: Any, storage: str, resume: str) -> int | None:
-    """The resume's precheck (:mod:`~spotrl_runtime.checkpoint.precheck`), before Ray starts:
-    exit code 3 after printing what the restore would refuse the resume with; None: go on."""
+    """The resume's precheck (:mod:`~spotrl_runtime.checkpoint.precheck`), then the store's
+    create-only probe (:func:`refused_store`), before Ray starts: exit code 3 after printing what
+    the restore would refuse the resume with, or why the store is refused; None: go on."""
     from spotrl_runtime.api.rljob import EXIT_REFUSED
     from spotrl_runtime.checkpoint.precheck import ResumeError, precheck_resume
     from spotrl_runtime.core.identity import JobIdentity
@@ -153,6 +154,27 @@ def refused_early(job: Any, storage: str, resume: str) -> int | None:
     except (CutCheckError, ResumeError) as err:
         print(f"spotrl: {err}", file=sys.stderr)
         return EXIT_REFUSED
+    return refused_store(store)
+
+
+def refused_store(store: Any) -> int | None:
+    """An S3 store that ignores ``If-None-Match: *`` (:func:`~spotrl_runtime.storage.s3.probe_create_only`),
+    found before this controller claims anything there: exit code 3 after printing check
+    ``create_only``; None: go on. A folder's create-only puts are the file system's own. A probe
+    that the store's errors stop proves nothing: the restore meets the store next, and says why."""
+    from spotrl_runtime.api.rljob import EXIT_REFUSED
+    from spotrl_runtime.storage import StorageError
+    from spotrl_runtime.storage.s3 import CreateOnlyIgnoredError, S3Storage, probe_create_only
+
+    if not isinstance(store, S3Storage):
+        return None
+    try:
+        probe_create_only(store)
+    except CreateOnlyIgnoredError as err:
+        print(f"spotrl: {err}", file=sys.stderr)
+        return EXIT_REFUSED
+    except StorageError as err:
+        logging.getLogger("spotrl.storage").warning("%s: create-only probe not finished: %s", store.uri, err)
     return None
 
 

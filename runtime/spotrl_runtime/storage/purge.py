@@ -3,7 +3,8 @@
 
 A job owns the cut folders (``cuts/``), the pointer (``LATEST.json``), the audit log
 (``audit/``), the controllers' fence claims (``attempts/``), its TensorBoard event files
-(``tensorboard/``) and the store's identity file
+(``tensorboard/``), the keys of an S3 create-only probe a controller could not delete
+(``_probe/``) and the store's identity file
 (``JOB.json``, deleted last: a store half purged is still the job's); other keys under the
 same root are not its and stay. The names are spelled out here, not imported from the checkpoint
 and controller packages: they import torch, and the operator's image (which runs the deletion) has
@@ -21,7 +22,7 @@ from urllib.parse import urlparse
 
 from spotrl_runtime.storage.base import Storage
 
-JOB_PREFIXES = ("cuts/", "audit/", "attempts/", "tensorboard/")
+JOB_PREFIXES = ("cuts/", "audit/", "attempts/", "tensorboard/", "_probe/")
 JOB_KEYS = ("LATEST.json",)
 OWNER_KEY = "JOB.json"
 """The store's identity file (:mod:`spotrl_runtime.checkpoint.ownership`)."""

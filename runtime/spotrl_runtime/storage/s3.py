@@ -25,6 +25,9 @@
   retry, after an attempt that may have landed, is checked: the key holding our bytes is our
   own write (success), different bytes are a conflict (:class:`ObjectExistsError`), and a
   key that cannot be read back is neither (``in_doubt`` :class:`StorageError`).
+- A server that ignores ``If-None-Match: *`` turns every create-only put into an overwrite, and
+  with it the fence and the manifest's commit: :func:`probe_create_only` finds that out before
+  a controller writes anything that counts (check ``create_only``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import os
 import random
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -57,6 +61,9 @@ from spotrl_runtime.storage.base import (
 
 T = TypeVar("T")
 CHUNK = 8 * 1024 * 1024
+
+PROBES = "_probe"
+"""Prefix of the keys :func:`probe_create_only` writes (and deletes) under a store's root."""
 
 MiB = 1024 * 1024
 
@@ -463,6 +470,36 @@ class S3Storage:
         full = self._key(key)
         with contextlib.suppress(ObjectNotFoundError):
             self._call("delete", key, lambda: self._client.delete_object(Bucket=self.bucket, Key=full))
+
+
+class CreateOnlyIgnoredError(StorageError):
+    """The store took a second create-only put of one key: it ignores ``If-None-Match: *``."""
+
+    check = "create_only"
+
+
+def probe_create_only(store: S3Storage) -> None:
+    """Puts a fresh probe key create-only twice, with different bytes, and raises
+    :class:`CreateOnlyIgnoredError` if the second put succeeds: the fence's claims and every
+    cut's manifest rely on the store refusing it (412), or two controllers could both commit.
+    The key is deleted afterwards where the store lets it be. A probe that cannot finish raises
+    the store's own :class:`StorageError`: it proves nothing either way."""
+    key = f"{PROBES}/create-only-{uuid.uuid4().hex}"
+    try:
+        store.put_bytes(key, b"first", create_only=True)
+        try:
+            # Other bytes than the first put's: a retried 412 is not mistaken for our own write.
+            store.put_bytes(key, b"second", create_only=True)
+        except ObjectExistsError:
+            return
+    finally:
+        with contextlib.suppress(StorageError):
+            store.delete(key)
+    raise CreateOnlyIgnoredError(
+        f"create_only: the S3 store at {store.endpoint_url or 'AWS'} (bucket {store.bucket!r}) accepted a second "
+        f"create-only put of {store.uri}/{key}; it ignores If-None-Match: *, so two controllers could both commit a "
+        "cut; use a store that supports conditional writes (AWS S3 since 2024, MinIO, versitygw ...)"
+    )
 
 
 class _StreamUpload(io.RawIOBase):

@@ -17,10 +17,11 @@ from spotrl_runtime.checkpoint.layout import AUDIT, CUTS, POINTER
 from spotrl_runtime.controller.tensorboard import PREFIX as TENSORBOARD
 from spotrl_runtime.storage import open_storage
 from spotrl_runtime.storage.purge import JOB_KEYS, JOB_PREFIXES, job_prefix_problem, purge
+from spotrl_runtime.storage.s3 import PROBES
 
 
 def test_the_job_prefixes_are_the_checkpoint_layouts_names() -> None:
-    assert set(JOB_PREFIXES) == {f"{ATTEMPTS}/", f"{CUTS}/", f"{AUDIT}/", f"{TENSORBOARD}/"}
+    assert set(JOB_PREFIXES) == {f"{ATTEMPTS}/", f"{CUTS}/", f"{AUDIT}/", f"{TENSORBOARD}/", f"{PROBES}/"}
     assert JOB_KEYS == (POINTER,)
 
 
