@@ -29,9 +29,10 @@ A cut is written in this order, and exists only once step 5 succeeds:
    certainly never reached the store: the files of a manifest that landed are never removed.
 6. pointer: ``LATEST.json`` names the new cut (only after its manifest exists); files of
    other writers under the same id (a crashed or refused writer) are removed.
-7. retention: committed cuts beyond the newest ``keep`` are deleted (manifest first), and
-   so are torn folders older than the oldest kept cut; a full cut that a kept delta cut
-   extends (its base), or that the next delta would, is kept.
+7. retention (:func:`kept_chains`): a full cut and the delta cuts that extend it count as
+   one kept cut; the newest ``keep`` such chains stay, and so does the full cut the next delta
+   would extend. The rest is deleted (manifest first), and so are torn folders older than the
+   oldest kept cut.
 
 A **delta cut** (``CutRequest.form == "delta"``, :mod:`spotrl_runtime.core.redo`) writes the
 owner files and the redo log since :attr:`CutWriter.base`, the newest full cut, and no trainer
@@ -161,6 +162,15 @@ class CommittedCut:
     bytes_written: int = 0
 
 
+def kept_chains(committed: list[str], bases: Mapping[str, str | None], keep: int, next_base: str | None) -> set[str]:
+    """The committed cuts retention keeps: the newest ``keep`` full cuts with every delta that
+    extends one of them, and ``next_base`` (the full cut the next delta extends) with its deltas.
+    ``committed`` is in cut order; ``bases`` maps each cut to the full cut it extends (None: full)."""
+    fulls = [c for c in committed if bases.get(c) is None]
+    chains = set(fulls[-keep:]) | ({next_base} if next_base is not None else set())
+    return {c for c in committed if c in chains or bases.get(c) in chains}
+
+
 class CutWriter:
     """Writes cuts of one job into ``storage`` (the job's root). One cut at a time.
 
@@ -194,6 +204,8 @@ class CutWriter:
         self.base: DeltaBase | None = None
         """The full cut a delta cut extends: the newest this writer committed, or the one the run
         was restored from (the restore sets it; a delta's base when it resumed from a delta)."""
+        self._base_ids: dict[str, str | None] = {}
+        """Committed cut id -> the full cut it extends (None: it is full), for retention."""
         self._lock = threading.Lock()
 
     def write(
@@ -556,15 +568,16 @@ class CutWriter:
             log.warning("retention skipped: listing the cuts failed: %s", err)
             return
         committed = [f for f in folders if f.committed]
-        keep = committed[-self.keep :]
-        if not keep:
-            return
-        oldest_kept = seq_of(keep[0].cut_id) or 0
-        bases = self._bases_of(keep)
+        bases = self._bases_of(committed)
         if bases is None:
-            return  # a kept cut's manifest did not read: delete nothing that might be a base
+            return  # a manifest did not read: delete nothing that might be a base
+        kept = kept_chains([f.cut_id for f in committed], bases, self.keep, self.base.cut_id if self.base else None)
+        if not kept:
+            return
+        oldest_kept = min(seq_of(c) or 0 for c in kept)
         for folder in folders:
-            if folder in keep or folder.cut_id in bases or (seq_of(folder.cut_id) or 0) >= oldest_kept:
+            torn_and_new = not folder.committed and (seq_of(folder.cut_id) or 0) >= oldest_kept
+            if folder.cut_id in kept or torn_and_new:
                 continue
             try:
                 # Manifest first: from that instant the cut no longer exists, even if the
@@ -576,18 +589,19 @@ class CutWriter:
             except StorageError as err:
                 log.warning("could not delete old cut %s: %s", folder.cut_id, err)
 
-    def _bases_of(self, kept: list[Any]) -> set[str] | None:
-        """The full cuts that kept deltas extend, and this writer's base (None: a manifest did not read)."""
-        bases = {self.base.cut_id} if self.base is not None else set()
-        for folder in kept:
+    def _bases_of(self, committed: list[Any]) -> dict[str, str | None] | None:
+        """Each committed cut's base (None: a full cut), from its manifest, read once (a
+        committed manifest never changes). None when a manifest did not read."""
+        for folder in committed:
+            if folder.cut_id in self._base_ids:
+                continue
             try:
                 base = (json.loads(self.storage.get_bytes(manifest_key(folder.cut_id))) or {}).get("base")
             except (StorageError, ValueError) as err:
                 log.warning("retention skipped: the manifest of cut %s did not read: %s", folder.cut_id, err)
                 return None
-            if isinstance(base, dict) and isinstance(base.get("cut_id"), str):
-                bases.add(base["cut_id"])
-        return bases
+            self._base_ids[folder.cut_id] = base.get("cut_id") if isinstance(base, dict) else None
+        return {f.cut_id: self._base_ids[f.cut_id] for f in committed}
 
     def _remove_folder(self, prefix: str) -> None:
         """Removes a cut's files after it failed. Best effort (a torn folder is harmless, and

@@ -167,7 +167,7 @@ def test_retention_keeps_the_newest_k_and_the_pointer_follows(tmp_path: Path) ->
     assert not (tmp_path / "cuts" / ids[0]).exists(), "old cuts leave no empty folders behind"
 
 
-def test_retention_keeps_the_base_of_every_kept_delta_and_drops_it_after(tmp_path: Path) -> None:
+def test_retention_keeps_a_base_and_its_deltas_as_one_cut_and_drops_them_together(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path)
     run = Run.new(EXAMPLE_B, DATASET, storage)
     run.writer.keep = 1  # type: ignore[union-attr]
@@ -179,10 +179,10 @@ def test_retention_keeps_the_base_of_every_kept_delta_and_drops_it_after(tmp_pat
     assert delta.manifest.base.cut_id == base
     assert [f.cut_id for f in list_cut_folders(storage)] == [base, delta.cut_id], "keep 1, but the delta needs its base"
     run.drain(3)
-    second = run.cut("delta")  # a delta on the same base: the first delta goes, the base stays
-    assert [f.cut_id for f in list_cut_folders(storage)] == [base, second.cut_id]
+    second = run.cut("delta")  # a delta on the same base: one chain, all of it kept
+    assert [f.cut_id for f in list_cut_folders(storage)] == [base, delta.cut_id, second.cut_id]
     full = run.cut()
-    assert [f.cut_id for f in list_cut_folders(storage)] == [full.cut_id], "no kept delta needs the old base"
+    assert [f.cut_id for f in list_cut_folders(storage)] == [full.cut_id], "the old chain goes as one"
     assert not (tmp_path / "cuts" / base).exists()
 
 
