@@ -4,6 +4,8 @@ resume; a barrier whose manifest PUT stalls says so and exits 143 within its dea
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 import time
 from typing import Any
@@ -12,7 +14,7 @@ import pytest
 from controller_runs import Runs, stop, wait_for
 
 from spotrl_e2e.faultproxy import FaultProxy
-from spotrl_runtime.checkpoint.layout import list_cut_folders
+from spotrl_runtime.checkpoint.layout import list_cut_folders, newest_committed
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.storage.s3 import S3Storage
 
@@ -26,6 +28,16 @@ DEADLINE = 8
 def _store(bucket: Any) -> S3Storage:
     """The job's store, read directly (not through the proxy)."""
     return bucket.storage("job")
+
+
+def _newest_cut(bucket: Any) -> tuple[str, str, int]:
+    """(id, kind, trainer step) of the store's newest committed cut: the manifest, not the log,
+    says a barrier cut committed (the SIGTERM banner says "barrier cut" whether it did or not)."""
+    store = _store(bucket)
+    cut_id = newest_committed(store)
+    assert cut_id is not None, "no committed cut"
+    manifest = json.loads(store.get_bytes(f"cuts/{cut_id}/manifest.json"))
+    return cut_id, manifest["kind"], manifest["trainer_step"]
 
 
 def _stream(bucket: Any) -> list[tuple[int, list[int]]]:
@@ -46,15 +58,25 @@ def test_a_run_preempted_and_resumed_under_heavy_faults_trains_the_baseline(
         first = runs.start(job, uri, **env)
         wait_for(lambda: len(_stream(s3_bucket)) >= 6, 300, "six steps audited", first)
         rc = stop(first, signal.SIGTERM)
-        assert rc == 143, runs.log_of(first)
-        assert "barrier cut" in runs.log_of(first)
+        log = runs.log_of(first)
+        assert rc == 143, log
+        # The barrier cut committed, under faults: read now (retention may delete it later).
+        cut_id, kind, cut_step = _newest_cut(s3_bucket)
+        assert kind == "barrier", (cut_id, kind, log[-3000:])
+        assert re.search(rf"barrier cut {cut_id} committed at step {cut_step} ", log), log[-3000:]
+        trained = {d["step"] for d in AuditStore(_store(s3_bucket)).documents()}
+        assert cut_step == len(trained) >= 6, (cut_step, sorted(trained))
         rc, log = runs.run(job, uri, **env)
         assert rc == 0, log
+        assert f"resumed from cut {cut_id} (barrier) at step {cut_step}" in log, log[-3000:]
         requests, faults = proxy.requests, dict(proxy.faults)
     cuts = len([f for f in list_cut_folders(_store(s3_bucket)) if f.committed])
     with capsys.disabled():
         print(f"\nfault figures (controller, SIGTERM + resume): requests {requests}, faults {faults}, cuts kept {cuts}")
     assert sum(faults.values()) > requests // 5, "the mix really failed many requests"
+    # The resume started at the cut: no step was trained twice. (Not the restore count: the
+    # restore record is a report its attempt may fail to write under this fault mix.)
+    assert AuditStore(_store(s3_bucket)).accounting().steps_retrained == 0
     assert _stream(s3_bucket) == [(s, idxs) for s, idxs in baseline]
 
 
