@@ -12,7 +12,9 @@ Points: ``train.step`` (between taking a step's groups and committing it),
 ``dispatch.finish`` (a generated group of step N not yet handed to the replay buffer),
 ``cut.periodic`` (step N is trained and audited, its periodic cut not yet captured),
 ``cut.captured`` (a barrier cut's in-memory capture is done), ``cut.files_written`` (a
-cut's files are in storage, its manifest is not) and ``redo.step`` (a resume from a delta cut
+cut's files are in storage, its manifest is not), ``cut.committed`` (its manifest is written,
+the pointer not updated), ``cut.retention`` (about to delete older cuts; the cut points' step
+is the cut's trainer step) and ``redo.step`` (a resume from a delta cut
 about to redo step N), and in a generation worker
 ``worker.generate`` (a batch of groups about to be generated; its step is the weight version
 the worker holds) and ``worker.load_weights`` (new weights received, not yet loaded into the

@@ -176,7 +176,8 @@ class CutWriter:
 
     ``dataset`` describes the prompt source (at least ``uri`` and ``size``); restore
     compares it with the dataset it is given. ``progress`` is called with each phase name
-    ("captured", "files_written", "committed") for telemetry.
+    ("captured", "files_written", "committed", "retention") and the cut's trainer step, for
+    telemetry and failpoints.
     """
 
     def __init__(
@@ -187,7 +188,7 @@ class CutWriter:
         dataset: Mapping[str, Any],
         keep: int = 3,
         trainer_format: TrainerStateFormat | None = None,
-        progress: Callable[[str], None] | None = None,
+        progress: Callable[[str, int], None] | None = None,
         fence: Fence | None = None,
     ):
         if keep < 1:
@@ -229,7 +230,7 @@ class CutWriter:
             except CutTimeoutError as err:
                 raise BarrierDeadlineMissedError(f"{request.kind} cut not taken: {err}") from None
             try:
-                self._phase("captured")
+                self._phase("captured", snapshot.trainer_step)
             except BaseException:
                 if isinstance(snapshot.extra, LentTrainerState):
                     snapshot.extra.finished()
@@ -241,9 +242,9 @@ class CutWriter:
         with self._lock:
             return self._commit(snapshot, request, time.perf_counter())
 
-    def _phase(self, name: str) -> None:
+    def _phase(self, name: str, step: int) -> None:
         if self.progress is not None:
-            self.progress(name)
+            self.progress(name, step)
 
     def _commit(self, snapshot: OwnersSnapshot, request: CutRequest, t0: float) -> CommittedCut:
         # A barrier cut's every storage call is bounded by its deadline (deadline_scope).
@@ -276,7 +277,7 @@ class CutWriter:
         try:
             files = self._write_files(snapshot, request, cut_id, f"{base}/{writer}", writer)
             timings["files"] = time.perf_counter() - t
-            self._phase("files_written")
+            self._phase("files_written", snapshot.trainer_step)
             self._check_deadline(request, cut_id)
             manifest = self._manifest(snapshot, request, cut_id, writer, files)
             if self.fence is not None:
@@ -302,7 +303,7 @@ class CutWriter:
         except Exception as err:
             self._settle_manifest(cut_id, manifest_bytes, folder, err)
         timings["manifest"] = time.perf_counter() - t
-        self._phase("committed")
+        self._phase("committed", snapshot.trainer_step)
         if not manifest.is_delta and snapshot.extra is not None:
             self.base = DeltaBase(cut_id, hashlib.sha256(manifest_bytes).hexdigest(), snapshot.trainer_step)
         # Files of writers that lost this id (crashed, or raced and were refused) can never
@@ -312,14 +313,16 @@ class CutWriter:
         self._update_pointer(cut_id, manifest, hashlib.sha256(manifest_bytes).hexdigest())
         timings["pointer"] = time.perf_counter() - t
         t = time.perf_counter()
+        self._phase("retention", snapshot.trainer_step)
         self._apply_retention()
         timings["retention"] = time.perf_counter() - t
         timings["total"] = time.perf_counter() - t0
         written = sum(f.size for f in files) + len(manifest_bytes)
         log.info(
-            "cut %s committed (%s, step %d, %d bytes; %s)",
+            "cut %s committed (%s %s, step %d, %d bytes; %s)",
             cut_id,
             request.kind,
+            request.form,
             snapshot.trainer_step,
             written,
             ", ".join(f"{k} {v:.3f} s" for k, v in timings.items()),

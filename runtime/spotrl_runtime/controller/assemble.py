@@ -233,7 +233,7 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             job=job.name,
             dataset=describe_dataset(spec.dataset, dataset),
             keep=spec.checkpoint.keep,
-            progress=lambda phase: failpoint(f"cut.{phase}"),
+            progress=lambda phase, step: failpoint(f"cut.{phase}", step),
             fence=start.fence,
         )
         if start.restored is not None:

@@ -225,11 +225,11 @@ class Controller:
                 self._periodic_cut(why, "delta")
             if not owners.wait_step_ready(timeout=0.2):
                 continue
-            if self._parked.is_set():
-                return False
             why = schedule.at_ready(has_base=self.parts.writer.base is not None)
-            if why is not None:
+            if why is not None and not self._parked.is_set():
                 self._periodic_cut(why, "full")
+            if self._parked.is_set():  # a barrier came, maybe while the periodic cut was captured
+                return False
             t0 = time.monotonic()
             groups = owners.begin_step()
             try:

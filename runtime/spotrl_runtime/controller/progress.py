@@ -43,7 +43,8 @@ class TerminalProgress:
 
     def on_cut(self, cut: CutInfo) -> None:
         est = f"; a barrier cut now: ~{cut.estimate.seconds:.2f} s" if cut.estimate is not None else ""
-        self._say(f"cut {cut.cut_id} committed ({cut.kind}, step {cut.step}, {cut.seconds:.2f} s{est})")
+        form = " delta" if cut.form == "delta" else ""
+        self._say(f"cut {cut.cut_id} committed ({cut.kind}{form}, step {cut.step}, {cut.seconds:.2f} s{est})")
 
     def on_finished(self, steps: int) -> None:
         self._say(f"done: {steps} steps trained")

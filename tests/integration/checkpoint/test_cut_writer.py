@@ -206,7 +206,7 @@ def test_the_lock_is_released_before_files_are_written(tmp_path: Path) -> None:
     moved = threading.Event()
     in_files = threading.Event()
 
-    def progress(phase: str) -> None:
+    def progress(phase: str, step: int) -> None:
         if phase == "captured":
             in_files.set()
             assert moved.wait(10), "an ownership move completed while the cut was writing its files"
