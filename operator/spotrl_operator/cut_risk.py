@@ -65,6 +65,7 @@ def assess_job(b: Builder) -> Assessment | None:
             window,
             every_steps=ckpt.every_steps,
             every_seconds=ckpt.every_seconds,
+            delta_every_steps=ckpt.delta_every_steps,
             window_source=source,
             was_at_risk=b.has_condition(CONDITION),
         )

@@ -171,6 +171,7 @@ def assess(
     every_seconds: int,
     window_source: str = "",
     was_at_risk: bool = False,
+    delta_every_steps: int = 0,
 ) -> Assessment:
     """Whether a barrier cut of ``est`` fits ``window_seconds`` (the shortest deadline the
     job may get; ``window_source`` says whose it is), and if not, what an abrupt loss would
@@ -229,11 +230,16 @@ def assess(
         "resume from its newest periodic cut"
     ]
     bounds = []
-    if every_steps > 0:
-        about = f" (~{every_steps * step:.0f} s)" if step else ""
-        bounds.append(f"checkpoint.everySteps={every_steps} steps{about}")
-    if every_seconds > 0:
-        bounds.append(f"checkpoint.everySeconds={every_seconds} s")
+    if delta_every_steps > 0 and (every_steps == 0 or delta_every_steps < every_steps):
+        # Delta cuts between the full ones bound the loss tighter.
+        about = f" (~{delta_every_steps * step:.0f} s)" if step else ""
+        bounds.append(f"checkpoint.deltaEverySteps={delta_every_steps} steps{about}")
+    else:
+        if every_steps > 0:
+            about = f" (~{every_steps * step:.0f} s)" if step else ""
+            bounds.append(f"checkpoint.everySteps={every_steps} steps{about}")
+        if every_seconds > 0:
+            bounds.append(f"checkpoint.everySeconds={every_seconds} s")
     parts.append("an abrupt loss then costs up to " + " or ".join(bounds) + " of training")
     fits = []
     room = budget - est.overhead_seconds
@@ -244,7 +250,7 @@ def assess(
     fits.append("a longer window (spec.checkpoint.barrierDeadlineSeconds, signals.deadlineCaps)")
     parts.append("what would fit: " + ", or ".join(fits))
     fit_steps = None
-    if step and step > 0 and every_steps != 1:
+    if step and step > 0 and every_steps != 1 and delta_every_steps == 0:
         # A periodic cut is written in the background, but the next waits for it: cuts can
         # come no more often than one cut's time.
         k = max(1, math.ceil(est.seconds / step))

@@ -15,14 +15,19 @@ T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 MB = 1_000_000
 
 
-def spec(deadline: int = 100, every_steps: int = 50, barrier: str = "full") -> object:
+def spec(deadline: int = 100, every_steps: int = 50, barrier: str = "full", delta_every_steps: int = 0) -> object:
     return parse_spec(
         {
             "policy": {"model": "builtin:tiny-arith"},
             "dataset": {"uri": "builtin:arithmetic"},
             "reward": {"name": "arithmetic_exact"},
             "training": {"totalSteps": 300},
-            "checkpoint": {"barrierDeadlineSeconds": deadline, "everySteps": every_steps, "barrier": barrier},
+            "checkpoint": {
+                "barrierDeadlineSeconds": deadline,
+                "everySteps": every_steps,
+                "barrier": barrier,
+                "deltaEverySteps": delta_every_steps,
+            },
         }
     )
 
@@ -108,6 +113,15 @@ def test_an_estimate_over_the_gke_cap_is_at_risk_once_with_the_window_and_what_w
     assert still[:2] == got[:2]
     assert "over 14.0 s (70%) of the shortest barrier window" in still[2]
     assert events(again) == []
+
+
+def test_with_a_delta_after_every_step_an_abrupt_loss_costs_one_step() -> None:
+    plan = reconcile(world(running(estimate(30.0)), delta_every_steps=1))
+    got = risk(plan)
+    assert got is not None
+    assert got[:2] == ("True", "CutTooSlow")
+    assert "an abrupt loss then costs up to checkpoint.deltaEverySteps=1 steps (~3 s) of training" in got[2]
+    assert "set checkpoint.everySteps" not in got[2], "fewer full cuts would not bound the loss better"
 
 
 def test_the_same_estimate_fits_a_job_whose_window_is_long_enough() -> None:
