@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from controller_runs import Runs, audit, newest_cut, stop, stream, verify, wait_for
+from controller_runs import Runs, assert_same_weights, audit, final_weights, newest_cut, stop, stream, verify, wait_for
 
 from spotrl_e2e.forgery import (
     CutSurgery,
@@ -40,25 +39,6 @@ pytestmark = pytest.mark.slow
 
 JOB = {"checkpoint.barrier": "delta"}
 """The tiny job (16 steps, a periodic full cut every 4) whose barrier cuts are deltas."""
-
-
-def final_weights(store: Path) -> dict[str, torch.Tensor]:
-    """The weights of the store's newest cut (a run's final, full cut)."""
-    cuts = sorted(p for p in (store / "cuts").iterdir() if (p / "manifest.json").exists())
-    cut = CutSurgery(cuts[-1])
-    assert cut.m["form"] == "full", cut.m
-    weights: dict[str, torch.Tensor] = {}
-    for f in sorted(cut.m["files"], key=lambda f: f["path"]):
-        if f["role"] == "weights":
-            weights.update(torch.load(cut.cut / f["path"], map_location="cpu", weights_only=True))
-    assert weights
-    return weights
-
-
-def assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert got.keys() == want.keys()
-    differ = [k for k in want if not torch.equal(got[k], want[k])]
-    assert not differ, f"{len(differ)} of {len(want)} tensors differ from the uninterrupted run's: {differ[:5]}"
 
 
 @pytest.fixture(scope="module")
