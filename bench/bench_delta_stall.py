@@ -1,0 +1,125 @@
+"""What a delta cut after every step costs the trainer: the chat example with and without them.
+
+    PYTHONPATH=e2e python bench/bench_delta_stall.py [--steps 30]
+
+The same job (``examples/cpu-chat-gsm8k.yaml``, ``--steps`` steps), in one run of this file:
+
+1. a local store, ``checkpoint.deltaEverySteps: 0`` (full cuts every ``everySteps`` only): the baseline;
+2. a local store, ``deltaEverySteps: 1`` (the default);
+3. S3 (versitygw on loopback) through our fault proxy, every PUT stalled ``--stall`` seconds,
+   ``deltaEverySteps: 1``.
+
+Per setting: the median step period (between two steps' audit records), the trainer's stall per
+delta (the capture under the owners' lock, on the trainer thread: from the cut writer's log), that
+stall over the step period (the goal: <= 0.10), deltas committed over steps trained (the cut
+writer keeping up, or several deltas folded into one while a slow store writes), and the run's
+wall time over the baseline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from _recovery_state import table
+from spotrl_e2e.faultproxy import FaultProxy
+from spotrl_e2e.s3 import S3Server
+from spotrl_runtime.controller.audit_store import AuditStore
+from spotrl_runtime.storage import open_storage
+
+ROOT = Path(__file__).resolve().parents[1]
+CAPTURE = re.compile(r"committed \(periodic delta, step \d+, \d+ bytes; capture ([0-9.]+) s")
+
+
+def job_file(folder: Path, delta_every_steps: int, steps: int) -> Path:
+    doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "cpu-chat-gsm8k.yaml").read_text())
+    doc["spec"]["dataset"]["uri"] = str(ROOT / doc["spec"]["dataset"]["uri"])
+    doc["spec"]["training"]["totalSteps"] = steps
+    doc["spec"]["checkpoint"]["deltaEverySteps"] = delta_every_steps
+    path = folder / f"job-{delta_every_steps}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def run(job: Path, uri: str, log: Path, env: dict[str, str]) -> float:
+    t0 = time.monotonic()
+    cmd = [sys.executable, "-m", "spotrl_runtime.cli", "run", "-f", str(job), "--storage", uri]
+    with log.open("w") as out:
+        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env}).returncode
+    if rc != 0:
+        raise SystemExit(f"{uri}: the run failed (exit {rc}); see {log}")
+    return time.monotonic() - t0
+
+
+def measure(
+    name: str, uri: str, job: Path, log: Path, env: dict[str, str], base_wall: float | None, store: Any = None
+) -> tuple[Any, ...]:
+    """One setting's row; ``store``: how this process reads the run's storage (default: ``uri``)."""
+    wall = run(job, uri, log, env)
+    docs = AuditStore(store or open_storage(uri)).documents()
+    at = sorted(d["at"] for d in docs)
+    period = statistics.median(b - a for a, b in itertools.pairwise(at))
+    captures = [float(m.group(1)) for m in CAPTURE.finditer(log.read_text())]
+    stall = statistics.median(captures) if captures else 0.0
+    return (
+        name,
+        f"{period:.3f}",
+        f"{stall * 1000:.2f}" if captures else "-",
+        f"{stall / period:.4f}" if captures else "-",
+        f"{len(captures)}/{len(docs)}",
+        f"{wall:.1f}",
+        f"{wall / base_wall:.3f}" if base_wall else "1",
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--stall", type=float, default=0.1, help="seconds each PUT through the proxy is held")
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-delta-stall-") as tmp:
+        folder = Path(tmp)
+        base = measure(
+            "local, deltaEverySteps 0",
+            str(folder / "off"),
+            job_file(folder, 0, args.steps),
+            folder / "off.log",
+            {},
+            None,
+        )
+        rows.append(base)
+        base_wall = float(base[5])
+        on = job_file(folder, 1, args.steps)
+        rows.append(measure("local, deltaEverySteps 1", str(folder / "on"), on, folder / "on.log", {}, base_wall))
+        server = S3Server(folder / "s3").start()
+        try:
+            bucket = server.create_bucket()
+            with FaultProxy(server.endpoint) as proxy:
+                proxy.add("stall", method="PUT", seconds=args.stall)
+                env = {**bucket.env(), "AWS_ENDPOINT_URL_S3": proxy.endpoint}
+                name = f"S3 via the proxy, PUTs +{args.stall:g} s, deltaEverySteps 1"
+                uri = f"s3://{bucket.bucket}/job"
+                rows.append(measure(name, uri, on, folder / "s3.log", env, base_wall, bucket.storage("job")))
+        finally:
+            server.stop()
+    table(
+        f"A delta cut after every step, {args.steps} steps of the chat example",
+        ("setting", "step period s", "stall per delta ms", "stall / step", "deltas / steps", "wall s", "wall / base"),
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()
