@@ -36,7 +36,7 @@ class DroppedPrompt:
             require_str(data, "group_id"),
             require_int(data, "idx"),
             require_str(data, "task_name"),
-            str(data.get("reason", "")),
+            require_str(data, "reason", allow_empty=True),
         )
 
 

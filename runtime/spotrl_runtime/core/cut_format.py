@@ -44,6 +44,7 @@ import sys
 from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from spotrl_runtime.core.audit import AuditRecord, DroppedPrompt
@@ -217,7 +218,7 @@ class Manifest:
                 raise RecordFormatError(f"{key} must be a JSON object")
         counts = data["group_counts"]
         for key, value in counts.items():
-            if not isinstance(value, int) or value < 0:
+            if not _whole(value):
                 raise RecordFormatError(f"group_counts.{key} must be an integer >= 0, got {value!r}")
         dispatch_index = data.get("dispatch_index")
         if not isinstance(dispatch_index, int) or isinstance(dispatch_index, bool) or dispatch_index < -1:
@@ -251,7 +252,7 @@ class Manifest:
             attempt=require_int(data, "attempt"),
             writer=require_str(data, "writer"),
             data_dir=require_str(data, "data_dir"),
-            created_at=require_str(data, "created_at"),
+            created_at=_time(data, "created_at"),
             trainer_step=require_int(data, "trainer_step"),
             dispatch_index=dispatch_index,
             group_counts=dict(counts),
@@ -264,6 +265,16 @@ class Manifest:
             form=form,
             base=base,
         )
+
+
+def _time(data: dict[str, Any], key: str) -> str:
+    """``data[key]``, an RFC 3339 time (what restore reports as the cut's commit time)."""
+    value = require_str(data, key)
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        raise RecordFormatError(f"{key} must be an RFC 3339 time, got {value!r}") from None
+    return value
 
 
 def snapshot_counts(snapshot: OwnersSnapshot) -> dict[str, int]:
@@ -332,12 +343,29 @@ def loader_position(state: Mapping[str, Any]) -> LoaderPosition:
     if not isinstance(inner, dict):
         raise ValueError("the loader state's sampler_iter_state is not an object")
     values = [inner.get("epoch"), inner.get("offset"), state.get("_num_yielded", 0)]
-    if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
+    if any(not _whole(v) for v in values):
         raise ValueError(f"the loader state's epoch, offset and _num_yielded must be integers >= 0, got {values}")
+    # torchdata's own counts: not the position, but a loader given one that is no count fails
+    # at its first batch, after the restore.
+    counts = {"_sampler_iter_yielded": state.get("_sampler_iter_yielded", 0)}
+    if isinstance(it, dict) and "samples_yielded" in it:
+        counts["samples_yielded"] = it["samples_yielded"]
+    if any(not _whole(v) for v in counts.values()):
+        raise ValueError(f"the loader state's counts must be integers >= 0, got {counts}")
+    if state.get("_iterator_finished", False) is not False:
+        raise ValueError(
+            f"the loader state's _iterator_finished is {state['_iterator_finished']!r}: a loader whose pass "
+            "finished starts a new one instead of resuming at its position (the epoch sampler never finishes)"
+        )
     size = inner.get("size")
     if it and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
         raise ValueError(f"the loader state's dataset size must be an integer >= 1, got {size!r}")
     return LoaderPosition(values[0], values[1], values[2], size if it else None)
+
+
+def _whole(value: Any) -> bool:
+    """An integer >= 0 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 # ------------------------------------------------------------------ owner files

@@ -13,7 +13,7 @@ In order (``CHECKS``):
 check                       what it refuses
 ==========================  ========================================================
 ``manifest_present``        a cut without a manifest: it was never committed
-``manifest_parses``         a manifest that is not JSON or lacks fields
+``manifest_parses``         a manifest that is not JSON, lacks fields or has them of another type
 ``schema_version``          a manifest written by code whose format we do not read
 ``job_identity``            a cut of another job (when the caller names the job)
 ``config_compatible``       a cut with another group size or batch size than the run
@@ -22,11 +22,12 @@ check                       what it refuses
 ``file_digest``             a listed file with another sha256 (stale, corrupted)
 ``orphan_file``             a file in the cut's data folder the manifest does not list
 ``owner_file_format``       an owner file that does not decode
-``one_config``              two copies of the recovery config that differ
+``one_config``              two copies of the recovery config that differ (types included)
 ``ledger_record``           a malformed ledger record (ids, phase, stamps by phase)
 ``group_counts``            counts in the manifest that differ from the files
 ``admission_consistent``    one admission with two phases or two stamps
-``counters``                an id the counters never handed out (``a<n>``, ``g<order>``)
+``counters``                an id the counters never handed out (``a<n>``, ``g<order>``), or more
+                            admission ids than the orders can have used
 ``single_owner``            a group owned twice (ledger, replay buffer, spare pool)
 ``rollout_rows``            finished groups without all G rows; rows of no group
 ``cursor_covers_stamps``    a stamp above the saved sampler cursor
@@ -35,14 +36,16 @@ check                       what it refuses
 ``coverage``                an order with no owner or two (live, trained, dropped)
 ``census``                  a step without B - shortfall groups; a partial RESERVED batch
 ``fingerprints_uniform``    some groups with a content fingerprint and some without
-``trainer_state``           trainer files missing (a sharded cut: its index, its shards), or a step that disagrees
+``trainer_state``           trainer files missing (a sharded cut: its index, its shards) or under a role
+                            the format does not load, or a step that disagrees
 ``redo_steps``              a delta whose redo steps are not each step from its base's to its own
 ``redo_rows``               a redo group without its rows, rows of no redo group, a group trained
                             at another step than its stamp or whose order is not retired
 ``redo_audit``              a redo step whose groups are not the ones the audit says it trained
 ``delta_base``              a delta whose base is missing, another cut (digest, step, job), a
                             delta itself, or refused by its own chain
-``loader_position``         a loader position other than the orders handed out
+``loader_position``         a loader position other than the orders handed out; a loader state that
+                            would not resume there (a finished pass, counts that are no integers)
 ``dataset_size``            a dataset whose length changed since the cut
 ``loader_rows``             a group whose idx is not the row its order reads
 ``prompt_rebuild``          a row that no longer rebuilds with the same idx and task
@@ -100,6 +103,8 @@ INDEX_ROLE = "trainer-shard-index"
 """Role of a sharded cut's one index file, ``trainer/dcp/.metadata`` (which shard holds what)."""
 DCP_INDEX = "trainer/dcp/.metadata"
 """The index's path inside the cut's data folder."""
+TORCH_SAVE_ROLES = ("weights", "optimizer", "rng", "trainer_meta")
+"""The roles of a ``torch.save`` cut's trainer files (an optimizer and RNG file are optional)."""
 TRAINER_FORMATS: dict[str, tuple[str, ...]] = {**TRAINER_FORMAT_ROLES, DCP_FORMAT: ("trainer_meta",)}
 """Every trainer format the chain reads -> the roles it must list (``dcp/v1``'s index and shards
 are counted by :func:`check_trainer_shards`)."""
@@ -685,10 +690,14 @@ def check_stamps(loc: str, manifest: Manifest, docs: CutDocuments) -> None:
 
 def check_one_config(loc: str, manifest: Manifest, docs: CutDocuments) -> None:
     """``one_config``: the manifest's copy of the recovery config equals ``sampler.json``'s, the
-    one restore uses."""
-    if dict(manifest.config) != dict(docs.config_raw):
+    one restore uses, as JSON: types included (``true`` is not ``1``, nor ``2.0`` ``2``)."""
+
+    def same(a: object, b: object) -> bool:
+        return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+    if not same(dict(manifest.config), dict(docs.config_raw)):
         keys = sorted(set(manifest.config) | set(docs.config_raw))
-        diff = [k for k in keys if manifest.config.get(k) != docs.config_raw.get(k)]
+        diff = [k for k in keys if not same(manifest.config.get(k), docs.config_raw.get(k))]
         raise OneConfigError(
             loc,
             _path_of(manifest, "sampler"),
@@ -720,7 +729,8 @@ def _trained_groups(docs: CutDocuments) -> Iterator[tuple[str, int, int, str]]:
 
 def check_counters(loc: str, manifest: Manifest, docs: CutDocuments) -> None:
     """``counters``: every admission and spare-batch id is ``a<n>`` with n below ``next_admission``;
-    every group id is ``g<order>`` with its own order, below ``next_order``."""
+    every group id is ``g<order>`` with its own order, below ``next_order``; ``next_admission`` is
+    no more than the orders can have used."""
     ids: list[tuple[str, str, int | None, str]] = [(r.group_id, r.admission_id, r.order, "ledger") for r in docs.ledger]
     ids += [(g.group_id, g.admission_id, g.order, "replay_index") for g in docs.replay]
     ids += [(sp.group_id, sp.batch_id, sp.order, "spare_pool") for sp in docs.spares]
@@ -744,6 +754,17 @@ def check_counters(loc: str, manifest: Manifest, docs: CutDocuments) -> None:
                 f"spare-batch ids are a<n> with n below next_admission {docs.next_admission}",
                 _NEWER,
             )
+    # One admission id per batch the loader read, and one per spare that replaced a dropped group.
+    batches = docs.next_order // docs.config.prompts_per_step
+    if docs.next_admission > batches + docs.next_order:
+        raise CountersError(
+            loc,
+            _path_of(manifest, "sampler"),
+            f"next_admission is {docs.next_admission}, more admission ids than {docs.next_order} orders can have "
+            f"used: one per batch the loader read ({batches}) and one per spare that replaced a dropped group "
+            f"(at most one per order)",
+            _NEWER,
+        )
 
 
 def check_gate(loc: str, manifest: Manifest, docs: CutDocuments) -> None:
@@ -859,15 +880,16 @@ def check_fingerprints_uniform(loc: str, manifest: Manifest, docs: CutDocuments)
 
 def check_trainer_state(loc: str, manifest: Manifest, docs: CutDocuments, source: CutSource) -> None:
     """``trainer_state``: the files ``trainer_format`` needs are listed (under the data folder's
-    ``trainer/``), and the trainer's step, the audit tail's last step and ``trainer_step`` agree."""
+    ``trainer/``), each under a role the format loads, and the trainer's step, the audit tail's
+    last step and ``trainer_step`` agree."""
     fmt = manifest.trainer_format
+    if fmt is not None and fmt not in TRAINER_FORMATS:
+        raise TrainerStateError(
+            loc, MANIFEST_NAME, f"trainer_format {fmt!r} is not one this code reads ({list(TRAINER_FORMATS)})"
+        )
+    check_trainer_roles(loc, manifest)
     if fmt is not None:
-        roles = TRAINER_FORMATS.get(fmt)
-        if roles is None:
-            raise TrainerStateError(
-                loc, MANIFEST_NAME, f"trainer_format {fmt!r} is not one this code reads ({list(TRAINER_FORMATS)})"
-            )
-        for role in roles:
+        for role in TRAINER_FORMATS[fmt]:
             f = manifest.file(role)
             if f is None or not f.path.startswith(f"{manifest.data_dir}/trainer/"):
                 raise TrainerStateError(
@@ -882,7 +904,7 @@ def check_trainer_state(loc: str, manifest: Manifest, docs: CutDocuments, source
         try:
             meta = json.loads(source.read(meta_file.path))
             step = meta["trainer_step"]
-            if not isinstance(step, int):
+            if not isinstance(step, int) or isinstance(step, bool):
                 raise TypeError(f"trainer_step is {step!r}")
         except (ValueError, UnicodeDecodeError, KeyError, TypeError) as err:
             raise TrainerStateError(
@@ -1060,6 +1082,24 @@ def validate_base(
             "restore from an older full cut with --resume CUT (spotrl ckpt list shows each delta's base)",
         ) from None
     return parsed
+
+
+def check_trainer_roles(loc: str, manifest: Manifest) -> None:
+    """``trainer_state``: every file under ``trainer/`` has a role its format loads. ``torch.save``
+    loads each file by its role, so one listed under another role would be left out, silently (a
+    resume with a fresh optimizer or RNG); a cut without a trainer format has no trainer files.
+    ``dcp/v1`` loads every file under ``trainer/`` (:func:`check_trainer_shards`)."""
+    fmt = manifest.trainer_format
+    if fmt == DCP_FORMAT:
+        return
+    for f in manifest.files:
+        if not f.path.startswith(f"{manifest.data_dir}/trainer/") or (fmt is not None and f.role in TORCH_SAVE_ROLES):
+            continue
+        if fmt is None:
+            why = "is a trainer file, but the manifest names no trainer_format: nothing would load it"
+        else:
+            why = f"has role {f.role!r}, which {fmt} does not load (it loads {', '.join(TORCH_SAVE_ROLES)})"
+        raise TrainerStateError(loc, f.path, why, _NEWER)
 
 
 def check_weight_parts(loc: str, manifest: Manifest) -> None:
