@@ -452,11 +452,75 @@ def assert_recovery_measured(jobs: Jobs, st: dict[str, Any]) -> None:
     print("lastRecovery:", ", ".join(f"{p} {phases[p]:.2f}s" for p in RECOVERY_PHASES), f"total {rec['totalSeconds']}")
     (said,) = [e for e in jobs.events("tiny") if e["reason"] == "Recovered"]
     assert f"total {rec['totalSeconds']:.1f}s" in said["message"], said["message"]
+    assert_accounted(st, retrained=0)
+
+
+def assert_accounted(st: dict[str, Any], retrained: int) -> None:
+    """The run's accounting (``status.accounting``, from its audit and restore records): every
+    prompt trained once, ``retrained`` steps trained again, and one attempt that resumed from
+    a cut. A controller that ignored the cut and started again at step 0 retrains every step
+    the preempted one trained, and restores nothing."""
     acc = st["accounting"]
     assert (acc["promptsLost"], acc["promptsTrainedTwice"], acc["stepsMissing"]) == (0, 0, 0), acc
-    assert acc["stepsRetrained"] == 0, "a barrier cut retrains nothing"
+    assert acc["stepsRetrained"] == retrained, (acc, f"{retrained} step(s) to train again")
     assert acc["restores"] == 1, acc
     assert acc["promptsTrained"] > 0, acc
+
+
+def cut_manifests(storage: JobStorage, name: str) -> dict[str, dict[str, Any]]:
+    """The manifest of every cut of the job committed now, by cut id."""
+    s3, found = storage.client(), {}
+    for key in storage.keys(f"{name}/cuts/"):
+        if key.endswith("/manifest.json"):
+            try:
+                body = s3.get_object(Bucket=storage.bucket, Key=key)["Body"].read()
+            except s3.exceptions.NoSuchKey:
+                continue  # retention took it meanwhile
+            found[key.split("/")[-2]] = json.loads(body)
+    return found
+
+
+def resumed_cut(jobs: Jobs, storage: JobStorage, name: str, attempt: int = 2) -> dict[str, Any]:
+    """The manifest of the cut that ``attempt`` (training now) resumed from, by its
+    ``status.resume``; read at once, since retention deletes a cut a few cuts on. It must be
+    the newest cut the attempts before it committed: the seeded loader yields the same stream
+    to a controller that ignored every cut and trained from step 0, or took an older one, so
+    the stream alone cannot tell."""
+    resume = jobs.status(name).get("resume") or {}
+    assert resume.get("attempt") == attempt, resume
+    assert resume.get("cutId"), f"attempt {attempt} resumed from no cut: {resume}"
+    cuts = cut_manifests(storage, name)
+    shown = [(c, m["attempt"], m["kind"], m["trainer_step"]) for c, m in sorted(cuts.items())]
+    older = [c for c, m in cuts.items() if m["attempt"] < attempt]
+    assert older, f"no cut of an attempt before {attempt}: {shown}"
+    assert resume["cutId"] == max(older, key=int), f"resumed from {resume['cutId']}; committed: {shown}"
+    return cuts[resume["cutId"]]
+
+
+def assert_resumed_from(
+    cluster: Any, jobs: Jobs, storage: JobStorage, name: str, st: dict[str, Any], cut: dict[str, Any]
+) -> None:
+    """The finished run's own records agree that its last attempt started at ``cut`` (a
+    manifest from :func:`resumed_cut`): its first audited step is the cut's step (not 0), its
+    restore record and its log name the cut, and the accounting retrained exactly the steps the
+    attempt before trained past the cut (none past a barrier cut, which holds them all)."""
+    attempt = st["attempt"]
+    cut_id, step = cut["cut_id"], cut["trainer_step"]
+    records = audit(storage, name, "--all")
+    first = min(d["step"] for d in records if d["attempt"] == attempt)
+    assert first == step > 0, f"attempt {attempt} first trained step {first}; it resumed from cut {cut_id} at {step}"
+    past = {d["step"] for d in records if d["attempt"] < attempt and d["step"] >= step}
+    if cut["kind"] == "barrier":
+        assert past == set(), f"the barrier cut at step {step}, yet steps {sorted(past)} were trained before it"
+    assert_accounted(st, retrained=len(past))
+    s3 = storage.client()
+    restores = [
+        json.loads(s3.get_object(Bucket=storage.bucket, Key=key)["Body"].read())
+        for key in storage.keys(f"{name}/audit/restores/")
+    ]
+    assert [(r["attempt"], r["cut_id"], r["cut_step"]) for r in restores] == [(attempt, cut_id, step)], restores
+    log = cluster.pod_log(jobs.ns, f"{name}-controller-{attempt}")
+    assert f"attempt {attempt} resumes from cut {cut_id} (step {step})" in log, log[-3000:]
 
 
 def test_a_disruption_target_eviction_resumes_elsewhere(
@@ -470,8 +534,12 @@ def test_a_disruption_target_eviction_resumes_elsewhere(
     node = st["controllerNode"]
     e2e_cluster.taint(node, "spotrl.test/evict-now", "true", effect="NoExecute")
     other_node(jobs, "tiny", node)
+    # The pod had its grace period (30 s): the SIGTERM's barrier cut committed, and is the one resumed from.
+    cut = resumed_cut(jobs, e2e_storage, "tiny")
+    assert (cut["kind"], cut["attempt"]) == ("barrier", 1), cut
     st = succeeded(jobs, "tiny")
     assert (st["preemptions"], st["restarts"]) == (1, 0)
+    assert_resumed_from(e2e_cluster, jobs, e2e_storage, "tiny", st, cut)
     assert_same_stream(reference, e2e_storage, "tiny")
 
 
@@ -605,8 +673,13 @@ def test_a_graceful_shutdown_that_ignores_the_pdb_resumes(
     node = st["controllerNode"]
     e2e_cluster.graceful_shutdown(node, grace_seconds=15, wait=False)
     other_node(jobs, "tiny", node)
+    # The newest cut of attempt 1: the SIGTERM's barrier cut when it committed in the 15 s,
+    # else its last periodic cut; the steps it trained past that cut are the ones retrained.
+    cut = resumed_cut(jobs, e2e_storage, "tiny")
+    print(f"resumed from a {cut['kind']} cut at step {cut['trainer_step']}")
     st = succeeded(jobs, "tiny")
     assert (st["preemptions"], st["restarts"]) == (1, 0)
+    assert_resumed_from(e2e_cluster, jobs, e2e_storage, "tiny", st, cut)
     assert_same_stream(reference, e2e_storage, "tiny")
 
 
@@ -625,8 +698,12 @@ def test_suspend_takes_a_barrier_cut_and_resume_continues_from_it(
     time.sleep(2)
     jobs.patch_spec("tiny", {"suspend": False})
     training(jobs, "tiny", st["lastCut"]["step"] + 1, attempt=2)
+    cut = resumed_cut(jobs, e2e_storage, "tiny")
+    assert (cut["cut_id"], cut["kind"]) == (st["barrier"]["cutId"], "barrier"), "resumed from the suspend's cut"
+    assert cut["trainer_step"] == st["lastCut"]["step"], cut
     st = succeeded(jobs, "tiny")
     assert (st["preemptions"], st["restarts"]) == (0, 0)
+    assert_resumed_from(e2e_cluster, jobs, e2e_storage, "tiny", st, cut)
     assert_same_stream(reference, e2e_storage, "tiny")
 
 
