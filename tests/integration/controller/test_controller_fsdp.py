@@ -182,17 +182,19 @@ def test_a_rank_killed_without_notice_exits_rank_lost_and_the_next_run_retrains_
     log = runs.log_of(proc)
     assert rc == EXIT_RANK_LOST, log
     assert "trainer rank was lost" in log
-    _, kind, cut_step = newest_cut(storage)
+    cut_id, kind, cut_step = newest_cut(storage)
     assert kind == "periodic"
-    assert cut_step == 4, "the last periodic cut before the loss"
+    assert cut_step == 6, "the delta cut after step 5, the last before the loss"
 
     rc, log = runs.run(job, storage)
     assert rc == 0, log
+    assert f"resumed from cut {cut_id} (periodic) at step 6" in log, log
+    assert "redid steps 4..5 of delta cut" in log, "the delta's steps redone from their rows, not generated"
     assert stream(storage) == baseline
     everything = audit(storage, "--all")
     again = sorted(d["step"] for d in everything if d["attempt"] == 1 and d["step"] < 6)
-    assert again == [4, 5], "the steps after the last cut are trained again"
+    assert again == [], "nothing before the step in progress is trained again"
     first = {d["step"]: d["prompts"] for d in everything if d["attempt"] == 0}
-    assert all(first[d["step"]] == d["prompts"] for d in everything if d["attempt"] == 1 and d["step"] < 6), (
+    assert all(first[d["step"]] == d["prompts"] for d in everything if d["attempt"] == 1 and d["step"] in first), (
         "on the same prompts"
     )
