@@ -329,6 +329,64 @@ def test_a_drain_after_a_notice_waits_for_the_barrier_cut_then_resumes_elsewhere
     assert_same_stream(reference, e2e_storage, "tiny")
 
 
+def test_the_disruption_budget_holds_the_controller_until_its_barrier_cut_commits(
+    cluster: Any, jobs: Jobs, start_operator: Any, e2e_storage: JobStorage, tmp_path: Path
+) -> None:
+    """The operator opens the controller's PodDisruptionBudget only once the barrier cut has
+    committed, not when it asks for it: with the cut held after its capture (failpoint
+    ``cut.captured``) every eviction is refused (429) though the barrier is under way, and the
+    first one let through comes after the commit, with the budget opened. The drain test's 429
+    comes before any barrier is asked for (the budget's default), so it cannot tell a budget
+    opened at the request (a drain evicting mid-cut) from one opened at the commit. (On kind
+    it would be skipped: the hold goes through the operator's --runtime-env.)"""
+    held = start_operator_holding(start_operator, tmp_path, "cut.captured=120")
+    start(cluster, jobs, e2e_storage, "tiny", SPOT, checkpoint={"barrierDeadlineSeconds": 90})
+    st = training(jobs, "tiny", 2)
+    node, pod = st["controllerNode"], st["controllerPod"]
+    budget = f"/apis/policy/v1/namespaces/{jobs.ns}/poddisruptionbudgets/tiny-controller"
+
+    cluster.taint(node, KARPENTER, "true")
+    wait_until((held / "cut.captured").exists, 120, "the barrier cut, held after its capture")
+    for _ in range(3):  # a drain's retries while the cut is being written
+        code, message = cluster.evict(jobs.ns, pod)
+        assert code == 429, f"the controller was evicted in the middle of its barrier cut: {code} {message}"
+        assert "disruption budget" in message, message
+    barrier = jobs.status("tiny")["barrier"]
+    assert barrier["state"] == "Requested", barrier
+    pdb = cluster.admin().get(budget)
+    assert (pdb["spec"]["minAvailable"], pdb["status"]["disruptionsAllowed"]) == (1, 0), pdb
+    since = pdb["metadata"]["resourceVersion"]
+
+    (held / "cut.captured.release").touch()
+    refused = 0
+    while (answer := cluster.evict(jobs.ns, pod))[0] == 429:
+        refused += 1
+        assert refused < 300, "the eviction was still refused a minute after the cut was let go"
+        time.sleep(0.2)
+    allowed_at = datetime.now().astimezone()
+    # 201: evicted; 404: the operator deleted the pod first (it does, once the cut committed).
+    assert answer[0] in (201, 404), answer
+    cut, committed_at = jobs.barrier_commit("tiny", 60)
+    assert datetime.fromisoformat(committed_at) <= allowed_at, (committed_at, allowed_at, answer)
+    # The budget itself opened (minAvailable 0) after the hold: not only the pod's deletion.
+    changes = cluster.admin().watch(
+        f"/apis/policy/v1/namespaces/{jobs.ns}/poddisruptionbudgets",
+        since,
+        timeout_seconds=3,
+        fieldSelector="metadata.name=tiny-controller",
+    )
+    seen = [e["object"]["spec"].get("minAvailable") for e in changes if e["type"] == "MODIFIED"]
+    assert 0 in seen, f"the budget never opened; minAvailable after the hold: {seen}"
+
+    other_node(jobs, "tiny", node)
+    resumed = resumed_cut(jobs, e2e_storage, "tiny")
+    assert (resumed["cut_id"], resumed["kind"]) == (cut, "barrier"), resumed
+    # To the end: the held cut lost nothing (and no controller writes to the bucket afterwards).
+    st = succeeded(jobs, "tiny")
+    assert (st["preemptions"], st["restarts"]) == (1, 0)
+    assert_resumed_from(cluster, jobs, e2e_storage, "tiny", st, resumed)
+
+
 @needs_vllm_cpu
 def test_with_a_standby_the_warm_pod_takes_over_after_the_barrier_cut(
     cluster: Any,
