@@ -2,6 +2,7 @@
 PodDisruptionBudgets hold, a graceful shutdown with a capped grace period, and an abrupt loss."""
 
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -104,7 +105,10 @@ def test_graceful_shutdown_caps_the_grace_period_and_ignores_pdbs(cluster: Clust
 
 
 def test_abrupt_node_loss_leads_to_not_ready_and_eviction(cluster: Cluster, namespace: str) -> None:
-    pod = python_pod("doomed", "import time\nwhile True: time.sleep(1)", node="spot-a", restart_policy="Always")
+    # A short grace period: the check below waits until it has run out.
+    pod = python_pod(
+        "doomed", "import time\nwhile True: time.sleep(1)", node="spot-a", restart_policy="Always", grace_seconds=2
+    )
     cluster.admin().create(path("v1", "pods", namespace), pod)
     cluster.wait_pod(namespace, "doomed", "Running", timeout=30)
     (pid,) = cluster.pod_pids(namespace, "doomed").values()
@@ -128,9 +132,11 @@ def test_abrupt_node_loss_leads_to_not_ready_and_eviction(cluster: Cluster, name
     assert gone is not None
     disruption = next(c for c in gone["status"]["conditions"] if c["type"] == "DisruptionTarget")
     assert disruption["reason"] == "DeletionByTaintManager"
-    # Nobody is left on the node to confirm the deletion: the pod stays Terminating ...
+    # Nobody is left on the node to confirm the deletion: the pod stays Terminating, past the
+    # end of its grace period (its deletionTimestamp), when a live node would have removed it ...
     assert gone["status"]["phase"] == "Running"
-    time.sleep(2)
+    ends = datetime.fromisoformat(gone["metadata"]["deletionTimestamp"]) + timedelta(seconds=2)
+    time.sleep(max(0.0, (ends - datetime.now(UTC)).total_seconds()))
     assert cluster.admin().get_or_none(path("v1", "pods", namespace, "doomed")) is not None
 
     # ... until the machine comes back: the node finishes the evicted pod and is Ready again.

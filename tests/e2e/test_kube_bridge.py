@@ -23,7 +23,8 @@ pytestmark = pytest.mark.cluster
 # The controller side: the real KubeBridge, with a Controllable whose cuts commit when the
 # test creates go-<n> in the pod's data folder.
 CONTROLLER = """
-import pathlib, sys, time, types
+import logging, pathlib, sys, time, types
+logging.basicConfig(level=logging.INFO)  # the bridge's notes: what it ignored, what did not land
 from spotrl_runtime.controller.control import BarrierFailed, CutInfo
 from spotrl_runtime.controller.kube_bridge import KubeBridge
 out = pathlib.Path(sys.argv[1])
@@ -129,6 +130,9 @@ def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identit
     def asked(n: int) -> Path:
         return data / f"asked-{n}"
 
+    def log() -> str:
+        return cluster.pod_log(namespace, "controller")
+
     try:
         try:
             # The pod's Python imports the runtime's API model first: seconds, more beside a loaded lane.
@@ -169,7 +173,11 @@ def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identit
         request("r3", "taint: karpenter.sh/disrupted again")
         wait_until(asked(3).exists, 10, "the cut for r3")
         (data / "go-2").touch()
-        time.sleep(1.5)
+        wait_until(
+            lambda: "answer to barrier r2 not written: the RLJob's status moved on" in log(),
+            15,
+            "r2's answer to be refused",
+        )
         st = status()
         assert (st["barrier"]["requestId"], st["barrier"]["state"]) == ("r3", "Requested")
         assert "cutId" not in st["barrier"], "r2's answer landed on r3"
@@ -184,7 +192,7 @@ def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identit
 
         # 4. A request for another attempt is not this controller's.
         request("r5", "cordon", attempt=2)
-        time.sleep(2)
+        wait_until(lambda: "barrier r5 is for attempt 2, not for this controller (1): ignored" in log(), 15, "r5 seen")
         assert not asked(5).exists()
         assert status()["barrier"]["state"] == "Requested"
 

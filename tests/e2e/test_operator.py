@@ -10,6 +10,7 @@ with the real `spotrl controller` are in ``test_preemption.py``.
 from __future__ import annotations
 
 import base64
+import logging
 import signal
 import threading
 import time
@@ -433,7 +434,11 @@ def test_replicas_elect_one_leader_and_a_standby_takes_over(
     assert lease_holder(cluster, lease_ns) == leader.name
     jobs.create(tiny_job("a", checkpoint={"storage": "s3://bucket-x/a"}, **PENDING))
     jobs.wait("a", lambda s: s.get("attempt") == 1, 20, "job a started")
-    time.sleep(3)  # let both act if they would
+    # Passes of the leader after the one that started the job (one a second, here): time in
+    # which a second creation, its own or the standby's, would show.
+    ok = 'spotrl_operator_reconciles_total{result="ok"}'
+    passes = leader.metrics().get(ok, 0)  # counted after the pass's writes: maybe not yet the first
+    wait_until(lambda: leader.metrics().get(ok, 0) >= passes + 3, 20, "three more passes of the leader")
     assert [p["metadata"]["name"] for p in jobs.pods("a")] == ["a-controller-1"]
     created = [e for e in jobs.events("a") if e["reason"] == "ControllerCreated"]
     assert [e["count"] for e in created] == [1]
@@ -449,7 +454,13 @@ def test_replicas_elect_one_leader_and_a_standby_takes_over(
     assert took < 4 + 6, f"takeover took {took:.1f} s with a 4 s lease"
     jobs.create(tiny_job("b", checkpoint={"storage": "s3://bucket-x/b"}, **PENDING))
     jobs.wait("b", lambda s: s.get("attempt") == 1, 20, "job b started by the new leader")
-    time.sleep(2)
+    # The new leader counts a job by phase after a pass over it has acted: both jobs counted,
+    # so job a has had its pass under the new leader.
+    wait_until(
+        lambda: sum(v for k, v in standby.metrics().items() if k.startswith("spotrl_operator_jobs{")) >= 2,
+        20,
+        "the new leader's pass over job a",
+    )
     st = jobs.status("a")
     assert st["attempt"] == 1, "the new leader continues job a, it does not start it again"
     assert [p["metadata"]["name"] for p in jobs.pods("a")] == ["a-controller-1"]
@@ -486,9 +497,17 @@ def test_the_operator_exports_its_metrics(
 
 
 def test_the_bridge_ignores_requests_for_another_attempt(
-    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs, tmp_path: Path
+    cluster: Cluster,
+    namespace: str,
+    operator: OperatorProcess,
+    jobs: Jobs,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A controller being replaced (attempt 1) must not cut for its successor's request."""
+    """A controller being replaced (attempt 1) must not cut for its successor's request. The
+    bridge says when it has seen a request and let it be: the check waits for that, not for a
+    while in which a bridge that never saw the request would pass as well."""
+    caplog.set_level(logging.INFO, logger="spotrl.kube_bridge")
     jobs.create(tiny_job("tiny", checkpoint={"storage": "s3://bucket-x/tiny", "barrierDeadlineSeconds": 60}, **PENDING))
     jobs.wait("tiny", lambda s: s.get("attempt") == 1, 20, "started")
     held = HeldCut()
@@ -496,8 +515,9 @@ def test_the_bridge_ignores_requests_for_another_attempt(
     stale = runtime_bridge(cluster, namespace, "tiny", 7, tmp_path).start(held)
     try:
         jobs.patch_spec("tiny", {"suspend": True})
-        jobs.wait("tiny", lambda s: (s.get("barrier") or {}).get("state") == "Requested", 10, "requested")
-        time.sleep(2)
+        st = jobs.wait("tiny", lambda s: (s.get("barrier") or {}).get("state") == "Requested", 10, "requested")
+        seen = f"barrier {st['barrier']['requestId']} is for attempt 1, not for this controller (7): ignored"
+        wait_until(lambda: seen in caplog.text, 10, "the bridge to see the request and let it be")
         assert held.calls == []
         assert jobs.status("tiny")["barrier"]["state"] == "Requested"
     finally:
