@@ -9,6 +9,7 @@ not a test per stop: each vLLM start costs about a minute here.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import random
 import signal
@@ -88,7 +89,9 @@ def test_stopped_mid_generation_mid_weight_sync_and_killed_it_trains_the_uninter
     assert f"resumed from cut {first_cut} (barrier) at step {first_step}" in log, log
     assert second_step > first_step
 
-    rng = random.Random(20261202)
+    seed = int(os.environ.get("SPOTRL_KILL_SEED") or random.SystemRandom().randrange(1 << 30))
+    print(f"SPOTRL_KILL_SEED={seed}")
+    rng = random.Random(seed)
     target = rng.randrange(second_step + 2, 14)
     kill_marks = tmp_path / "kill-marks"
     kill_marks.mkdir()
@@ -104,7 +107,8 @@ def test_stopped_mid_generation_mid_weight_sync_and_killed_it_trains_the_uninter
     assert "probs diff" in log, "the run log reports the gap each step"
     assert stream(storage) == baseline
     summary = _summary(storage)
-    assert (summary["prompts_lost"], summary["prompts_trained_twice"], summary["restores"]) == (0, 0, 3)
+    assert (summary["prompts_lost"], summary["prompts_trained_twice"], summary["restores"]) == (0, 0, 3), seed
+    assert summary["steps_retrained"] <= 1, f"a kill costs at most the step in progress (seed {seed}): {summary}"
     _assert_the_weights_arrived(storage)
 
 
