@@ -1,5 +1,6 @@
 """The Helm chart: lint, a server-side dry run of what it renders, and a real install whose
-operator (a pod of the test cluster, with the chart's ServiceAccount and RBAC) runs an RLJob."""
+operator (a pod of the test cluster, with the chart's ServiceAccount and RBAC) runs an RLJob
+that trains, with the real `spotrl controller`, to its end."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from typing import Any
 
 import pytest
 import yaml
-from operator_harness import CHART, NOWHERE, RLJOBS, apply_crd, helm, tiny_job, wait_until
+from operator_harness import CHART, RLJOBS, JobStorage, apply_crd, helm, tiny_job, wait_until
+from test_preemption import SPOT, TRAIN_TIMEOUT
+from test_preemption import tiny_job as example_job
 
 from spotrl_e2e.cluster import Cluster
 from spotrl_e2e.kube import path
@@ -139,8 +142,13 @@ def test_the_chart_lints_and_its_objects_pass_a_server_side_dry_run(cluster: Clu
     assert "--no-leader-election" in operator_args(docs)
 
 
-def test_the_installed_chart_runs_an_rljob(cluster: Cluster, namespace: str) -> None:
+def test_the_installed_chart_runs_an_rljob(cluster: Cluster, namespace: str, e2e_storage: JobStorage) -> None:
+    """The chart's operator, installed as a user would, trains a real RLJob to the end (the
+    tiny example, on a spot node, three steps) with its cuts and audit where the chart's storage
+    defaults say: the storage, the S3 endpoint and the credentials Secret come from the
+    chart's values, not from the job."""
     apply_crd(cluster)
+    bucket = e2e_storage.bucket
     release_ns = cluster.create_namespace("spotrl-chart")
     admin = cluster.admin()
     try:
@@ -158,7 +166,11 @@ def test_the_installed_chart_runs_an_rljob(cluster: Cluster, namespace: str) -> 
             "--set",
             "nodeSelector.karpenter\\.sh/capacity-type=on-demand",
             "--set",
-            "storage.default=s3://bucket-x/root",
+            f"storage.default=s3://{bucket}/root",
+            "--set",
+            f"storage.s3Endpoint={e2e_storage.pod_endpoint}",
+            "--set",
+            "storage.credentialsSecret=s3",
             "--set",
             f"watchNamespaces[0]={namespace}",
             "--wait",
@@ -195,19 +207,32 @@ def test_the_installed_chart_runs_an_rljob(cluster: Cluster, namespace: str) -> 
         (leader_pod,) = [p for p in pods if p["metadata"]["name"] == leader]
 
         jobs_url = path(RLJOBS, "rljobs", namespace)
-        admin.create(jobs_url, tiny_job("tiny", scheduling={"nodeSelector": NOWHERE}))
-        job = admin.wait_for(
-            f"{jobs_url}/tiny",
-            lambda o: ((o or {}).get("status") or {}).get("attempt") == 1,
-            60,
-            "the chart's operator to start the job",
-        )
-        assert job is not None
-        pod = admin.wait_for(path("v1", "pods", namespace, "tiny-controller-1"), lambda o: o is not None, 15, "pod")
+        admin.create(path("v1", "secrets", namespace), e2e_storage.secret())
+        job = example_job("tiny", e2e_storage, SPOT)
+        job["spec"]["training"]["totalSteps"] = 3
+        for key in ("storage", "s3Endpoint", "credentialsSecret"):  # the chart's defaults, then
+            del job["spec"]["checkpoint"][key]
+        admin.create(jobs_url, job)
+        pod = admin.wait_for(path("v1", "pods", namespace, "tiny-controller-1"), lambda o: o is not None, 60, "pod")
         assert pod is not None
-        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-        assert env["SPOTRL_STORAGE"] == f"s3://bucket-x/root/{namespace}/tiny", "storage.default reaches the pods"
-        assert pod["spec"]["containers"][0]["image"] == "ghcr.io/spotrl/spotrl-runtime:0.1.0"
+        (container,) = pod["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        root = f"root/{namespace}/tiny"
+        assert env["SPOTRL_STORAGE"] == f"s3://{bucket}/{root}", "storage.default reaches the pods"
+        assert container["image"] == "ghcr.io/spotrl/spotrl-runtime:0.1.0"
+        done = admin.wait_for(
+            f"{jobs_url}/tiny",
+            lambda o: ((o or {}).get("status") or {}).get("phase") in ("Succeeded", "Failed"),
+            TRAIN_TIMEOUT,
+            "the chart's operator to run the job to its end",
+        )
+        assert done is not None
+        st = done["status"]
+        assert (st["phase"], st["step"], st["attempt"]) == ("Succeeded", 3, 1), json.dumps(st, indent=1)
+        keys = e2e_storage.keys(f"{root}/")
+        trained = [k for k in keys if k.startswith(f"{root}/audit/step-")]
+        assert len(trained) == 3, f"the steps audited under the chart's default storage: {keys}"
+        assert f"{root}/cuts/{st['lastCut']['id']}/manifest.json" in keys, st["lastCut"]
 
         with urllib.request.urlopen(f"http://{leader_pod['status']['podIP']}:9400/metrics", timeout=5) as r:
             metrics = r.read().decode()
