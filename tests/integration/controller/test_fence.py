@@ -18,6 +18,12 @@ from spotrl_runtime.storage import open_storage
 pytestmark = pytest.mark.slow
 
 
+def pointer_step(storage: Path) -> int | None:
+    """The trainer step of the cut LATEST.json names (None: no cut yet)."""
+    pointer = storage / "LATEST.json"
+    return json.loads(pointer.read_text())["trainer_step"] if pointer.exists() else None
+
+
 def test_a_fenced_controller_stops_and_writes_nothing_more(
     runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path
 ) -> None:
@@ -25,10 +31,11 @@ def test_a_fenced_controller_stops_and_writes_nothing_more(
     marks = tmp_path / "marks"
     marks.mkdir()
     job = runs.job()
-    # The first controller sleeps inside optimizer step 5, after its cut at step 4.
+    # The first controller sleeps inside optimizer step 5, after its cut at step 5 (the delta
+    # captured once step 4 committed).
     old = runs.start(job, storage, SPOTRL_FAILPOINTS="train.step@5=120", SPOTRL_FAILPOINT_DIR=str(marks))
     wait_for(lambda: (marks / "train.step").exists(), 300, "the first controller to reach step 5", old)
-    wait_for(lambda: any(f.committed for f in list_cut_folders(open_storage(str(storage)))), 30, "its cut at step 4")
+    wait_for(lambda: pointer_step(storage) == 5, 30, "its cut of step 5 (the delta after step 4)")
 
     # A second `spotrl run` on the same store: attempt 1 claims the job and resumes.
     new = runs.start(job, storage)
@@ -67,12 +74,16 @@ def test_a_job_pointed_at_another_jobs_store_is_refused_and_fences_nobody(
     marks.mkdir()
     first = runs.start(runs.job(), storage, SPOTRL_FAILPOINTS="train.step@5=120", SPOTRL_FAILPOINT_DIR=str(marks))
     wait_for(lambda: (marks / "train.step").exists(), 300, "the first job to reach step 5", first)
-    wait_for(lambda: any(f.committed for f in list_cut_folders(open_storage(str(storage)))), 30, "its cut at step 4")
 
     def files() -> dict[str, bytes]:
         return {str(p.relative_to(storage)): p.read_bytes() for p in sorted(storage.rglob("*")) if p.is_file()}
 
-    before = files()
+    # The delta after step 4 is its last cut before the hold: once the pointer names it and its
+    # retention is done, nothing more is written.
+    wait_for(lambda: pointer_step(storage) == 5, 30, "its cut of step 5")
+    seen = [files()]
+    wait_for(lambda: seen.append(files()) or seen[-1] == seen[-2], 30, "the first job's writes to settle")
+    before = seen[-1]
     other = runs.job()
     other.write_text(other.read_text().replace("name: tiny", "name: tiny-b"))
     rc, log = runs.run(other, storage, "--max-steps", "3", timeout=180)

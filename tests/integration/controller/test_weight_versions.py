@@ -54,10 +54,15 @@ def test_killed_or_stopped_while_a_load_is_held_the_resume_ends_with_the_uninter
     marks.mkdir()
     proc = runs.start(job, store, SPOTRL_FAILPOINTS=LOAD_HELD.replace("=4", "=60"), SPOTRL_FAILPOINT_DIR=str(marks))
     wait_for(lambda: (marks / "worker.load_weights").exists(), 300, "the held load of weights 4", proc)
+    # Step 4's groups were generated before the load; step 5's wait behind it: the trainer
+    # trains step 4 and its delta commits, then it waits.
+    wait_for(lambda: newest_cut(store)[2] == 5, 60, "the delta after step 4", proc)
     assert stop(proc, sig) == (-9 if sig == signal.SIGKILL else 143), runs.log_of(proc)
-    cut_id, kind, step = newest_cut(store)
-    assert step >= 4, (cut_id, kind, step)
-    rc, log = runs.run(job, store, SPOTRL_FAILPOINTS=f"worker.generate@{step}=4")
+    cut_id, _, step = newest_cut(store)
+    assert step == 5, "nothing more was trained: the trainer waits for groups behind the held load"
+    # The resumed worker's first generate call is held: the trainer trains on meanwhile, and
+    # sends newer weights while the relaunched groups still wait in the pool.
+    rc, log = runs.run(job, store, SPOTRL_FAILPOINTS="worker.generate=4")
     assert rc == 0, log
     assert f"resumed from cut {cut_id}" in log, log
     assert stream(store) == baseline
