@@ -14,8 +14,10 @@ every ``everySteps`` only), in the same run of this file:
    ``--resume auto`` until the run ends.
 
 Per kill: steps trained twice (``spotrl audit --summary``: steps retrained), steps redone from a
-delta's rows (training, no generation), groups generated again (those the restore relaunched),
-and wall seconds lost (the killed runs' total against the uninterrupted run, over the kills).
+delta's rows (training, no generation), groups generated again (those the restore relaunched,
+and every group of a step trained again), the generation seconds that is (at the uninterrupted
+run's seconds per group: generation is most of a step), and wall seconds lost (the killed runs'
+total against the uninterrupted run, over the kills: a restart's fixed seconds included).
 Every resumed run must end with the uninterrupted run's stream and final weights, bit for bit,
 and no step may count a version mismatch; the bench fails otherwise.
 """
@@ -53,6 +55,10 @@ def job_file(folder: Path, delta_every_steps: int, steps: int) -> Path:
     path = folder / f"job-delta{delta_every_steps}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+def prompts_per_step(job: Path) -> int:
+    return int(yaml.safe_load(job.read_text())["spec"]["generation"]["promptsPerStep"])
 
 
 def start(job: Path, store: Path, marker: str) -> subprocess.Popen[bytes]:
@@ -182,21 +188,24 @@ def main() -> None:
             check_same(store, base)
             s = summary(store)
             per = max(landed, 1)
+            # Generated again: the groups a restore relaunched, and every group of a step retrained.
+            again = s["groups_redispatched"] + s["steps_retrained"] * prompts_per_step(job)
+            seconds_per_group = wall / (args.steps * prompts_per_step(job))
             rows.append(
                 (
                     f"deltaEverySteps {delta}",
                     landed,
                     f"{s['steps_retrained'] / per:.2f}",
                     f"{s['steps_redone'] / per:.2f}",
-                    f"{s['groups_redispatched'] / per:.1f}",
-                    f"{wall:.0f}",
+                    f"{again / per:.1f}",
+                    f"{again * seconds_per_group / per:.1f}",
+                    f"{wall:.1f}",
                     f"{(killed_wall - wall) / per:.1f}",
                 )
             )
-    heads = ("setting", "kills", "steps trained twice / kill", "steps redone / kill", "groups regenerated / kill")
-    table(
-        f"abrupt loss, {args.steps} steps of the chat example", (*heads, "uninterrupted s", "wall s lost / kill"), rows
-    )
+    heads = ("setting", "kills", "steps trained twice / kill", "steps redone / kill", "groups generated again / kill")
+    title = f"abrupt loss, {args.steps} steps of the chat example"
+    table(title, (*heads, "generation s lost / kill", "uninterrupted s", "wall s lost / kill"), rows)
     print("every killed run ended with the uninterrupted run's stream and weights, no version mismatch")
 
 

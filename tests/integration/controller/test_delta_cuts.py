@@ -19,7 +19,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_runs import Runs, assert_same_weights, audit, final_weights, newest_cut, stop, stream, verify, wait_for
+from controller_runs import (
+    Runs,
+    assert_admission_versions,
+    assert_same_weights,
+    audit,
+    final_weights,
+    newest_cut,
+    stop,
+    stream,
+    verify,
+    wait_for,
+)
 
 from spotrl_e2e.forgery import (
     CutSurgery,
@@ -109,7 +120,10 @@ def test_killed_then_stopped_during_the_redo_the_resume_ends_with_the_uninterrup
             assert "stopped during the redo of delta cut" in runs.log_of(proc)
         assert newest_cut(root)[0] == cut_id, "the redo writes nothing: the delta is still the newest cut"
         assert [d for d in audit(root, "--all") if d["attempt"] > 0] == [], "nothing trained"
-    rc, log = runs.run(job, root)
+    # The resumed worker's first generate call is held (the relaunched groups of step 7 wait in
+    # the pool) while the trainer trains step 6 from the replay buffer and sends weights 7: the
+    # order that once let those groups be generated with weights 7 and the run end elsewhere.
+    rc, log = runs.run(job, root, SPOTRL_FAILPOINTS="worker.generate=4")
     assert rc == 0, log
     assert f"resumed from cut {cut_id} (barrier) at step 6" in log, log
     assert f"redid steps 4..5 of delta cut {cut_id}" in log, log
@@ -117,6 +131,7 @@ def test_killed_then_stopped_during_the_redo_the_resume_ends_with_the_uninterrup
     # The redone steps are no new training: no attempt after the first audits steps 4 and 5 again.
     assert min(d["step"] for d in audit(root, "--all") if d["attempt"] > 0) == 6
     assert_same_weights(final_weights(root), final_weights(runs.base / "baseline"))
+    assert_admission_versions(root)
 
 
 # ----------------------------------------------------------------------------- forgeries
