@@ -12,16 +12,16 @@ The same job (``examples/cpu-chat-gsm8k.yaml``, ``--steps`` steps), in one run o
 Per setting: the median step period (between two steps' audit records), the trainer's stall per
 delta (the capture under the owners' lock, on the trainer thread: from the cut writer's log), that
 stall over the step period (the goal: <= 0.10), deltas committed over steps trained (the cut
-writer keeping up, or several deltas folded into one while a slow store writes), and the run's
-wall time over the baseline's.
+writer keeping up, or several deltas folded into one while a slow store writes: then a loss
+without notice costs that many more steps), and the run's wall time over the baseline's.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -35,11 +35,11 @@ import yaml
 from _recovery_state import table
 from spotrl_e2e.faultproxy import FaultProxy
 from spotrl_e2e.s3 import S3Server
+from spotrl_runtime.checkpoint.layout import list_cut_folders, manifest_key
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.storage import open_storage
 
 ROOT = Path(__file__).resolve().parents[1]
-CAPTURE = re.compile(r"committed \(periodic delta, step \d+, \d+ bytes; capture ([0-9.]+) s")
 
 
 def job_file(folder: Path, delta_every_steps: int, steps: int) -> Path:
@@ -47,9 +47,22 @@ def job_file(folder: Path, delta_every_steps: int, steps: int) -> Path:
     doc["spec"]["dataset"]["uri"] = str(ROOT / doc["spec"]["dataset"]["uri"])
     doc["spec"]["training"]["totalSteps"] = steps
     doc["spec"]["checkpoint"]["deltaEverySteps"] = delta_every_steps
+    doc["spec"]["checkpoint"]["keep"] = 1000  # every delta's manifest stays, to read its capture
     path = folder / f"job-{delta_every_steps}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+def delta_captures(store: Any) -> list[float]:
+    """The trainer's stall per delta cut: each delta manifest's capture seconds (the capture
+    under the owners' lock, on the trainer thread)."""
+    out = []
+    for folder in list_cut_folders(store):
+        if folder.committed:
+            m = json.loads(store.get_bytes(manifest_key(folder.cut_id)))
+            if m["form"] == "delta":
+                out.append(float(m["capture_seconds"]))
+    return out
 
 
 def run(job: Path, uri: str, log: Path, env: dict[str, str]) -> float:
@@ -70,12 +83,12 @@ def measure(
     docs = AuditStore(store or open_storage(uri)).documents()
     at = sorted(d["at"] for d in docs)
     period = statistics.median(b - a for a, b in itertools.pairwise(at))
-    captures = [float(m.group(1)) for m in CAPTURE.finditer(log.read_text())]
+    captures = delta_captures(store or open_storage(uri))
     stall = statistics.median(captures) if captures else 0.0
     return (
         name,
         f"{period:.3f}",
-        f"{stall * 1000:.2f}" if captures else "-",
+        f"{stall * 1000:.3f}" if captures else "-",
         f"{stall / period:.4f}" if captures else "-",
         f"{len(captures)}/{len(docs)}",
         f"{wall:.1f}",
