@@ -56,6 +56,7 @@ def test_a_slow_estimate_sets_barrier_at_risk_with_an_event_and_a_fast_one_clear
                 "storage": "s3://bucket-x/tiny",
                 "barrierDeadlineSeconds": 5,
                 "everySteps": 20,
+                "deltaEverySteps": 0,  # full cuts alone: their cadence bounds the loss, and is the advice
                 "barrier": "full",
             },
             scheduling={"nodeSelector": NOWHERE},

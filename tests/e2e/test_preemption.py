@@ -602,22 +602,21 @@ def test_a_disruption_target_eviction_resumes_elsewhere(
 
 
 @pytest.mark.kind_ci
-def test_an_abrupt_node_loss_resumes_from_the_last_periodic_cut(
+def test_an_abrupt_node_loss_costs_at_most_the_step_in_progress(
     e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage, reference: dict[int, Any]
 ) -> None:
+    """The node goes with no notice (no barrier): the fresh controller resumes from the newest
+    periodic cut, a delta cut after every step by default, so at most the step the lost
+    controller had not cut is trained again, on the same prompts."""
     jobs = e2e_jobs
     start(e2e_cluster, jobs, e2e_storage, "tiny", SPOT)
-    # One or two steps past a periodic cut (every 3 steps), so that the next cut is at least a
-    # step away when the node goes: the steps after the cut are the ones trained again.
     st = jobs.wait(
         "tiny",
-        lambda s: (
-            (s.get("lastCut") or {}).get("kind") == "periodic" and (s.get("step") or 0) - s["lastCut"]["step"] in (1, 2)
-        ),
+        lambda s: (s.get("lastCut") or {}).get("kind") == "periodic" and (s.get("step") or 0) >= 4,
         TRAIN_TIMEOUT,
-        "a periodic cut and a step past it",
+        "a few steps and their cuts",
     )
-    node, cut, lost_at_step = st["controllerNode"], st["lastCut"], st["step"]
+    node, cut = st["controllerNode"], st["lastCut"]
     e2e_cluster.lose_node(node)
     other_node(jobs, "tiny", node)
     resumed = time.time()  # just after the fresh controller's first step
@@ -625,8 +624,8 @@ def test_an_abrupt_node_loss_resumes_from_the_last_periodic_cut(
     assert "barrier" not in st or st["barrier"].get("state") != "Committed", "nobody was left to cut"
     st = succeeded(jobs, "tiny")
     assert (st["preemptions"], st["restarts"]) == (1, 0)
-    # The time lost runs from the periodic cut (the steps after it are trained again), not from
-    # when the loss was noticed: within the time the test saw, give or take polling and rounding.
+    # The time lost runs from the cut resumed from, not from when the loss was noticed:
+    # within the time the test saw, give or take polling and rounding.
     since_cut = resumed - datetime.fromisoformat(cut["time"]).timestamp()
     assert st["secondsLost"] <= since_cut + 30, (st["secondsLost"], since_cut)
     assert "NodeLost" in jobs.reasons("tiny")
@@ -634,20 +633,15 @@ def test_an_abrupt_node_loss_resumes_from_the_last_periodic_cut(
     assert st["lastRecovery"]["kind"] == "abrupt", st["lastRecovery"]
     acc = st["accounting"]
     assert (acc["promptsLost"], acc["promptsTrainedTwice"]) == (0, 0), acc
-    # The steps trained again are those the lost attempt trained from the cut the fresh one
-    # resumed from: the cut seen above, unless the lost controller committed another before
-    # the node went (status lags the run by a poll).
+    # Resumed from the newest cut the lost attempt committed (the one seen above or a later
+    # one: status lags the run by a poll), at most one step behind what it had trained.
     records = audit(e2e_storage, "tiny", "--all")
     first, later = min(d["attempt"] for d in records), max(d["attempt"] for d in records)
     resumed_at = min(d["step"] for d in records if d["attempt"] == later)
     trained_before = {d["step"] for d in records if d["attempt"] == first}
-    assert resumed_at % 3 == 0, (resumed_at, cut)
     assert cut["step"] <= resumed_at <= max(trained_before) + 1, (resumed_at, cut)
-    assert acc["stepsRetrained"] == len({s for s in trained_before if s >= resumed_at}), (acc, resumed_at)
-    if st["resume"]["cutId"] == cut["id"]:
-        assert resumed_at == cut["step"]
-        assert since_cut - 5 <= st["secondsLost"], (st["secondsLost"], since_cut)
-        assert acc["stepsRetrained"] >= lost_at_step - cut["step"] > 0, (acc, lost_at_step, cut)
+    assert acc["stepsRetrained"] == len({s for s in trained_before if s >= resumed_at}) <= 1, (acc, resumed_at)
+    assert st["resume"]["cutId"] != "", st["resume"]
     assert_same_stream(reference, e2e_storage, "tiny")
 
 

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow
     [
         ("mid-generation", "dispatch.finish@6=4"),
         ("mid-train-step", "train.step@6=4"),
-        ("during-a-periodic-cut", "cut.files_written=4"),
+        ("during-a-periodic-cut", "cut.files_written@4=4"),
     ],
 )
 def test_sigterm_takes_a_barrier_cut_and_resume_trains_the_same_prompts(
