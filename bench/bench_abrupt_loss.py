@@ -40,21 +40,14 @@ from typing import Any
 import torch
 import yaml
 
+from _chat_job import chat_job
 from _recovery_state import table
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.storage import open_storage
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def job_file(folder: Path, delta_every_steps: int, steps: int) -> Path:
-    doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "cpu-chat-gsm8k.yaml").read_text())
-    doc["spec"]["dataset"]["uri"] = str(ROOT / doc["spec"]["dataset"]["uri"])
-    doc["spec"]["training"]["totalSteps"] = steps
-    doc["spec"]["checkpoint"]["deltaEverySteps"] = delta_every_steps
-    path = folder / f"job-delta{delta_every_steps}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    return chat_job(folder / f"job-delta{delta_every_steps}.yaml", steps, deltaEverySteps=delta_every_steps)
 
 
 def prompts_per_step(job: Path) -> int:

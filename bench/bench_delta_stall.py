@@ -30,8 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from _chat_job import chat_job
 from _recovery_state import table
 from spotrl_e2e.faultproxy import FaultProxy
 from spotrl_e2e.s3 import S3Server
@@ -39,18 +38,10 @@ from spotrl_runtime.checkpoint.layout import list_cut_folders, manifest_key
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.storage import open_storage
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def job_file(folder: Path, delta_every_steps: int, steps: int) -> Path:
-    doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "cpu-chat-gsm8k.yaml").read_text())
-    doc["spec"]["dataset"]["uri"] = str(ROOT / doc["spec"]["dataset"]["uri"])
-    doc["spec"]["training"]["totalSteps"] = steps
-    doc["spec"]["checkpoint"]["deltaEverySteps"] = delta_every_steps
-    doc["spec"]["checkpoint"]["keep"] = 1000  # every delta's manifest stays, to read its capture
-    path = folder / f"job-{delta_every_steps}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    # keep: every delta's manifest stays, to read its capture
+    return chat_job(folder / f"job-{delta_every_steps}.yaml", steps, deltaEverySteps=delta_every_steps, keep=1000)
 
 
 def delta_captures(store: Any) -> list[float]:
