@@ -310,7 +310,7 @@ def main(argv: list[str]) -> int:
         first = run.cut()
         print(json.dumps({"committed": first.cut_id}), flush=True)
         assert run.writer is not None
-        run.writer.progress = lambda phase: os._exit(137) if phase == "files_written" else None
+        run.writer.progress = lambda phase, step: os._exit(137) if phase == "files_written" else None
         run.cut("barrier")
         raise SystemExit("unreachable: the process should have died before committing")
     else:

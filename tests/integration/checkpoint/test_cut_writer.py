@@ -96,7 +96,7 @@ def concurrent_writers(storage: Storage) -> None:
     # either writes its manifest: the worst interleaving.
     barriers = {"captured": threading.Barrier(2), "files_written": threading.Barrier(2)}
 
-    def rendezvous(phase: str) -> None:
+    def rendezvous(phase: str, step: int) -> None:
         if phase in barriers:
             barriers[phase].wait(10)
 

@@ -155,7 +155,7 @@ def test_a_barrier_during_a_periodic_write_commits_every_trained_step(tmp_path: 
     advance(run, trainer, 2)
     periodic_files_written, go_on = threading.Event(), threading.Event()
 
-    def hold_periodic(phase: str) -> None:
+    def hold_periodic(phase: str, step: int) -> None:
         if phase == "files_written" and not periodic_files_written.is_set():
             periodic_files_written.set()
             assert go_on.wait(60)

@@ -35,7 +35,7 @@ def test_a_fenced_writer_commits_nothing_even_when_fenced_mid_cut(tmp_path: Path
     run.writer.fence = Fence(store, 0).claim()
     first = run.cut()
 
-    def newer_claims_while_files_are_written(phase: str) -> None:
+    def newer_claims_while_files_are_written(phase: str, step: int) -> None:
         if phase == "files_written":
             Fence(store, 1).claim()
 
