@@ -93,6 +93,10 @@ def newest_cut_after_a_kill(point: str, target: int, trained: int) -> tuple[int,
         return target - 1, target - 1
     if point == "cut.retention":
         return target, target
+    if point == "worker.load_weights":
+        # No step in progress: the trainer trained on while the load was held, and the delta of
+        # its last step, and on a loaded machine the one before, may still have been written.
+        return trained - 2, trained
     return trained - 1, trained
 
 

@@ -235,20 +235,20 @@ def test_auto_cuts_a_delta_when_a_full_cut_would_not_fit_the_notice(
 def test_cuts_by_the_clock_full_ones_at_a_step_boundary_and_deltas_while_a_step_waits(
     runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path
 ) -> None:
-    """``everySeconds`` and ``deltaEverySeconds``, no step cadence: a group of step 5 is held 5 s
+    """``everySeconds`` and ``deltaEverySeconds``, no step cadence: a group of step 5 is held 8 s
     in generation, so the trainer waits that long for the step. Deltas come every second of the
-    wait; the full cut that falls due is taken
-    once the step's groups are ready, on the same step boundary; and the run is the
-    uninterrupted one, with its weights."""
+    wait until the full cut falls due (6 s after the first one: the wait begins a second or a few
+    after it, as the machine's load has it); that full cut is taken once the step's groups are
+    ready, on the same step boundary; and the run is the uninterrupted one, with its weights."""
     clock = {
         "checkpoint.everySteps": 0,
-        "checkpoint.everySeconds": 3,
+        "checkpoint.everySeconds": 6,
         "checkpoint.deltaEverySteps": 0,
         "checkpoint.deltaEverySeconds": 1,
         "checkpoint.keep": 100,
     }
     store = tmp_path / "clock"
-    rc, log = runs.run(runs.job(clock), store, SPOTRL_FAILPOINTS="dispatch.finish@5=5")
+    rc, log = runs.run(runs.job(clock), store, SPOTRL_FAILPOINTS="dispatch.finish@5=8")
     assert rc == 0, log
     cuts = [CutSurgery(p).m for p in sorted((store / "cuts").iterdir()) if (p / "manifest.json").exists()]
     made = [(m["form"], m["trainer_step"], m["extra"]["reason"]) for m in cuts]
@@ -256,10 +256,10 @@ def test_cuts_by_the_clock_full_ones_at_a_step_boundary_and_deltas_while_a_step_
     assert made[-1] == ("full", 16, "final"), made
     by_clock = [c for c in made[1:-1] if c[0] == "full"]
     assert by_clock, f"no full cut by the clock: {made}"
-    assert all(reason == "every 3 s" for _, _, reason in by_clock), made
+    assert all(reason == "every 6 s" for _, _, reason in by_clock), made
     # Deltas every second of the wait, until the full cut falls due (it holds them all).
     waiting = [c for c in made if c[0] == "delta" and c[1] == 5]
-    assert len(waiting) >= 2, f"a delta every second of the 5 s wait for step 5: {made}"
+    assert waiting, f"deltas while the trainer waits for step 5: {made}"
     assert all(reason == "every 1 s, delta" for _, _, reason in waiting), made
     assert stream(store) == baseline
     assert_same_weights(final_weights(store), final_weights(runs.base / "baseline"))
