@@ -153,6 +153,7 @@ class Controller:
             last_full_at=now,
             last_cut_at=now,
             last_cut_step=parts.owners.trainer_step,
+            based=parts.writer.base is not None,
         )
         """When the periodic cuts are taken (:mod:`spotrl_runtime.core.cut_schedule`)."""
         self.stats: dict[str, float] = dict.fromkeys(STATS, 0.0)
@@ -220,12 +221,12 @@ class Controller:
             self._raise_failure()
             if self._parked.is_set() or self._stop.is_set():
                 return False
-            why = schedule.while_waiting(time.monotonic(), has_base=self.parts.writer.base is not None)
+            why = schedule.while_waiting(time.monotonic())
             if why is not None:
                 self._periodic_cut(why, "delta")
             if not owners.wait_step_ready(timeout=0.2):
                 continue
-            why = schedule.at_ready(has_base=self.parts.writer.base is not None)
+            why = schedule.at_ready()
             if why is not None and not self._parked.is_set():
                 self._periodic_cut(why, "full")
             if self._parked.is_set():  # a barrier came, maybe while the periodic cut was captured
@@ -298,7 +299,7 @@ class Controller:
             # Not once a barrier was asked for while this step trained: the barrier's cut holds
             # it (and should one be captured after this check, a trainer group refuses the
             # periodic capture rather than replace the barrier's).
-            why = schedule.after_step(owners.trainer_step, has_base=self.parts.writer.base is not None)
+            why = schedule.after_step(owners.trainer_step)
             if why is not None and owners.trainer_step < self.target_steps and not self._parked.is_set():
                 self._periodic_cut(why, "delta")
         return True

@@ -36,42 +36,40 @@ class CutSchedule:
     """The trainer step the last cut was captured at."""
     full_due: str | None = None
     """Why a full cut is due at the next step boundary whose groups are ready (None: none is)."""
-    full_captured: bool = False
-    """A full cut was captured by this controller: the deltas after it extend it (it commits
-    before them: one writer writes the cuts in order)."""
+    based: bool = False
+    """A full cut exists for deltas to extend: the one the run resumed from, or one this
+    controller captured (it commits before the deltas after it: one writer writes them in order)."""
 
     @property
     def deltas(self) -> bool:
         """Whether delta cuts are taken between full cuts."""
         return self.delta_every_steps > 0 or self.delta_every_seconds > 0
 
-    def after_step(self, step: int, *, has_base: bool) -> str | None:
+    def after_step(self, step: int) -> str | None:
         """The trainer committed up to ``step``. Returns why to capture a delta now, if one is
         due (a full cut that falls due instead is kept in :attr:`full_due`)."""
         if self.every_steps and step % self.every_steps == 0:
             self.full_due = f"every {self.every_steps} steps"
             return None
-        based = has_base or self.full_captured
-        if self.delta_every_steps and based and step - self.last_cut_step >= self.delta_every_steps:
+        if self.delta_every_steps and self.based and step - self.last_cut_step >= self.delta_every_steps:
             return f"every {self.delta_every_steps} step(s), delta"
         return None
 
-    def while_waiting(self, now: float, *, has_base: bool) -> str | None:
+    def while_waiting(self, now: float) -> str | None:
         """The trainer waits for the next step's groups. Marks a full cut due after
         ``everySeconds``; returns why to capture a delta now after ``deltaEverySeconds``."""
         if self.every_seconds and now - self.last_full_at >= self.every_seconds:
             self.full_due = self.full_due or f"every {self.every_seconds:g} s"
-        based = has_base or self.full_captured
         waited = now - self.last_cut_at >= self.delta_every_seconds
-        if self.full_due is None and self.delta_every_seconds and based and waited:
+        if self.full_due is None and self.delta_every_seconds and self.based and waited:
             return f"every {self.delta_every_seconds:g} s, delta"
         return None
 
-    def at_ready(self, *, has_base: bool) -> str | None:
+    def at_ready(self) -> str | None:
         """The next step's groups are all finished. Returns why to capture a full cut now."""
         if self.full_due is not None:
             return self.full_due
-        if self.deltas and not (has_base or self.full_captured):
+        if self.deltas and not self.based:
             return "a full cut for the delta cuts to extend"
         return None
 
@@ -79,7 +77,7 @@ class CutSchedule:
         """A cut of ``form`` (``full`` or ``delta``) was captured at ``step``."""
         if form == "full":
             self.full_due = None
-            self.full_captured = True
+            self.based = True
             self.last_full_at = now
         self.last_cut_at = now
         self.last_cut_step = step

@@ -8,22 +8,19 @@ from spotrl_runtime.core.cut_schedule import CutSchedule
 
 
 def schedule(
-    every_steps: int = 5, every_seconds: float = 0, delta_steps: int = 1, delta_seconds: float = 0
+    every_steps: int = 5, every_seconds: float = 0, delta_steps: int = 1, delta_seconds: float = 0, based: bool = False
 ) -> CutSchedule:
-    return CutSchedule(every_steps, every_seconds, delta_steps, delta_seconds, 0.0, 0.0, 0)
+    return CutSchedule(every_steps, every_seconds, delta_steps, delta_seconds, 0.0, 0.0, 0, based=based)
 
 
 def run(s: CutSchedule, steps: int) -> list[tuple[int, str]]:
-    """The cuts a controller takes over ``steps`` steps, as (trainer step, form), the writer
-    committing each at once (``has_base`` once a full cut exists)."""
+    """The cuts a controller takes over ``steps`` steps, as (trainer step, form)."""
     cuts: list[tuple[int, str]] = []
     for step in range(steps):
-        based = any(form == "full" for _, form in cuts)
-        if s.at_ready(has_base=based) is not None:  # the next step's groups are ready
+        if s.at_ready() is not None:  # the next step's groups are ready
             cuts.append((step, "full"))
             s.taken("full", step, float(step))
-        based = any(form == "full" for _, form in cuts)
-        if s.after_step(step + 1, has_base=based) is not None:
+        if s.after_step(step + 1) is not None:
             cuts.append((step + 1, "delta"))
             s.taken("delta", step + 1, float(step + 1))
     return cuts
@@ -50,17 +47,18 @@ def test_every_other_step_and_off() -> None:
 
 
 def test_seconds_mark_a_full_cut_due_and_take_deltas_while_waiting() -> None:
-    s = schedule(every_steps=0, every_seconds=60, delta_steps=0, delta_seconds=10)
-    assert s.while_waiting(5.0, has_base=True) is None
-    assert s.while_waiting(10.0, has_base=True) == "every 10 s, delta"
+    s = schedule(every_steps=0, every_seconds=60, delta_steps=0, delta_seconds=10, based=True)
+    assert s.while_waiting(5.0) is None
+    assert s.while_waiting(10.0) == "every 10 s, delta"
     s.taken("delta", 3, 10.0)
-    assert s.while_waiting(15.0, has_base=True) is None
-    assert s.while_waiting(20.0, has_base=False) is None, "nothing to extend"
-    assert s.while_waiting(61.0, has_base=True) is None, "a full cut is due instead"
-    assert s.at_ready(has_base=True) == "every 60 s"
+    assert s.while_waiting(15.0) is None
+    unbased = schedule(every_steps=0, every_seconds=60, delta_steps=0, delta_seconds=10)
+    assert unbased.while_waiting(20.0) is None, "nothing to extend"
+    assert s.while_waiting(61.0) is None, "a full cut is due instead"
+    assert s.at_ready() == "every 60 s"
     s.taken("full", 4, 62.0)
-    assert s.at_ready(has_base=True) is None
-    assert s.while_waiting(72.0, has_base=True) == "every 10 s, delta"
+    assert s.at_ready() is None
+    assert s.while_waiting(72.0) == "every 10 s, delta"
 
 
 def test_retention_keeps_chains_not_cuts() -> None:
