@@ -121,8 +121,10 @@ def resume_or_start(
         )
         if restored.trainer is not None:
             load_trainer(trainer, restored.trainer, restored.cut_id, storage.uri)
+        wanted = restored.owners.versions_wanted()
         if restored.manifest.is_delta:
-            older.extend(redo(trainer, restored, storage.uri, stop, keep=restored.owners.versions_wanted()))
+            older.extend(redo(trainer, restored, storage.uri, stop, keep=wanted))
+        _say_what_the_cut_lacks(restored, wanted - {v for _, v in older})
         if trainer.step != restored.owners.trainer_step:
             raise TrainerStateError(
                 f"{storage.uri}/cuts/{restored.cut_id}",
@@ -230,6 +232,20 @@ def low_precision_notice(weights: Mapping[str, Any]) -> str | None:
         f"it holds {', '.join(low)} weights (written before the trainer kept float32 master weights); they are "
         "loaded exactly into float32 masters"
     )
+
+
+def _say_what_the_cut_lacks(restored: RestoredRun, missing: set[int]) -> None:
+    """Warns when relaunched groups ask for weights the cut cannot rebuild (a full cut holds the
+    newest only; a delta rebuilds those since its base): they are generated with the trainer's."""
+    if missing:
+        log.warning(
+            "groups admitted with weight versions %s are relaunched, but cut %s cannot rebuild those weights; "
+            "they are generated with version %d (counted in version_mismatches; the importance weight corrects "
+            "for the difference)",
+            sorted(missing),
+            restored.cut_id,
+            restored.owners.trainer_step,
+        )
 
 
 class RedoStoppedError(Exception):

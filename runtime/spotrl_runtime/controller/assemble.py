@@ -21,7 +21,7 @@ from spotrl_runtime.api import times
 from spotrl_runtime.api.rljob import RLJob
 from spotrl_runtime.checkpoint.fence import Fence
 from spotrl_runtime.checkpoint.restore import RestoredRun
-from spotrl_runtime.checkpoint.resume import SkippedCut, Start, resume_or_start
+from spotrl_runtime.checkpoint.resume import SkippedCut, resume_or_start
 from spotrl_runtime.checkpoint.writer import CutWriter
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.controller.control import CutInfo, StatusSink
@@ -239,7 +239,6 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         if start.restored is not None:
             writer.base = start.restored.base  # the full cut the next delta cuts extend
         versions = [*start.older_weights, (trainer.policy_state_dict(), trainer.step)]
-        _say_what_the_cut_lacks(start)
         pool.update_weights(*versions[0])  # the rest go after the relaunched groups that ask for it
         if isinstance(trainer, Trainer):
             # While the workers start (their own processes): the first pass's one-time costs.
@@ -282,23 +281,6 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         start_times,
         tuple(versions[1:]),
     )
-
-
-def _say_what_the_cut_lacks(start: Start) -> None:
-    """Warns when relaunched groups ask for weights the cut cannot rebuild (a full cut holds the
-    newest only; a delta rebuilds those since its base): they are generated with the trainer's."""
-    if start.restored is None:
-        return
-    missing = start.owners.versions_wanted() - {v for _, v in start.older_weights}
-    if missing:
-        log.warning(
-            "groups admitted with weight versions %s are relaunched, but cut %s cannot rebuild those weights; "
-            "they are generated with version %d (counted in version_mismatches; the importance weight corrects "
-            "for the difference)",
-            sorted(missing),
-            start.restored.cut_id,
-            start.owners.trainer_step,
-        )
 
 
 def _record_restore(audit: AuditStore, restored: RestoredRun, attempt: int, at: StartTimes) -> None:

@@ -419,7 +419,7 @@ class GenerationPool:
         if version is None:
             self._queue.append(request)
             return
-        if version > (self._given if self._given is not None else 0):
+        if version > self.version():
             self._held.setdefault(version, []).append(request)
             return
         loads = (i for i, item in enumerate(self._queue) if isinstance(item, _Load) and item.version > version)
