@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import yaml
@@ -63,7 +64,7 @@ def _controller(pool: CountingPool) -> Controller:
         encode=lambda prompt: tuple(ord(c) for c in prompt.text),
         trainer=trainer,
         owners=owners,
-        writer=None,  # type: ignore[arg-type]
+        writer=SimpleNamespace(base=None),  # type: ignore[arg-type]
         pool=pool,  # type: ignore[arg-type]
         ray=None,  # type: ignore[arg-type]
         resumed_from=None,

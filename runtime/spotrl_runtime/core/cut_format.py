@@ -90,6 +90,8 @@ TRAINER_FORMAT_ROLES: dict[str, tuple[str, ...]] = {
 }
 """Trainer formats this code reads -> the file roles a cut in that format must list.
 ``trainer_meta`` is a small JSON object holding at least ``trainer_step``."""
+TORCH_SAVE_ROLES = ("weights", "optimizer", "rng", "trainer_meta")
+"""Every role a ``torch.save`` cut's trainer files may have (an optimizer and RNG file are optional)."""
 WEIGHT_PART = re.compile(r"trainer/weights-(\d{5})-of-(\d{5})\.pt")
 
 

@@ -79,6 +79,7 @@ from spotrl_runtime.core.cut_format import (
     OWNER_FILES,
     READABLE_SCHEMA_VERSIONS,
     TORCH_SAVE_FORMAT,
+    TORCH_SAVE_ROLES,
     TRAINER_FORMAT_ROLES,
     CutDocuments,
     Manifest,
@@ -103,8 +104,6 @@ INDEX_ROLE = "trainer-shard-index"
 """Role of a sharded cut's one index file, ``trainer/dcp/.metadata`` (which shard holds what)."""
 DCP_INDEX = "trainer/dcp/.metadata"
 """The index's path inside the cut's data folder."""
-TORCH_SAVE_ROLES = ("weights", "optimizer", "rng", "trainer_meta")
-"""The roles of a ``torch.save`` cut's trainer files (an optimizer and RNG file are optional)."""
 TRAINER_FORMATS: dict[str, tuple[str, ...]] = {**TRAINER_FORMAT_ROLES, DCP_FORMAT: ("trainer_meta",)}
 """Every trainer format the chain reads -> the roles it must list (``dcp/v1``'s index and shards
 are counted by :func:`check_trainer_shards`)."""
