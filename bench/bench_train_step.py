@@ -19,6 +19,7 @@ import torch
 
 from spotrl_runtime.core.types import FinishedGroup, Prompt, Rollout
 from spotrl_runtime.generation.transformers_backend import TransformersBackend
+from spotrl_runtime.generation.weights import give_weights
 from spotrl_runtime.models import load_policy
 from spotrl_runtime.training import Trainer, TrainerConfig
 
@@ -80,7 +81,7 @@ def bench_model(model_key: str, device: str, args: Any) -> dict[str, Any]:
         step_times.append(time.perf_counter() - started)
         tokens = metrics["tokens"]
     started = time.perf_counter()
-    backend.load_weights(trainer.policy_state_dict(), trainer.step)
+    give_weights(backend, trainer.policy_state_dict(), trainer.step)
     sync(device)
     sync_seconds = time.perf_counter() - started
     step = sum(step_times) / len(step_times)

@@ -33,6 +33,7 @@ from bench_generation import make_requests
 from spotrl_runtime.core.types import FinishedGroup, Prompt, Rollout
 from spotrl_runtime.generation import GroupGenerated, sampling_logprobs
 from spotrl_runtime.generation.transformers_backend import TransformersBackend
+from spotrl_runtime.generation.weights import give_weights
 from spotrl_runtime.models import load_policy
 from spotrl_runtime.training import Trainer, TrainerConfig
 
@@ -162,7 +163,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     weights = trainer.policy_state_dict()
     copy_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    backend.load_weights(weights, trainer.step)
+    give_weights(backend, weights, trainer.step)
     synchronize(device)
     after, _ = time_generate(backend, requests[:4], device)
     report["transformers_weight_sync"] = {
@@ -199,7 +200,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     section["finish_reasons"] = sorted({s.finish_reason for r in results for s in r.samples})
     section["logprob_gap_vs_initial_weights"] = logprob_gap(base_policy, results, 1.0)
     started = time.perf_counter()
-    engine.load_weights(weights, trainer.step)
+    give_weights(engine, weights, trainer.step)
     section["reload_seconds"] = time.perf_counter() - started
     reloaded, _ = time_generate(engine, requests[:4], device)
     section["version_after_reload"] = reloaded[0].weight_version
@@ -210,7 +211,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         k: v + 0.05 * torch.randn(v.shape, generator=generator) if v.dtype.is_floating_point and "norm" not in k else v
         for k, v in weights.items()
     }
-    engine.load_weights(perturbed, trainer.step + 1)
+    give_weights(engine, perturbed, trainer.step + 1)
     base_policy.load_state_dict(perturbed)
     moved, _ = time_generate(engine, requests[:4], device)
     section["logprob_gap_vs_perturbed_after_reload"] = logprob_gap(base_policy, moved, 1.0)

@@ -4,21 +4,23 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from spotrl_runtime.generation.types import GenerationRequest, GroupGenerated
 
 if TYPE_CHECKING:
-    import torch
+    from spotrl_runtime.generation.weights import ChannelAddress, SyncPlan
 
 
 class GenerationBackend(ABC):
     """Generates groups of samples with one set of policy weights at a time.
 
-    ``weight_version`` is the version last given to :meth:`load_weights` (0: the initial
-    weights); every :class:`GroupGenerated` carries the version that produced all its samples.
+    ``weight_version`` is the version last received (0: the initial weights); every
+    :class:`GroupGenerated` carries the version that produced all its samples. New weights come
+    over the weight channel (:mod:`~spotrl_runtime.generation.weights`): the worker joins the
+    channel's group of an epoch, then receives a version bucket by bucket.
     """
 
     weight_version: int = 0
@@ -28,8 +30,15 @@ class GenerationBackend(ABC):
         """One result per request, in order. Raises if the batch cannot be generated."""
 
     @abstractmethod
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Replaces the policy weights in place (names as in the trainer's ``state_dict()``)."""
+    def join_channel(self, address: ChannelAddress) -> None:
+        """Joins the weight channel's group of ``address.epoch`` (unless already in it)."""
+
+    @abstractmethod
+    def receive_weights(self, plan: SyncPlan, version: int) -> int:
+        """Receives ``version`` over the channel and loads it in place, bucket by bucket (names as
+        in the trainer's ``state_dict()``); returns the bytes received. Raises
+        :class:`~spotrl_runtime.generation.weights.WeightSyncError` if it did not all arrive: the
+        weights are then torn, and the backend must not generate before a whole version."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Releases what the backend holds (GPU memory, engine processes)."""

@@ -8,7 +8,7 @@ of the distribution each token was actually drawn from (:func:`.sampling.samplin
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,6 +16,7 @@ import torch
 from spotrl_runtime.generation.backend import BackendSpec, GenerationBackend
 from spotrl_runtime.generation.sampling import sampling_logprobs
 from spotrl_runtime.generation.types import FINISH_LENGTH, FINISH_STOP, GenerationRequest, GroupGenerated, Sample
+from spotrl_runtime.generation.weights import ChannelAddress, ChannelMember, SyncPlan, WeightSyncError, unique_tensors
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -40,6 +41,7 @@ class TransformersBackend(GenerationBackend):
         self.eos_ids = _eos_ids(model, tokenizer)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.pad_id = int(pad)
+        self._channel = ChannelMember()
 
     @classmethod
     def from_spec(cls, spec: BackendSpec) -> TransformersBackend:
@@ -51,11 +53,30 @@ class TransformersBackend(GenerationBackend):
         model, tokenizer = load_policy(spec.model, spec.device, dtype=spec.dtype)
         return cls(model, tokenizer, max_batch_rows=spec.max_batch_rows)
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Copies the trainer's weights into the model (strict: every name must match)."""
+    def join_channel(self, address: ChannelAddress) -> None:
+        self._channel.join(address)
+
+    def receive_weights(self, plan: SyncPlan, version: int) -> int:
+        """Copies each bucket's tensors into the model's as it arrives. Every tensor of the model
+        must be in ``plan`` (a tied head comes with its embedding), and only those."""
+        params = self.model.state_dict(keep_vars=True)  # the parameters themselves: a tied one once
+        names = {t.name for t in plan.tensors}
+        unknown = sorted(names - set(params))
+        missing = sorted(n for n, _ in unique_tensors(params) if n not in names)
+        if unknown or missing:
+            raise WeightSyncError(
+                f"the weights sent do not fit the worker's {type(self.model).__name__}: names it lacks "
+                f"{unknown[:5]}, its tensors not sent {missing[:5]}; do the trainer and workers load the same model?"
+            )
+
+        def load(pairs: list[tuple[str, torch.Tensor]]) -> None:
+            for name, tensor in pairs:
+                params[name].copy_(tensor)
+
         with torch.no_grad():
-            self.model.load_state_dict(dict(state_dict), strict=True)
+            got = self._channel.receive(plan, version, load)
         self.weight_version = version
+        return got
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GroupGenerated]:
         results: list[GroupGenerated] = []

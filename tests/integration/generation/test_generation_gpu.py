@@ -15,6 +15,7 @@ import torch
 
 from spotrl_runtime.generation import GenerationRequest, sampling_logprobs
 from spotrl_runtime.generation.transformers_backend import TransformersBackend
+from spotrl_runtime.generation.weights import give_weights
 from spotrl_runtime.models import load_policy, resolve_model_dir
 from spotrl_runtime.vllm_build import vllm_build
 
@@ -75,7 +76,7 @@ def test_vllm_backend_samples_logprobs_and_reload() -> None:
             k: v + 0.3 * torch.randn(v.shape, generator=generator) if "norm" not in k else v
             for k, v in reference.cpu().state_dict().items()
         }
-        engine.load_weights(moved, version=4)
+        give_weights(engine, moved, version=4)
         reference.load_state_dict(moved)
         reference.to("cuda")
         after = engine.generate(_requests(tok))

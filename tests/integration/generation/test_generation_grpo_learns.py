@@ -18,6 +18,7 @@ from spotrl_runtime.data import ArithmeticDataset, PromptCollate
 from spotrl_runtime.generation import encode_prompt, group_seed, score_group
 from spotrl_runtime.generation.transformers_backend import TransformersBackend
 from spotrl_runtime.generation.types import GenerationRequest
+from spotrl_runtime.generation.weights import give_weights
 from spotrl_runtime.models import load_policy
 from spotrl_runtime.rewards import arithmetic_exact
 from spotrl_runtime.training import Trainer, TrainerConfig
@@ -61,7 +62,7 @@ def run_grpo(seed: int, steps: int = STEPS) -> list[float]:
         ]
         assert all(r.weight_version == step for g in groups for r in g.rollouts)
         metrics = trainer.train_step(groups)
-        backend.load_weights(trainer.policy_state_dict(), trainer.step)
+        give_weights(backend, trainer.policy_state_dict(), trainer.step)
         rewards.append(metrics["reward_mean"])
     return rewards
 

@@ -21,6 +21,7 @@ import torch
 from spotrl_runtime.generation import GenerationRequest, sampling_logprobs
 from spotrl_runtime.generation.types import FINISH_LENGTH, FINISH_STOP, GroupGenerated
 from spotrl_runtime.generation.vllm_backend import VLLMBackend
+from spotrl_runtime.generation.weights import give_weights
 from spotrl_runtime.models import load_policy, resolve_model_dir
 from spotrl_runtime.vllm_build import vllm_build
 
@@ -68,7 +69,7 @@ def reference(engine: VLLMBackend) -> Iterator[tuple[Any, Any]]:
     model, tok = load_policy("builtin:tiny-arith", "cpu")
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     yield model, tok
-    engine.load_weights(initial, version=0)
+    give_weights(engine, initial, version=0)
 
 
 def _requests(tok: Any, n: int = 8, max_new_tokens: int = 8, seed: int = 0) -> list[GenerationRequest]:
@@ -162,7 +163,7 @@ def test_reloaded_weights_arrive_and_a_skipped_or_wrong_sync_shows(
     model, tok = reference
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     moved = _moved(initial, seed=1)
-    engine.load_weights(moved, version=3)
+    give_weights(engine, moved, version=3)
     after = engine.generate(_requests(tok))
     assert {r.weight_version for r in after} == {3}
     # A skipped sync: the trainer's weights moved, the engine's did not (the engine still serves
@@ -175,8 +176,19 @@ def test_reloaded_weights_arrive_and_a_skipped_or_wrong_sync_shows(
     model.load_state_dict(moved)
     wrong = dict(moved)
     wrong["model.layers.1.mlp.down_proj.weight"] = moved["model.layers.1.mlp.down_proj.weight"] * 1.5
-    engine.load_weights(wrong, version=4)
+    give_weights(engine, wrong, version=4)
     assert _worst_gap(model, engine.generate(_requests(tok))) > FAULT_FLOOR
+
+
+def test_weights_in_many_small_buckets_arrive_whole(engine: VLLMBackend, reference: tuple[Any, Any]) -> None:
+    """Buckets of 4 KiB split every layer's tensors across buckets (q, k and v of one attention
+    layer apart): vLLM's layerwise reload keeps a layer's tensors until the layer is whole, so
+    they must outlive the receive buffer, which the next bucket overwrites."""
+    model, tok = reference
+    moved = _moved(model.state_dict(), seed=5)
+    give_weights(engine, moved, version=8, bucket_bytes=4096)
+    model.load_state_dict(moved)
+    assert _worst_gap(model, engine.generate(_requests(tok))) < GAP_BOUND
 
 
 def test_a_new_embedding_reaches_the_tied_lm_head(engine: VLLMBackend, reference: tuple[Any, Any]) -> None:
@@ -184,7 +196,7 @@ def test_a_new_embedding_reaches_the_tied_lm_head(engine: VLLMBackend, reference
     model, tok = reference
     assert model.config.tie_word_embeddings
     moved = _moved(model.state_dict(), seed=2, only="model.embed_tokens.weight")
-    engine.load_weights(moved, version=5)
+    give_weights(engine, moved, version=5)
     model.load_state_dict(moved)
     assert _worst_gap(model, engine.generate(_requests(tok))) < GAP_BOUND
 
@@ -203,13 +215,13 @@ def test_the_prefix_cache_is_reset_by_a_reload(
 
     moved = _moved(model.state_dict(), seed=3)
     run()
-    engine.load_weights(moved, version=6)
+    give_weights(engine, moved, version=6)
     model.load_state_dict(moved)
     assert _worst_gap(model, run()) < GAP_BOUND
     # The fault this guards against: the same reload without the reset serves the stale blocks.
     monkeypatch.setattr(engine.llm, "reset_prefix_cache", lambda *a, **k: True)
     again = _moved(moved, seed=4)
     run()
-    engine.load_weights(again, version=7)
+    give_weights(engine, again, version=7)
     model.load_state_dict(again)
     assert _worst_gap(model, run()) > FAULT_FLOOR

@@ -18,6 +18,7 @@ from test_vllm_cpu import PROMPTS, pytestmark  # noqa: F401  (the same skip)
 
 from spotrl_runtime.generation import GenerationRequest
 from spotrl_runtime.generation.vllm_backend import VLLMBackend
+from spotrl_runtime.generation.weights import give_weights
 from spotrl_runtime.models import load_policy, resolve_model_dir
 from spotrl_runtime.training import Trainer, TrainerConfig, precision
 from spotrl_runtime.training import logprobs as lp
@@ -66,12 +67,12 @@ def test_a_bf16_jobs_weights_reach_a_bf16_engine_and_a_missed_sync_shows(engine:
         for name, p in trainer.model.named_parameters():
             if "norm" not in name:
                 p.add_(0.05 * torch.randn(p.shape, generator=generator))
-    engine.load_weights(trainer.policy_state_dict(), version=1)
+    give_weights(engine, trainer.policy_state_dict(), version=1)
     requests = [GenerationRequest(f"g{i}", tuple(tok(p)["input_ids"]), 8, 8, seed=i) for i, p in enumerate(PROMPTS)]
     results = engine.generate(requests)
     assert {r.weight_version for r in results} == {1}
     gap = _worst_gap(trainer, results)
     print(f"vLLM CPU bfloat16: worst per-token log-prob gap against the trainer's bf16 pass {gap:.2e}")
     assert gap < BF16_GAP_BOUND
-    engine.load_weights(sent, version=2)  # the weights before the move: a sync that did not arrive
+    give_weights(engine, sent, version=2)  # the weights before the move: a sync that did not arrive
     assert _worst_gap(trainer, engine.generate(requests)) > BF16_FAULT_FLOOR

@@ -20,6 +20,7 @@ from spotrl_runtime.generation import (
     sampling_logprobs,
 )
 from spotrl_runtime.generation.transformers_backend import TransformersBackend
+from spotrl_runtime.generation.weights import WeightSyncError, give_weights
 from spotrl_runtime.generation.worker import GenerationWorker
 
 PROMPTS = ["3+4=", "9-2=", "7+8=", "5+5=", "6-6="]
@@ -114,7 +115,7 @@ def test_groups_beyond_max_batch_rows_are_split_but_stay_in_order(tiny_arith: tu
     ]
 
 
-def test_load_weights_changes_outputs_and_the_version_stamp(backend: TransformersBackend) -> None:
+def test_weights_received_change_outputs_and_the_version_stamp(backend: TransformersBackend) -> None:
     reqs = _requests(backend.tokenizer, n=8)
     before = backend.generate(reqs)
     weights = {k: v.clone() for k, v in backend.model.state_dict().items()}
@@ -123,7 +124,7 @@ def test_load_weights_changes_outputs_and_the_version_stamp(backend: Transformer
         for name, tensor in weights.items():
             if tensor.dtype.is_floating_point and "norm" not in name:
                 tensor.add_(torch.randn_like(tensor) * 0.2)
-    backend.load_weights(weights, version=7)
+    give_weights(backend, weights, version=7)
     after = backend.generate(reqs)
     assert backend.weight_version == 7
     assert all(r.weight_version == 7 for r in after)
@@ -136,11 +137,15 @@ def test_load_weights_changes_outputs_and_the_version_stamp(backend: Transformer
     assert s.logprobs == pytest.approx(expected, abs=1e-4)
 
 
-def test_load_weights_is_strict(backend: TransformersBackend) -> None:
+def test_weights_that_do_not_fit_the_model_are_refused_before_any_is_loaded(backend: TransformersBackend) -> None:
     weights = dict(backend.model.state_dict())
-    weights.pop(next(iter(weights)))
-    with pytest.raises(RuntimeError, match="Missing key"):
-        backend.load_weights(weights, version=1)
+    first = next(iter(weights))
+    weights.pop(first)
+    with pytest.raises(WeightSyncError, match=re.escape(f"its tensors not sent ['{first}']")):
+        give_weights(backend, weights, version=1, timeout=5)
+    weights = {**backend.model.state_dict(), "model.extra.weight": torch.zeros(2)}
+    with pytest.raises(WeightSyncError, match=re.escape("names it lacks ['model.extra.weight']")):
+        give_weights(backend, weights, version=1, timeout=5)
     assert backend.weight_version == 0
 
 
