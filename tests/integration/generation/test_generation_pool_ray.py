@@ -1,4 +1,5 @@
-"""Generation workers as real Ray actors: dispatch, weight sync, per-group failures, lost workers."""
+"""Generation workers as real Ray actors: dispatch, weight sync over the channel (gloo), per-group
+failures, lost workers."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from spotrl_runtime.generation import (
     GroupLost,
     GroupOutcome,
 )
-from spotrl_runtime.generation.pool import GenerationPool, GenerationPoolError
+from spotrl_runtime.generation.pool import GenerationPool, GenerationPoolError, SyncResult
+from spotrl_runtime.generation.weights import ChannelHost, WeightSender, WeightSyncCancelledError
 from spotrl_runtime.models import build_char_tokenizer, load_policy
 
 SPEC = BackendSpec(kind="transformers", model="builtin:tiny-arith", torch_threads=1)
@@ -64,6 +66,17 @@ def perturbed_weights(seed: int) -> dict[str, torch.Tensor]:
     return weights
 
 
+def sender_of(weights: dict[str, torch.Tensor], bucket_bytes: int = 1 << 20) -> WeightSender:
+    """A sender of ``weights`` (float32) from this process, as the trainer's is."""
+    return WeightSender(lambda: weights, "float32", ChannelHost("127.0.0.1", timeout=30), bucket_bytes)
+
+
+def update(pool: GenerationPool, weights: dict[str, torch.Tensor], version: int) -> SyncResult:
+    """Gives the pool ``version`` and sends it (what the controller's two threads do)."""
+    pool.give(version)
+    return pool.sync(version, sender_of(weights))
+
+
 @pytest.fixture(scope="module")
 def shared_pool(ray_session: Any) -> Any:
     """Two workers for the tests that kill none (starting workers costs seconds each)."""
@@ -83,7 +96,7 @@ def v0(shared_pool: GenerationPool) -> int:
     assert shared_pool.queued() == 0
     model, _ = load_policy("builtin:tiny-arith")
     version = shared_pool.version() + 100
-    shared_pool.update_weights(model.state_dict(), version=version)
+    update(shared_pool, model.state_dict(), version)
     return version
 
 
@@ -124,7 +137,9 @@ def test_results_match_the_backend_run_in_process(pool: GenerationPool) -> None:
 def test_weight_sync_reaches_every_worker_and_stamps_the_version(pool: GenerationPool, v0: int) -> None:
     pool.submit(requests(0, 4))
     before = {o.group_id: o for o in drain(pool, 4)}
-    pool.update_weights(perturbed_weights(1), version=v0 + 1)
+    result = update(pool, perturbed_weights(1), v0 + 1)
+    assert (result.members, result.failed) == (2, "")
+    assert result.bytes == sum(t.numel() * 4 for t in perturbed_weights(1).values())  # every tensor once
     assert [w["weight_version"] for w in pool.workers()] == [v0 + 1, v0 + 1]
     pool.submit(requests(0, 4, n=4))
     after = {o.group_id: o for o in drain(pool, 4)}
@@ -138,19 +153,19 @@ def test_weight_sync_reaches_every_worker_and_stamps_the_version(pool: Generatio
     assert changed  # the same seeds sample differently under the new weights
 
 
-def test_weights_sent_in_many_parts_generate_what_the_same_weights_do_in_process(
-    pool: GenerationPool, v0: int, monkeypatch: pytest.MonkeyPatch
+def test_weights_sent_in_many_buckets_generate_what_the_same_weights_do_in_process(
+    pool: GenerationPool, v0: int
 ) -> None:
-    from spotrl_runtime.checkpoint.trainer_state import weight_parts
     from spotrl_runtime.generation import build_backend
-    from spotrl_runtime.generation import pool as pool_module
+    from spotrl_runtime.generation.weights import give_weights
 
     weights = perturbed_weights(3)
-    monkeypatch.setattr(pool_module, "WEIGHT_PUT_BYTES", 4096)  # a part per tensor or two
-    assert len(weight_parts(weights, pool_module.WEIGHT_PUT_BYTES, pool_module.WEIGHT_PUT_MAX_PARTS)) > 10
-    assert pool.update_weights(weights, version=v0 + 7)
+    sender = sender_of(weights, bucket_bytes=4096)  # a bucket per tensor or two
+    assert len(sender.plan.buckets) > 10
+    pool.give(v0 + 7)
+    pool.sync(v0 + 7, sender)
     local = build_backend(SPEC)
-    local.load_weights(weights, v0 + 7)
+    give_weights(local, weights, v0 + 7)
     expected = local.generate(requests(0, 4))
     pool.submit(requests(0, 4))
     remote = {o.group_id: o for o in drain(pool, 4)}
@@ -161,31 +176,41 @@ def test_weights_sent_in_many_parts_generate_what_the_same_weights_do_in_process
         assert [s.completion_token_ids for s in got.samples] == [s.completion_token_ids for s in e.samples]
 
 
-def test_a_weight_update_cancelled_between_parts_sends_nothing(
-    pool: GenerationPool, v0: int, monkeypatch: pytest.MonkeyPatch
+def test_a_sync_cancelled_mid_way_leaves_the_workers_generating_nothing_until_they_get_a_whole_version(
+    pool: GenerationPool, v0: int
 ) -> None:
-    """What a barrier does to the weights still on their way (nothing will use them)."""
-    from spotrl_runtime.generation import pool as pool_module
-
-    monkeypatch.setattr(pool_module, "WEIGHT_PUT_BYTES", 4096)
+    """What a barrier does to the weights on their way (nothing will use them): the sender stops
+    at once and tells the members; their weights are torn, so they take no group (and give back
+    any they had) until a joiner's sync gives them a whole version."""
     asked = []
 
     def cancelled() -> bool:
         asked.append(1)
-        return len(asked) > 3  # three parts are put, then the barrier comes
+        return len(asked) > 3  # three buckets are sent, then the barrier comes
 
-    assert pool.update_weights(perturbed_weights(4), version=v0 + 9, cancelled=cancelled) is False
-    assert len(asked) == 4
-    assert [w["weight_version"] for w in pool.workers()] == [v0, v0]
-    assert pool.version() == v0, "a cancelled version was never given"
+    weights = perturbed_weights(4)
+    pool.give(v0 + 9)
+    with pytest.raises(WeightSyncCancelledError):
+        pool.sync(v0 + 9, sender_of(weights, bucket_bytes=4096), cancelled=cancelled)
+    until(
+        lambda: pool.poll(timeout=0.1) == [] and not any(w["synced"] for w in pool.workers()),
+        "the members to report their torn receive",
+    )
     pool.submit(requests(0, 2))
-    assert {o.weight_version for o in drain(pool, 2) if isinstance(o, GroupGenerated)} == {v0}
+    time.sleep(0.3)
+    assert pool.in_flight() == 0, "no group goes to a worker with torn weights"
+    result = pool.sync_joiners(sender_of(weights), v0 + 9)
+    assert result is not None
+    assert (result.members, result.failed) == (2, "")
+    assert {o.weight_version for o in drain(pool, 2) if isinstance(o, GroupGenerated)} == {v0 + 9}
+    assert pool.sync_joiners(sender_of(weights), v0 + 9) is None, "nobody is left to join"
 
 
 def test_groups_sent_before_a_weight_update_keep_the_old_version(pool: GenerationPool, v0: int) -> None:
     pool.submit(requests(0, 4))  # 2 calls per worker: all four are at the workers already
-    pool.update_weights(perturbed_weights(2), version=v0 + 5, wait=False)
+    pool.give(v0 + 5)
     pool.submit(requests(4, 4))  # sent after the load: generated with the new version
+    pool.sync(v0 + 5, sender_of(perturbed_weights(2)))
     outcomes = {o.group_id: o for o in drain(pool, 8)}
     versions = {gid: o.weight_version for gid, o in outcomes.items() if isinstance(o, GroupGenerated)}
     assert {versions[f"g{i}"] for i in range(4)} == {v0}
@@ -194,7 +219,7 @@ def test_groups_sent_before_a_weight_update_keep_the_old_version(pool: Generatio
 
 def test_versions_must_increase(pool: GenerationPool, v0: int) -> None:
     with pytest.raises(ValueError, match=f"weight version {v0} given after version {v0}: versions must increase"):
-        pool.update_weights(perturbed_weights(2), version=v0)
+        pool.give(v0)
     assert pool.version() == v0
 
 
@@ -212,12 +237,13 @@ def test_a_load_never_overtakes_the_requests_queued_before_it(ray_session: Any) 
     )
     try:
         pool.wait_ready()
-        pool.update_weights(perturbed_weights(1), version=1, wait=False)
+        update(pool, perturbed_weights(1), 1)
         pool.submit(requests(0, 3, n=16, max_new_tokens=32, temperature=3.0))
         assert pool.queued() >= 1, "the third request waits in the pool's queue"
-        pool.update_weights(perturbed_weights(2), version=2, wait=False)
+        pool.give(2)
         pool.submit(at(1, requests(3, 1)))  # admitted with v1 after v2 arrived: still before v2's load
         pool.submit(requests(4, 1))  # no version asked: the newest given
+        pool.sync(2, sender_of(perturbed_weights(2)))
         outcomes = {o.group_id: o for o in drain(pool, 5)}
         versions = {gid: o.weight_version for gid, o in outcomes.items() if isinstance(o, GroupGenerated)}
         assert versions == {"g0": 1, "g1": 1, "g2": 1, "g3": 1, "g4": 2}
@@ -233,9 +259,9 @@ def test_a_request_for_a_version_not_given_yet_waits_for_it(pool: GenerationPool
     early = {o.group_id: o.weight_version for o in drain(pool, 2) if isinstance(o, GroupGenerated)}
     assert early == {"g2": v0, "g3": v0}
     assert pool.queued() == 2, "held until their version is given"
-    pool.update_weights(perturbed_weights(1), version=v0 + 1, wait=False)
+    update(pool, perturbed_weights(1), v0 + 1)
     assert pool.queued() == 2
-    pool.update_weights(perturbed_weights(2), version=v0 + 2, wait=False)
+    update(pool, perturbed_weights(2), v0 + 2)
     late = {o.group_id: o.weight_version for o in drain(pool, 2) if isinstance(o, GroupGenerated)}
     assert late == {"g0": v0 + 2, "g1": v0 + 2}
 
@@ -243,7 +269,7 @@ def test_a_request_for_a_version_not_given_yet_waits_for_it(pool: GenerationPool
 def test_a_request_for_a_replaced_version_is_generated_with_the_current_one(pool: GenerationPool, v0: int) -> None:
     """A group redispatched after its worker died, once its version left the workers: the
     outcome says which version generated it, for the caller to count the mismatch."""
-    pool.update_weights(perturbed_weights(1), version=v0 + 1)
+    update(pool, perturbed_weights(1), v0 + 1)
     pool.submit(at(v0, requests(0, 2)))
     assert {o.weight_version for o in drain(pool, 2) if isinstance(o, GroupGenerated)} == {v0 + 1}
 
@@ -266,7 +292,7 @@ def test_a_killed_worker_loses_its_groups_and_the_other_finishes_them(ray_sessio
         pool.wait_ready()
         pool.submit(requests(0, 4))
         assert all(isinstance(o, GroupGenerated) for o in drain(pool, 4))
-        pool.update_weights(perturbed_weights(3), version=1)
+        update(pool, perturbed_weights(3), 1)
 
         # Long groups (hot sampling rarely stops) so the kill lands while they are in flight.
         pool.submit(requests(10, 8, n=64, max_new_tokens=48, temperature=3.0))
@@ -310,7 +336,9 @@ def test_a_frozen_pool_pauses_its_local_workers_sends_nothing_and_shutdown_kills
         until(lambda: process_state(pid) == "T", "the worker stopped")  # a signal lands when it is scheduled
         assert pool.workers()[0]["paused"] is True
         pool.submit(requests(10, 2))
-        assert pool.update_weights(perturbed_weights(5), version=3) is True
+        pool.give(3)  # ignored: nothing is sent to a worker any more
+        with pytest.raises(WeightSyncCancelledError):
+            pool.sync(3, sender_of(perturbed_weights(5)))
         time.sleep(0.5)
         assert pool.in_flight() == 2, "nothing more was sent"
         assert process_state(pid) == "T", "still paused"
@@ -333,12 +361,16 @@ def test_a_lost_worker_is_replaced_and_loads_the_newest_weights(ray_session: Any
     )
     try:
         pool.wait_ready()
-        pool.update_weights(perturbed_weights(4), version=3)
+        weights = perturbed_weights(4)
+        update(pool, weights, 3)
         pool.submit(requests(0, 2, n=64, max_new_tokens=48, temperature=3.0))
         ray_session.kill(pool.actor("gen-0"))
         outcomes = drain(pool, 2)
         assert all(isinstance(o, GroupLost) for o in outcomes)
         pool.submit(requests(0, 2))
+        pool.wait_ready()
+        assert pool.poll(timeout=0.5) == [], "the new worker holds its initial weights: it takes no group yet"
+        assert pool.sync_joiners(sender_of(weights), 3) is not None  # what the trainer does between steps
         redone = drain(pool, 2)
         assert all(isinstance(o, GroupGenerated) and o.weight_version == 3 for o in redone)
         (state,) = pool.workers()
@@ -382,5 +414,78 @@ def test_a_worker_whose_node_has_not_joined_gets_no_groups_and_is_waited_for(ray
             pool.wait_ready(timeout=2, min_ready=1)
         (state,) = pool.workers()
         assert (state["alive"], state["ready"]) == (True, False)
+    finally:
+        pool.shutdown()
+
+
+class _KillingWeights(dict):  # type: ignore[type-arg]
+    """Weights whose one tensor, once the sender packs it, kills a worker (mid-sync)."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], trigger: str, kill: Any) -> None:
+        super().__init__(weights)
+        self.trigger, self.kill = trigger, kill
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name == self.trigger and self.kill is not None:
+            self.kill()
+            self.kill = None
+        return super().__getitem__(name)
+
+
+def test_a_worker_killed_mid_sync_ends_the_sync_at_once_and_the_pool_goes_on(ray_session: Any) -> None:
+    """A worker dies halfway through a sync: the sender fails within seconds (not the channel's
+    timeout), tells the other member, which drops its torn weights; the dead worker's
+    replacement and the survivor then get a whole version and generate with it."""
+    pool = GenerationPool(
+        SPEC, num_workers=2, groups_per_call=1, calls_per_worker=2, max_restarts=1, actor_options=OPTIONS
+    )
+    try:
+        pool.wait_ready()
+        weights = perturbed_weights(6)
+        names = list(weights)
+        killing = _KillingWeights(weights, names[len(names) // 2], lambda: ray_session.kill(pool.actor("gen-0")))
+        sender = WeightSender(lambda: killing, "float32", ChannelHost("127.0.0.1", timeout=60), 4096)
+        assert len(sender.plan.buckets) > 4
+        pool.give(1)
+        started = time.monotonic()
+        result = pool.sync(1, sender)
+        assert time.monotonic() - started < 30, "the sync ended long before the channel's 60 s timeout"
+        assert result.failed
+        until(lambda: pool.poll(timeout=0.1) == [] and not any(w["synced"] for w in pool.workers()), "both out")
+        states = {w["worker"]: w for w in pool.workers()}
+        assert states["gen-0"]["restarts"] == 1
+        assert states["gen-1"]["restarts"] == 0, "the survivor is not replaced: it is given a whole version"
+        pool.wait_ready()
+        joined = pool.sync_joiners(sender_of(weights), 1)
+        assert joined is not None
+        assert (joined.members, joined.failed) == (2, "")
+        pool.submit(requests(0, 6))
+        outcomes = drain(pool, 6)
+        assert all(isinstance(o, GroupGenerated) and o.weight_version == 1 for o in outcomes)
+        assert {o.worker for o in outcomes if isinstance(o, GroupGenerated)} == {"gen-0", "gen-1"}
+    finally:
+        pool.shutdown()
+
+
+def test_a_sync_whose_older_requests_only_a_restarted_worker_can_take_gives_it_the_version(ray_session: Any) -> None:
+    """The only worker restarted with requests for v1 still queued before v2's load: nothing
+    could move (a joiner is served by the thread that waits for v2's turn), so the sync gives the
+    joiner v2, which generates the older requests too and says so."""
+    pool = GenerationPool(
+        SPEC, num_workers=1, groups_per_call=1, calls_per_worker=1, max_restarts=1, actor_options=OPTIONS
+    )
+    try:
+        pool.wait_ready()
+        update(pool, perturbed_weights(1), 1)
+        pool.submit(at(1, requests(0, 3, n=64, max_new_tokens=48, temperature=3.0)))
+        assert pool.queued() == 2
+        ray_session.kill(pool.actor("gen-0"))
+        lost = drain(pool, 1)
+        assert isinstance(lost[0], GroupLost)
+        pool.give(2)
+        result = pool.sync(2, sender_of(perturbed_weights(2)))
+        assert result.members == 1, "the joiner was given v2 first; v2's own turn came after g1 and g2"
+        versions = {o.group_id: o.weight_version for o in drain(pool, 2) if isinstance(o, GroupGenerated)}
+        assert versions == {"g1": 2, "g2": 2}
     finally:
         pool.shutdown()
