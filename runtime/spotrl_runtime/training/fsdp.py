@@ -9,7 +9,8 @@ DTensors. It owns parameters and optimizer state, nothing of the recovery state.
 Cuts go through a second process group (gloo) of their own: a periodic cut's shards are
 written while the next step trains, and their collectives must never interleave with the
 step's. :class:`TrainerRank` is what :class:`~spotrl_runtime.training.group.TrainerGroup`
-runs as a Ray actor (two calls at a time: a step, and a cut's write).
+runs as a Ray actor (three calls at a time: a step or a weight sync, a cut's write, and a sync's
+cancel). Rank 0 also serves the weight channel to the generation workers.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 log = logging.getLogger("spotrl.trainer")
@@ -117,6 +118,9 @@ class TrainerRank:
         self._storages: dict[str, Any] = {}
         self._store: Any = None
         """Rank 0's rendezvous store (a TCPStore server), from :meth:`rendezvous` to :meth:`start`."""
+        self._channel: Any = None
+        self._plan: Any = None
+        self._cancel = threading.Event()
 
     # ------------------------------------------------------------------ start
 
@@ -176,7 +180,7 @@ class TrainerRank:
 
     def full_state(self) -> dict[str, Any] | None:
         """The whole policy on rank 0's CPU in the compute dtype (every rank must call it: it
-        gathers), for the generation workers. Other ranks return None."""
+        gathers): what a resume keeps of an older version. Other ranks return None."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         from spotrl_runtime.training import precision
@@ -186,6 +190,82 @@ class TrainerRank:
                 self.trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
             )
         return precision.to_compute_dtype(state, self.trainer.compute_dtype) if self.rank == 0 else None
+
+    # ------------------------------------------------------------------ weights to the workers
+
+    def open_channel(self, bucket_bytes: int, timeout: float) -> tuple[Any, dict[str, Any]]:
+        """Rank 0 serves the weight channel (:mod:`~spotrl_runtime.generation.weights`): returns
+        its endpoint and the plan of every sync (the policy's tensors in the compute dtype)."""
+        from spotrl_runtime.generation.weights import ChannelHost, channel_host_address, policy_plan, unique_tensors
+
+        backend = "nccl" if self.device.startswith("cuda") else "gloo"
+        self._channel = ChannelHost(channel_host_address(), backend=backend, timeout=timeout)
+        dtype = str(self.trainer.compute_dtype).removeprefix("torch.")
+        self._plan = policy_plan(unique_tensors(self.trainer.model.state_dict(keep_vars=True)), dtype, bucket_bytes)
+        self._cancel = threading.Event()
+        return self._channel.endpoint, self._plan.to_dict()
+
+    def send_weights(self, plan: Mapping[str, Any], epoch: int, world: int, version: int) -> int:
+        """Every rank gathers the policy one tensor at a time, in the compute dtype (each rank casts
+        its shard first, so the gather moves half the bytes in bf16); rank 0 packs and sends each
+        bucket to the workers of ``epoch`` while the next is gathered. No rank holds more than a
+        bucket and one gathered tensor. The ranks gather every tensor of the plan even when the
+        send fails or is cancelled, so that their collectives stay in step. Returns the bytes
+        rank 0 sent (0 on the others)."""
+        import torch
+        import torch.distributed as dist
+
+        from spotrl_runtime.generation.weights import SyncPlan, WeightSyncError, send
+
+        sync_plan = SyncPlan.from_dict(plan)
+        device = "cuda" if self.device.startswith("cuda") else "cpu"
+        with self._lock:
+            state = self.trainer.model.state_dict(keep_vars=True)
+
+            def gathered() -> Iterator[dict[str, Any] | None]:
+                """Each bucket's tensors, gathered; None once the ranks agree the sync is cancelled
+                (rank 0 was told: one flag reduced over the ranks before each bucket)."""
+                for bucket in sync_plan.buckets:
+                    flag = torch.tensor([1 if self._cancel.is_set() else 0], device=device)
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                    if int(flag.item()):
+                        yield None
+                        return
+                    out = {}
+                    for meta in bucket.tensors:
+                        tensor = state[meta.name].detach().to(getattr(torch, meta.dtype))
+                        out[meta.name] = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+                    yield out
+
+            buckets = gathered()
+            if self.rank != 0:
+                for _ in buckets:
+                    pass
+                return 0
+            try:
+                group = self._channel.group(epoch, world, self._cancel.is_set)
+                return send(
+                    group,
+                    sync_plan,
+                    version,
+                    buckets,
+                    device=device,
+                    timeout=self._channel.timeout,
+                    cancelled=self._cancel.is_set,
+                )
+            except WeightSyncError:
+                self._channel.fail(epoch)
+                self._cancel.set()  # the other ranks stop gathering at the next bucket
+                for _ in buckets:
+                    pass
+                raise
+            finally:
+                self._cancel.clear()
+
+    def cancel_sync(self) -> None:
+        """Ends the sync at the next bucket (a barrier came): every rank is told, and they agree
+        on the bucket before gathering it."""
+        self._cancel.set()
 
     # ------------------------------------------------------------------ cuts
 

@@ -137,7 +137,7 @@ class TrainerGroup:
             cls.options(
                 num_cpus=self.cpus_per_rank,
                 num_gpus=self.gpus_per_rank,
-                max_concurrency=2,  # a step, and a cut's write beside it
+                max_concurrency=3,  # a step or a weight sync; a cut's write beside it; a sync's cancel
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._pg, placement_group_bundle_index=i
                 ),
@@ -220,8 +220,14 @@ class TrainerGroup:
         group's steps are redone within :data:`~spotrl_runtime.core.redo.RELATIVE_TOLERANCE`."""
         return StepFingerprint(float(metrics["loss"]), float(metrics["grad_norm"]), "", f"{self.device}/{self.world}")
 
+    def weight_sender(self, bucket_bytes: int, timeout: float) -> GroupSender:
+        """The weight channel's sender: rank 0 serves it and sends, out of the ranks' shards."""
+        endpoint, plan = self._get([self._actors[0].open_channel.remote(bucket_bytes, timeout)])[0]
+        return GroupSender(self, endpoint, plan)
+
     def policy_state_dict(self) -> dict[str, Any]:
-        """The whole policy on this process's CPU (gathered from the shards), for the workers."""
+        """The whole policy on this process's CPU (gathered from the shards): what a resume
+        keeps of an older version its relaunched groups ask for."""
         states = self._get([a.full_state.remote() for a in self._actors])
         state = states[0]
         assert state is not None
@@ -286,3 +292,46 @@ class TrainerGroup:
             except (RayActorError, ActorDiedError, ActorUnavailableError) as err:
                 raise RankLostError(f"a trainer rank was lost: {str(err).splitlines()[0][:300]}") from None
         return list(ray.get(refs))
+
+
+class GroupSender:
+    """The trainer group's end of the weight channel, as the generation pool drives it: rank 0
+    serves ``channel`` and sends; every rank gathers its shards for it."""
+
+    def __init__(self, group: TrainerGroup, channel: Any, plan: Mapping[str, Any]) -> None:
+        from spotrl_runtime.generation.weights import SyncPlan
+
+        self.group = group
+        self.channel = channel
+        self.plan = SyncPlan.from_dict(plan)
+        self._plan_dict = dict(plan)
+
+    def send(self, epoch: int, world: int, version: int, cancelled: Callable[[], bool] | None = None) -> int:
+        """See :meth:`~spotrl_runtime.generation.weights.WeightSender.send`: rank 0's error (a
+        member lost, a timeout, a cancel) is raised here as it was raised there."""
+        import ray
+
+        from spotrl_runtime.generation.weights import WeightSyncCancelledError, WeightSyncError
+
+        actors = self.group._actors
+        refs = [a.send_weights.remote(self._plan_dict, epoch, world, version) for a in actors]
+        told = False
+        while True:
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0.05)
+            if len(done) == len(refs):
+                break
+            if cancelled is not None and cancelled() and not told:
+                for actor in actors:
+                    actor.cancel_sync.remote()
+                told = True
+        try:
+            return int(self.group._get(refs)[0])
+        except RankLostError:
+            raise
+        except Exception as err:
+            cause = getattr(err, "cause", None)
+            if isinstance(cause, WeightSyncCancelledError):
+                raise WeightSyncCancelledError(str(cause)) from None
+            if isinstance(cause, WeightSyncError):
+                raise WeightSyncError(str(cause)) from None
+            raise

@@ -326,9 +326,21 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
 
+    def weight_sender(self, bucket_bytes: int, timeout: float) -> Any:
+        """The weight channel's sender of this trainer's live weights (never copied whole: each
+        bucket is cast to the compute dtype as it is packed), served from this process."""
+        from spotrl_runtime.generation.weights import ChannelHost, WeightSender, channel_host_address
+
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        channel = ChannelHost(channel_host_address(), backend=backend, timeout=timeout)
+        dtype = str(self.compute_dtype).removeprefix("torch.")
+        return WeightSender(
+            lambda: self.model.state_dict(keep_vars=True), dtype, channel, bucket_bytes, device=self.device.type
+        )
+
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
-        """A CPU copy of the policy weights in the compute dtype, for the generation workers
-        (weight sync): what they generate with is what the trainer computes with."""
+        """A CPU copy of the policy weights in the compute dtype: what a resume keeps of an older
+        version its relaunched groups ask for (:mod:`~spotrl_runtime.checkpoint.resume`)."""
         state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         return precision.to_compute_dtype(state, self.compute_dtype)
 

@@ -127,3 +127,47 @@ def test_a_rank_killed_mid_run_fails_the_step_as_rank_lost(ray_session: Any) -> 
             group.train_step(steps[1])
     finally:
         group.shutdown()
+
+
+def test_two_bf16_fsdp_ranks_send_their_weights_to_two_workers_directly(ray_session: Any) -> None:
+    """Rank 0 gathers one tensor at a time out of the shards, in bf16, and sends the buckets to
+    both workers over the weight channel: each worker then generates exactly what a backend given
+    the gathered weights generates. What travels is the policy's unique tensors in bf16 once."""
+    from spotrl_runtime.generation import BackendSpec, GenerationRequest, GroupGenerated, build_backend
+    from spotrl_runtime.generation.pool import GenerationPool
+    from spotrl_runtime.generation.weights import give_weights, unique_tensors
+
+    cfg = config(compute_dtype="bfloat16")
+    group = TrainerGroup(POLICY, cfg, ranks=2, cpus_per_rank=0.5)
+    spec = BackendSpec(kind="transformers", model=POLICY, dtype="bfloat16", torch_threads=1)
+    pool = GenerationPool(spec, num_workers=2, groups_per_call=1, max_restarts=0, actor_options={"num_cpus": 0.5})
+    try:
+        group.start(timeout=120)
+        for groups in steps_of_groups()[:2]:
+            group.train_step(groups)
+        sender = group.weight_sender(bucket_bytes=64 << 10, timeout=60)
+        assert len(sender.plan.buckets) > 2
+        pool.wait_ready()
+        pool.give(group.step)
+        result = pool.sync(group.step, sender)
+        weights = group.policy_state_dict()
+        requests = [GenerationRequest(f"g{i}", (1, 5 + i, 7), n=4, max_new_tokens=8, seed=i) for i in range(4)]
+        pool.submit(requests)
+        outcomes: list[Any] = []
+        while len(outcomes) < 4:
+            outcomes.extend(pool.poll(timeout=5.0))
+    finally:
+        pool.shutdown()
+        group.shutdown()
+    model, _ = load_policy(POLICY)
+    expected_bytes = sum(t.numel() * 2 for _, t in unique_tensors(model.state_dict(keep_vars=True)))
+    assert (result.members, result.bytes, result.failed) == (2, expected_bytes, "")
+    local = build_backend(spec)
+    give_weights(local, weights, group.step)
+    expected = {r.group_id: r for r in local.generate(requests)}
+    assert {o.worker for o in outcomes} == {"gen-0", "gen-1"}
+    for o in outcomes:
+        assert isinstance(o, GroupGenerated)
+        assert o.weight_version == group.step
+        want = expected[o.group_id]
+        assert [s.completion_token_ids for s in o.samples] == [s.completion_token_ids for s in want.samples]
