@@ -203,9 +203,10 @@ def service(ref: JobRef) -> dict[str, Any]:
 
 def network_policy(ref: JobRef, settings: Settings) -> dict[str, Any]:
     """Who may reach the job's pods (its deletion pod too): the job's own pods (Ray between
-    the controller and its worker and trainer pods, and the ranks' gloo or NCCL, on any
-    port), and ``settings.metrics_from`` the controller's /metrics port. Nothing else; egress
-    (S3, the API server, model hubs) is not restricted."""
+    the controller and its worker and trainer pods, the ranks' gloo or NCCL, and the weight
+    channel from the trainer to the generation workers, on any port), and
+    ``settings.metrics_from`` the controller's /metrics port. Nothing else; egress (S3, the
+    API server, model hubs) is not restricted."""
     own = {"podSelector": {"matchLabels": instance_labels(ref.name)}}
     return {
         "apiVersion": "networking.k8s.io/v1",

@@ -186,6 +186,26 @@ class Generation(ApiObject):
     resources: Resources = Field(
         default_factory=Resources, description="Per generation worker: its pod's requests with workerPods."
     )
+    weight_bucket_mi_b: int = Field(
+        default=512,
+        ge=1,
+        le=1024,
+        alias="weightBucketMiB",
+        description=(
+            "Weight sync: the trainer sends the policy to the workers directly in buckets of at most this many "
+            "MiB, in policy.dtype, packing the next while one is on the wire (two buffers of this size on the "
+            "sender, one on each worker)."
+        ),
+    )
+    weight_sync_timeout_seconds: float = Field(
+        default=120.0,
+        ge=1,
+        le=3600,
+        description=(
+            "Weight sync: how long the sender waits for a worker to join the channel or take a bucket. A worker "
+            "that does not is replaced and its groups redispatched; the run goes on."
+        ),
+    )
 
     def worker_threads(self) -> int:
         """The threads a CPU generation worker uses (``threads``, or what its description says)."""

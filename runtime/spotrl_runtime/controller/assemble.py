@@ -140,9 +140,12 @@ class Parts:
     """Newer cuts ``--resume auto`` passed over as damaged."""
     times: StartTimes | None = None
     """When this controller started, restored and was ready."""
-    weights_to_give: tuple[tuple[dict[str, Any], int], ...] = ()
-    """Weight versions the pool still gets before the first step's, in order (a resumed run:
-    the pool has the oldest its relaunched groups ask for, and these after them)."""
+    sender: Any = None
+    """The weight channel's sender of the trainer's live weights (:mod:`~spotrl_runtime.generation.weights`)."""
+    weights_to_give: tuple[tuple[dict[str, Any] | None, int], ...] = ()
+    """Weight versions the workers get before the first step, in order (the first already given
+    to the pool): a resumed run's older versions its relaunched groups ask for (their weights),
+    then the trainer's own (None: the sender's live weights)."""
 
     def shutdown(self) -> None:
         """Stops the trainer ranks, the generation workers, the reward's process and the Ray
@@ -238,8 +241,10 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         )
         if start.restored is not None:
             writer.base = start.restored.base  # the full cut the next delta cuts extend
-        versions = [*start.older_weights, (trainer.policy_state_dict(), trainer.step)]
-        pool.update_weights(*versions[0])  # the rest go after the relaunched groups that ask for it
+        gen = spec.generation
+        sender = trainer.weight_sender(gen.weight_bucket_mi_b << 20, gen.weight_sync_timeout_seconds)
+        versions: list[tuple[dict[str, Any] | None, int]] = [*start.older_weights, (None, trainer.step)]
+        pool.give(versions[0][1])  # the rest go after the relaunched groups that ask for it
         if isinstance(trainer, Trainer):
             # While the workers start (their own processes): the first pass's one-time costs.
             log.info("trainer warmed up in %.2f s while the generation workers start", trainer.warm_up())
@@ -279,7 +284,8 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         start.fence,
         start.skipped,
         start_times,
-        tuple(versions[1:]),
+        sender,
+        tuple(versions),
     )
 
 

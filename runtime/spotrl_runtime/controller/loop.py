@@ -5,8 +5,10 @@ workers (Ray actors) and the GRPO trainer, with three threads:
 
 - the **trainer** (the caller's thread, :meth:`Controller.run`): waits until every group of
   the next step is in the replay buffer, trains on them, commits the step (the groups
-  become "trained" and the step is audited), sends the new weights to the workers, and
-  asks for a periodic cut every N steps or T seconds;
+  become "trained" and the step is audited), asks for a periodic cut every N steps or T
+  seconds, and sends the new weights to the workers over the weight channel when their turn
+  comes (:meth:`~spotrl_runtime.generation.pool.GenerationPool.sync`: they never pass
+  through this process unless it is the trainer), and to any worker that joined meanwhile;
 - the **dispatcher**: moves prompts from the loader through the lookahead gate to the
   workers (``owners.pump``), and each result back ("group finished" is one move into the
   replay buffer); retries failed groups, drops them after ``maxRetries`` (the
@@ -54,7 +56,9 @@ from spotrl_runtime.core.step_stats import LearningSignal, rollout_stats
 from spotrl_runtime.core.types import Rollout
 from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation import GroupFailed, GroupGenerated, GroupLost
+from spotrl_runtime.generation.pool import SyncResult
 from spotrl_runtime.generation.rollouts import make_request, score_group
+from spotrl_runtime.generation.weights import WeightSyncCancelledError
 from spotrl_runtime.rewards.runner import RewardFailure
 from spotrl_runtime.training.group import CaptureRefusedError, TrainerGroup
 from spotrl_runtime.training.rows import ROLLOUT_GAP_METRICS, STALE_GAP_METRICS
@@ -135,10 +139,11 @@ class Controller:
         self._barrier_lock = threading.Lock()
         self._barrier_cut: CutInfo | None = None
         self._cuts: queue.Queue[_CutJob | None] = queue.Queue()
-        self._weights: queue.Queue[tuple[dict[str, Any], int]] = queue.Queue()
-        """The trainer's weights for the pool, every version in order (none is skipped)."""
-        for version in parts.weights_to_give:
-            self._weights.put(version)
+        self._weights: queue.Queue[int] = queue.Queue()
+        """Weight versions for the dispatcher to give the pool, every one in order (none is
+        skipped), after the groups it pumped first; the trainer thread then sends each."""
+        self._last_sync: SyncResult | None = None
+        """The newest sync of the weights a step starts from, for that step's record."""
         self._wake = threading.Event()
         """The dispatcher's doorbell: rung when a step is committed (the gate may open, new
         weights wait), on a barrier and on stop. With no call in flight the dispatcher sleeps
@@ -217,13 +222,18 @@ class Controller:
     def _train_loop(self) -> bool:
         """The trainer thread. True when every step is trained."""
         owners, trainer, schedule = self.owners, self.trainer, self._schedule
+        for i, (older, version) in enumerate(self.parts.weights_to_give):
+            if i:  # the first was given to the pool before the relaunched groups were pumped
+                self._weights.put(version)
+                self._wake.set()
+            sender = self.parts.sender if older is None else self._older_sender(older)
+            self._sync_weights(version, sender)
         while owners.trainer_step < self.target_steps:
             self._raise_failure()
             if self._parked.is_set() or self._stop.is_set():
                 return False
-            why = schedule.while_waiting(time.monotonic())
-            if why is not None:
-                self._periodic_cut(why, "delta")
+            self._serve_joiners()
+            self._cut_by_the_clock()
             if not owners.wait_step_ready(timeout=0.2):
                 continue
             why = schedule.at_ready()
@@ -250,7 +260,6 @@ class Controller:
             # writer) stops here: the step it just trained is never audited.
             self._raise_failure()
             self.parts.fence.check()
-            self._weights.put((trainer.policy_state_dict(), trainer.step))
             self._wake.set()
             seconds = time.monotonic() - t0
             stats = rollout_stats(groups)
@@ -267,6 +276,9 @@ class Controller:
                     stats["reward_mean"],
                 )
             stats["steps_without_signal"] = float(self._signal.streak)
+            sync, self._last_sync = self._last_sync, None
+            stats["weight_sync_seconds"] = sync.seconds if sync is not None else 0.0
+            stats["weight_sync_bytes"] = float(sync.bytes) if sync is not None else 0.0
             reward = stats["reward_mean"]
             # Generation's pace since the last step: what the workers produced meanwhile.
             now, generated = time.monotonic(), self.stats["tokens_generated"]
@@ -302,7 +314,63 @@ class Controller:
             why = schedule.after_step(owners.trainer_step)
             if why is not None and owners.trainer_step < self.target_steps and not self._parked.is_set():
                 self._periodic_cut(why, "delta")
+            if owners.trainer_step < self.target_steps:
+                self._weights.put(trainer.step)
+                self._wake.set()
+                self._sync_weights(trainer.step, self.parts.sender)
         return True
+
+    def _sync_weights(self, version: int, sender: Any) -> None:
+        """Sends weight ``version`` to the workers when its turn comes (the dispatcher gives it
+        to the pool after the groups it pumped first). The trainer's weights must not change
+        meanwhile, so it runs on this thread, between steps. A barrier cancels it at once: the
+        weights would never be used."""
+        try:
+            result = self.parts.pool.sync(version, sender, cancelled=self._ending, waiting=self._cut_by_the_clock)
+        except WeightSyncCancelledError:
+            why = "the run stopping" if self._failure is not None else "a barrier"
+            log.info("the sync of weight version %d was cancelled by %s", version, why)
+            return
+        self._last_sync = result
+        log.debug(
+            "weight version %d: %d bytes to %d worker(s) in %.3f s",
+            version,
+            result.bytes,
+            result.members,
+            result.seconds,
+        )
+        self._serve_joiners()
+
+    def _ending(self) -> bool:
+        """A barrier parked the run, or it is stopping (a failed thread, SIGTERM): a sync then
+        ends at once."""
+        return self._parked.is_set() or self._stop.is_set()
+
+    def _cut_by_the_clock(self) -> None:
+        """A delta cut while the trainer waits (for its step's groups, or for its weights' turn
+        to be sent), when ``deltaEverySeconds`` says one is due."""
+        why = self._schedule.while_waiting(time.monotonic())
+        if why is not None and not self._parked.is_set():
+            self._periodic_cut(why, "delta")
+
+    def _serve_joiners(self) -> None:
+        """Gives the trainer's current weights to workers that started or restarted since the
+        last sync (or whose receive failed): they take no group before."""
+        try:
+            result = self.parts.pool.sync_joiners(self.parts.sender, self.trainer.step, cancelled=self._ending)
+        except WeightSyncCancelledError:
+            return
+        if result is not None and result.failed:
+            log.warning("a joining worker's weight sync failed: %s", result.failed)
+
+    def _older_sender(self, weights: dict[str, Any]) -> Any:
+        """A sender of an older version a resume rebuilt (its relaunched groups ask for it)."""
+        from spotrl_runtime.generation.weights import ChannelHost, WeightSender, channel_host_address
+
+        current = self.parts.sender
+        channel = ChannelHost(channel_host_address(), timeout=current.channel.timeout)
+        bucket = max(b.nbytes for b in current.plan.buckets)
+        return WeightSender(lambda: weights, current.plan.tensors[0].dtype, channel, bucket)
 
     def _fingerprint(self, metrics: dict[str, float]) -> Any:
         """The step's fingerprint for the redo log, when delta cuts may be taken (periodic ones,
@@ -368,8 +436,7 @@ class Controller:
             # version only after the groups that ask for an older one.
             send(owners.pump())
             while not self._weights.empty() and not self._parked.is_set():
-                state, version = self._weights.get_nowait()
-                pool.update_weights(state, version, wait=False, cancelled=self._parked.is_set)
+                pool.give(self._weights.get_nowait())
             outcomes = pool.poll(timeout=0.05)
             if not outcomes and not pool.calls_in_flight():
                 # poll came back at once (nothing to wait on): the gate is closed until the

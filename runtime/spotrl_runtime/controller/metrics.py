@@ -71,6 +71,8 @@ STEP_GAUGES = {
     "grad_norm": "Gradient norm before clipping",
     "learning_rate": "Learning rate",
     "generation_tokens_per_second": "Tokens generated per second since the step before",
+    "weight_sync_seconds": "Seconds the sync of the weights this step started from took (trainer to workers)",
+    "weight_sync_bytes": "Bytes the trainer sent the workers in that sync (0: no worker needed them)",
 }
 
 

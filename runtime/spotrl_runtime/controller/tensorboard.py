@@ -53,6 +53,8 @@ TAGS = {
     "seconds": "perf/step_seconds",
     "train_tokens_per_second": "perf/train_tokens_per_second",
     "generation_tokens_per_second": "perf/generation_tokens_per_second",
+    "weight_sync_seconds": "perf/weight_sync_seconds",
+    "weight_sync_bytes": "perf/weight_sync_bytes",
 }
 """Step metric -> TensorBoard tag."""
 

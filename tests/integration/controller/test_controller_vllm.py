@@ -131,4 +131,15 @@ def test_the_chat_example_trains_on_vllm_and_its_weights_arrive(runs: Runs, tmp_
     assert gap["steps"] == 4, gap
     assert 0 <= gap["max"] < PROBS_DIFF_BOUND, gap
     assert sum(d["reward"] for d in docs) > 0, docs
+    # Every step's weights came over the channel: the policy's unique tensors in float32, once.
+    from spotrl_runtime.controller.audit_store import AuditStore
+    from spotrl_runtime.generation.weights import unique_tensors
+    from spotrl_runtime.models import load_policy
+    from spotrl_runtime.storage import open_storage
+
+    model, _ = load_policy("builtin:tiny-chat")
+    policy_bytes = sum(t.numel() * 4 for _, t in unique_tensors(model.state_dict(keep_vars=True)))
+    records = AuditStore(open_storage(str(storage))).documents()
+    assert {r["weight_sync_bytes"] for r in records} == {policy_bytes}, records
+    assert all(r["weight_sync_seconds"] > 0 for r in records)
     print(f"tiny-chat on vLLM CPU: rollout_probs_diff max {gap['max']:.2e} over {gap['tokens']} tokens")

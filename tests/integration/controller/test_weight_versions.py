@@ -10,6 +10,7 @@ stream and final weights, bit for bit, and no step counts a version mismatch."""
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -27,8 +28,8 @@ from controller_runs import (
 pytestmark = pytest.mark.slow
 
 LOAD_HELD = "worker.load_weights@4=4"
-"""The worker loads weights 4 four seconds late: step 5's groups (admitted with 4) queue behind
-the load while the trainer commits step 4 and sends weights 5."""
+"""The worker takes weights 4 four seconds late: step 5's groups (admitted with 4) queue behind
+the load, and the trainer, which sends them, waits for the worker to take them."""
 
 
 def test_a_held_weight_load_changes_no_groups_version(
@@ -54,12 +55,13 @@ def test_killed_while_a_load_is_held_the_resume_ends_with_the_uninterrupted_weig
     marks.mkdir()
     proc = runs.start(job, store, SPOTRL_FAILPOINTS=LOAD_HELD.replace("=4", "=60"), SPOTRL_FAILPOINT_DIR=str(marks))
     wait_for(lambda: (marks / "worker.load_weights").exists(), 300, "the held load of weights 4", proc)
-    # Step 4's groups were generated before the load; step 5's wait behind it: the trainer
-    # trains step 4 and its delta commits, then it waits.
-    wait_for(lambda: newest_cut(store)[2] == 5, 60, "the delta after step 4", proc)
+    # The trainer sends weights 4 once step 4 (index 3) is audited, and waits for the worker to
+    # take them. Step 4's cut is a full one (everySteps: 4), due when step 5's groups are ready:
+    # the newest cut holds 3 steps until then.
+    wait_for(lambda: newest_cut(store)[2] == 3, 60, "the delta after step 3", proc)
     assert stop(proc, signal.SIGKILL) == -signal.SIGKILL, runs.log_of(proc)
     cut_id, _, step = newest_cut(store)
-    assert step == 5, "nothing more was trained: the trainer waits for groups behind the held load"
+    assert step == 3, "nothing more was cut: the trainer waits while the worker holds the sync"
     # The resumed worker's first generate call is held: the trainer trains on meanwhile, and
     # sends newer weights while the relaunched groups still wait in the pool.
     rc, log = runs.run(job, store, SPOTRL_FAILPOINTS="worker.generate=4")
@@ -68,3 +70,29 @@ def test_killed_while_a_load_is_held_the_resume_ends_with_the_uninterrupted_weig
     assert stream(store) == baseline
     assert_admission_versions(store)
     assert_same_weights(final_weights(store), final_weights(runs.base / "baseline"))
+
+
+def test_a_barrier_during_a_weight_sync_cancels_it_and_does_not_wait_for_the_worker(
+    runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path
+) -> None:
+    """The worker holds weights 4's sync for a minute; a SIGTERM's barrier cancels the sync (its
+    weights would never be used) and commits at once. The resume trains the uninterrupted stream."""
+    job = runs.job()
+    store = tmp_path / "store"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    proc = runs.start(job, store, SPOTRL_FAILPOINTS=LOAD_HELD.replace("=4", "=60"), SPOTRL_FAILPOINT_DIR=str(marks))
+    wait_for(lambda: (marks / "worker.load_weights").exists(), 300, "the held sync of weights 4", proc)
+    started = time.monotonic()
+    assert stop(proc, signal.SIGTERM) == 143, runs.log_of(proc)
+    waited = time.monotonic() - started
+    log = runs.log_of(proc)
+    assert "the sync of weight version 4 was cancelled by a barrier" in log, log
+    assert waited < 30, f"the barrier waited {waited:.0f} s: it must not wait for the held sync (60 s)"
+    cut_id, kind, step = newest_cut(store)
+    assert (kind, step) == ("barrier", 4)
+    rc, log = runs.run(job, store)
+    assert rc == 0, log
+    assert f"resumed from cut {cut_id}" in log, log
+    assert stream(store) == baseline
+    assert_admission_versions(store)

@@ -141,6 +141,10 @@ def test_worker_nodes_join_late_and_a_lost_one_costs_no_restore(
         assert {d["attempt"] for d in audit(storage, "--all")} == {0}
         assert stream(storage) == baseline
         assert re.search(r"generation worker gen-\d lost", log), log[-3000:]
+        # Each worker that joined after the first sync (the second node, the replacement) was
+        # given the trainer's current weights before its first group.
+        joined = re.findall(r"generation worker\(s\) (gen-\d) get weight version (\d+) before their first group", log)
+        assert len({w for w, _ in joined}) >= 1, log[-3000:]
 
         # SIGTERM stops a worker node cleanly: exit 143 and no Ray process of it left.
         survivor = workers[1]
