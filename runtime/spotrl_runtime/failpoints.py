@@ -17,7 +17,8 @@ the pointer not updated), ``cut.retention`` (about to delete older cuts; the cut
 is the cut's trainer step) and ``redo.step`` (a resume from a delta cut
 about to redo step N), and in a generation worker
 ``worker.generate`` (a batch of groups about to be generated; its step is the weight version
-the worker holds) and ``worker.load_weights`` (new weights received, not yet loaded into the
+the worker holds), ``worker.stepped`` (the worker's backend just ran its Nth step, and its
+groups not finished in it are in the engine) and ``worker.load_weights`` (new weights received, not yet loaded into the
 backend; its step is their version). A worker reads the variables from its Ray node's environment.
 """
 

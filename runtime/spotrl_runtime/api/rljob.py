@@ -163,6 +163,16 @@ class Generation(ApiObject):
             "Ray actors in the controller pod."
         ),
     )
+    max_in_flight_groups: int = Field(
+        default=0,
+        ge=0,
+        le=65536,
+        description=(
+            "Groups each worker generates at once at most. 0: vLLM workers are fed groups whose sequences "
+            "need up to twice their KV cache (the engine admits what fits and refills as sequences finish); "
+            "transformers workers hold 16."
+        ),
+    )
     gpu_memory_utilization: float = Field(
         default=0.85, gt=0, le=1, description="vLLM: fraction of GPU memory the engine may take."
     )

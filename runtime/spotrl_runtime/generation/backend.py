@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import traceback
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from spotrl_runtime.generation.types import GenerationRequest, GroupGenerated
+from spotrl_runtime.generation.types import GenerationRequest, GroupFailed, GroupGenerated
 
 if TYPE_CHECKING:
     from spotrl_runtime.generation.weights import ChannelAddress, SyncPlan
@@ -24,10 +25,55 @@ class GenerationBackend(ABC):
     """
 
     weight_version: int = 0
+    batch_groups: int = 8
+    """The batched path (:meth:`step`'s default): groups generated together at most."""
 
     @abstractmethod
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GroupGenerated]:
         """One result per request, in order. Raises if the batch cannot be generated."""
+
+    # The streaming interface a worker drives (:class:`~.worker.GenerationWorker`): groups are
+    # started as they arrive and come back from :meth:`step` as each one finishes. The default
+    # is the batched path: each step generates the next ``batch_groups`` waiting groups
+    # together. vLLM overrides it with its engine's own requests (continuous batching).
+
+    def start(self, requests: Iterable[GenerationRequest]) -> None:
+        """Starts generating ``requests`` with the current weights (they finish in later steps)."""
+        self._waiting().extend(requests)
+
+    def step(self) -> list[GroupGenerated | GroupFailed]:
+        """Advances generation; returns the groups that finished (or failed) in this step.
+        A batch that raises is retried group by group, so that a bad group fails alone."""
+        waiting = self._waiting()
+        batch, waiting[:] = waiting[: self.batch_groups], waiting[self.batch_groups :]
+        return self._generate_each(batch)
+
+    def unfinished(self) -> int:
+        """Groups started and not yet returned by :meth:`step`."""
+        return len(self._waiting())
+
+    def abort(self) -> list[str]:
+        """Stops every unfinished group at once; returns their ids (they never come back from
+        :meth:`step`)."""
+        waiting = self._waiting()
+        ids = [r.group_id for r in waiting]
+        waiting.clear()
+        return ids
+
+    def _waiting(self) -> list[GenerationRequest]:
+        if "_waiting_list" not in self.__dict__:
+            self._waiting_list: list[GenerationRequest] = []
+        return self._waiting_list
+
+    def _generate_each(self, batch: list[GenerationRequest]) -> list[GroupGenerated | GroupFailed]:
+        if not batch:
+            return []
+        try:
+            return list(self.generate(batch))
+        except Exception:
+            if len(batch) == 1:
+                return [GroupFailed(batch[0].group_id, traceback.format_exc(limit=8), "")]
+        return [outcome for request in batch for outcome in self._generate_each([request])]
 
     @abstractmethod
     def join_channel(self, address: ChannelAddress) -> None:

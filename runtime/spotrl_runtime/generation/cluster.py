@@ -239,4 +239,10 @@ def generation_pool(spec: RLJobSpec, device: str, remote_workers: bool) -> Gener
         if backend.kind == "transformers" and device.startswith("cuda"):
             # Ray hides GPUs from actors that ask for none; the trainer keeps half of the GPU.
             actor_options = {"num_gpus": round(0.5 / gen.workers, 4)}
-    return GenerationPool(backend, gen.workers, actor_options=actor_options, max_restarts=max_restarts)
+    return GenerationPool(
+        backend,
+        gen.workers,
+        max_in_flight_groups=gen.max_in_flight_groups or None,
+        actor_options=actor_options,
+        max_restarts=max_restarts,
+    )

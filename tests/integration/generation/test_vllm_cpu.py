@@ -12,16 +12,21 @@ from __future__ import annotations
 
 import platform
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from spotrl_runtime.generation import GenerationRequest, sampling_logprobs
+from spotrl_runtime import failpoints
+from spotrl_runtime.generation import BackendSpec, GenerationRequest, GroupLost, GroupOutcome, sampling_logprobs
 from spotrl_runtime.generation.types import FINISH_LENGTH, FINISH_STOP, GroupGenerated
 from spotrl_runtime.generation.vllm_backend import VLLMBackend
 from spotrl_runtime.generation.weights import give_weights
+from spotrl_runtime.generation.worker import GenerationWorker
 from spotrl_runtime.models import load_policy, resolve_model_dir
 from spotrl_runtime.vllm_build import vllm_build
 
@@ -225,3 +230,80 @@ def test_the_prefix_cache_is_reset_by_a_reload(
     give_weights(engine, again, version=7)
     model.load_state_dict(again)
     assert _worst_gap(model, run()) > FAULT_FLOOR
+
+
+def _streamed(tok: Any, count: int) -> list[GenerationRequest]:
+    """``count`` groups of 4, every third one short: short groups finish while long ones run."""
+    return [
+        GenerationRequest(
+            f"s{i}", tuple(tok(PROMPTS[i % len(PROMPTS)])["input_ids"]), 4, 2 if i % 3 == 0 else 24, seed=50 + i
+        )
+        for i in range(count)
+    ]
+
+
+def _collect(worker: GenerationWorker, count: int, timeout: float = 300.0) -> list[GroupOutcome]:
+    outcomes: list[GroupOutcome] = []
+    deadline = time.monotonic() + timeout
+    while len(outcomes) < count:
+        assert time.monotonic() < deadline, f"{len(outcomes)} of {count} outcomes after {timeout} s"
+        outcomes.extend(worker.collect(timeout=1.0))
+    return outcomes
+
+
+def test_every_submitted_group_generates_at_once_and_streams_back(
+    engine: VLLMBackend, reference: tuple[Any, Any]
+) -> None:
+    _, tok = reference
+    requests = _streamed(tok, 24)
+    expected = {r.group_id: r.samples for r in engine.generate(requests)}
+    worker = GenerationWorker(BackendSpec(kind="vllm", model="builtin:tiny-arith"), "w0", backend=engine)
+    try:
+        assert worker.submit(0, requests[:12]) == 12
+        assert worker.submit(1, requests[12:]) == 12
+        outcomes = _collect(worker, 24)
+    finally:
+        worker.stop()
+    # All 24 were in the engine together (two submits, one batch), not 8 at a time.
+    assert worker.peak_generating == 24
+    assert all(isinstance(o, GroupGenerated) and o.worker == "w0" for o in outcomes)
+    assert {o.group_id: o.samples for o in outcomes if isinstance(o, GroupGenerated)} == expected
+    # Each came back as it finished: the short groups before the last long one.
+    order = [o.group_id for o in outcomes]
+    short = [f"s{i}" for i in range(0, 24, 3)]
+    assert max(order.index(g) for g in short) < order.index(next(g for g in reversed(order) if g not in short))
+
+
+def test_an_abort_leaves_no_group_behind_and_redispatched_groups_generate_as_before(
+    engine: VLLMBackend, reference: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, tok = reference
+    requests = [replace(r, max_new_tokens=40) for r in _streamed(tok, 16)]
+    expected = {r.group_id: r.samples for r in engine.generate(requests)}
+    # The worker's thread holds after the engine's first step: every group is in the engine, and
+    # none whose samples need more than one token has finished.
+    monkeypatch.setenv("SPOTRL_FAILPOINTS", "worker.stepped@1=60")
+    monkeypatch.setenv("SPOTRL_FAILPOINT_DIR", str(tmp_path))
+    monkeypatch.setattr(failpoints, "_spec", None)
+    worker = GenerationWorker(BackendSpec(kind="vllm", model="builtin:tiny-arith"), "w0", backend=engine)
+    try:
+        worker.submit(0, requests)
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "worker.stepped").exists():
+            assert time.monotonic() < deadline, "the worker never stepped"
+            time.sleep(0.05)
+        aborted = worker.abort()
+        (tmp_path / "worker.stepped.release").touch()
+        outcomes = _collect(worker, len(requests))
+    finally:
+        worker.stop()
+    assert engine.unfinished() == 0
+    by_id = {o.group_id: o for o in outcomes}
+    assert sorted(by_id) == sorted(r.group_id for r in requests), "every group came back exactly once"
+    assert len(outcomes) == len(requests)
+    lost = sorted(g for g, o in by_id.items() if isinstance(o, GroupLost))
+    assert lost, "nothing was unfinished at the abort"
+    assert lost == sorted(aborted), "the abort stopped the unfinished groups, and only those"
+    # Redispatched under the same ids, they generate what they would have without the abort.
+    again = [r for r in requests if r.group_id in lost]
+    assert {r.group_id: r.samples for r in engine.generate(again)} == {g: expected[g] for g in lost}

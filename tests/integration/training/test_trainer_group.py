@@ -140,7 +140,7 @@ def test_two_bf16_fsdp_ranks_send_their_weights_to_two_workers_directly(ray_sess
     cfg = config(compute_dtype="bfloat16")
     group = TrainerGroup(POLICY, cfg, ranks=2, cpus_per_rank=0.5)
     spec = BackendSpec(kind="transformers", model=POLICY, dtype="bfloat16", torch_threads=1)
-    pool = GenerationPool(spec, num_workers=2, groups_per_call=1, max_restarts=0, actor_options={"num_cpus": 0.5})
+    pool = GenerationPool(spec, num_workers=2, max_restarts=0, actor_options={"num_cpus": 0.5})
     try:
         group.start(timeout=120)
         for groups in steps_of_groups()[:2]:
