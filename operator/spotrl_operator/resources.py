@@ -16,6 +16,7 @@ from typing import Any
 from spotrl_operator import placement
 from spotrl_operator.settings import Settings, allowed_image_prefixes, image_allowed
 from spotrl_runtime.api import rljob as api
+from spotrl_runtime.api.placement import controller_pod_gpus
 
 JOB_LABEL = "spotrl.dev/job"
 ROLE_LABEL = "spotrl.dev/role"
@@ -392,7 +393,10 @@ def controller_pod(
                 # A crash's one-line error (the log's tail) goes into the pod's status, and from
                 # there into the RLJob's ControllerCrashed Event and status message.
                 "terminationMessagePolicy": "FallbackToLogsOnError",
-                "resources": _quantities(spec.training.resources, settings.controller_requests),
+                "resources": _quantities(
+                    spec.training.resources.model_copy(update={"gpu": controller_pod_gpus(spec)}),
+                    settings.controller_requests,
+                ),
                 # Ready once /metrics accepts connections: a TCP probe, which the kernel answers
                 # even while a long step holds the interpreter (an HTTP one could time out, and
                 # an unready controller is evicted without waiting for the budget).

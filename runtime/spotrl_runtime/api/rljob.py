@@ -163,6 +163,24 @@ class Generation(ApiObject):
             "Ray actors in the controller pod."
         ),
     )
+    tensor_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "vLLM on GPUs: the GPUs each worker's engine shards the model over (its resources.gpu must equal "
+            "it). Each tensor-parallel rank receives the weights over the channel and loads its shard."
+        ),
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=16,
+        le=1048576,
+        description=(
+            "vLLM: the longest prompt plus completion an engine serves (unset: the model's own context). "
+            "A smaller one leaves more of the KV cache for concurrent sequences."
+        ),
+    )
     max_in_flight_groups: int = Field(
         default=0,
         ge=0,
@@ -194,7 +212,11 @@ class Generation(ApiObject):
         ),
     )
     resources: Resources = Field(
-        default_factory=Resources, description="Per generation worker: its pod's requests with workerPods."
+        default_factory=Resources,
+        description=(
+            "Per generation worker. gpu: its GPUs of its own, wherever it runs (in the controller pod the operator "
+            "adds workers times gpu to the pod's nvidia.com/gpu); cpu and memory: its pod's requests with workerPods."
+        ),
     )
     weight_bucket_mi_b: int = Field(
         default=512,
@@ -214,6 +236,24 @@ class Generation(ApiObject):
         description=(
             "Weight sync: how long the sender waits for a worker to join the channel or take a bucket. A worker "
             "that does not is replaced and its groups redispatched; the run goes on."
+        ),
+    )
+
+    rules = (
+        Rule(
+            cel="self.backend != 'vllm' || self.resources.gpu == 0 || self.resources.gpu == self.tensorParallelSize",
+            check=lambda g: g.backend != "vllm" or g.resources.gpu in (0, g.tensor_parallel_size),
+            message=(
+                "a vLLM worker runs on exactly tensorParallelSize GPUs: set resources.gpu to tensorParallelSize "
+                "(or 0 to generate on CPUs)"
+            ),
+            field="resources.gpu",
+        ),
+        Rule(
+            cel="self.tensorParallelSize == 1 || self.backend == 'vllm'",
+            check=lambda g: g.tensor_parallel_size == 1 or g.backend == "vllm",
+            message="tensorParallelSize above 1 needs backend 'vllm'",
+            field="tensorParallelSize",
         ),
     )
 
@@ -722,6 +762,42 @@ class RLJobSpec(ApiObject):
     )
 
     rules = (
+        Rule(
+            cel=(
+                "self.generation.backend != 'vllm' || self.generation.workerPods || self.training.resources.gpu == 0 "
+                "|| self.generation.resources.gpu > 0"
+            ),
+            check=lambda s: (
+                s.generation.backend != "vllm"
+                or s.generation.worker_pods
+                or s.training.resources.gpu == 0
+                or s.generation.resources.gpu > 0
+            ),
+            message=(
+                "vLLM workers in the controller pod of a GPU job need GPUs of their own beside the trainer's "
+                "training.resources.gpu: set generation.resources.gpu to generation.tensorParallelSize (the operator "
+                "adds generation.workers times it to the pod's nvidia.com/gpu), or generation.workerPods true"
+            ),
+            field="generation.resources.gpu",
+        ),
+        Rule(
+            cel=(
+                "self.training.parallelism.strategy != 'fsdp' || self.training.parallelism.trainerPods "
+                "|| self.training.parallelism.gpusPerRank == 0 "
+                "|| self.training.resources.gpu >= self.training.parallelism.ranks"
+            ),
+            check=lambda s: (
+                s.training.parallelism.strategy != "fsdp"
+                or s.training.parallelism.trainer_pods
+                or s.training.parallelism.gpus_per_rank == 0
+                or s.training.resources.gpu >= s.training.parallelism.ranks
+            ),
+            message=(
+                "FSDP ranks in the controller pod train on its GPUs: set training.resources.gpu to at least "
+                "training.parallelism.ranks, or trainerPods true"
+            ),
+            field="training.resources.gpu",
+        ),
         Rule(
             cel="self.training.microBatchSize <= self.generation.promptsPerStep * self.generation.groupSize",
             check=lambda s: s.training.micro_batch_size <= s.generation.prompts_per_step * s.generation.group_size,

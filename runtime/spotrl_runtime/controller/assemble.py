@@ -33,7 +33,13 @@ from spotrl_runtime.core.types import Prompt
 from spotrl_runtime.data import DatasetError, check_fields, collate_for, describe_dataset, open_dataset
 from spotrl_runtime.data.loader import PromptLoader
 from spotrl_runtime.failpoints import failpoint
-from spotrl_runtime.generation.cluster import RayRuntime, generation_pool, start_ray
+from spotrl_runtime.generation.cluster import (
+    RayRuntime,
+    controller_ray_gpus,
+    generation_pool,
+    start_ray,
+    trainer_device,
+)
 from spotrl_runtime.generation.pool import GenerationPool, GenerationPoolError
 from spotrl_runtime.generation.rollouts import PromptFormatError, prompt_encoder
 from spotrl_runtime.models import load_policy, load_tokenizer
@@ -175,7 +181,13 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
     else:
         if prestart is not None:
             prestart.close()
-        ray = start_ray(options.ray_host, options.remote_workers, options.ray_num_cpus, remote_nodes=par.trainer_pods)
+        ray = start_ray(
+            options.ray_host,
+            options.remote_workers,
+            options.ray_num_cpus,
+            remote_nodes=par.trainer_pods,
+            num_gpus=controller_ray_gpus(spec, options.device),
+        )
     trainer: Trainer | TrainerGroup | None = None
     reward: RewardRunner | None = None
     try:
@@ -207,7 +219,8 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             trainer = TrainerGroup.from_rljob(spec, options.device, pad_token_id=tokenizer.pad_token_id or 0)
             trainer.start(timeout=options.worker_wait_seconds, stop=stop)
         else:
-            model, tokenizer = options.policy or load_policy(spec.policy, options.device, dtype="float32")
+            device = trainer_device(spec, options.device)
+            model, tokenizer = options.policy or load_policy(spec.policy, device, dtype="float32")
             options.policy = None
             trainer = Trainer(model, TrainerConfig.from_rljob(spec), pad_token_id=tokenizer.pad_token_id or 0)
         try:

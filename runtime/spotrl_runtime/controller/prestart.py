@@ -75,9 +75,15 @@ class Prestart:
         spec, host, remote_workers, num_cpus, device = self._args
         try:
             try:
-                from spotrl_runtime.generation.cluster import generation_pool, start_ray
+                from spotrl_runtime.generation.cluster import controller_ray_gpus, generation_pool, start_ray
 
-                ray = start_ray(host, remote_workers, num_cpus, remote_nodes=spec.training.parallelism.trainer_pods)
+                ray = start_ray(
+                    host,
+                    remote_workers,
+                    num_cpus,
+                    remote_nodes=spec.training.parallelism.trainer_pods,
+                    num_gpus=controller_ray_gpus(spec, device()),
+                )
             except BaseException as err:
                 self._error = err
                 return

@@ -109,6 +109,7 @@ class BackendSpec:
     kv_cache_bytes: int | None = None
     """vLLM: the KV cache's size (on the CPU build, None means the backend's default)."""
     max_model_len: int | None = None
+    tensor_parallel_size: int = 1
     enforce_eager: bool = False
     seed: int = 0
 
@@ -128,6 +129,8 @@ class BackendSpec:
             torch_threads=0 if on_gpu else gen.worker_threads(),
             gpu_memory_utilization=gen.gpu_memory_utilization,
             kv_cache_bytes=int(quantity_value(gen.kv_cache_memory)) if gen.kv_cache_memory else None,
+            max_model_len=gen.max_model_len,
+            tensor_parallel_size=gen.tensor_parallel_size if on_gpu else 1,
             seed=spec.training.seed,
         )
 

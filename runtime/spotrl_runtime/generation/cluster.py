@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from spotrl_runtime.api.placement import ray_gpus, worker_gpus
 from spotrl_runtime.api.rljob import RLJobSpec
 from spotrl_runtime.generation.backend import BackendSpec
 from spotrl_runtime.generation.pool import GenerationPool
@@ -168,7 +169,12 @@ def _without_unused_head_services() -> Iterator[None]:
 
 
 def start_ray(
-    host: str | None, remote_workers: bool, num_cpus: int | None, *, remote_nodes: bool = False
+    host: str | None,
+    remote_workers: bool,
+    num_cpus: int | None,
+    *,
+    remote_nodes: bool = False,
+    num_gpus: int | None = None,
 ) -> RayRuntime:
     """Starts Ray for the controller (unless it runs already). With remote workers it is a head
     bound to ``host`` with no CPUs of its own (no generation actor runs beside the trainer);
@@ -201,6 +207,7 @@ def start_ray(
         with _ray_processes_in_sessions_of_their_own(reaper.session), _without_unused_head_services():
             ray.init(
                 num_cpus=0 if remote_workers else num_cpus or max(1, os.cpu_count() or 1),
+                num_gpus=num_gpus,
                 include_dashboard=False,
                 _temp_dir=folder,
                 _node_ip_address=bind,
@@ -220,29 +227,51 @@ def start_ray(
     return RayRuntime(folder, reaper)
 
 
+def controller_ray_gpus(spec: RLJobSpec, device: str) -> int | None:
+    """The GPUs the controller's Ray offers its actors (None: every visible one); see
+    :func:`~spotrl_runtime.api.placement.ray_gpus`."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    return ray_gpus(spec, torch.cuda.device_count())
+
+
+def trainer_device(spec: RLJobSpec, device: str) -> str:
+    """The single trainer's device: past the GPUs its Ray hands to the workers (Ray gives its
+    actors the first visible GPUs)."""
+    kept = controller_ray_gpus(spec, device)
+    return f"cuda:{kept}" if kept is not None else device
+
+
 def generation_pool(spec: RLJobSpec, device: str, remote_workers: bool) -> GenerationPool:
     """The pool of ``spec.generation.workers`` worker actors, placed as the module docstring says."""
-    gen = spec.generation
-    actor_options: dict[str, Any] = {}
-    max_restarts: int | None = 3
-    if remote_workers:
-        # A worker node's GPU is its own; without one (generation.resources.gpu 0) the worker
-        # generates on its CPUs (vLLM's CPU build, or transformers).
-        worker_device = "cuda" if gen.resources.gpu > 0 else "cpu"
-        backend = BackendSpec.from_rljob(spec, device=worker_device)
-        actor_options = {"resources": {WORKER_RESOURCE: 1}}
-        if backend.kind == "transformers" and worker_device == "cuda":
-            actor_options["num_gpus"] = gen.resources.gpu
-        max_restarts = None  # pods come and go; the operator replaces them, the pool their actors
-    else:
-        backend = BackendSpec.from_rljob(spec, device=device)
-        if backend.kind == "transformers" and device.startswith("cuda"):
-            # Ray hides GPUs from actors that ask for none; the trainer keeps half of the GPU.
-            actor_options = {"num_gpus": round(0.5 / gen.workers, 4)}
+    backend, actor_options, max_restarts = worker_placement(spec, device, remote_workers)
     return GenerationPool(
         backend,
-        gen.workers,
-        max_in_flight_groups=gen.max_in_flight_groups or None,
+        spec.generation.workers,
+        max_in_flight_groups=spec.generation.max_in_flight_groups or None,
         actor_options=actor_options,
         max_restarts=max_restarts,
     )
+
+
+def worker_placement(
+    spec: RLJobSpec, device: str, remote_workers: bool
+) -> tuple[BackendSpec, dict[str, Any], int | None]:
+    """A generation worker's backend spec, Ray actor options and restarts, as the spec places
+    it (:mod:`~spotrl_runtime.api.placement`): its GPUs, its CPU, and with remote workers the
+    resource only worker nodes offer."""
+    gen = spec.generation
+    on_gpu = device.startswith("cuda")
+    if remote_workers:
+        # A worker node's GPU is its own; without one (generation.resources.gpu 0) the worker
+        # generates on its CPUs (vLLM's CPU build, or transformers).
+        on_gpu = gen.resources.gpu > 0
+    backend = BackendSpec.from_rljob(spec, device="cuda" if on_gpu else "cpu")
+    gpus = worker_gpus(spec, on_gpu)
+    options: dict[str, Any] = {"num_gpus": gpus} if gpus else {"num_cpus": 1}
+    if remote_workers:
+        options = {"num_gpus": gpus, "resources": {WORKER_RESOURCE: 1}}
+    # Pods come and go: the operator replaces them, the pool their actors.
+    return backend, options, None if remote_workers else 3

@@ -644,9 +644,10 @@ class GenerationPool:
             self._channel_key = key
         plan = sender.plan.to_dict()
         refs = []
-        for rank, worker_id in enumerate(members, start=1):
+        ranks = self.spec.tensor_parallel_size  # channel ranks per member: one per engine rank
+        for i, worker_id in enumerate(members):
             worker = self._workers[worker_id]
-            address = channel.address(self._epoch, len(members) + 1, rank).to_dict()
+            address = channel.address(self._epoch, len(members) * ranks + 1, 1 + i * ranks).to_dict()
             ref = worker.actor.receive_weights.remote(worker.seq, address, plan, version)
             worker.seq += 1
             worker.ordered += 1
@@ -703,7 +704,7 @@ class GenerationPool:
         try:
             sent = sender.send(
                 opened.epoch,
-                len(opened.members) + 1,
+                len(opened.members) * self.spec.tensor_parallel_size + 1,
                 opened.version,
                 lambda: (cancelled is not None and cancelled()) or refused(),
             )

@@ -66,6 +66,7 @@ class VLLMBackend(GenerationBackend):
         kv_cache_bytes: int | None = None,
         threads: int = 0,
         max_model_len: int | None = None,
+        tensor_parallel_size: int = 1,
         enforce_eager: bool = False,
         seed: int = 0,
         block_size: int | None = None,
@@ -89,6 +90,9 @@ class VLLMBackend(GenerationBackend):
         options: dict[str, Any] = {"max_model_len": max_model_len} if max_model_len else {}
         if block_size:
             options["block_size"] = block_size
+        if tensor_parallel_size > 1:
+            # The ranks as processes of this worker, on the GPUs Ray gave it (not Ray actors).
+            options.update(tensor_parallel_size=tensor_parallel_size, distributed_executor_backend="mp")
         on_cpu = not device.startswith("cuda")
         if on_cpu:
             options["kv_cache_memory_bytes"] = kv_cache_bytes or CPU_KV_CACHE_BYTES
@@ -142,6 +146,7 @@ class VLLMBackend(GenerationBackend):
             kv_cache_bytes=spec.kv_cache_bytes,
             threads=spec.torch_threads,
             max_model_len=spec.max_model_len,
+            tensor_parallel_size=spec.tensor_parallel_size,
             enforce_eager=spec.enforce_eager,
             seed=spec.seed,
         )

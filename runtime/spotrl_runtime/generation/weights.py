@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
@@ -623,9 +623,16 @@ def _engine_class() -> Any:
             self.received = 0
 
         def init_transfer_engine(self, init_info: Any) -> None:
+            # A worker with tensor parallelism is as many members as it has ranks: the pool
+            # gives it the first, each rank takes the next (every rank loads its own shard
+            # of each bucket it receives whole).
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            address = ChannelAddress(**init_info.address)
+            address = replace(address, rank=address.rank + get_tensor_model_parallel_rank())
             if self.member is None:
                 self.member = ChannelMember()
-            self.member.join(ChannelAddress(**init_info.address))
+            self.member.join(address)
 
         def receive_weights(self, update_info: Any, load_weights: Callable[..., Any]) -> None:
             if self.member is None:

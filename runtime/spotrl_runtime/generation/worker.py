@@ -72,6 +72,7 @@ class GenerationWorker:
         self.peak_generating = 0
         self.steps = 0
         """Steps of the backend so far."""
+        self._generating_sum = 0
         """The most groups the backend held unfinished at once."""
         self._runner = threading.Thread(target=self._run, name=f"{worker_id}-generate", daemon=True)
         self._runner.start()
@@ -167,6 +168,7 @@ class GenerationWorker:
             "weight_version": self.backend.weight_version,
             "kv_cache_tokens": kv_tokens() if callable(kv_tokens) else None,
             "peak_generating": self.peak_generating,
+            "mean_generating": self._generating_sum / self.steps if self.steps else 0.0,
         }
 
     def stop(self) -> None:
@@ -211,7 +213,9 @@ class GenerationWorker:
                 if new:
                     failpoint("worker.generate", self.backend.weight_version)
                 outcomes = self._step(new)
-                self.peak_generating = max(self.peak_generating, self.backend.unfinished() + len(outcomes))
+                generating = self.backend.unfinished() + len(outcomes)
+                self.peak_generating = max(self.peak_generating, generating)
+                self._generating_sum += generating
                 self.steps += 1
             failpoint("worker.stepped", self.steps)
             with self._cv:

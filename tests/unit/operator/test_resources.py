@@ -391,3 +391,32 @@ def test_spec_scheduling_image_must_be_allowed_by_the_operator(image: str, allow
 @pytest.mark.parametrize(("quantity", "cpus"), [("500m", 1), ("1", 1), ("1.5", 2), ("2000m", 2), ("3", 3)])
 def test_cpu_requests_round_up_to_whole_ray_cpus(quantity: str, cpus: int) -> None:
     assert resources._ray_cpus(quantity) == cpus
+
+
+@pytest.mark.parametrize(
+    ("generation", "pod_gpus", "worker_pod_gpus"),
+    [
+        ({"backend": "vllm", "workers": 2, "resources": {"gpu": 1}}, "3", None),  # the trainer's and one each
+        ({"backend": "vllm", "workers": 2, "tensorParallelSize": 2, "resources": {"gpu": 2}}, "5", None),
+        ({"backend": "vllm", "workers": 2, "workerPods": True, "resources": {"gpu": 1}}, "1", "1"),
+        ({"backend": "transformers", "workers": 2}, "1", None),  # they share the trainer's GPU
+    ],
+)
+def test_the_controller_pod_requests_the_gpus_of_the_workers_it_holds(
+    generation: dict, pod_gpus: str, worker_pod_gpus: str | None
+) -> None:
+    spec = parse_spec(
+        {
+            "policy": {"model": "builtin:tiny-arith"},
+            "dataset": {"uri": "builtin:arithmetic"},
+            "reward": {"name": "arithmetic_exact"},
+            "training": {"totalSteps": 4, "resources": {"gpu": 1}},
+            "generation": generation,
+        }
+    )
+    (c,) = resources.controller_pod(REF, spec, SETTINGS, 1)["spec"]["containers"]
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == pod_gpus
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == pod_gpus
+    if worker_pod_gpus is not None:
+        (w,) = resources.worker_pod(REF, spec, SETTINGS, 1, 0, "10.0.0.1:6379")["spec"]["containers"]
+        assert w["resources"]["requests"]["nvidia.com/gpu"] == worker_pod_gpus
