@@ -22,9 +22,11 @@ from operator_harness import RLJOBS, service_account_client, tiny_job
 
 from spotrl_e2e.cluster import Cluster
 from spotrl_e2e.kube import ApiError, KubeClient, path
+from spotrl_e2e.nodeagent.config import NodeSpec, Taint
 from spotrl_operator import resources
 from spotrl_operator.resources import JobRef
 from spotrl_operator.settings import Settings
+from spotrl_runtime.api.placement import controller_pod_gpus
 from spotrl_runtime.api.rljob import parse_spec
 from spotrl_runtime.api.times import rfc3339
 
@@ -261,3 +263,69 @@ def test_the_api_server_accepts_the_other_objects_the_operator_builds(
     dry_run(operator_client, "roles", resources.role(job_ref), rbac)
     operator_client.create(path(rbac, "roles", ns), resources.role(job_ref))
     dry_run(operator_client, "rolebindings", resources.role_binding(job_ref), rbac)
+
+
+PLACEMENT_TAINT = "spotrl.dev/placement-test"
+EXAMPLES = ("tiny-cpu", "cpu-chat-gsm8k", "gpu-qwen-gsm8k", "gpu-qwen-fsdp")
+
+
+@pytest.fixture(scope="module")
+def gpu_node(spotrl_cluster_session: Cluster) -> Iterator[str]:
+    """A spot node with eight (pretend) GPUs, tainted so that only this module's pods land on it."""
+    name, cluster = "gpu-x8", spotrl_cluster_session
+    cluster.add_node(
+        NodeSpec(name, capacity_type="spot", gpus=8, cpu="256", memory="2Ti", taints=[Taint(PLACEMENT_TAINT)])
+    )
+    yield name
+    cluster.delete_node(name)
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_examples_pods_schedule_on_a_node_with_the_gpus_they_request(
+    cluster: Cluster, pod_owner: JobRef, gpu_node: str, name: str
+) -> None:
+    """The kube-scheduler places the example's controller, worker and trainer pods (their GPUs
+    as nvidia.com/gpu requests). The containers sleep instead: the node agent would run them."""
+    doc = example(f"{name}.yaml")
+    doc["scheduling"] = {
+        **doc.get("scheduling", {}),
+        "tolerations": [
+            *doc.get("scheduling", {}).get("tolerations", []),
+            {"key": PLACEMENT_TAINT, "operator": "Exists"},
+        ],
+    }
+    spec = parse_spec(doc)
+    pods = [resources.controller_pod(pod_owner, spec, SETTINGS, 1)]
+    if spec.generation.worker_pods:
+        pods += [
+            resources.worker_pod(pod_owner, spec, SETTINGS, 1, i, "10.0.0.7:6379")
+            for i in range(spec.generation.workers)
+        ]
+    if spec.training.parallelism.trainer_pods:
+        ranks = spec.training.parallelism.ranks
+        pods += [resources.trainer_pod(pod_owner, spec, SETTINGS, 1, i, "10.0.0.7:6379") for i in range(ranks)]
+    admin = cluster.admin()
+    for pod in pods:
+        for c in pod["spec"]["containers"]:
+            c["command"], c["args"] = ["sleep", "600"], []
+        pod["spec"].pop("initContainers", None)
+        admin.create(path("v1", "pods", pod_owner.namespace), pod)
+    gpus = 0
+    for pod in pods:
+        placed = cluster.wait_pod(
+            pod_owner.namespace,
+            pod["metadata"]["name"],
+            lambda p: bool((p or {}).get("spec", {}).get("nodeName")),
+            timeout=60,
+        )
+        assert placed is not None, f"{pod['metadata']['name']} was not scheduled"
+        (c,) = placed["spec"]["containers"]
+        wanted = int(c["resources"].get("requests", {}).get("nvidia.com/gpu", 0))
+        gpus += wanted
+        if wanted:
+            assert placed["spec"]["nodeName"] == gpu_node
+    gen, par = spec.generation, spec.training.parallelism
+    expected = controller_pod_gpus(spec)
+    expected += gen.workers * gen.resources.gpu if gen.worker_pods else 0
+    expected += par.ranks * par.resources.gpu if par.trainer_pods else 0
+    assert gpus == expected
