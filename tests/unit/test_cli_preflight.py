@@ -244,6 +244,11 @@ def test_a_missing_file_or_a_folder_is_one_line(cli: Cli) -> None:
         ),
         ({"spec__dataset__uri": "builtin:nope"}, "spec.dataset.uri: unknown built-in dataset 'builtin:nope'"),
         ({"spec__dataset__uri": "builtin:arithmetic?size=x"}, "spec.dataset.uri: 'builtin:arithmetic?size=x': size"),
+        (
+            {"spec__validation": {"dataset": "./held-out.jsonl"}},
+            "spec.validation.dataset './held-out.jsonl': does not exist",
+        ),
+        ({"spec__validation": {"dataset": "builtin:arithmetic", "split": "dev"}}, "spec.validation.dataset: "),
         ({"spec__policy__model": "builtin:huge"}, "spec.policy.model 'builtin:huge': not a built-in model"),
         ({"spec__policy__model": "./no-model"}, "spec.policy.model './no-model': no such folder"),
         ({"spec__policy__model": "s3://B/x"}, "spec.policy.model 's3://B/x': use s3://bucket/prefix"),

@@ -739,14 +739,50 @@ class FailureBudget(ApiObject):
     )
 
 
+class Validation(ApiObject):
+    """A held-out split scored while the job trains, by the generation workers, between steps."""
+
+    dataset: str = Field(
+        min_length=1,
+        max_length=1024,
+        description=(
+            "The held-out rows: a URI as dataset.uri takes, read with the job's dataset fields, prompt format and "
+            "reward ('builtin:arithmetic' reads its test split)."
+        ),
+    )
+    split: str = Field(
+        default="test",
+        min_length=1,
+        max_length=63,
+        description="The split to read (builtin:arithmetic, or a save_to_disk DatasetDict); a single file has one.",
+    )
+    every_steps: int = Field(default=10, ge=1, le=1_000_000, description="Score the weights of every Nth step.")
+    samples: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Completions per prompt: 1 decodes greedily (accuracy); more sample at the job's temperature.",
+    )
+    limit: int = Field(default=64, ge=1, le=100_000, description="Rows scored per pass (the first, in file order).")
+
+
 class RLJobSpec(ApiObject):
     """What the user asks for."""
+
+    def validation_dataset(self) -> Dataset:
+        """The held-out split as a dataset spec: the job's fields and format, validation's rows."""
+        if self.validation is None:
+            raise ValueError("spec.validation is not set")
+        return self.dataset.model_copy(update={"uri": self.validation.dataset, "split": self.validation.split})
 
     policy: Policy = Field(description="The model being trained.")
     dataset: Dataset = Field(description="The prompts.")
     reward: Reward = Field(description="How rollouts are scored.")
     training: Training = Field(description="Optimizer steps and hyperparameters.")
     generation: Generation = Field(default_factory=Generation, description="Rollout generation.")
+    validation: Validation | None = Field(
+        default=None, description="Validation during training: a held-out split scored every N steps (unset: none)."
+    )
     checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="Cuts: where and when.")
     preemption: Preemption = Field(default_factory=Preemption, description="Notices and dropped prompts.")
     scheduling: Scheduling = Field(default_factory=Scheduling, description="Placement of the pods.")

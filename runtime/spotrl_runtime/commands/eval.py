@@ -3,7 +3,8 @@
 The job's prompt format, generation limits and reward are used; ``--model`` picks the policy
 (default: the job's ``spec.policy.model``; give the folder ``spotrl ckpt export`` wrote to
 score what a run trained) and ``--dataset`` the rows (default: the job's dataset). Greedy
-decoding unless ``--samples K`` (then mean@K at ``--temperature``). It prints accuracy (the
+decoding unless ``--samples K`` (then mean@K at ``--temperature``); ``--backend vllm``
+generates with vLLM, as the job's workers do. It prints accuracy (the
 share of completions whose reward is 1), the mean reward, response length and clip ratio,
 and accuracy per task; ``--json`` prints them as one object. Exit code 2 for a bad flag, file
 or field; 1 when the reward failed on any completion (each is counted, never scored 0).
@@ -36,6 +37,12 @@ def register(sub: Any) -> None:
     p.add_argument("--samples", type=preflight.positive_int, default=1, help="completions a prompt (1: greedy)")
     p.add_argument("--temperature", type=preflight.temperature, default=1.0, help="with --samples > 1 (default 1.0)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    p.add_argument(
+        "--backend",
+        choices=("transformers", "vllm"),
+        default="transformers",
+        help="what generates: transformers (default) or vllm (its CPU build on cpu, its CUDA build on cuda)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=run)
 
@@ -51,7 +58,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--device {args.device!r}: use cpu or cuda[:N]")
     from spotrl_runtime.generation.evaluate import evaluate
 
-    result = evaluate(job, limit=args.limit, samples=args.samples, temperature=args.temperature, device=args.device)
+    result = evaluate(
+        job,
+        limit=args.limit,
+        samples=args.samples,
+        temperature=args.temperature,
+        device=args.device,
+        backend=args.backend,
+    )
     summary = result.summary()
     if args.json:
         print(json.dumps(summary | {"examples": result.examples}, sort_keys=True))

@@ -230,10 +230,37 @@ def check_generation(job: Any, device: str, where: str) -> None:
 
 def _check_job_inputs(job: Any) -> None:
     spec = job.spec
-    uri = spec.dataset.uri
-    field = "spec.dataset.uri"
+    answers = spec.reward.name != "format_only"
+    _check_dataset(spec.dataset, "spec.dataset.uri", answers)
+    if spec.validation is not None:
+        _check_dataset(spec.validation_dataset(), "spec.validation.dataset", answers)
+
+    model = spec.policy.model
+    field = "spec.policy.model"
+    if model.startswith("builtin:"):
+        if model[len("builtin:") :] not in BUILTIN_MODELS:
+            known = ", ".join(f"builtin:{n}" for n in BUILTIN_MODELS)
+            raise UsageError(f"{field} {model!r}: not a built-in model; the built-in models are {known}")
+    elif model.startswith("s3://"):
+        if _s3_parts(model)[0] is None:
+            raise UsageError(f"{field} {model!r}: use s3://bucket/prefix with a valid bucket name")
+    elif "://" in model:
+        raise UsageError(f"{field} {model!r}: use a local folder, s3://bucket/prefix, a model id or builtin:<name>")
+    elif model.startswith(("/", "./", "../", "~")):
+        # As the loader reads it: an explicit path must exist (a bare name may be a model id).
+        path = Path(model).expanduser()
+        if not path.is_dir():
+            raise UsageError(f"{field} {model!r}: no such folder; give a Hugging Face model folder")
+        if not (path / "config.json").is_file():
+            raise UsageError(f"{field} {model!r}: has no config.json; give a Hugging Face model folder")
+
+
+def _check_dataset(dataset: Any, field: str, answers: bool) -> None:
+    """``dataset.uri`` names something that can exist, and a local or built-in one opens with the
+    fields the job reads; ``field`` names it in the message."""
+    uri = dataset.uri
     if uri.startswith("builtin:"):
-        _check_dataset_rows(job)  # a built-in dataset is generated from code: cheap
+        _check_dataset_rows(dataset, field, answers)  # a built-in dataset is generated from code: cheap
     elif uri.startswith("s3://"):
         bucket, key = _s3_parts(uri)
         if bucket is None or not key:
@@ -259,38 +286,18 @@ def _check_job_inputs(job: Any) -> None:
                 f"{field} {uri!r}: does not exist (from {os.getcwd()}); give the JSONL or Parquet file of prompts, "
                 "or a save_to_disk folder"
             )
-        _check_dataset_rows(job)
-
-    model = spec.policy.model
-    field = "spec.policy.model"
-    if model.startswith("builtin:"):
-        if model[len("builtin:") :] not in BUILTIN_MODELS:
-            known = ", ".join(f"builtin:{n}" for n in BUILTIN_MODELS)
-            raise UsageError(f"{field} {model!r}: not a built-in model; the built-in models are {known}")
-    elif model.startswith("s3://"):
-        if _s3_parts(model)[0] is None:
-            raise UsageError(f"{field} {model!r}: use s3://bucket/prefix with a valid bucket name")
-    elif "://" in model:
-        raise UsageError(f"{field} {model!r}: use a local folder, s3://bucket/prefix, a model id or builtin:<name>")
-    elif model.startswith(("/", "./", "../", "~")):
-        # As the loader reads it: an explicit path must exist (a bare name may be a model id).
-        path = Path(model).expanduser()
-        if not path.is_dir():
-            raise UsageError(f"{field} {model!r}: no such folder; give a Hugging Face model folder")
-        if not (path / "config.json").is_file():
-            raise UsageError(f"{field} {model!r}: has no config.json; give a Hugging Face model folder")
+        _check_dataset_rows(dataset, field, answers)
 
 
-def _check_dataset_rows(job: Any) -> None:
+def _check_dataset_rows(dataset: Any, field: str, answers: bool) -> None:
     """A local or built-in dataset opens, and its first rows hold the fields the job reads (an
     s3:// one is checked by the controller, which downloads it)."""
     from spotrl_runtime.data import DatasetError, check_fields, open_dataset
 
     try:
-        dataset = open_dataset(job.spec.dataset)
-        check_fields(dataset, job.spec.dataset, answers=job.spec.reward.name != "format_only")
+        check_fields(open_dataset(dataset), dataset, answers=answers)
     except (DatasetError, ValueError, OSError) as err:
-        raise UsageError(f"spec.dataset.uri: {err}") from None
+        raise UsageError(f"{field}: {err}") from None
 
 
 def _s3_parts(uri: str) -> tuple[str | None, str]:

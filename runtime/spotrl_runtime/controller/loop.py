@@ -49,6 +49,7 @@ from spotrl_runtime.checkpoint.writer import CutConflictError, CutForm, CutReque
 from spotrl_runtime.controller.assemble import ControllerError, ControllerOptions, Parts
 from spotrl_runtime.controller.control import BarrierFailed, CutInfo
 from spotrl_runtime.controller.tensorboard import TensorBoardLog
+from spotrl_runtime.controller.validation import Validator
 from spotrl_runtime.core.cut_estimate import CutEstimator, barrier_form
 from spotrl_runtime.core.cut_schedule import CutSchedule
 from spotrl_runtime.core.owners import Dispatch, OwnershipError, OwnersSnapshot, UnknownGroupError
@@ -176,6 +177,8 @@ class Controller:
         """The event file of this attempt, next to the cuts (a status sink like the others)."""
         self.options.sinks.append(self.tensorboard)
         self.cuts: list[CutInfo] = []
+        self.validator = Validator(self.spec, parts.encode, parts.reward) if self.spec.validation else None
+        """Scores the held-out split every validation.everySteps (on the dispatcher thread)."""
         self.cut_estimator = CutEstimator(waits_for_step=isinstance(self.trainer, TrainerGroup))
         """A barrier cut's seconds, estimated from this controller's committed cuts (with a
         trainer group, the step a barrier waits for)."""
@@ -279,6 +282,8 @@ class Controller:
             sync, self._last_sync = self._last_sync, None
             stats["weight_sync_seconds"] = sync.seconds if sync is not None else 0.0
             stats["weight_sync_bytes"] = float(sync.bytes) if sync is not None else 0.0
+            for validated in self.validator.finished() if self.validator is not None else []:
+                stats.update(validated)  # the newest pass finished since the last step
             reward = stats["reward_mean"]
             # Generation's pace since the last step: what the workers produced meanwhile.
             now, generated = time.monotonic(), self.stats["tokens_generated"]
@@ -416,6 +421,9 @@ class Controller:
             if reqs:
                 pool.submit(reqs)
 
+        validator = self.validator
+        if validator is not None:
+            pool.submit(validator.due(pool.version()))  # the weights the run starts from
         while not self._stop.is_set():
             # Cleared before the state is read: a ring from here on ends the wait below.
             self._wake.clear()
@@ -424,6 +432,8 @@ class Controller:
                 # reach a cut (the cut holds the groups in flight as ADMITTED, to be sent again
                 # after the resume). Pausing the workers now gives their CPUs (a weight load,
                 # a generation) to the barrier's writer; they are killed when the run stops.
+                if validator is not None:
+                    validator.abandon()  # never waited for, never in a cut
                 paused = pool.freeze()
                 log.info(
                     "parked: generation paused (%d local worker(s) stopped; %d groups in flight stay in the ledger)",
@@ -436,13 +446,20 @@ class Controller:
             # version only after the groups that ask for an older one.
             send(owners.pump())
             while not self._weights.empty() and not self._parked.is_set():
-                pool.give(self._weights.get_nowait())
+                version = self._weights.get_nowait()
+                pool.give(version)
+                if validator is not None:
+                    pool.submit(validator.due(version))
             outcomes = pool.poll(timeout=0.05)
             if not outcomes and not pool.calls_in_flight():
                 # poll came back at once (nothing to wait on): the gate is closed until the
                 # trainer commits a step. Sleep until then, at most 50 ms.
                 self._wake.wait(0.05)
             for outcome in outcomes:
+                if validator is not None and validator.owns(outcome.group_id):
+                    if not self._parked.is_set():
+                        pool.submit(validator.take(outcome))
+                    continue
                 d = inflight.pop(outcome.group_id, None)
                 if d is None or self._parked.is_set():
                     continue  # after a barrier nothing moves; the cut holds this group as ADMITTED

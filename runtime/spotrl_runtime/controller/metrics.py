@@ -85,6 +85,13 @@ def _training(job: str, history: list[dict[str, Any]]) -> Iterator[Metric]:
         for name, doc in STEP_GAUGES.items():
             if name in last:
                 yield _gauge(job, f"spotrl_{name}", f"{doc} (the last trained step).", last[name])
+    validated = next((h for h in reversed(history) if "val_accuracy" in h), None)
+    if validated is not None:
+        what = "on the held-out split (spec.validation), the newest pass"
+        accuracy, reward, step = validated["val_accuracy"], validated["val_reward"], validated["val_step"]
+        yield _gauge(job, "spotrl_val_accuracy", f"Fraction of completions scored 1.0 {what}.", accuracy)
+        yield _gauge(job, "spotrl_val_reward", f"Mean reward {what}.", reward)
+        yield _gauge(job, "spotrl_val_step", "The step whose weights the newest validation pass scored.", step)
     measured = next((h for h in reversed(history) if "rollout_probs_diff_max" in h), None)
     if measured is not None:
         what = "of a trained token's probability, generator against trainer, same weights (last step measured)"

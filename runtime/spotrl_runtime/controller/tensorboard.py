@@ -27,6 +27,8 @@ log = logging.getLogger("spotrl.controller")
 
 PREFIX = "tensorboard"
 TAGS = {
+    "val_accuracy": "val/accuracy",
+    "val_reward": "val/reward",
     "reward": "reward/mean",
     "reward_std": "reward/std",
     "accuracy": "reward/accuracy",

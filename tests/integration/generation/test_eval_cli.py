@@ -5,6 +5,7 @@ that fails is counted as failed and never as 0, and bad flags are refused by nam
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from spotrl_runtime.core.types import Prompt
 from spotrl_runtime.data import ArithmeticDataset
 from spotrl_runtime.models import load_policy
 from spotrl_runtime.rewards.builtin import arithmetic_exact
+from spotrl_runtime.vllm_build import vllm_build
 
 ROWS = 24
 
@@ -75,6 +77,22 @@ def test_greedy_is_transformers_greedy_and_scored_by_the_jobs_reward(
     assert again["completions"] == 4 * ROWS
     rc, same = _eval(capsys, "-f", str(job), "--dataset", str(data), "--samples", "4", "--temperature", "1.0")
     assert same == again, "sampled evaluation is seeded per row"
+
+
+@pytest.mark.skipif(
+    vllm_build() == "cuda" or platform.machine() != "x86_64", reason="vLLM's CPU build is for x86-64 machines"
+)
+def test_the_vllm_backend_scores_what_transformers_greedy_scores(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job, data = _job(tmp_path)
+    rc, want = _eval(capsys, "-f", str(job), "--dataset", str(data), "--limit", "12")
+    assert rc == 0
+    rc, got = _eval(capsys, "-f", str(job), "--dataset", str(data), "--limit", "12", "--backend", "vllm")
+    assert rc == 0
+    assert (got["prompts"], got["completions"]) == (12, 12)
+    assert got["accuracy"] == want["accuracy"]
+    assert [e["completion"] for e in got["examples"]] == [e["completion"] for e in want["examples"]]
 
 
 def test_a_reward_that_fails_is_counted_as_failed_never_as_zero(

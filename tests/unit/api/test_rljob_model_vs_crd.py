@@ -48,8 +48,16 @@ def with_(path: str, value: Any, base: dict[str, Any] = MINIMAL) -> dict[str, An
 
 DELETE = object()
 
+_GPU_TRAINING = {"totalSteps": 3, "resources": {"gpu": 1}}
+
 GOOD = {
     "minimal": MINIMAL,
+    "vllm-workers-with-their-gpus-in-a-gpu-pod": with_(
+        "spec.generation",
+        {"backend": "vllm", "workers": 2, "tensorParallelSize": 2, "maxModelLen": 4096, "resources": {"gpu": 2}},
+        with_("spec.training", _GPU_TRAINING),
+    ),
+    "validation": with_("spec.validation", {"dataset": "builtin:arithmetic", "everySteps": 5, "limit": 32}),
     "vllm-with-gpu": with_("spec.generation", {"backend": "vllm", "resources": {"gpu": 1}}),
     "truncated-importance-sampling": with_("spec.training", {"totalSteps": 5, "importanceSamplingCap": 2.0}),
     "vllm-on-cpu": with_("spec.generation", {"backend": "vllm", "kvCacheMemory": "256Mi", "threads": 2}),
@@ -122,6 +130,30 @@ GOOD = {
 
 # name -> (document, field path both validators must name)
 BAD = {
+    "vllm-workers-in-a-gpu-pod-without-gpus": (
+        with_("spec.generation", {"backend": "vllm", "workers": 2}, with_("spec.training", _GPU_TRAINING)),
+        "spec.generation.resources.gpu",
+    ),
+    "vllm-gpus-not-its-tensor-parallel-size": (
+        with_("spec.generation", {"backend": "vllm", "tensorParallelSize": 2, "resources": {"gpu": 1}}),
+        "spec.generation.resources.gpu",
+    ),
+    "tensor-parallel-transformers": (
+        with_("spec.generation", {"tensorParallelSize": 2}),
+        "spec.generation.tensorParallelSize",
+    ),
+    "fsdp-ranks-in-pod-without-their-gpus": (
+        with_(
+            "spec.training",
+            {**_GPU_TRAINING, "parallelism": {"strategy": "fsdp", "ranks": 2, "gpusPerRank": 1}},
+        ),
+        "spec.training.resources.gpu",
+    ),
+    "validation-every-zero-steps": (
+        with_("spec.validation", {"dataset": "builtin:arithmetic", "everySteps": 0}),
+        "spec.validation.everySteps",
+    ),
+    "validation-without-dataset": (with_("spec.validation", {"everySteps": 5}), "spec.validation.dataset"),
     "missing-policy": (with_("spec.policy", DELETE), "spec.policy"),
     "missing-total-steps": (with_("spec.training", {}), "spec.training.totalSteps"),
     "group-size-1": (with_("spec.generation", {"groupSize": 1}), "spec.generation.groupSize"),
