@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 from spotrl_runtime.commands import preflight
@@ -56,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     preflight.check_job_inputs(job, f"-f {args.filename}")
     if not preflight.DEVICE.fullmatch(args.device) or args.device == "auto":
         raise UsageError(f"--device {args.device!r}: use cpu or cuda[:N]")
+    if args.backend == "vllm":
+        # vLLM logs to stdout by default, which is the result's (and --json's) alone.
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     from spotrl_runtime.generation.evaluate import evaluate
 
     result = evaluate(

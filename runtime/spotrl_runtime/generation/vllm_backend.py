@@ -96,6 +96,12 @@ class VLLMBackend(GenerationBackend):
         on_cpu = not device.startswith("cuda")
         if on_cpu:
             options["kv_cache_memory_bytes"] = kv_cache_bytes or CPU_KV_CACHE_BYTES
+            # A request whose sample vLLM 0.24 discards (a prompt prefilled in chunks) has its
+            # seeded generator rewound, which a CPU generator cannot ("CPU Generator does not
+            # use offset"): every group of the step failed (the chat example on vLLM, groups
+            # streamed beside a validation pass). Whole prompts only: one that does not fit a
+            # step's token budget waits for the next.
+            options["enable_chunked_prefill"] = False
             if threads:
                 torch.set_num_threads(threads)
         elif kv_cache_bytes:

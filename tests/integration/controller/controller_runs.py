@@ -36,9 +36,10 @@ TINY_JOB: dict[str, Any] = {
 
 
 def chat_example() -> dict[str, Any]:
-    """``examples/cpu-chat-gsm8k.yaml``, its dataset path made absolute (runs start elsewhere)."""
+    """``examples/cpu-chat-gsm8k.yaml``, its dataset paths made absolute (runs start elsewhere)."""
     doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "cpu-chat-gsm8k.yaml").read_text())
     doc["spec"]["dataset"]["uri"] = str(ROOT / doc["spec"]["dataset"]["uri"])
+    doc["spec"]["validation"]["dataset"] = str(ROOT / doc["spec"]["validation"]["dataset"])
     return doc
 
 

@@ -80,6 +80,19 @@ def test_held_out_accuracy_rises(example: tuple[Path, Path, int], runs: Runs) ->
     assert after >= before + RISE, (before, after)
 
 
+def test_the_run_reports_its_validation_accuracy(example: tuple[Path, Path, int]) -> None:
+    """The example's spec.validation: the held-out split scored greedily on the weights of
+    steps 0, 20 and 40 (each in a later step's record)."""
+    from spotrl_runtime.controller.audit_store import AuditStore
+    from spotrl_runtime.storage import open_storage
+
+    _, store, _ = example
+    passes = [d for d in AuditStore(open_storage(str(store))).documents() if "val_step" in d]
+    assert {0, 20} <= {int(d["val_step"]) for d in passes} <= {0, 20, 40}, passes
+    assert all(d["val_prompts"] == min(32, len(split_rows("test"))) for d in passes)
+    print("validation accuracy by step:", {int(d["val_step"]): d["val_accuracy"] for d in passes})
+
+
 RESUMED_TO = 14
 """The interrupted run resumes to this step: seven steps past its cut at step 7."""
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import platform
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -85,11 +87,14 @@ def test_greedy_is_transformers_greedy_and_scored_by_the_jobs_reward(
 def test_the_vllm_backend_scores_what_transformers_greedy_scores(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """In a process of its own, as a user runs it: vLLM's logs must leave stdout to the JSON."""
     job, data = _job(tmp_path)
     rc, want = _eval(capsys, "-f", str(job), "--dataset", str(data), "--limit", "12")
     assert rc == 0
-    rc, got = _eval(capsys, "-f", str(job), "--dataset", str(data), "--limit", "12", "--backend", "vllm")
-    assert rc == 0
+    args = ["eval", "-f", str(job), "--dataset", str(data), "--limit", "12", "--backend", "vllm", "--json"]
+    out = subprocess.run([sys.executable, "-m", "spotrl_runtime.cli", *args], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
     assert (got["prompts"], got["completions"]) == (12, 12)
     assert got["accuracy"] == want["accuracy"]
     assert [e["completion"] for e in got["examples"]] == [e["completion"] for e in want["examples"]]

@@ -56,22 +56,11 @@ def build(cluster: Cluster, spec: RLJobSpec, controller_gpus: int) -> str:
     head_cpus = 0 if spec.generation.worker_pods else _cpus(spec.training.resources.cpu, 4)
     cluster.add_node(num_cpus=head_cpus, num_gpus=controller_gpus if kept is None else kept)
     gen, par = spec.generation, spec.training.parallelism
-    if gen.worker_pods:
-        for _ in range(gen.workers):
-            cluster.add_node(
-                num_cpus=_cpus(gen.resources.cpu, 1),
-                num_gpus=gen.resources.gpu,
-                resources={WORKER_RESOURCE: 1},
-                wait=False,
-            )
-    if par.trainer_pods:
-        for _ in range(par.ranks):
-            cluster.add_node(
-                num_cpus=_cpus(par.resources.cpu, 1),
-                num_gpus=par.resources.gpu,
-                resources={TRAINER_RESOURCE: 1},
-                wait=False,
-            )
+    pods = [(gen.workers if gen.worker_pods else 0, gen.resources, WORKER_RESOURCE)]
+    pods += [(par.ranks if par.trainer_pods else 0, par.resources, TRAINER_RESOURCE)]
+    for count, res, marker in pods:  # a Ray node per worker pod and per trainer pod
+        for _ in range(count):
+            cluster.add_node(num_cpus=_cpus(res.cpu, 1), num_gpus=res.gpu, resources={marker: 1}, wait=False)
     cluster.wait_for_nodes()  # the pods' nodes started together
     ray.init(address=cluster.address, log_to_driver=False)
     return device
