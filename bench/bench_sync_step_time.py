@@ -1,6 +1,8 @@
-"""Step time before and after a change to the weight path: the same jobs run by two checkouts.
+"""Step time before and after a change (the weight path, generation): the same jobs run by two
+checkouts.
 
     PYTHONPATH=e2e python bench/bench_sync_step_time.py [--before <git-rev>] [--steps 20]
+        [--backend transformers|vllm] [--shapes single,fsdp]
 
 The CPU chat example (``examples/cpu-chat-gsm8k.yaml``) is run, in one run of this file, by the
 code at ``--before`` (a ``git worktree`` of it) and by this checkout, in two shapes: one process
@@ -42,6 +44,13 @@ def fsdp_job(path: Path, steps: int) -> Path:
     return path
 
 
+def with_backend(path: Path, backend: str) -> Path:
+    doc: dict[str, Any] = yaml.safe_load(path.read_text())
+    doc["spec"]["generation"]["backend"] = backend
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
 def run(code: Path, job: Path, storage: Path, log: Path) -> tuple[float, float, float]:
     env = {**os.environ, "PYTHONPATH": f"{code / 'runtime'}:{ROOT / 'e2e'}"}
     cmd = [sys.executable, "-m", "spotrl_runtime.cli", "run", "-f", str(job), "--storage", str(storage)]
@@ -65,15 +74,18 @@ def main() -> None:
         help="the git revision to compare with (default: the last that sent weights through the object store)",
     )
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--backend", choices=("transformers", "vllm"), default="transformers", help="generation.backend")
+    ap.add_argument("--shapes", default="single,fsdp", help="comma list of single (1 process), fsdp (2 ranks)")
     args = ap.parse_args()
+    shapes = {"single": ("1 process, 1 worker", chat_job), "fsdp": ("2 FSDP ranks, 1 worker", fsdp_job)}
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-sync-step-") as tmp:
         folder = Path(tmp)
         before = folder / "before"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(before), args.before], check=True)
         try:
-            for shape, make in (("1 process, 1 worker", chat_job), ("2 FSDP ranks, 1 worker", fsdp_job)):
-                job = make(folder / f"{len(rows)}.yaml", args.steps)
+            for shape, make in (shapes[s] for s in args.shapes.split(",")):
+                job = with_backend(make(folder / f"{len(rows)}.yaml", args.steps), args.backend)
                 results = {}
                 for name, code in (("before", before), ("after", ROOT)):
                     where = folder / f"{name}-{len(rows)}"
@@ -84,7 +96,7 @@ def main() -> None:
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before)], check=False)
     table(
-        f"The CPU chat example, {args.steps} steps: before ({args.before}) and after",
+        f"The CPU chat example on {args.backend}, {args.steps} steps: before ({args.before}) and after",
         (
             "shape",
             "step period s (before)",
