@@ -106,8 +106,10 @@ def pool(shared_pool: GenerationPool, v0: int) -> GenerationPool:
 
 def test_two_workers_generate_every_group_once(pool: GenerationPool, v0: int) -> None:
     pool.submit(requests(0, 12))
-    assert pool.in_flight() + pool.queued() == 12
+    # Each worker is sent its budget at once (max_in_flight_groups 4); the rest wait for room.
+    assert (pool.in_flight(), pool.queued()) == (8, 4)
     outcomes = drain(pool, 12)
+    assert [w["peak_in_flight"] for w in pool.workers()] == [4, 4]
     assert sorted(o.group_id for o in outcomes) == sorted(f"g{i}" for i in range(12))
     assert all(isinstance(o, GroupGenerated) for o in outcomes)
     assert {o.worker for o in outcomes if isinstance(o, GroupGenerated)} == {"gen-0", "gen-1"}
