@@ -10,6 +10,10 @@ dispatched group from :meth:`GenerationPool.poll`, as the groups complete:
   worker is replaced (up to ``max_restarts`` times each) and the replacement loads the
   newest weights first.
 
+Each worker is fed up to a budget (``max_in_flight_groups``, else by its KV cache): the groups
+sent to it are all generating at once in its engine, and each comes back as it finishes (the
+worker's ``collect``, one call of which is always in flight at a worker that holds groups).
+
 Workers may come up late: an actor whose node has not joined yet (``generation.workerPods``:
 its pod is still starting) is simply pending. A worker gets groups only once it answered
 its first probe (its backend is built), so groups never wait behind a worker that is not
@@ -23,8 +27,9 @@ version):
 
 - a new version joins the queue behind the requests already in it, and is opened (every ready
   worker is sent a receive, and the sender sends) only when it reaches the head and its sender
-  waits for it. Ray runs one caller's calls to an actor in order, so a receive never overtakes
-  a request submitted before it;
+  waits for it. A worker takes its submits and receives in the order of their sequence numbers,
+  and a receive waits for the groups submitted before it to finish, so a receive never
+  overtakes a request submitted before it;
 - a request for a version the pool has not been given yet is held until it is, and one for a
   version still queued goes in front of the next version's load;
 - versions are given in increasing order. A request whose version was already replaced on the
@@ -425,7 +430,7 @@ class GenerationPool:
             return len(self._assigned)
 
     def calls_in_flight(self) -> int:
-        """Actor calls (probes, weight loads, generate calls) not yet answered: with none,
+        """Actor calls (probes, weight loads, submits, collects) not yet answered: with none,
         :meth:`poll` has nothing to wait on and returns at once."""
         with self._lock:
             return len(self._calls)
