@@ -31,7 +31,10 @@ class Fake:
 def started(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     log: list[str] = []
 
-    def start_ray(host: Any, remote_workers: bool, num_cpus: Any, *, remote_nodes: bool = False) -> Fake:
+    def start_ray(
+        host: Any, remote_workers: bool, num_cpus: Any, *, remote_nodes: bool = False, num_gpus: Any = None
+    ) -> Fake:
+        assert num_gpus is None, "a CPU job's Ray offers the GPUs it finds (none)"
         by = threading.current_thread().name
         log.append(f"ray on {host} (remote workers {remote_workers}, cpus {num_cpus}) by {by}")
         return Fake("ray", log)
