@@ -291,7 +291,32 @@ class TrainerGroup:
                 ray.get(done[0])
             except (RayActorError, ActorDiedError, ActorUnavailableError) as err:
                 raise RankLostError(f"a trainer rank was lost: {str(err).splitlines()[0][:300]}") from None
+            except Exception:
+                # A rank whose peer died fails its collective ("Connection reset by peer")
+                # before Ray reports the death: the death is the cause.
+                lost = _lost_rank(pending)
+                if lost:
+                    raise RankLostError(f"a trainer rank was lost: {lost}") from None
+                raise
         return list(ray.get(refs))
+
+
+def _lost_rank(pending: list[Any], grace: float = 5.0) -> str:
+    """Why a rank of ``pending`` died, if one did within ``grace`` s; else empty."""
+    import ray
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+    deadline = time.monotonic() + grace
+    while pending and time.monotonic() < deadline:
+        done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        for ref in done:
+            try:
+                ray.get(ref)
+            except (RayActorError, ActorDiedError, ActorUnavailableError) as err:
+                return str(err).splitlines()[0][:300]
+            except Exception:
+                continue
+    return ""
 
 
 class GroupSender:
