@@ -14,7 +14,9 @@ shift
 missing=()
 have() {
   case $1 in
-  *.so | *.so.*) { ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null; } | grep -q "^[[:space:]]*$1 " ;;
+  # The cache is read whole before grep: `ldconfig -p | grep -q` under pipefail fails whenever
+  # grep exits at its match before ldconfig has written the rest (SIGPIPE).
+  *.so | *.so.*) grep -q "^[[:space:]]*$1 " <<<"$(ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null)" ;;
   *) command -v "$1" >/dev/null 2>&1 ;;
   esac
 }
