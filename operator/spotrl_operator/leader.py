@@ -7,6 +7,18 @@ time, standbys take over when it stops renewing (or at once when it releases on 
 Expiry is judged the way client-go does it: a standby notes when it last saw the lease
 *change* (by its own monotonic clock) and takes over when nothing changed for the
 lease's duration, so the replicas' wall clocks need not agree.
+
+A leader must stop acting before a standby can start, whatever its API calls do:
+
+- its own Lease calls run on a client with a short deadline and no retries (a renewal
+  fails fast instead of waiting out urllib3 retries and Retry-After waits);
+- :meth:`LeaderElector.leads` is judged from the clock alone: True only while the last
+  renewal *sent* is younger than :data:`STOP_SHARE` of the lease. Every write the operator
+  sends asks it first (:meth:`LeaderElector.guard`, the client's write guard), so a leader
+  whose renewal hangs refuses its own writes by the clock, not when the call returns;
+- a watchdog thread, which never blocks on a call, declares the loss at that moment
+  (``on_lost``), and the process exits hard if it has not stopped :data:`EXIT_SHARE` of the
+  lease later. A standby waits the whole lease from when it saw the last change.
 """
 
 from __future__ import annotations
@@ -18,10 +30,16 @@ from collections.abc import Callable
 from typing import Any
 
 from spotrl_runtime.api import times
-from spotrl_runtime.kube import Kube, KubeError, path
+from spotrl_runtime.kube import Kube, KubeError, NotLeadingError, path
 
 log = logging.getLogger("spotrl.operator.leader")
 Obj = dict[str, Any]
+
+STOP_SHARE = 2 / 3
+"""A leader whose last renewal is older than this share of the lease stops acting."""
+EXIT_SHARE = 5 / 6
+"""... and is gone (a hard exit) by this share: before a standby, which waits the whole lease."""
+WATCH_SECONDS = 0.25
 
 
 class LeaderElector:
@@ -37,17 +55,21 @@ class LeaderElector:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.kube = kube
+        """The Lease's own client: give it a short deadline and no retries (:meth:`Kube.for_deadline`)."""
         self.url = path("coordination.k8s.io/v1", "leases", namespace, name)
         self.collection = path("coordination.k8s.io/v1", "leases", namespace)
         self.name = name
         self.identity = identity
         self.lease_seconds = lease_seconds
         self.retry_seconds = max(0.5, lease_seconds / 5)
-        self.renew_seconds = max(1.0, lease_seconds / 3)
+        self.renew_seconds = max(0.5, lease_seconds / 7.5)
+        """Renew every 2 s of a 15 s lease, as client-go does: several tries before :data:`STOP_SHARE`."""
         self.clock = clock
         self._seen: tuple[Any, ...] | None = None
         self._seen_at = 0.0
-        self._last_renewal = 0.0
+        self._last_renewal = -float("inf")
+        self._sending_since = 0.0
+        self._lost = False
         self.holder = ""
         """The holder seen last."""
 
@@ -63,6 +85,7 @@ class LeaderElector:
 
     def try_acquire_or_renew(self) -> bool:
         """One attempt; True when this replica holds the lease afterwards."""
+        self._sending_since = self.clock()  # a renewal counts from when it was sent, not answered
         try:
             lease = self.kube.get_or_none(self.url)
             if lease is None:
@@ -99,8 +122,25 @@ class LeaderElector:
             return False
 
     def _held(self) -> bool:
-        self._last_renewal = self.clock()
+        self._last_renewal = self._sending_since
         return True
+
+    def leads(self) -> bool:
+        """Whether this replica may still act: its last renewal is recent enough, by its own
+        clock (never waits on a call)."""
+        return not self._lost and self.clock() - self._last_renewal < self.lease_seconds * STOP_SHARE
+
+    def exit_in(self) -> float:
+        """Seconds until this replica must be gone (:data:`EXIT_SHARE` of the lease after the
+        last renewal), at least half a second for Kopf's own stop."""
+        return max(0.5, self.lease_seconds * EXIT_SHARE - (self.clock() - self._last_renewal))
+
+    def guard(self, method: str, url: str) -> None:
+        """The operator client's write guard: refuses every write once this replica may not act."""
+        if not self.leads():
+            raise NotLeadingError(
+                method, url, 0, "NotLeading", f"{self.identity} no longer holds the lease {self.name}"
+            )
 
     def acquire(self, stop: threading.Event) -> bool:
         """Blocks until this replica leads (True) or ``stop`` is set (False)."""
@@ -115,23 +155,31 @@ class LeaderElector:
             stop.wait(self.retry_seconds)
         return False
 
-    def keep(self, stop: threading.Event, on_lost: Callable[[], None]) -> threading.Thread:
-        """Renews in a thread until ``stop``; calls ``on_lost`` (once) when renewals failed for
-        2/3 of the lease, early enough that no standby has taken over yet."""
+    def keep(self, stop: threading.Event, on_lost: Callable[[], None]) -> None:
+        """Renews in one thread and watches in another until ``stop``. ``on_lost`` is called once,
+        by the watchdog, when :meth:`leads` turns False or another replica took the Lease over,
+        however long a renewal call hangs."""
+        lost_once = threading.Event()
 
-        def loop() -> None:
-            while not stop.wait(self.renew_seconds):
-                if self.try_acquire_or_renew():
-                    continue
-                taken = self.holder not in ("", self.identity)
-                if taken or self.clock() - self._last_renewal > self.lease_seconds * 2 / 3:
-                    log.error("lost the lease %s (holder now %r): stopping", self.name, self.holder)
-                    on_lost()
-                    return
+        def declare(why: str) -> None:
+            if not lost_once.is_set() and not stop.is_set():
+                lost_once.set()
+                self._lost = True
+                log.error("lost the lease %s (%s): stopping", self.name, why)
+                on_lost()
 
-        thread = threading.Thread(target=loop, name="lease-renewal", daemon=True)
-        thread.start()
-        return thread
+        def renew() -> None:
+            while not stop.wait(self.renew_seconds) and not lost_once.is_set():
+                if not self.try_acquire_or_renew() and self.holder not in ("", self.identity):
+                    declare(f"holder now {self.holder!r}")
+
+        def watch() -> None:
+            while not stop.wait(WATCH_SECONDS) and not lost_once.is_set():
+                if not self.leads():
+                    declare(f"not renewed for {self.clock() - self._last_renewal:.1f} s")
+
+        for target, name in ((renew, "lease-renewal"), (watch, "lease-watchdog")):
+            threading.Thread(target=target, name=name, daemon=True).start()
 
     def release(self) -> None:
         """Gives the lease up (a standby takes over at once), if this replica holds it."""

@@ -1,9 +1,11 @@
 """Runs the operator: wait for the leader Lease, then run Kopf until stopped or the Lease is lost.
 
 A standby replica blocks in :meth:`LeaderElector.acquire` and serves nothing; the leader
-runs Kopf with the handlers of :mod:`spotrl_operator.handlers`. A leader that cannot renew
-stops Kopf (SIGTERM to itself) and exits 1 (its Deployment restarts it as a standby) before a standby may take
-over; one that stops normally releases the Lease so a standby takes over at once.
+runs Kopf with the handlers of :mod:`spotrl_operator.handlers`. Every write it sends is
+fenced by the Lease (:meth:`LeaderElector.guard`). A leader that cannot renew stops Kopf
+(SIGTERM to itself) and exits 1 (its Deployment restarts it as a standby), hard if Kopf has
+not stopped in time, before a standby may take over; one that stops normally releases the
+Lease so a standby takes over at once.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def run(settings: Settings) -> int:
             log.info("stopped while standing by")
             return 0
         metrics.leader.set(1)
+        kube = kube.with_guard(elector.guard)
     try:
         _run_kopf(settings, kube, metrics)
     finally:
@@ -80,8 +83,11 @@ def _lead(settings: Settings, kube: Any, renewing: threading.Event, lost: thread
         standby_stop.set()
 
     previous = {s: signal.signal(s, stop_standing_by) for s in (signal.SIGTERM, signal.SIGINT)}
+    # The Lease's calls fail within their deadline instead of retrying: a renewal that hangs
+    # must not outlive the leader's right to act.
+    lease_kube = kube.for_deadline(settings.lease_seconds / 7.5)
     elector = LeaderElector(
-        kube, settings.lease_namespace, settings.lease_name, settings.identity, settings.lease_seconds
+        lease_kube, settings.lease_namespace, settings.lease_name, settings.identity, settings.lease_seconds
     )
     leading = elector.acquire(standby_stop)
     for s, handler in previous.items():
@@ -93,10 +99,25 @@ def _lead(settings: Settings, kube: Any, renewing: threading.Event, lost: thread
         # Kopf stops gracefully on SIGTERM (its own handler). A stop flag would leave a
         # thread blocked in Kopf's flag waiter when it stops for a signal instead.
         lost.set()
+        _exit_hard_in(elector.exit_in())
         os.kill(os.getpid(), signal.SIGTERM)
 
     elector.keep(renewing, on_lost)
     return elector
+
+
+def _exit_hard_in(seconds: float) -> None:
+    """Exits 1 after ``seconds`` unless the process ended first: Kopf's graceful stop waits for
+    handlers that may hang on the API server, and a standby will not wait for them."""
+
+    def exit_now() -> None:
+        log.error("exiting hard: Kopf did not stop within %.1f s of losing the lease", seconds)
+        logging.shutdown()
+        os._exit(1)
+
+    timer = threading.Timer(seconds, exit_now)
+    timer.daemon = True
+    timer.start()
 
 
 def _run_kopf(settings: Settings, kube: Any, metrics: Any) -> None:
