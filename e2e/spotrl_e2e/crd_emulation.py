@@ -48,14 +48,29 @@ def _strict(schema: dict[str, Any]) -> dict[str, Any]:
     return s
 
 
+def _has_value(value: Any) -> Any:
+    """``optional.hasValue()``: on a create, ``oldSelf`` (bound to None) has none."""
+    return celpy.celtypes.BoolType(value is not None)
+
+
+def _rule_errors(schema: dict[str, Any], obj: Any, path: str) -> list[tuple[str, str]]:
+    """The rules on this one node, as on a create (a transition rule runs on updates only,
+    unless it has ``optionalOldSelf``: then its ``oldSelf`` is an optional without a value)."""
+    errors: list[tuple[str, str]] = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        if "oldSelf" in rule["rule"] and not rule.get("optionalOldSelf"):
+            continue
+        env = celpy.Environment()
+        program = env.program(env.compile(rule["rule"]), functions={"hasValue": _has_value})
+        if not bool(program.evaluate({"self": celpy.json_to_cel(obj), "oldSelf": None})):
+            errors.append((path + rule.get("fieldPath", ""), rule["message"]))
+    return errors
+
+
 def _cel_errors(schema: dict[str, Any], obj: Any, path: str) -> list[tuple[str, str]]:
     errors: list[tuple[str, str]] = []
     if isinstance(obj, dict) and schema.get("type") == "object":
-        for rule in schema.get("x-kubernetes-validations", []):
-            env = celpy.Environment()
-            program = env.program(env.compile(rule["rule"]))
-            if not bool(program.evaluate({"self": celpy.json_to_cel(obj)})):
-                errors.append((path + rule.get("fieldPath", ""), rule["message"]))
+        errors += _rule_errors(schema, obj, path)
         for name, sub in schema.get("properties", {}).items():
             if name in obj:
                 errors += _cel_errors(sub, obj[name], f"{path}.{name}")
@@ -74,4 +89,6 @@ def api_server_errors(crd: dict[str, Any], doc: dict[str, Any]) -> list[tuple[st
         errors.append((".".join(str(p) for p in e.absolute_path), e.message))
     if errors:  # the API server runs CEL only on schema-valid objects
         return errors
-    return _cel_errors(schema["properties"]["spec"], obj.get("spec", {}), "spec")
+    # The root's rules (metadata.name), then the spec's; a root rule without a fieldPath is
+    # reported at the root (""), as the API server reports it.
+    return _rule_errors(schema, obj, "") + _cel_errors(schema["properties"]["spec"], obj.get("spec", {}), "spec")

@@ -2,6 +2,7 @@
 schema's defaults and rejects invalid jobs with the schema's own message."""
 
 import copy
+import time
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,8 @@ import pytest
 import yaml
 
 from spotrl_e2e.cluster import Cluster
-from spotrl_e2e.kube import ApiError, wait_crd_served
+from spotrl_e2e.kube import ApiError, KubeClient, wait_crd_served
+from spotrl_runtime.api.rules import JOB_NAME_MAX, JOB_NAME_RULE
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "rljobs.spotrl.dev.yaml"
@@ -105,3 +107,89 @@ def test_kubectl_reports_the_schema_message(cluster: Cluster, crd: dict[str, Any
     out = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(job), check=False)
     assert out.returncode != 0
     assert "spec.generation.groupSize" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["job.v2", "0-leading-digit", "x" * (JOB_NAME_MAX + 1)],
+    ids=["dot", "leading-digit", "one-over-the-maximum"],
+)
+def test_a_name_the_operator_cannot_make_objects_for_is_rejected(
+    cluster: Cluster, crd: dict[str, Any], namespace: str, name: str
+) -> None:
+    job = example_job()
+    job["metadata"]["name"] = name
+    err = _create(cluster, namespace, job)
+    assert JOB_NAME_RULE.message in err.message
+    assert "metadata.name" in err.message
+
+
+def test_an_uppercase_name_is_rejected_naming_metadata_name(
+    cluster: Cluster, crd: dict[str, Any], namespace: str
+) -> None:
+    job = example_job()
+    job["metadata"]["name"] = "Tiny-Arith"
+    err = _create(cluster, namespace, job)  # the API server's own name check refuses it first
+    assert "metadata.name" in err.message
+
+
+def test_a_name_of_the_maximum_length_is_accepted(cluster: Cluster, crd: dict[str, Any], namespace: str) -> None:
+    job = example_job()
+    job["metadata"]["name"] = name = "j" + "-0" * ((JOB_NAME_MAX - 1) // 2)
+    assert len(name) == JOB_NAME_MAX
+    created = cluster.admin().create(RLJOBS.format(ns=namespace), job)
+    assert created["metadata"]["name"] == name
+
+
+def test_a_job_created_before_the_name_rule_can_still_be_updated_and_deleted(
+    cluster: Cluster, crd: dict[str, Any], namespace: str
+) -> None:
+    """The rule is checked on create only: a job that predates it (its children fail) must still
+    let the operator take its finalizer off, or it could never be deleted."""
+    admin = cluster.admin()
+    crd_file = yaml.safe_load(CRD.read_text())
+    old = copy.deepcopy(crd_file)
+    del old["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["x-kubernetes-validations"]
+    url = RLJOBS.format(ns=namespace)
+    try:
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(old))
+        wait_crd_served(admin, crd_file["metadata"]["name"], 30)
+        job = example_job()
+        job["metadata"] = {"name": "made.before", "finalizers": ["spotrl.dev/finalizer"]}
+        _until_created(admin, url, job)  # the API server may serve the old CRD a moment longer
+    finally:
+        cluster.kubectl("apply", "-f", str(CRD))
+        wait_crd_served(admin, crd_file["metadata"]["name"], 30)
+    probe = example_job()
+    probe["metadata"]["name"] = "probe.name"
+    refused = _until_refused(admin, url, probe)  # the API server runs the rule again
+    assert refused.status == 422, refused
+    assert JOB_NAME_RULE.message in refused.message
+    admin.patch(f"{url}/made.before", {"metadata": {"labels": {"touched": "yes"}}})
+    admin.delete(f"{url}/made.before")
+    admin.patch(f"{url}/made.before", {"metadata": {"finalizers": None}})
+    assert admin.get_or_none(f"{url}/made.before") is None
+
+
+def _until_created(admin: KubeClient, url: str, job: dict[str, Any]) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            admin.create(url, job)
+            return
+        except ApiError as err:
+            if err.status != 422 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.5)
+
+
+def _until_refused(admin: KubeClient, url: str, job: dict[str, Any]) -> ApiError:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            admin.create(url, job)
+        except ApiError as err:
+            return err
+        admin.delete(f"{url}/{job['metadata']['name']}")
+        assert time.monotonic() < deadline, "the name rule is not back after 30 s"
+        time.sleep(0.5)

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from spotrl_runtime.api import rljob
-from spotrl_runtime.api.rules import ApiObject
+from spotrl_runtime.api.rules import JOB_NAME_RULE, ApiObject
 
 CRD_FILE = "crds/rljobs.spotrl.dev.yaml"
 CHART_CRD_FILE = "charts/spotrl/crds/rljobs.spotrl.dev.yaml"  # Helm installs CRDs from here
@@ -146,6 +146,21 @@ def openapi_schema() -> dict[str, Any]:
             "spec": _schema_of(rljob.RLJobSpec),
             "status": status,
         },
+        "x-kubernetes-validations": [_root_rule()],
+    }
+
+
+def _root_rule() -> dict[str, Any]:
+    """:data:`~spotrl_runtime.api.rules.JOB_NAME_RULE` at the root, where CEL reads
+    ``self.metadata.name``. Checked when the job is created only (``optionalOldSelf``: on a
+    create ``oldSelf`` has no value): the name never changes, and an update of a job created
+    before the rule (whose objects the operator cannot make) must still go through, or the
+    operator could not take its finalizer off and it could never be deleted. No fieldPath: the
+    schema declares no ``metadata.name`` for it to point at; the message names the field."""
+    return {
+        "rule": f"oldSelf.hasValue() || ({JOB_NAME_RULE.cel})",
+        "optionalOldSelf": True,
+        "message": JOB_NAME_RULE.message,
     }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import pathlib
+import re
 from typing import Any
 
 import pytest
@@ -14,7 +15,8 @@ import yaml
 
 from spotrl_e2e.crd_emulation import api_server_errors
 from spotrl_runtime.api import crd as crdgen
-from spotrl_runtime.api.rljob import SpecError, parse_rljob
+from spotrl_runtime.api.rljob import RLJob, SpecError, parse_rljob
+from spotrl_runtime.api.rules import JOB_NAME_MAX, JOB_NAME_RULE, job_name_ok
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -351,3 +353,85 @@ def test_wrong_kind_and_api_version_are_named() -> None:
     with pytest.raises(SpecError) as info:
         parse_rljob({**MINIMAL, "apiVersion": "batch/v1", "kind": "Job"})
     assert [p for p, _ in info.value.problems] == ["apiVersion", "kind"]
+
+
+# metadata.name: the root rule (JOB_NAME_RULE). parse_rljob takes any DNS-1123 subdomain (a local
+# `spotrl run` needs no Service); the CRD refuses what the operator cannot make a job's objects for.
+JOB_NAMES_OK = ["t", "tiny-arith", "a1-b2", "x" * JOB_NAME_MAX]
+JOB_NAMES_REFUSED = ["job.v2", "0-start-with-digit", "Tiny", "x" * (JOB_NAME_MAX + 1), "tiny-", "-tiny", "tiny_job"]
+
+
+@pytest.mark.parametrize("name", JOB_NAMES_OK + JOB_NAMES_REFUSED)
+def test_job_name_predicate_and_the_crds_rule_agree(crd: dict[str, Any], name: str) -> None:
+    doc = with_("metadata.name", name)
+    ok = name in JOB_NAMES_OK
+    assert job_name_ok(name) is ok
+    assert JOB_NAME_RULE.check(RLJob.model_validate(doc)) is ok
+    server = api_server_errors(crd, doc)
+    assert server == ([] if ok else [("", JOB_NAME_RULE.message)])
+
+
+def test_job_name_predicate_refuses_what_is_not_a_string() -> None:
+    assert not job_name_ok(None)
+    assert not job_name_ok(7)
+    assert not job_name_ok("")
+
+
+def test_job_name_rule_says_the_field_what_is_allowed_and_what_to_do(crd: dict[str, Any]) -> None:
+    message = JOB_NAME_RULE.message
+    assert message.startswith("metadata.name ")
+    assert f"at most {JOB_NAME_MAX} characters" in message
+    assert "pick a shorter name of lowercase letters, digits and '-', starting with a letter" in message
+    (rule,) = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["x-kubernetes-validations"]
+    assert rule["message"] == message
+    assert rule["optionalOldSelf"] is True, "checked on create: an older job must stay deletable"
+    assert rule["rule"] == f"oldSelf.hasValue() || ({JOB_NAME_RULE.cel})"
+
+
+def test_job_name_max_is_the_longest_name_every_object_of_the_job_accepts() -> None:
+    """Every name and label value the operator derives from a job's name fits what Kubernetes
+    allows it at JOB_NAME_MAX; one character more, the Service's name and the labels do not."""
+    from spotrl_operator import queueing, resources
+    from spotrl_operator.settings import Settings
+
+    dns_label = r"[a-z]([-a-z0-9]*[a-z0-9])?"
+    subdomain = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+
+    def objects(job: str) -> list[dict[str, Any]]:
+        ref = resources.JobRef(job, "team-a", "0b6f8f0e-5d1b-4c55-9a27-4d2b1c1d2e3f")
+        spec = parse_rljob(MINIMAL).spec
+        settings = Settings(default_storage="s3://bkt/spotrl")
+        attempt = 10**6  # a million preemptions: a seven-digit attempt
+        return [
+            resources.service_account(ref),
+            resources.role(ref),
+            resources.role_binding(ref),
+            resources.service(ref),
+            resources.network_policy(ref, settings),
+            resources.disruption_budget(ref, open_=False, trainers=2),
+            resources.controller_pod(ref, spec, settings, attempt),
+            resources.worker_pod(ref, spec, settings, attempt, 1023, "h:6379"),
+            resources.trainer_pod(ref, spec, settings, attempt, 1023, "h:6379"),
+            resources.retention_pod(ref, spec, settings, "s3://bkt/x", attempt),
+            resources.event({"name": job, "namespace": "team-a", "uid": ref.uid}, "Normal", "R", "m", "now", "op"),
+            queueing.workload(ref, spec, settings, "queue", None),
+        ]
+
+    def problems(job: str) -> list[str]:
+        out = []
+        for obj in objects(job):
+            meta = obj["metadata"]
+            name, limit, pattern = meta["name"], 253, subdomain
+            if obj["kind"] == "Service":
+                limit, pattern = 63, dns_label
+            if len(name) > limit or not re.fullmatch(pattern, name):
+                out.append(f"{obj['kind']} {name}")
+            out += [f"{obj['kind']} label {k}" for k, v in (meta.get("labels") or {}).items() if len(v) > 63]
+        return out
+
+    at_max = "j" * JOB_NAME_MAX
+    assert job_name_ok(at_max)
+    assert problems(at_max) == []
+    over = problems(at_max + "j")
+    assert "Service " + at_max + "j" in over
+    assert "Pod label spotrl.dev/job" in over
