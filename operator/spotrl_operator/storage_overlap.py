@@ -4,10 +4,22 @@ A job's *effective storage* is where its cuts go: ``spec.checkpoint.storage``, e
 operator's default root plus ``<namespace>/<name>``, on ``spec.checkpoint.s3Endpoint`` (else
 the operator's default endpoint). Two jobs whose storages are the same, or one inside the
 other, would read and write one store; the controller refuses a store of another job before it
-writes anything (:mod:`spotrl_runtime.checkpoint.ownership`), but the operator sees it first,
-from the RLJobs alone: the newer job (by creation time, then namespace and name) gets the
-condition ``StorageConflict`` naming the older one, and no controller pod, until one of them
-moves or goes.
+writes anything (:mod:`spotrl_runtime.checkpoint.ownership`: ``JOB.json`` at each store's
+root), but the operator sees it first, from the RLJobs alone, and holds a job back (the
+condition ``StorageConflict`` naming the other job, and no controller pod, until one of them
+moves or goes). Which job is held, of two whose storages overlap (the newer: by creation time,
+then namespace and name):
+
+- *the same store*: the newer job waits, whatever their namespaces;
+- *one store strictly inside the other*, both jobs in one namespace: the newer job waits;
+- *one store strictly inside the other*, the jobs in two namespaces: only the job whose storage
+  *encloses* the other's can be held, and only when it is the newer one. A storage that is too
+  wide (a bucket's root, a prefix over other jobs' stores) is its own owner's problem, never
+  another tenant's: an older job in namespace A on ``s3://bucket`` holds no job of namespace B
+  on ``s3://bucket/b/run``, which starts (its controller still refuses a store that is really
+  another job's), while a newer job of B on ``s3://bucket`` waits for A's job inside it.
+
+A finished job (phase Succeeded or Failed) writes no more cuts: it holds no job back.
 """
 
 from __future__ import annotations
@@ -29,6 +41,8 @@ class JobStorage:
     storage: str
     endpoint: str = ""
     """The S3 endpoint ("": the default, AWS's)."""
+    finished: bool = False
+    """The job is over (status.phase Succeeded or Failed): it holds no other job back."""
 
     @property
     def age_key(self) -> tuple[str, str, str]:
@@ -57,19 +71,31 @@ def overlaps(a: JobStorage, b: JobStorage) -> bool:
     return path_a[:n] == path_b[:n]
 
 
+def _holds(older: JobStorage, newer: JobStorage) -> bool:
+    """Whether ``older`` holds ``newer`` back (the rules of the module's docstring)."""
+    if older.finished or not overlaps(older, newer):
+        return False
+    if older.namespace == newer.namespace:
+        return True
+    # Across namespaces: the same store holds the newer job; a store strictly inside another
+    # holds only a newer job whose storage encloses it.
+    return len(_place(newer.storage, newer.endpoint)[1]) <= len(_place(older.storage, older.endpoint)[1])
+
+
 def conflict(me: JobStorage, jobs: Iterable[JobStorage]) -> str | None:
-    """Why ``me`` must wait (None: it need not): the oldest other job, older than ``me``, whose
-    storage overlaps its own."""
+    """Why ``me`` must wait (None: it need not): the oldest other job, older than ``me`` and not
+    finished, that holds it back (see the module's docstring)."""
     elders = sorted(
         (j for j in jobs if (j.namespace, j.name) != (me.namespace, me.name) and j.age_key < me.age_key),
         key=lambda j: j.age_key,
     )
-    other = next((j for j in elders if overlaps(me, j)), None)
+    other = next((j for j in elders if _holds(j, me)), None)
     if other is None:
         return None
-    same = _place(me.storage, me.endpoint) == _place(other.storage, other.endpoint)
+    mine, theirs = _place(me.storage, me.endpoint), _place(other.storage, other.endpoint)
+    how = "is also" if mine == theirs else ("encloses" if len(mine[1]) < len(theirs[1]) else "overlaps")
     return (
-        f"the checkpoint storage {me.storage} {'is also' if same else 'overlaps'} the storage of RLJob {other} "
+        f"the checkpoint storage {me.storage} {how} the storage of RLJob {other} "
         f"({other.storage}), created before this one; "
         "two jobs on one store would refuse each other's cuts: give this job its own spec.checkpoint.storage "
         f"(or delete {other}); no controller starts until then"

@@ -74,6 +74,58 @@ def test_the_newer_job_waits_for_the_older_and_names_it() -> None:
     assert (conflict(twin, [older, twin]) is None) != (conflict(older, [older, twin]) is None)
 
 
+def test_the_same_store_holds_the_newer_job_in_any_namespace() -> None:
+    older = js("first", "s3://bkt/shared", "2026-12-02T10:00:00Z", ns="team-a")
+    for ns in ("team-a", "team-b"):
+        newer = js("second", "s3://bkt/shared/", "2026-12-02T10:05:00Z", ns=ns)
+        assert "is also the storage of RLJob team-a/first" in (conflict(newer, [older, newer]) or "")
+        assert conflict(older, [older, newer]) is None
+
+
+def test_nested_stores_in_one_namespace_hold_the_newer_job_inner_or_outer() -> None:
+    outer = js("outer", "s3://bkt/runs", "2026-12-02T10:00:00Z")
+    inner = js("inner", "s3://bkt/runs/a", "2026-12-02T10:05:00Z")
+    assert "overlaps the storage of RLJob team-a/outer" in (conflict(inner, [outer, inner]) or "")
+    assert conflict(outer, [outer, inner]) is None
+    # The other way round: the newer job encloses the older one's store.
+    late_outer = js("outer", "s3://bkt/runs", "2026-12-02T10:10:00Z")
+    assert "encloses the storage of RLJob team-a/inner" in (conflict(late_outer, [late_outer, inner]) or "")
+
+
+def test_an_older_bucket_root_in_one_namespace_holds_no_newer_job_of_another() -> None:
+    root = js("everything", "s3://bkt", "2026-12-02T10:00:00Z", ns="team-a")
+    tenant = js("run", "s3://bkt/team-b/run", "2026-12-02T10:05:00Z", ns="team-b")
+    assert conflict(tenant, [root, tenant]) is None, "a too-wide storage is its owner's problem"
+    assert conflict(root, [root, tenant]) is None
+    # The same, for the operator's default root plus <namespace>/<name> under an explicit prefix.
+    wide = js("wide", "s3://bkt/spotrl", "2026-12-02T10:00:00Z", ns="team-a")
+    default = js("tiny", "s3://bkt/spotrl/team-b/tiny", "2026-12-02T10:05:00Z", ns="team-b")
+    assert conflict(default, [wide, default]) is None
+
+
+def test_a_newer_job_of_another_namespace_whose_storage_encloses_an_older_ones_waits() -> None:
+    older = js("run", "s3://bkt/team-a/run", "2026-12-02T10:00:00Z", ns="team-a")
+    wide = js("everything", "s3://bkt", "2026-12-02T10:05:00Z", ns="team-b")
+    why = conflict(wide, [older, wide])
+    assert why is not None
+    assert "s3://bkt encloses the storage of RLJob team-a/run (s3://bkt/team-a/run)" in why
+    assert "give this job its own spec.checkpoint.storage" in why
+    assert conflict(older, [older, wide]) is None
+
+
+def test_a_finished_job_holds_nobody() -> None:
+    for phase_done in (True, False):
+        older = js("first", "s3://bkt/shared", "2026-12-02T10:00:00Z")
+        older = replace(older, finished=phase_done)
+        newer = js("second", "s3://bkt/shared", "2026-12-02T10:05:00Z")
+        assert (conflict(newer, [older, newer]) is None) is phase_done
+    # A finished job passed over, the next older one that holds still counts.
+    done = replace(js("done", "s3://bkt/shared", "2026-12-02T09:00:00Z"), finished=True)
+    live = js("live", "s3://bkt/shared", "2026-12-02T09:30:00Z")
+    newer = js("second", "s3://bkt/shared", "2026-12-02T10:05:00Z")
+    assert "RLJob team-a/live" in (conflict(newer, [done, live, newer]) or "")
+
+
 def test_the_effective_storage_is_the_default_root_plus_namespace_and_name() -> None:
     settings = Settings(default_storage="s3://bkt/spotrl", default_s3_endpoint="http://s3:9000")
     job = {
