@@ -22,6 +22,11 @@
 #      images are the same, and makes a new one from the new store when they are not; the
 #      chart is upgraded; logs go to $ARTIFACTS on failure)
 #
+# The log of every SpotRL pod (operators, controllers, workers; init containers too), kept by
+# the tests as it is written, however the pod ends (force-deleted, replaced after a crash),
+# which `kind export logs` cannot: $ARTIFACTS/pod-logs/<namespace>/<pod>/<container>.log
+# (spotrl_e2e.podlogs; fresh for each run that runs tests).
+#
 # SPOTRL_KIND_PHASES=setup runs 1-5 and leaves the cluster (and dockerd) up, saying how to
 # reach it in $ARTIFACTS/setup.env; SPOTRL_KIND_PHASES=tests then runs 6-7 on it, and
 # SPOTRL_KIND_PHASES=down only 7. SPOTRL_KIND_PHASES=prepare builds what 1-4a need (the
@@ -93,7 +98,7 @@ cleanup() {
   status=$?
   [ "$PHASES" != prepare ] || exit "$status" # it started no cluster, and leaves dockerd up
   if [ "$status" -ne 0 ] && [ -n "${KIND:-}" ]; then
-    echo "e2e-kind: failed; cluster logs in $ARTIFACTS/logs" >&2
+    echo "e2e-kind: failed; cluster logs in $ARTIFACTS/logs, every SpotRL pod's in $ARTIFACTS/pod-logs" >&2
     "$KIND" export logs "$ARTIFACTS/logs" --name "$CLUSTER" >/dev/null 2>&1 || true
     "$KUBECTL" get rljobs,pods,events -A -o wide >"$ARTIFACTS/objects.txt" 2>&1 || true
   fi
@@ -216,6 +221,7 @@ export SPOTRL_E2E_S3_HOST_ENDPOINT=http://127.0.0.1:30070
 export SPOTRL_E2E_S3_POD_ENDPOINT=http://s3.spotrl-e2e.svc.cluster.local:7070
 export SPOTRL_E2E_S3_ACCESS_KEY=$S3_ACCESS_KEY
 export SPOTRL_E2E_S3_SECRET_KEY=$S3_SECRET_KEY
+export SPOTRL_E2E_POD_LOGS=$ARTIFACTS/pod-logs # where the tests keep every SpotRL pod's log (kind_cluster)
 export SPOTRL_E2E_CHART_IMAGES="--set image.repository=spotrl-operator --set image.tag=$TAG --set image.pullPolicy=Never \
 --set runtimeImage.repository=spotrl-runtime-cpu --set runtimeImage.tag=$TAG --set runtimeImage.pullPolicy=Never"
 select=()
@@ -223,6 +229,7 @@ select=()
 cd "$ROOT"
 pytest_args=(-v -p no:cacheprovider --timeout 1800 --durations 0 "${select[@]}" "$@")
 [ "$PHASES" = tests ] || setup_done s3
+rm -rf "$SPOTRL_E2E_POD_LOGS" # this run's pods only (a file is appended to across the run's pytest sessions)
 
 if [ "$SUBSET" != ci ] && [ "$PHASES" != setup ]; then
   phase first-hour
@@ -237,7 +244,7 @@ if [ "$PHASES" != tests ] || [ "$last_setup" != chart ]; then
     --set image.repository=spotrl-operator --set image.tag=$TAG --set image.pullPolicy=Never \
     --set runtimeImage.repository=spotrl-runtime-cpu --set runtimeImage.tag=$TAG --set runtimeImage.pullPolicy=Never \
     --set-string 'nodeSelector.karpenter\.sh/capacity-type=on-demand' \
-    --set leaderElection.leaseSeconds=6 --set reconcileInterval=1 --set kueue.enabled=true \
+    --set leaderElection.leaseSeconds=6 --set reconcileInterval=1 --set nodeLostSeconds=10 --set kueue.enabled=true \
     --wait --timeout 180s
   kubectl -n spotrl-system get pods -o wide
   setup_done chart

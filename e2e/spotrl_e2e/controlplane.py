@@ -58,6 +58,9 @@ ADMISSION_PLUGINS = (
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionWebhook",
     "ResourceQuota",
+    # Off by default upstream, on in OpenShift: a blockOwnerDeletion owner reference needs
+    # `update` on the owner's finalizers; on here so that the chart's RBAC is tested for it.
+    "OwnerReferencesPermissionEnforcement",
 )
 
 

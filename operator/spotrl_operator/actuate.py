@@ -26,13 +26,14 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from spotrl_operator import queueing, resources, retention
-from spotrl_operator.observe import STATUS_FIELDS, Snapshot, job_ref, node_lost, rljob_path, workload_path
+from spotrl_operator.fleet import FleetView
+from spotrl_operator.observe import STATUS_FIELDS, Snapshot, job_ref, owner_uid, rljob_path, status_of, workload_path
 from spotrl_operator.reconcile import crash_backoff
 from spotrl_operator.resources import STANDBY_LABEL
 from spotrl_operator.settings import Settings
@@ -41,6 +42,7 @@ from spotrl_operator.world import (
     CreateControllerPod,
     CreateNodePod,
     DeletePod,
+    EnsureChildren,
     Event,
     OpenDisruptionBudget,
     Plan,
@@ -155,6 +157,8 @@ def action_key(job: str, action: object) -> tuple[str, str]:
         return "workload-status", f"marking Kueue Workload {action.name} Finished"
     if isinstance(action, queueing.LetGoWorkload):
         return "workload", f"letting Kueue Workload {action.name} go (the job's pods are gone: its finalizer off)"
+    if isinstance(action, EnsureChildren):
+        return "children", f"making the job's {', '.join(action.kinds)} again"
     if isinstance(action, OpenDisruptionBudget | CloseDisruptionBudget):
         return "pdb", f"{'opening' if isinstance(action, OpenDisruptionBudget) else 'closing'} the PodDisruptionBudget"
     return type(action).__name__, type(action).__name__
@@ -191,6 +195,23 @@ def merge_diff(old: Any, new: Any, known: frozenset[str] | None = None) -> Obj:
         if key not in new and (known is None or key in known):
             out[key] = None
     return out
+
+
+def _refuse_foreign(existing: Obj, kind: str, uid: str) -> None:
+    """An object of the job's name that another RLJob (a deleted one of the same name) owns is
+    never adopted: the garbage collector deletes it with its owner, and the next pass makes the
+    job's own. Raises a KubeError (409) that says so; it backs off like any failed action."""
+    owner = owner_uid(existing)
+    if owner is not None and owner != uid:
+        meta = existing.get("metadata") or {}
+        raise KubeError(
+            "POST",
+            f"{meta.get('namespace')}/{meta.get('name')}",
+            409,
+            "OwnedByAnotherJob",
+            f"{kind} {meta.get('name')} belongs to RLJob uid {owner}, not this one ({uid}): a deleted job of the same "
+            "name; it is made again once the garbage collector has deleted it",
+        )
 
 
 def _closed_budget(job: Obj) -> Obj:
@@ -257,9 +278,11 @@ class Actuator:
             )
         created = []
         for collection, obj in wanted:
-            _, new = self.kube.create_or_get(collection, obj)
+            existing, new = self.kube.create_or_get(collection, obj)
             if new:
                 created.append(obj["kind"])
+            else:
+                _refuse_foreign(existing, obj["kind"], ref.uid)
         return created
 
     # ---------------------------------------------------------------- plans
@@ -272,7 +295,7 @@ class Actuator:
         now = self.clock()
         out = Applied()
         if plan.status is not None:
-            observed = {k: v for k, v in (job.get("status") or {}).items() if k in STATUS_FIELDS}
+            _, observed = status_of(job)
             diff = merge_diff(observed, status_doc(plan.status), STATUS_FIELDS)
             if diff:
                 out.status_patch = diff
@@ -290,7 +313,7 @@ class Actuator:
                 out.held.append(action)
                 continue
             try:
-                self._do(job, action, plan.status)
+                self._do(job, action, plan.status, snap.pdb)
             except KubeError as err:
                 failure = self.backoffs.failed(uid, key, what, err, failure_budget(job), now)
                 log.warning("%s: %s (try %d)", what, err, failure.tries)
@@ -309,10 +332,10 @@ class Actuator:
         the write returned it (None: nothing to write, or a conflict that the next pass redoes)."""
         meta = job["metadata"]
         failures = self.backoffs.of_job(str(meta.get("uid", "")))
-        observed = {k: v for k, v in (job.get("status") or {}).items() if k in STATUS_FIELDS}
-        if not failures and not any(c.get("type") == STUCK for c in observed.get("conditions") or []):
+        raw_conditions = (job.get("status") or {}).get("conditions") or []
+        if not failures and not any(isinstance(c, dict) and c.get("type") == STUCK for c in raw_conditions):
             return None  # the usual pass: nothing failed, nothing to take back
-        status = api.RLJobStatus.model_validate(observed)
+        status, _ = status_of(job)
         current = next((c for c in status.conditions if c.type == STUCK), None)
         if failures:
             f = failures[-1]
@@ -352,7 +375,7 @@ class Actuator:
                 raise ConflictError(str(err)) from None
             raise
 
-    def _do(self, job: Obj, action: object, status: api.RLJobStatus | None = None) -> None:
+    def _do(self, job: Obj, action: object, status: api.RLJobStatus | None = None, pdb: Obj | None = None) -> None:
         ref = job_ref(job)
         ns = ref.namespace
         if isinstance(action, CreateControllerPod):
@@ -383,9 +406,12 @@ class Actuator:
             # A merge patch with null removes the label, and is a no-op once it is gone.
             self.kube.patch(path("v1", "pods", ns, action.name), {"metadata": {"labels": {STANDBY_LABEL: None}}})
         elif isinstance(action, OpenDisruptionBudget | CloseDisruptionBudget):
-            self.set_disruption_budget(job, open_=isinstance(action, OpenDisruptionBudget))
+            seen = (pdb or {}).get("spec", {}).get("minAvailable") if pdb is not None else None
+            self.set_disruption_budget(job, open_=isinstance(action, OpenDisruptionBudget), seen=seen)
         elif isinstance(action, RequestBarrier):
             pass  # the status write above carried it
+        elif isinstance(action, EnsureChildren):
+            self.ensure_children(job)
         elif isinstance(action, queueing.CreateWorkload):
             spec = api.parse_spec(job["spec"])
             body = queueing.workload(ref, spec, self.settings, action.queue, self.priority(job, spec))
@@ -465,70 +491,96 @@ class Actuator:
             if any(o.get("uid") == ref.uid for o in owners):
                 self.let_go_workload(ref.namespace, wl["metadata"]["name"])
 
-    def stop_pods(self, job: Obj, nodes: Mapping[str, Obj]) -> int:
+    def stop_pods(self, job: Obj, fleet: FleetView) -> int:
         """Deletes every pod of the job (a pod on a lost node at once: nobody is left to run its
         SIGTERM path); returns how many still exist, so the caller waits for their cuts."""
         ref = job_ref(job)
         pods = self.kube.get(path("v1", "pods", ref.namespace), labelSelector=f"{resources.JOB_LABEL}={ref.name}")
         items = pods.get("items") or []
+        lost = fleet.lost(self.clock(), self.settings.node_lost_seconds, self.settings.unhealthy_node_share)
         for pod in items:
             node = (pod.get("spec") or {}).get("nodeName") or ""
-            lost = bool(node) and node_lost(nodes.get(node))
-            if lost or not pod["metadata"].get("deletionTimestamp"):
+            gone = bool(node) and (node in lost or self._node_gone(node, fleet))
+            if gone or not pod["metadata"].get("deletionTimestamp"):
                 url = path("v1", "pods", ref.namespace, pod["metadata"]["name"])
-                self.kube.delete(url, grace_seconds=0 if lost else None)
+                self.kube.delete(url, grace_seconds=0 if gone else None)
         return len(items)
 
-    def delete_cuts(self, job: Obj, uri: str) -> retention.Outcome | None:
+    def _node_gone(self, node: str, fleet: FleetView) -> bool:
+        """A node the cache lacks, confirmed gone by a live GET (a new node may not be cached yet)."""
+        return node not in fleet.nodes and self.kube.get_or_none(path("v1", "nodes", None, node)) is None
+
+    def delete_cuts(self, job: Obj, uri: str, late: bool = False) -> retention.Outcome | None:
         """retentionPolicy Delete through deletion pods (``<job>-retention-<try>``): creates the
-        next one when none runs, and returns the outcome once one succeeded or ``TRIES`` failed
-        (the pods are then deleted); None while one runs."""
+        next one when none runs (not once ``late``: the finalizer's time is up), and returns the
+        outcome once one succeeded, ``TRIES`` failed, or none can run (the namespace is being
+        deleted); the pods are then deleted. None while one runs."""
         ref = job_ref(job)
-        found = (
-            self.kube.get(
-                path("v1", "pods", ref.namespace), labelSelector=f"{resources.RETENTION_LABEL}={ref.name}"
-            ).get("items")
-            or []
-        )
-        results = [(pod, retention.pod_result(pod)) for pod in found]
-        outcome: retention.Outcome | None = None
-        failed = [r[1] for _, r in results if r is not None and r[0] == "Failed"]
-        done = next((r[1] for _, r in results if r is not None and r[0] == "Succeeded"), None)
-        if done is not None:
-            outcome = retention.deleted_outcome(uri, done)
-        elif any(r is None for _, r in results):
-            return None
-        elif len(failed) >= retention.TRIES:
-            outcome = retention.Outcome(
-                "Warning",
-                "CutsNotDeleted",
-                f"retentionPolicy Delete: the deletion pod failed {len(failed)} times (last: {failed[-1][:300]}); "
-                f"the cuts stay at {uri}; delete them with `spotrl ckpt delete {uri} --job {ref.namespace}/{ref.name}`",
-            )
-        if outcome is None:
+        pods_url = path("v1", "pods", ref.namespace)
+        found = self.kube.get(pods_url, labelSelector=f"{resources.RETENTION_LABEL}={ref.name}").get("items") or []
+        outcome = retention.outcome_of([retention.pod_result(pod) for pod in found], uri, ref)
+        if outcome is None and not late and not any(retention.pod_result(p) is None for p in found):
             spec = api.parse_spec(job.get("spec") or {})
-            pod = resources.retention_pod(ref, spec, self.settings, uri, len(found))
-            self.kube.create_or_get(path("v1", "pods", ref.namespace), pod)
+            try:
+                self.kube.create_or_get(pods_url, resources.retention_pod(ref, spec, self.settings, uri, len(found)))
+                return None
+            except KubeError as err:
+                if err.status != 403 or not retention.namespace_closing(err.message):
+                    raise
+                outcome = retention.gave_up(job, self.settings, "the namespace is being deleted: no pod can run there")
+        if outcome is None:
             return None
         for pod in found:
             self.kube.delete(path("v1", "pods", ref.namespace, pod["metadata"]["name"]))
         return outcome
 
-    def set_disruption_budget(self, job: Obj, open_: bool) -> None:
+    def finished(self, job: Obj, outcome: retention.Outcome) -> None:
+        """The finalizer's outcome: its Event, and (a warning) its condition on the job, best effort:
+        the RLJob goes next."""
+        self.post_event(job, outcome.type, outcome.reason, outcome.message)
+        if outcome.type != "Warning":
+            return
+        status, _ = status_of(job)
+        meta = job["metadata"]
+        status = set_condition(
+            status,
+            self.clock(),
+            int(meta.get("generation") or 0),
+            outcome.reason,
+            True,
+            outcome.reason,
+            outcome.message,
+        )
+        try:
+            self.write_status(job, {"conditions": status_doc(status).get("conditions", [])})
+        except (ConflictError, KubeError) as err:
+            log.info("%s/%s: condition %s not written: %s", meta["namespace"], meta["name"], outcome.reason, err)
+
+    def set_disruption_budget(self, job: Obj, open_: bool, seen: Any = None) -> None:
         """Opens or closes the job's PDB; closing also sets which pods it holds (the job's
-        trainer pods may have changed), so its selector is replaced, not merged."""
+        trainer pods may have changed), so its selector is replaced, not merged. Guarded: only
+        if its ``minAvailable`` is still what the pass saw (``seen``; None: not seen), so a pass
+        on a stale view never undoes a newer decision. A missing PDB is made again."""
         ref = job_ref(job)
         want = _closed_budget(job)
         if open_:
             want["spec"]["minAvailable"] = 0
         url = path("policy/v1", "poddisruptionbudgets", ref.namespace, want["metadata"]["name"])
         ops = [{"op": "add", "path": f"/spec/{k}", "value": want["spec"][k]} for k in ("minAvailable", "selector")]
+        if seen is not None:
+            ops.insert(0, {"op": "test", "path": "/spec/minAvailable", "value": seen})
         try:
             self.kube.patch(url, ops, content_type=JSON_PATCH)
         except KubeError as err:
+            if err.status == 422 and seen is not None:
+                # Changed since this pass saw it: its watch event brings the next pass, which decides anew.
+                log.info("%s/%s: the budget changed since it was seen; not patched", ref.namespace, ref.name)
+                return
             if err.status != 404:
                 raise
-            self.kube.create_or_get(path("policy/v1", "poddisruptionbudgets", ref.namespace), want)
+            created, new = self.kube.create_or_get(path("policy/v1", "poddisruptionbudgets", ref.namespace), want)
+            if not new:
+                _refuse_foreign(created, "PodDisruptionBudget", ref.uid)
 
     # ---------------------------------------------------------------- events
     def post_event(self, job: Obj, type_: str, reason: str, message: str) -> None:

@@ -22,20 +22,26 @@ import asyncio
 import contextlib
 import copy
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
 from spotrl_operator import queueing, retention
 from spotrl_operator.actuate import Actuator, ConflictError, failure_budget
+from spotrl_operator.fleet import Fleet
 from spotrl_operator.metrics import Metrics
 from spotrl_operator.observe import (
     Snapshot,
+    confirm_missing,
     fetch,
     job_storage,
+    owner_uid,
+    seconds_until_lost,
     trim_node,
     trim_pdb,
     trim_pod,
@@ -58,6 +64,9 @@ Obj = dict[str, Any]
 RLJOBS = (api.GROUP, api.VERSION, api.PLURAL)
 FINALIZER = "spotrl.dev/finalizer"
 CONFLICT_RETRIES = 5
+TERMINAL = frozenset({"Succeeded", "Failed"})
+"""Phases after which a job has nothing left to do: it is passed over only when something wakes it."""
+BEAT_SECONDS = 5.0
 
 
 @dataclass
@@ -70,18 +79,24 @@ class Context:
     actuator: Actuator = field(init=False)
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(16, "spotrl-io"))
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
-    node_seen: dict[str, Obj] = field(default_factory=dict)
+    woken_at: dict[tuple[str, str], float] = field(default_factory=dict)
+    fleet: Fleet = field(init=False)
+    changed_nodes: set[str] = field(default_factory=set)
+    """Nodes whose last event changed what passes read (set by the index, taken by the event handler)."""
 
     def __post_init__(self) -> None:
         self.actuator = Actuator(self.kube, self.settings, on_action=self._on_action)
+        self.fleet = Fleet(self.settings.extra_taint_keys)
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())
 
     def wake(self, namespace: str | None, name: str) -> None:
         """Runs the job's next pass now instead of at its next period."""
-        event = self.wakeups.get((namespace or "", name))
+        key = (namespace or "", name)
+        event = self.wakeups.get(key)
         if event is not None:
+            self.woken_at.setdefault(key, time.monotonic())
             event.set()
 
     def _on_action(self, job: Obj, action: object) -> None:
@@ -112,22 +127,41 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="kopf.spotrl.dev", key="last-handled-configuration"
     )
-    settings.posting.level = logging.WARNING
-    settings.posting.reporting_component = "spotrl-operator"
-    settings.posting.reporting_instance = ctx.settings.identity[:128]
+    # Kopf would post an Event per handler retry (one every 2 s while a deletion waits); ours
+    # are counted up instead (Actuator.post_event), so Kopf posts none.
+    settings.posting.enabled = False
     settings.peering.standalone = True  # one active replica: the Lease (leader.py) decides which
     settings.scanning.disabled = True
     settings.watching.label_selectors["v1", "pods"] = JOB_LABEL
     settings.watching.label_selectors["policy", "v1", "poddisruptionbudgets"] = JOB_LABEL
+    for resource in CHILDREN.values():
+        settings.watching.label_selectors[resource] = JOB_LABEL
     settings.execution.max_workers = 16
+    settings.watching.chunk_size = 500  # the first LIST of 2,000 Nodes, in parts: memory stays bounded
+    asyncio.get_running_loop().create_task(_beat(ctx))
+
+
+async def _beat(ctx: Context) -> None:
+    """Shows the liveness probe that the event loop runs (a stuck loop stops beating)."""
+    while True:
+        ctx.metrics.beating()
+        fleet = ctx.fleet.view()
+        ctx.metrics.unhealthy_nodes.set(len(fleet.unhealthy_since))
+        ctx.metrics.force_deletes_paused.set(int(fleet.braking(ctx.settings.unhealthy_node_share)))
+        await asyncio.sleep(BEAT_SECONDS)
 
 
 # ----------------------------------------------------------------------------- caches
 
 
 @kopf.index("v1", "nodes")
-async def nodes_index(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {name: trim_node(dict(body))}
+async def nodes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> dict[Any, Any]:
+    """Feeds the :class:`~spotrl_operator.fleet.Fleet` (an index, so that Kopf lists every Node
+    before any job's first pass); the index itself keeps only the names."""
+    ctx = ctx_of(memo)
+    if ctx.fleet.update(name, trim_node(dict(body)), datetime.now(UTC)):
+        ctx.changed_nodes.add(name)
+    return {name: True}
 
 
 @kopf.index("v1", "pods", labels={JOB_LABEL: kopf.PRESENT, ROLE_LABEL: kopf.PRESENT})
@@ -168,28 +202,31 @@ def _first(store: Iterable[Any] | None) -> Any:
     return next(iter(store), None) if store is not None else None
 
 
-def cached_nodes(nodes_index: Mapping[str, Iterable[Obj]]) -> dict[str, Obj]:
-    return {name: node for name, store in nodes_index.items() if (node := _first(store)) is not None}
+def cached_flavors(index: Mapping[str, Iterable[Obj]]) -> dict[str, Obj]:
+    return {name: spec for name, store in index.items() if (spec := _first(store)) is not None}
 
 
 # ----------------------------------------------------------------------------- wake-ups
 
 
 @kopf.on.event("v1", "nodes")
-async def node_changed(type: str, name: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
+async def node_changed(type: str, name: str, memo: Any, **kwargs: Any) -> None:
     """A Node changed: wake the jobs whose controller, workers or trainers run there (only if what the
     signals read changed, not on every heartbeat)."""
     ctx = ctx_of(memo)
     pods_by_node: kopf.Index[str, tuple[str, str]] = kwargs["pods_by_node"]
-    trimmed = None if type == "DELETED" else trim_node(dict(body))
-    if type != "DELETED" and ctx.node_seen.get(name) == trimmed:
+    if type == "DELETED":
+        changed = ctx.fleet.update(name, None, datetime.now(UTC))
+    else:
+        changed = name in ctx.changed_nodes
+        ctx.changed_nodes.discard(name)
+    if not changed:
         return
-    if trimmed is None:
-        ctx.node_seen.pop(name, None)
+    node = ctx.fleet.view().nodes.get(name)
+    if node is None:
         ctx.metrics.signal_seen(name, "node-deleted: the Node object is gone")
     else:
-        ctx.node_seen[name] = trimmed
-        signals = node_signals(trimmed, ctx.settings.extra_taint_keys)
+        signals = node_signals(node, ctx.settings.extra_taint_keys)
         for sig in signals:
             ctx.metrics.signal_seen(name, sig.reason)
         if not signals:
@@ -244,6 +281,38 @@ def register_kueue() -> None:
 
 # ----------------------------------------------------------------------------- children
 
+CHILDREN: dict[str, tuple[str, str] | tuple[str, str, str]] = {
+    "ServiceAccount": ("v1", "serviceaccounts"),
+    "Role": ("rbac.authorization.k8s.io", "v1", "roles"),
+    "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    "Service": ("v1", "services"),
+    "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
+}
+"""The job's objects besides its pods and PDB, watched so that one deleted is made again."""
+
+
+def _child_index(kind: str) -> Any:
+    async def index(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+        return {(namespace, labels[JOB_LABEL]): (kind, owner_uid(dict(body)) or "")}
+
+    return index
+
+
+def register_children(settings: Settings) -> None:
+    """Watches the job's objects (by the job label) into one index per kind."""
+    for kind, resource in CHILDREN.items():
+        if kind == "NetworkPolicy" and not settings.network_policy:
+            continue
+        kopf.index(*resource, labels={JOB_LABEL: kopf.PRESENT}, id=f"children_{resource[-1]}")(_child_index(kind))
+
+
+def job_children(indexes: Mapping[str, Any], key: tuple[str, str]) -> frozenset[tuple[str, str]]:
+    return frozenset(
+        entry
+        for resource in CHILDREN.values()
+        for entry in (indexes.get(f"children_{resource[-1]}") or {}).get(key, ())
+    )
+
 
 @kopf.on.create(*RLJOBS)
 @kopf.on.resume(*RLJOBS)
@@ -282,34 +351,50 @@ async def lifecycle(
     ctx = ctx_of(memo)
     job_pods: kopf.Index[tuple[str, str], Obj] = kwargs["job_pods"]
     job_pdbs: kopf.Index[tuple[str, str], Obj] = kwargs["job_pdbs"]
-    nodes_index: kopf.Index[str, Obj] = kwargs["nodes_index"]
     storages: kopf.Index[None, JobStorage] = kwargs["job_storages"]
     namespace = namespace or ""
+    key = (namespace, name)
     wake = ctx.wakeup(namespace, name)
     pending: tuple[str, Obj] | None = None  # (resourceVersion before our write, the job it returned)
     try:
         while not stopped and not meta.get("deletionTimestamp"):
             wake.clear()
+            woken = ctx.woken_at.pop(key, None)
+            if woken is not None:
+                ctx.metrics.pass_lag.observe(time.monotonic() - woken)
             job = copy.deepcopy(dict(body))
             if pending is not None and job["metadata"].get("resourceVersion") == pending[0]:
                 job = pending[1]  # our own status write has not come back through the watch yet
+            fleet = ctx.fleet.view()
+            pods = tuple(job_pods.get(key, ()))
             snap = Snapshot(
                 job=job,
-                pods=tuple(job_pods.get((namespace, name), ())),
-                nodes=cached_nodes(nodes_index),
-                pdb=_first(job_pdbs.get((namespace, name))),
+                pods=pods,
+                nodes=fleet.nodes,
+                fleet=fleet,
+                children=job_children(kwargs, key),
+                pdb=_first(job_pdbs.get(key)),
                 peers=tuple(storages.get(None, ())),
                 workload=_own_workload(kwargs.get("job_workloads"), namespace, name, meta),
-                flavors=cached_nodes(kwargs.get("flavors_index") or {}),
+                flavors=cached_flavors(kwargs.get("flavors_index") or {}),
             )
+            started = time.monotonic()
             delay, written = await ctx.io(pass_once, ctx, snap, logger)
+            ctx.metrics.pass_seconds.observe(time.monotonic() - started)
             pending = (job["metadata"].get("resourceVersion", ""), written) if written is not None else None
+            if _finished(written or job) and not pods:
+                delay = None  # nothing left to do: only a change of the job (or a pod of it) wakes it
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=delay)
     finally:
-        ctx.wakeups.pop((namespace, name), None)
+        ctx.wakeups.pop(key, None)
+        ctx.woken_at.pop(key, None)
         ctx.actuator.backoffs.forget(str(meta.get("uid", "")))
         ctx.metrics.job_phase(namespace, name, None)
+
+
+def _finished(job: Obj) -> bool:
+    return (job.get("status") or {}).get("phase") in TERMINAL
 
 
 def pass_once(ctx: Context, snap: Snapshot, logger: kopf.Logger) -> tuple[float, Obj | None]:
@@ -317,11 +402,22 @@ def pass_once(ctx: Context, snap: Snapshot, logger: kopf.Logger) -> tuple[float,
     job as our status write returned it, if we wrote). On a write conflict it observes
     fresh from the API server and tries again, a few times; a pass that fails as a whole (the
     API server refuses the status, or is unreachable) waits out a backoff like a failed action."""
+    try:
+        return _pass(ctx, snap, logger)
+    except Exception as err:  # a bug, or a shape this version cannot read: report it and back off, never stop
+        logger.exception("the pass failed: %s", err)
+        problem = KubeError("", "", 0, type(err).__name__, f"the operator's pass failed: {err}")
+        return _pass_failed(ctx, snap.job, problem, logger), None
+
+
+def _pass(ctx: Context, snap: Snapshot, logger: kopf.Logger) -> tuple[float, Obj | None]:
     interval = ctx.settings.reconcile_interval
     meta = snap.job["metadata"]
     ns, name, uid = meta["namespace"], meta["name"], str(meta.get("uid", ""))
     for _ in range(CONFLICT_RETRIES):
         try:
+            if snap.gone is None:
+                snap = confirm_missing(ctx.kube, snap)
             world = world_of(snap, ctx.settings)
             plan = reconcile(world)
             applied = ctx.actuator.apply(snap, plan)
@@ -333,7 +429,7 @@ def pass_once(ctx: Context, snap: Snapshot, logger: kopf.Logger) -> tuple[float,
                 return _pass_failed(ctx, snap.job, err, logger), None
             if fresh is None:
                 return interval, None
-            snap = fresh
+            snap = replace(fresh, fleet=snap.fleet)  # the nodes: still the cache's
             continue
         except SpecError as err:
             ctx.metrics.reconciles.labels("error").inc()
@@ -345,7 +441,8 @@ def pass_once(ctx: Context, snap: Snapshot, logger: kopf.Logger) -> tuple[float,
         ctx.metrics.reconciles.labels("error" if applied.failed else "ok").inc()
         _count(ctx, ns, name, world.status, plan)
         requeue = plan.requeue_after if plan.requeue_after is not None else interval
-        return max(0.05, min(requeue, interval)), applied.job
+        lost_in = seconds_until_lost(snap, ctx.settings, world.now)
+        return max(0.05, min(requeue, interval, lost_in if lost_in is not None else interval)), applied.job
     conflicts = KubeError("PATCH", f"{ns}/{name}/status", 409, "Conflict", f"{CONFLICT_RETRIES} conflicts in a row")
     return _pass_failed(ctx, snap.job, conflicts, logger), None
 
@@ -401,30 +498,37 @@ def finalize(
 ) -> None:
     """Stops the job's pods, waits until they are gone (a controller's SIGTERM cut lands
     first), lets its Kueue Workloads go (with ``--kueue``), then applies the retention policy
-    to its cuts and reports it as an Event."""
+    to its cuts and reports it as an Event. Ends within ``--finalizer-seconds`` of the
+    deletion, whatever it waits for: past that, the cuts stay (a ``CutsNotDeleted`` Event
+    says where) and the RLJob goes, so that a namespace being deleted never hangs on it."""
     ctx = ctx_of(memo)
-    namespace = namespace or ""
     job = copy.deepcopy(dict(body))
+    late = retention.past_deadline(job, ctx.settings.finalizer_seconds, datetime.now(UTC))
     try:
-        left = ctx.actuator.stop_pods(job, cached_nodes(kwargs["nodes_index"]))
+        outcome = _finalize_step(ctx, job, late)
     except KubeError as err:
-        raise kopf.TemporaryError(f"stopping the job's pods: {err}", delay=2) from err
+        if not late:
+            raise kopf.TemporaryError(f"finalizing: {err}", delay=2) from err
+        outcome = retention.gave_up(job, ctx.settings, f"the API server refused: {err}")
+    if outcome is None:
+        raise kopf.TemporaryError("finalizing: waiting (see the job's Events)", delay=2)
+    log.info("%s/%s deleted: %s: %s", namespace or "", name, outcome.reason, outcome.message)
+    ctx.actuator.finished(job, outcome)
+
+
+def _finalize_step(ctx: Context, job: Obj, late: bool) -> retention.Outcome | None:
+    """The finalizer's next step: its outcome once it is done, None while it waits."""
+    left = ctx.actuator.stop_pods(job, ctx.fleet.view())
     if left:
-        raise kopf.TemporaryError(f"waiting for {left} pod(s) of the job to exit", delay=2)
+        if late:
+            return retention.gave_up(job, ctx.settings, f"{left} pod(s) of the job had not exited")
+        return None
     if ctx.settings.kueue:
-        try:
-            ctx.actuator.let_go_workloads(job)
-        except KubeError as err:
-            raise kopf.TemporaryError(f"letting the job's Kueue Workloads go: {err}", delay=2) from err
+        ctx.actuator.let_go_workloads(job)
     decision = retention.decide(job, ctx.settings)
-    if isinstance(decision, retention.DeleteCuts):
-        try:
-            outcome = ctx.actuator.delete_cuts(job, decision.uri)
-        except KubeError as err:
-            raise kopf.TemporaryError(f"the deletion pod: {err}", delay=2) from err
-        if outcome is None:
-            raise kopf.TemporaryError("waiting for the pod that deletes the cuts", delay=2)
-    else:
-        outcome = decision
-    log.info("%s/%s deleted: %s: %s", namespace, name, outcome.reason, outcome.message)
-    ctx.actuator.post_event(job, outcome.type, outcome.reason, outcome.message)
+    if not isinstance(decision, retention.DeleteCuts):
+        return decision
+    outcome = ctx.actuator.delete_cuts(job, decision.uri, late)
+    if outcome is None and late:
+        return retention.gave_up(job, ctx.settings, "the deletion pod had not finished")
+    return outcome

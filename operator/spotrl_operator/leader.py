@@ -10,8 +10,9 @@ lease's duration, so the replicas' wall clocks need not agree.
 
 A leader must stop acting before a standby can start, whatever its API calls do:
 
-- its own Lease calls run on a client with a short deadline and no retries (a renewal
-  fails fast instead of waiting out urllib3 retries and Retry-After waits);
+- its own Lease calls run on a client with a short deadline (a third of the time it may act
+  unrenewed) and no retries (a renewal fails fast instead of waiting out urllib3 retries and
+  Retry-After waits);
 - :meth:`LeaderElector.leads` is judged from the clock alone: True only while the last
   renewal *sent* is younger than :data:`STOP_SHARE` of the lease. Every write the operator
   sends asks it first (:meth:`LeaderElector.guard`, the client's write guard), so a leader
@@ -142,10 +143,12 @@ class LeaderElector:
                 method, url, 0, "NotLeading", f"{self.identity} no longer holds the lease {self.name}"
             )
 
-    def acquire(self, stop: threading.Event) -> bool:
-        """Blocks until this replica leads (True) or ``stop`` is set (False)."""
+    def acquire(self, stop: threading.Event, beat: Callable[[], None] = lambda: None) -> bool:
+        """Blocks until this replica leads (True) or ``stop`` is set (False); ``beat`` is called
+        at every try (a standby's liveness)."""
         logged = False
         while not stop.is_set():
+            beat()
             if self.try_acquire_or_renew():
                 log.info("leading as %s (lease %s)", self.identity, self.name)
                 return True

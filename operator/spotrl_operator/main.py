@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -32,7 +33,7 @@ def run(settings: Settings) -> int:
     from spotrl_operator.metrics import Metrics
     from spotrl_runtime.kube import Kube
 
-    kube = Kube.connect(settings.kubeconfig)
+    kube = Kube.connect(settings.kubeconfig, qps=settings.kube_qps, burst=settings.kube_burst)
     metrics = Metrics()
     if settings.metrics_port:  # a standby serves its metrics too (spotrl_operator_leader 0)
         metrics.serve(settings.metrics_port, settings.metrics_address)
@@ -41,7 +42,7 @@ def run(settings: Settings) -> int:
     lost = threading.Event()
     elector = None
     if settings.leader_election:
-        elector = _lead(settings, kube, renewing, lost)
+        elector = _lead(settings, kube, renewing, lost, metrics.beating)
         if elector is None:
             log.info("stopped while standing by")
             return 0
@@ -69,13 +70,17 @@ def _configure_logging(settings: Settings) -> None:
     if not settings.verbose:
         # Kopf logs every handler call at INFO; keep its warnings and errors, and our own lines.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    if settings.log_writes:
+        logging.getLogger("spotrl.kube.writes").setLevel(logging.DEBUG)
 
 
-def _lead(settings: Settings, kube: Any, renewing: threading.Event, lost: threading.Event) -> Any:
+def _lead(
+    settings: Settings, kube: Any, renewing: threading.Event, lost: threading.Event, beat: Callable[[], None]
+) -> Any:
     """Stands by until this replica holds the Lease, then keeps renewing it (until ``renewing``
     is set); the elector, or None if a signal ended the wait. Losing the Lease sets ``lost``
     and stops the process."""
-    from spotrl_operator.leader import LeaderElector
+    from spotrl_operator.leader import STOP_SHARE, LeaderElector
 
     standby_stop = threading.Event()
 
@@ -84,12 +89,12 @@ def _lead(settings: Settings, kube: Any, renewing: threading.Event, lost: thread
 
     previous = {s: signal.signal(s, stop_standing_by) for s in (signal.SIGTERM, signal.SIGINT)}
     # The Lease's calls fail within their deadline instead of retrying: a renewal that hangs
-    # must not outlive the leader's right to act.
-    lease_kube = kube.for_deadline(settings.lease_seconds / 7.5)
+    # must not outlive the leader's right to act. Three tries fit before it must stop.
+    lease_kube = kube.for_deadline(max(1.0, settings.lease_seconds * STOP_SHARE / 3))
     elector = LeaderElector(
         lease_kube, settings.lease_namespace, settings.lease_name, settings.identity, settings.lease_seconds
     )
-    leading = elector.acquire(standby_stop)
+    leading = elector.acquire(standby_stop, beat)
     for s, handler in previous.items():
         signal.signal(s, handler)
     if not leading:
@@ -126,6 +131,7 @@ def _run_kopf(settings: Settings, kube: Any, metrics: Any) -> None:
 
     import spotrl_operator.handlers as handlers  # registers the handlers with Kopf
 
+    handlers.register_children(settings)
     if settings.kueue:
         handlers.register_kueue()
 

@@ -66,6 +66,28 @@ class Metrics:
         self.controllers_created = Counter("spotrl_operator_controllers_created", "Controller pods created", registry=r)
         self.jobs = Gauge("spotrl_operator_jobs", "RLJobs by phase", ["phase"], registry=r)
         self.leader = Gauge("spotrl_operator_leader", "1 while this replica holds the lease", registry=r)
+        self.pass_seconds = Histogram(
+            "spotrl_operator_pass_seconds",
+            "Duration of one pass over one job (observe, decide, write)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.pass_lag = Histogram(
+            "spotrl_operator_pass_lag_seconds",
+            "From an event waking a job to its pass starting (the queue's lag)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.unhealthy_nodes = Gauge(
+            "spotrl_operator_unhealthy_nodes", "Nodes Ready Unknown or tainted unreachable", registry=r
+        )
+        self.force_deletes_paused = Gauge(
+            "spotrl_operator_force_deletes_paused",
+            "1 while so many nodes are unhealthy at once that no pod is force-deleted",
+            registry=r,
+        )
+        self.beat = time.monotonic()
+        """When the operator's event loop last showed it runs (:meth:`alive`)."""
         self._lock = threading.Lock()
         self._first_seen: dict[tuple[str, str], float] = {}
         self._requested_at: dict[str, float] = {}
@@ -74,8 +96,35 @@ class Metrics:
         self._recoveries: set[tuple[str, str, int]] = set()
 
     def serve(self, port: int, address: str) -> Any:
-        """Starts the /metrics HTTP server in a thread."""
-        return start_http_server(port, addr=address, registry=self.registry)
+        """Starts the /metrics HTTP server in a thread, with ``/healthz`` for the liveness probe."""
+        server, thread = start_http_server(port, addr=address, registry=self.registry)
+        metrics = self
+        app = server.get_app()
+        assert app is not None  # prometheus_client's server always has one
+
+        def healthz(environ: dict[str, Any], start_response: Any) -> Any:
+            if environ.get("PATH_INFO") != "/healthz":
+                return app(environ, start_response)
+            ok, why = metrics.alive()
+            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [why.encode()]
+
+        server.set_app(healthz)
+        return server, thread
+
+    STALL_SECONDS = 60.0
+    """An event loop that has not beaten for this long is stuck: the liveness probe fails."""
+
+    def alive(self) -> tuple[bool, str]:
+        """Whether the process still works: its event loop beats (:meth:`beating`); a standby,
+        which runs no loop, beats from its Lease loop."""
+        silent = time.monotonic() - self.beat
+        if silent > self.STALL_SECONDS:
+            return False, f"the event loop has not run for {silent:.0f} s\n"
+        return True, "ok\n"
+
+    def beating(self) -> None:
+        self.beat = time.monotonic()
 
     # ---------------------------------------------------------------- signal → barrier
     def signal_seen(self, node: str, reason: str) -> None:

@@ -11,20 +11,24 @@ Which nodes are which:
 - *unusable*: cordoned, with a notice taint, NotReady, being deleted, or gone. A fresh
   controller avoids them: those of them the scheduler could still choose for the job's
   pods are named in each new pod (:func:`~spotrl_operator.placement.avoid_list`).
-- *lost*: Ready Unknown (the kubelet stopped reporting) or the Node object is gone. A pod
-  there is never confirmed terminated, so the operator may force-delete it. Ready False is
-  *not* lost: a node in a graceful shutdown says False while its kubelet still runs the
-  pods' SIGTERM handlers (and their last cut); forcing them then would cost that cut.
+- *lost*: out of service, Ready Unknown (or tainted unreachable) for a grace period, or the
+  Node object confirmed gone; never while so many nodes are unhealthy that the control plane
+  is the likelier culprit (:mod:`~spotrl_operator.fleet`). A pod there is never confirmed
+  terminated, so the operator may force-delete it. Ready False is *not* lost: a node in a
+  graceful shutdown says False while its kubelet still runs the pods' SIGTERM handlers (and
+  their last cut); forcing them then would cost that cut.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from spotrl_operator import placement, queueing, storage_overlap
+from spotrl_operator.fleet import FleetView, view_of
 from spotrl_operator.resources import (
     ATTEMPT_LABEL,
     INDEX_LABELS,
@@ -34,6 +38,7 @@ from spotrl_operator.resources import (
     JobRef,
     budget_trainers,
     check_job,
+    child_kinds,
     disruption_budget,
     names,
     storage_uri,
@@ -44,7 +49,10 @@ from spotrl_operator.storage_overlap import JobStorage
 from spotrl_operator.world import PodView, World
 from spotrl_runtime.api import rljob as api
 from spotrl_runtime.api import times
-from spotrl_runtime.kube import Kube, path
+from spotrl_runtime.api.lenient import read_leniently
+from spotrl_runtime.kube import Kube, KubeError, path
+
+log = logging.getLogger("spotrl.operator")
 
 Obj = dict[str, Any]
 
@@ -67,6 +75,14 @@ class Snapshot:
     """The job's Kueue Workload (operator setting ``kueue``), as :func:`trim_workload` keeps it."""
     flavors: Mapping[str, Obj] = field(default_factory=dict)
     """Kueue's ResourceFlavors by name: their ``spec`` (node labels, tolerations)."""
+    fleet: FleetView | None = None
+    """The nodes as the operator's :class:`~spotrl_operator.fleet.Fleet` keeps them (None: made
+    from :attr:`nodes`, which is then the whole list)."""
+    children: frozenset[tuple[str, str]] | None = None
+    """The job's objects besides its pods, as (kind, owner uid) (None: not watched, not checked)."""
+    gone: frozenset[str] | None = None
+    """Of the nodes the job's pods name and :attr:`nodes` lacks, those a live GET found gone
+    (:func:`confirm_missing`); None: :attr:`nodes` is a fresh LIST, what it lacks is gone."""
 
 
 def job_ref(job: Obj) -> JobRef:
@@ -84,7 +100,9 @@ def job_storage(job: Obj, settings: Settings) -> JobStorage | None:
         return None
     meta = job["metadata"]
     endpoint = spec.checkpoint.s3_endpoint or settings.default_s3_endpoint or ""
-    return JobStorage(meta["namespace"], meta["name"], str(meta.get("creationTimestamp") or ""), uri, endpoint)
+    finished = (job.get("status") or {}).get("phase") in ("Succeeded", "Failed")  # writes no more
+    created = str(meta.get("creationTimestamp") or "")
+    return JobStorage(meta["namespace"], meta["name"], created, uri, endpoint, finished=finished)
 
 
 # --------------------------------------------------------------------- trimming (for caches)
@@ -160,7 +178,15 @@ def trim_pod(pod: Obj) -> Obj:
     return {
         "metadata": {
             k: meta.get(k)
-            for k in ("name", "namespace", "uid", "labels", "deletionTimestamp", "deletionGracePeriodSeconds")
+            for k in (
+                "name",
+                "namespace",
+                "uid",
+                "labels",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "ownerReferences",
+            )
         },
         "spec": {"nodeName": spec.get("nodeName")},
         "status": {
@@ -176,7 +202,25 @@ def trim_pod(pod: Obj) -> Obj:
 def trim_pdb(pdb: Obj) -> Obj:
     """The parts of the job's PodDisruptionBudget the lifecycle reads; what the PDB cache keeps."""
     spec = pdb.get("spec") or {}
-    return {"spec": {"minAvailable": spec.get("minAvailable", 1), "selector": spec.get("selector")}}
+    return {
+        "metadata": {"owner": owner_uid(pdb)},
+        "spec": {"minAvailable": spec.get("minAvailable", 1), "selector": spec.get("selector")},
+    }
+
+
+def owner_uid(obj: Obj) -> str | None:
+    """The uid of the RLJob that controls an object (None: no RLJob does)."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == api.KIND and ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
+
+
+def _owned(obj: Obj, uid: str) -> bool:
+    """Whether an object is the job's: no RLJob owns it (a test's), or this uid does. A
+    previous job of the same name owns what the garbage collector is about to delete."""
+    owner = owner_uid(obj)
+    return owner is None or owner == uid
 
 
 def role_of(pod: Obj) -> str | None:
@@ -278,23 +322,76 @@ def _scheduled_at(pod: Obj) -> datetime | None:
 # --------------------------------------------------------------------- the world
 
 
-def node_lost(node: Obj | None) -> bool:
-    """Gone, or its kubelet stopped reporting (Ready Unknown)."""
-    if node is None:
-        return True
-    conds = (node.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "Unknown" for c in conds)
+def _pod_nodes(snap: Snapshot) -> set[str]:
+    """The nodes the job's pods are on."""
+    return {str(n) for p in snap.pods if (n := (p.get("spec") or {}).get("nodeName"))}
+
+
+def missing_nodes(snap: Snapshot) -> set[str]:
+    """The nodes the job's pods name that the snapshot's nodes lack."""
+    return {n for n in _pod_nodes(snap) if n not in snap.nodes}
+
+
+def _is_gone(snap: Snapshot, name: str) -> bool:
+    return name not in snap.nodes and (snap.gone is None or name in snap.gone)
+
+
+def _node_sets(
+    snap: Snapshot, spec: api.RLJobSpec, settings: Settings, now: datetime
+) -> tuple[set[str], set[str], str | None]:
+    """(the unusable nodes, the lost ones, why force deletes are paused for this job)."""
+    fleet = snap.fleet if snap.fleet is not None else view_of(snap.nodes, now, settings.extra_taint_keys)
+    unusable = set(fleet.unusable_with(spec.preemption.extra_taint_keys))
+    lost = set(fleet.lost(now, settings.node_lost_seconds, settings.unhealthy_node_share))
+    paused = None
+    if fleet.braking(settings.unhealthy_node_share):
+        held = sorted(n for n in _pod_nodes(snap) if n in fleet.unhealthy_since)
+        if held:
+            paused = (
+                f"{len(fleet.unhealthy_since)} of {len(fleet.nodes)} nodes are unhealthy at once (more than "
+                f"{settings.unhealthy_node_share:.0%}): likelier the control plane or the network than the nodes, "
+                f"so the job's pods on {', '.join(held[:5])} are not force-deleted; waiting for the nodes to answer"
+            )
+    return unusable, lost, paused
+
+
+def missing_children(snap: Snapshot, pdb: Obj | None, uid: str, settings: Settings) -> tuple[str, ...]:
+    """The kinds of the job's objects that are missing, or another uid's (see :func:`_owned`)."""
+    if snap.children is None:
+        return ()
+    have = {kind for kind, owner in snap.children if owner in ("", uid)}
+    if pdb is not None:
+        have.add("PodDisruptionBudget")
+    return tuple(k for k in child_kinds(settings) if k not in have)
+
+
+def seconds_until_lost(snap: Snapshot, settings: Settings, now: datetime) -> float | None:
+    """Seconds until the first of the job's unhealthy nodes becomes lost (None: none will by the
+    clock alone), so that the pass after the grace period comes on time."""
+    fleet = snap.fleet
+    if fleet is None or fleet.braking(settings.unhealthy_node_share):
+        return None
+    lost = fleet.lost(now, settings.node_lost_seconds, settings.unhealthy_node_share)
+    ends = [
+        (fleet.unhealthy_since[node] - now).total_seconds() + settings.node_lost_seconds
+        for node in _pod_nodes(snap)
+        if node in fleet.unhealthy_since and node not in lost
+    ]
+    return max(0.0, min(ends)) if ends else None
 
 
 def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) -> World:
     """The world :func:`reconcile` decides on. Raises :class:`~spotrl_runtime.api.rljob.SpecError`
     for a spec the model rejects (the CRD should have already)."""
+    now = now or datetime.now(UTC)
     job = snap.job
     meta = job.get("metadata") or {}
     spec = api.parse_spec(job.get("spec") or {})
-    status_doc = {k: v for k, v in (job.get("status") or {}).items() if k in STATUS_FIELDS}
-    status = api.RLJobStatus.model_validate(status_doc)
+    status = read_status(job)
     extra = (*settings.extra_taint_keys, *spec.preemption.extra_taint_keys)
+    uid = str(meta.get("uid") or "")
+    snap = replace(snap, pods=tuple(p for p in snap.pods if _owned(p, uid)))
+    pdb = snap.pdb if snap.pdb is not None and (snap.pdb.get("metadata") or {}).get("owner") in (None, uid) else None
 
     controllers = [p for p in snap.pods if is_controller_pod(p)]
     pods = [p for p in controllers if not is_standby(p, status.attempt)]
@@ -302,16 +399,10 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
     workers = [p for p in snap.pods if is_worker_pod(p)]
     trainers = [p for p in snap.pods if is_trainer_pod(p)]
     signals: list[Signal] = []
-    lost: set[str] = set()
-    unusable: set[str] = set()
-    for name, node in snap.nodes.items():
-        if node_signals(node, extra):
-            unusable.add(name)
-        if node_lost(node):
-            lost.add(name)
+    unusable, lost, paused = _node_sets(snap, spec, settings, now)
     for pod in (*workers, *standbys):  # a node gone under them is lost; it raises no signal for the job
         node_name = (pod.get("spec") or {}).get("nodeName")
-        if node_name and node_name not in snap.nodes:
+        if node_name and _is_gone(snap, node_name):
             lost.add(node_name)
             unusable.add(node_name)
     # The nodes whose going is a notice for the job: the controllers', and the trainer pods'
@@ -320,12 +411,12 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
         node_name = (pod.get("spec") or {}).get("nodeName")
         if node_name:
             host = snap.nodes.get(node_name)
-            if host is None:
+            if host is not None:
+                signals.extend(node_signals(host, extra))
+            elif _is_gone(snap, node_name):
                 signals.append(Signal("node-deleted", node_name, "the Node object is gone"))
                 lost.add(node_name)
                 unusable.add(node_name)
-            else:
-                signals.extend(node_signals(host, extra))
         if is_controller_pod(pod):
             signals.extend(pod_signals(pod))
     signals = list(dict.fromkeys(signals))  # two pods on one node: its signals once
@@ -337,16 +428,16 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
         config_error = str(err)
     mine = job_storage(job, settings)
     shared = storage_overlap.conflict(mine, snap.peers) if mine is not None else None
-    pdb_spec = (snap.pdb or {}).get("spec") or {}
+    pdb_spec = (pdb or {}).get("spec") or {}
     min_available = pdb_spec.get("minAvailable", 1)
     closed = disruption_budget(job_ref(job), open_=False, trainers=budget_trainers(spec))["spec"]
     stale = (
-        snap.pdb is not None
+        pdb is not None
         and min_available != 0
         and (min_available != closed["minAvailable"] or pdb_spec.get("selector") != closed["selector"])
     )
     return World(
-        now=now or datetime.now(UTC),
+        now=now,
         generation=int(meta.get("generation") or 0),
         job=str(meta.get("name") or ""),
         spec=spec,
@@ -359,7 +450,9 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
         unusable_nodes=frozenset(unusable),
         avoid_nodes=frozenset(placement.avoid_list(spec.scheduling, snap.nodes, unusable)),
         lost_nodes=frozenset(lost),
-        pdb_open=snap.pdb is not None and min_available == 0,
+        force_deletes_paused=paused,
+        missing_children=missing_children(snap, pdb, uid, settings),
+        pdb_open=pdb is not None and min_available == 0,
         pdb_stale=stale,
         deadline_caps=dict(settings.deadline_caps),
         config_error=config_error,
@@ -370,6 +463,21 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
 
 STATUS_FIELDS = frozenset(f.alias or n for n, f in api.RLJobStatus.model_fields.items())
 """The status keys the model owns (Kopf's own ``status.kopf`` and unknown keys are left alone)."""
+
+
+def status_of(job: Obj) -> tuple[api.RLJobStatus, Obj]:
+    """The job's status as this version reads it, and the part of the stored status that
+    reading kept: what another version wrote and this one does not know is left out of both
+    (:mod:`~spotrl_runtime.api.lenient`), so a diff against it never erases it."""
+    status, kept, dropped = read_leniently(api.RLJobStatus, job.get("status") or {})
+    if dropped:
+        meta = job.get("metadata") or {}
+        log.debug("%s/%s: status fields this version cannot read: %s", meta.get("namespace"), meta.get("name"), dropped)
+    return status, {k: v for k, v in kept.items() if k in STATUS_FIELDS}
+
+
+def read_status(job: Obj) -> api.RLJobStatus:
+    return status_of(job)[0]
 
 
 # --------------------------------------------------------------------- from the API server
@@ -408,6 +516,29 @@ def fetch(
             items = kube.get(path(queueing.API_VERSION, "resourceflavors")).get("items") or []
             flavors = {f["metadata"]["name"]: f.get("spec") or {} for f in items}
     return Snapshot(job=job, pods=tuple(pods), nodes=nodes, pdb=pdb, peers=peers, workload=workload, flavors=flavors)
+
+
+def confirm_missing(kube: Kube, snap: Snapshot) -> Snapshot:
+    """The snapshot with the nodes its pods name but the cache lacks looked up live: those
+    found join its nodes (a node newer than the cache), the others are :attr:`Snapshot.gone`."""
+    missing = missing_nodes(snap)
+    if not missing:
+        return replace(snap, gone=frozenset())
+    found: dict[str, Obj] = {}
+    gone: set[str] = set()
+    for name in sorted(missing):
+        try:
+            node = kube.get_or_none(path("v1", "nodes", None, name))
+        except KubeError:
+            continue  # not confirmed either way: neither gone nor usable this pass
+        if node is None:
+            gone.add(name)
+        else:
+            found[name] = trim_node(node)
+    if not found:
+        return replace(snap, gone=frozenset(gone))
+    # A node the fleet lacks: this pass reads the nodes (the cache's, plus those found) instead.
+    return replace(snap, nodes={**snap.nodes, **found}, fleet=None, gone=frozenset(gone))
 
 
 def workload_path(namespace: str, name: str | None = None) -> str:

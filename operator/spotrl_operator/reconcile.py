@@ -44,6 +44,7 @@ from spotrl_operator.world import (
     CloseDisruptionBudget,
     CreateControllerPod,
     DeletePod,
+    EnsureChildren,
     OpenDisruptionBudget,
     Plan,
     PodView,
@@ -124,6 +125,9 @@ def _lifecycle(b: Builder) -> float | None:
     _account_time_lost(b)
     _note_skipped_cuts(b)
     _note_storage_conflict(b)
+    _note_paused_force_deletes(b)
+    if world.missing_children:
+        b.act(EnsureChildren(world.missing_children))
 
     if world.config_error:
         for p in live:
@@ -193,6 +197,18 @@ def _note_skipped_cuts(b: Builder) -> None:
     if not said:
         b.event("Warning", "CutSkipped", message)
     b.condition("CutSkipped", True, "DamagedCut", message)
+
+
+def _note_paused_force_deletes(b: Builder) -> None:
+    """Too many nodes unhealthy at once: the ``ForceDeletesPaused`` condition (and a Warning)
+    while the operator waits instead of force-deleting the job's pods on them."""
+    why = b.world.force_deletes_paused
+    if why:
+        if not b.has_condition("ForceDeletesPaused"):
+            b.event("Warning", "ForceDeletesPaused", why)
+        b.condition("ForceDeletesPaused", True, "ManyNodesUnhealthy", why)
+    elif b.has_condition("ForceDeletesPaused"):
+        b.condition("ForceDeletesPaused", False, "NodesAnswer", "no longer too many nodes unhealthy at once")
 
 
 def _note_storage_conflict(b: Builder) -> None:

@@ -69,6 +69,12 @@ def names(job: str) -> dict[str, str]:
     }
 
 
+def child_kinds(settings: Settings) -> tuple[str, ...]:
+    """The kinds of the objects a job has besides its pods (:meth:`Actuator.ensure_children`)."""
+    kinds = ("ServiceAccount", "Role", "RoleBinding", "Service", "PodDisruptionBudget")
+    return (*kinds, "NetworkPolicy") if settings.network_policy else kinds
+
+
 def controller_pod_name(job: str, attempt: int) -> str:
     return f"{job}-controller-{attempt}"
 
@@ -523,6 +529,10 @@ def retention_pod_name(job: str, try_: int) -> str:
 TERMINATION_LOG = "/dev/termination-log"
 
 
+RETENTION_DEADLINE_SECONDS = 300
+"""A deletion pod running longer (a hung S3 call) fails, and counts as a failed try."""
+
+
 def retention_pod(ref: JobRef, spec: api.RLJobSpec, settings: Settings, uri: str, try_: int) -> dict[str, Any]:
     """Deletes a deleted job's cuts (retentionPolicy Delete): ``spotrl ckpt delete`` in the
     job's namespace, with the job's S3 credentials from its Secret. The kubelet reads the
@@ -534,6 +544,7 @@ def retention_pod(ref: JobRef, spec: api.RLJobSpec, settings: Settings, uri: str
         "restartPolicy": "Never",
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 10,
+        "activeDeadlineSeconds": RETENTION_DEADLINE_SECONDS,
         # Anywhere the job's pods could run; not its nodeSelector (its GPU nodes may be gone).
         "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in spec.scheduling.tolerations],
         "containers": [

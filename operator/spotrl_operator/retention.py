@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from spotrl_operator.observe import job_ref
-from spotrl_operator.resources import storage_uri
+from spotrl_operator.resources import JobRef, storage_uri
 from spotrl_operator.settings import Settings
 from spotrl_runtime.api import rljob as api
+from spotrl_runtime.api import times
 from spotrl_runtime.storage.purge import job_prefix_problem
 
 Obj = dict[str, Any]
@@ -87,6 +89,23 @@ def pod_result(pod: Obj) -> tuple[str, str] | None:
     return phase, message
 
 
+def outcome_of(results: list[tuple[str, str] | None], uri: str, ref: JobRef) -> Outcome | None:
+    """What the deletion pods' results (:func:`pod_result`, None: running) add up to: one
+    succeeded, or :data:`TRIES` failed; None: not yet."""
+    done = next((r[1] for r in results if r is not None and r[0] == "Succeeded"), None)
+    if done is not None:
+        return deleted_outcome(uri, done)
+    failed = [r[1] for r in results if r is not None and r[0] == "Failed"]
+    if len(failed) < TRIES or any(r is None for r in results):
+        return None
+    return Outcome(
+        "Warning",
+        "CutsNotDeleted",
+        f"retentionPolicy Delete: the deletion pod failed {len(failed)} times (last: {failed[-1][:300]}); "
+        f"the cuts stay at {uri}; delete them with `spotrl ckpt delete {uri} --job {ref.namespace}/{ref.name}`",
+    )
+
+
 def deleted_outcome(uri: str, message: str) -> Outcome:
     """The Event of a deletion pod that succeeded (its termination message is JSON)."""
     try:
@@ -94,3 +113,34 @@ def deleted_outcome(uri: str, message: str) -> Outcome:
     except (ValueError, KeyError, TypeError):
         return Outcome("Normal", "CutsDeleted", f"retentionPolicy Delete: removed the job's objects under {uri}")
     return Outcome("Normal", "CutsDeleted", f"retentionPolicy Delete: removed {count} objects under {uri}")
+
+
+def past_deadline(job: Obj, seconds: float, now: datetime) -> bool:
+    """Whether the finalizer has waited ``seconds`` since the job's deletion began."""
+    try:
+        since = times.parse((job.get("metadata") or {}).get("deletionTimestamp"))
+    except ValueError:
+        return False
+    return since is not None and now - since >= timedelta(seconds=seconds)
+
+
+def gave_up(job: Obj, settings: Settings, why: str) -> Outcome:
+    """The finalizer stops waiting: the cuts stay, and the Event says where and how to delete them."""
+    ref = job_ref(job)
+    try:
+        spec = api.parse_spec(job.get("spec") or {})
+        uri = storage_uri(ref, spec, settings)
+    except (ValueError, api.SpecError):
+        return Outcome("Warning", "CutsNotDeleted", f"{why}; the job had no storage (or its spec does not parse)")
+    if spec.checkpoint.retention_policy == "Retain":
+        return Outcome("Warning", "CutsRetained", f"{why}; retentionPolicy Retain: the cuts stay at {uri}")
+    return Outcome(
+        "Warning",
+        "CutsNotDeleted",
+        f"{why}; the cuts stay at {uri}; delete them with `spotrl ckpt delete {uri} --job {ref.namespace}/{ref.name}`",
+    )
+
+
+def namespace_closing(message: str) -> bool:
+    """Whether a 403 on a create says the namespace is being deleted (no new pod can run there)."""
+    return "because it is being terminated" in message

@@ -68,8 +68,18 @@ class Settings:
 
     namespaces: tuple[str, ...] = ()
     """Namespaces to watch; empty: the whole cluster."""
-    reconcile_interval: float = 2.0
-    """Seconds between two level-triggered passes over a job when nothing wakes it earlier."""
+    reconcile_interval: float = 30.0
+    """Seconds between two level-triggered passes over a running job when nothing wakes it
+    earlier (every change of the job, its pods and their nodes wakes it; a finished job only then)."""
+    finalizer_seconds: float = 900.0
+    """A deleted RLJob's finalizer ends within this long (from the deletion), cuts deleted or not."""
+    kube_qps: float = 50.0
+    """Requests a second to the API server, at most (a token bucket, as client-go's); 0: no limit."""
+    kube_burst: int = 100
+    node_lost_seconds: float = 30.0
+    """A node Ready Unknown (or tainted unreachable) this long is lost: its pods may be force-deleted."""
+    unhealthy_node_share: float = 0.55
+    """Above this share of unhealthy nodes no node counts as lost by its health (:mod:`~spotrl_operator.fleet`)."""
 
     leader_election: bool = True
     lease_name: str = "spotrl-operator"
@@ -84,6 +94,8 @@ class Settings:
     kubeconfig: str | None = None
     """Default: KUBECONFIG, ~/.kube/config, then the in-cluster service account."""
     verbose: bool = False
+    log_writes: bool = False
+    """Log every write sent to the API server (method and path), to audit who acted when."""
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -284,6 +296,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds between two passes over a job when no event wakes it earlier ($SPOTRL_RECONCILE_INTERVAL)",
     )
     g.add_argument(
+        "--finalizer-seconds",
+        type=float,
+        default=_env_number("SPOTRL_FINALIZER_SECONDS", d.finalizer_seconds, float),
+        help="a deleted RLJob is let go within this long, its cuts deleted or not (then a CutsNotDeleted "
+        "Event says where they stay) ($SPOTRL_FINALIZER_SECONDS; default %(default)s)",
+    )
+    g.add_argument(
+        "--kube-qps",
+        type=float,
+        default=_env_number("SPOTRL_KUBE_QPS", d.kube_qps, float),
+        help="requests a second to the API server at most, 0: no limit ($SPOTRL_KUBE_QPS; default %(default)s)",
+    )
+    g.add_argument(
+        "--kube-burst",
+        type=int,
+        default=_env_number("SPOTRL_KUBE_BURST", d.kube_burst, int),
+        help="requests allowed at once above --kube-qps ($SPOTRL_KUBE_BURST; default %(default)s)",
+    )
+    g.add_argument(
+        "--node-lost-seconds",
+        type=float,
+        default=_env_number("SPOTRL_NODE_LOST_SECONDS", d.node_lost_seconds, float),
+        help="a node Ready Unknown (or tainted unreachable) this long is lost and its pods force-deleted "
+        "($SPOTRL_NODE_LOST_SECONDS; default %(default)s)",
+    )
+    g.add_argument(
+        "--unhealthy-node-share",
+        type=float,
+        default=_env_number("SPOTRL_UNHEALTHY_NODE_SHARE", d.unhealthy_node_share, float),
+        help="with more than this share of the nodes unhealthy at once, force deletes pause "
+        "($SPOTRL_UNHEALTHY_NODE_SHARE; default %(default)s)",
+    )
+    g.add_argument(
         "--no-leader-election",
         dest="leader_election",
         action="store_false",
@@ -321,6 +366,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG, ~/.kube/config, then in-cluster")
     g.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    g.add_argument(
+        "--log-writes", action="store_true", help="log every write sent to the API server (an audit of who acted when)"
+    )
 
 
 def from_args(args: argparse.Namespace) -> Settings:
@@ -335,6 +383,14 @@ def from_args(args: argparse.Namespace) -> Settings:
         raise SystemExit("--reconcile-interval must be above 0")
     if args.lease_seconds < 3:
         raise SystemExit("--lease-seconds must be at least 3")
+    if args.finalizer_seconds <= 0:
+        raise SystemExit("--finalizer-seconds must be above 0")
+    if args.kube_qps < 0 or args.kube_burst < 1:
+        raise SystemExit("--kube-qps must be 0 or more and --kube-burst at least 1")
+    if args.node_lost_seconds < 0:
+        raise SystemExit("--node-lost-seconds must be 0 or more")
+    if not 0 < args.unhealthy_node_share <= 1:
+        raise SystemExit("--unhealthy-node-share must be above 0 and at most 1")
     return Settings(
         runtime_image=args.runtime_image,
         image_pull_policy=args.image_pull_policy,
@@ -353,6 +409,11 @@ def from_args(args: argparse.Namespace) -> Settings:
         kueue=args.kueue,
         namespaces=tuple(args.namespaces),
         reconcile_interval=args.reconcile_interval,
+        finalizer_seconds=args.finalizer_seconds,
+        kube_qps=args.kube_qps,
+        kube_burst=args.kube_burst,
+        node_lost_seconds=args.node_lost_seconds,
+        unhealthy_node_share=args.unhealthy_node_share,
         leader_election=args.leader_election,
         lease_name=args.lease_name,
         lease_namespace=args.lease_namespace,
@@ -362,4 +423,5 @@ def from_args(args: argparse.Namespace) -> Settings:
         metrics_address=args.metrics_address,
         kubeconfig=args.kubeconfig,
         verbose=args.verbose,
+        log_writes=args.log_writes,
     )

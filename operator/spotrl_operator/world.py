@@ -79,7 +79,13 @@ class World:
     """The unusable nodes a new pod of this job must name to be kept off them (the others the
     scheduler avoids by itself, or the job's placement never chooses)."""
     lost_nodes: frozenset[str] = frozenset()
-    """Nodes whose kubelet confirms nothing any more: Ready Unknown, or deleted."""
+    """Nodes whose kubelet will confirm nothing any more: out of service, Ready Unknown for a
+    grace period, or deleted (:mod:`~spotrl_operator.fleet`)."""
+    missing_children: tuple[str, ...] = ()
+    """Kinds of the job's own objects (ServiceAccount, Role, RoleBinding, Service, PDB,
+    NetworkPolicy) that do not exist, or exist but belong to another RLJob uid."""
+    force_deletes_paused: str | None = None
+    """Why the job's pods on unhealthy nodes are not force-deleted (too many nodes unhealthy at once)."""
     pdb_open: bool = False
     pdb_stale: bool = False
     """The PDB is closed, but not as the job wants it (it holds another number of pods, or
@@ -161,6 +167,13 @@ class CloseDisruptionBudget:
 
 
 @dataclass(frozen=True)
+class EnsureChildren:
+    """Make again the job's objects that are missing (deleted by hand, or never made)."""
+
+    kinds: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Event:
     type: Literal["Normal", "Warning"]
     reason: str
@@ -176,6 +189,7 @@ Action = (
     | RequestBarrier
     | OpenDisruptionBudget
     | CloseDisruptionBudget
+    | EnsureChildren
     | Event
     | CreateWorkload
     | DeleteWorkload

@@ -49,6 +49,8 @@ RETRY_TOTAL_MAX = 15.0  # seconds, all the waits of one request
 RETRY_WAIT_429 = 1.0  # seconds, a 429 without Retry-After (APF's own answer asks 1 s)
 
 log = logging.getLogger("spotrl.kube")
+writes = logging.getLogger("spotrl.kube.writes")
+"""Every write sent, at DEBUG (the operator's ``--log-writes`` shows them): an audit of who acted when."""
 _sleep = time.sleep  # the tests' clock
 _now = time.monotonic  # the tests' clock
 
@@ -271,12 +273,17 @@ class Kube:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError as Urllib3Error
 
-        # Asked at every attempt: leadership may be lost during a Retry-After wait.
+        # Asked at every attempt (leadership may be lost during a Retry-After wait), and again
+        # after a wait for the rate limit.
         if self.guard is not None and method != "GET":
             self.guard(method, url_path)
         wait = self.limiter.take(_now())
         if wait > 0:
             _sleep(wait)
+            if self.guard is not None and method != "GET":
+                self.guard(method, url_path)
+        if method != "GET":
+            writes.debug("%s %s", method, url_path)
         headers = {"Accept": "application/json", "Content-Type": content_type}
         try:
             return self.api_client.call_api(

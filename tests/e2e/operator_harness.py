@@ -146,6 +146,9 @@ class OperatorProcess:
             str(self.metrics_port),
             "--reconcile-interval",
             "1",
+            # The test control plane marks a silent node Unknown in 10 s (real clusters: 40-50 s).
+            "--node-lost-seconds",
+            "5",
             *args,
         ]
         self.process = Process(self.name, argv, workdir)

@@ -201,3 +201,52 @@ def test_the_budget_is_set_whole_and_a_trainer_pod_is_created_as_one() -> None:
     assert pod["metadata"]["name"] == "tiny-trainer-3-1"
     assert pod["spec"]["containers"][0]["args"][:4] == ["--role", "trainer", "--address", "127.0.1.2:40001"]
     assert action_key("tiny", plan.actions[1]) == ("create-pod/tiny-trainer-3-1", "creating pod tiny-trainer-3-1")
+
+
+def test_the_budget_is_patched_only_if_still_as_the_pass_saw_it() -> None:
+    """A pass on a stale view (the budget changed since) sends a patch the server refuses, and
+    nothing fails: the change's own watch event brings the next pass."""
+    kube = RecordingKube(job())
+    actuator = Actuator(kube, Settings(), clock=Clock())  # type: ignore[arg-type]
+    seen = {"metadata": {"owner": None}, "spec": {"minAvailable": 0, "selector": None}}
+    applied = actuator.apply(Snapshot(job=copy.deepcopy(kube.job), pdb=seen), Plan(actions=[CloseDisruptionBudget()]))
+    assert applied.failed == []
+    ((_, ops, _),) = [s for s in kube.sent if "poddisruptionbudgets" in s[0]]
+    assert ops[0] == {"op": "test", "path": "/spec/minAvailable", "value": 0}
+
+    class Moved(RecordingKube):
+        def patch(self, url: str, body: Any, content_type: str = "") -> Obj:
+            if "poddisruptionbudgets" in url:
+                raise KubeError("PATCH", url, 422, "Invalid", "the test operation failed")
+            return super().patch(url, body, content_type)
+
+    moved = Moved(job())
+    actuator = Actuator(moved, Settings(), clock=Clock())  # type: ignore[arg-type]
+    applied = actuator.apply(Snapshot(job=copy.deepcopy(moved.job), pdb=seen), Plan(actions=[CloseDisruptionBudget()]))
+    assert applied.failed == []
+    assert condition(moved) is None, "a stale view is no failure to report"
+
+
+def test_an_object_of_another_job_uid_is_never_adopted() -> None:
+    """A deleted job's Service (same name, its uid) still there: the new job refuses it, and says so."""
+    doc = job()
+
+    class Leftover(RecordingKube):
+        def create_or_get(self, url: str, obj: Obj) -> tuple[Obj, bool]:
+            if url.endswith("/services"):
+                old = copy.deepcopy(obj)
+                old["metadata"]["ownerReferences"][0]["uid"] = "old-uid"
+                return old, False
+            return obj, False
+
+    kube = Leftover(doc)
+    actuator = Actuator(kube, Settings(), clock=Clock())  # type: ignore[arg-type]
+    applied = actuator.apply(Snapshot(job=copy.deepcopy(kube.job)), Plan(actions=[CreateControllerPod(1, frozenset())]))
+    (failure,) = applied.failed
+    assert (failure.error.status, failure.error.reason) == (409, "OwnedByAnotherJob")
+    assert "old-uid" in failure.error.message
+    assert not failure.permanent, "it passes once the garbage collector deletes the old one"
+    assert pod_posts(kube) == 0, "no pod before the job's objects are its own"
+    cond = condition(kube)
+    assert cond is not None
+    assert cond["reason"] == "OwnedByAnotherJob"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -10,6 +10,7 @@ import pytest
 from spotrl_operator.observe import Snapshot, deleting_since, pod_view, trim_node, trim_pdb, trim_pod, world_of
 from spotrl_operator.settings import Settings
 from spotrl_runtime.api.rljob import SpecError
+from spotrl_runtime.api.times import rfc3339
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 SETTINGS = Settings(default_storage="s3://bucket/root", extra_taint_keys=("example.com/going-away",))
@@ -31,11 +32,16 @@ def job(**status: Any) -> dict[str, Any]:
     }
 
 
-def node(name: str, ready: str = "True", **spec: Any) -> dict[str, Any]:
+def node(name: str, ready: str = "True", since: float | None = None, **spec: Any) -> dict[str, Any]:
+    """``since``: seconds before NOW that Ready turned to ``ready`` (default: long ago)."""
+    cond: dict[str, Any] = {"type": "Ready", "status": ready}
+    since = 3600.0 if since is None and ready != "True" else since
+    if since is not None:
+        cond["lastTransitionTime"] = rfc3339(NOW - timedelta(seconds=since))
     return {
         "metadata": {"name": name, "labels": {"x": "y"}, "resourceVersion": "5"},
         "spec": spec,
-        "status": {"conditions": [{"type": "MemoryPressure", "status": "False"}, {"type": "Ready", "status": ready}]},
+        "status": {"conditions": [{"type": "MemoryPressure", "status": "False"}, cond]},
     }
 
 
@@ -84,11 +90,12 @@ def test_signals_come_from_the_controller_node_with_the_operator_and_job_taint_k
     assert w.avoid_nodes == frozenset()
 
 
-def test_ready_unknown_and_deleted_nodes_are_lost_ready_false_is_not() -> None:
+def test_ready_unknown_past_the_grace_period_and_deleted_nodes_are_lost_ready_false_is_not() -> None:
+    grace = SETTINGS.node_lost_seconds
     snap = Snapshot(
         job=job(),
         pods=(pod("j-controller-1", 1, "gone-node"),),
-        nodes=nodes(node("spot-a", ready="Unknown"), node("spot-b", ready="False")),
+        nodes=nodes(node("spot-a", ready="Unknown", since=grace + 1), node("spot-b", ready="False", since=999)),
     )
     w = world_of(snap, SETTINGS, NOW)
     assert w.lost_nodes == {"spot-a", "gone-node"}
@@ -238,3 +245,101 @@ def test_trimmed_objects_keep_only_what_is_read() -> None:
     ]
     assert "resourceVersion" not in t["metadata"], "a heartbeat must not look like a change"
     assert t["metadata"]["labels"] == {"x": "y"}, "the placement reads labels (nodeSelector, affinity)"
+
+
+def test_a_node_unknown_for_less_than_the_grace_period_is_not_lost_yet() -> None:
+    grace = SETTINGS.node_lost_seconds
+    snap = Snapshot(job=job(), pods=(pod("j-controller-1", 1),), nodes=nodes(node("spot-a", "Unknown", grace - 5)))
+    w = world_of(snap, SETTINGS, NOW)
+    assert w.lost_nodes == frozenset()
+    assert "spot-a" in w.unusable_nodes  # no new pod goes there meanwhile
+    assert world_of(snap, SETTINGS, NOW + timedelta(seconds=5)).lost_nodes == {"spot-a"}
+
+
+def test_an_unreachable_taint_counts_from_when_it_was_added_and_out_of_service_at_once() -> None:
+    grace = SETTINGS.node_lost_seconds
+    long_ago = rfc3339(NOW - timedelta(seconds=grace + 1))
+    just_now = rfc3339(NOW - timedelta(seconds=1))
+    snap = Snapshot(
+        job=job(),
+        pods=(pod("j-controller-1", 1),),
+        nodes=nodes(
+            node(
+                "spot-a",
+                taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": long_ago}],
+            ),
+            node(
+                "spot-b",
+                taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": just_now}],
+            ),
+            node("spot-c", taints=[{"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"}]),
+        ),
+    )
+    assert world_of(snap, SETTINGS, NOW).lost_nodes == {"spot-a", "spot-c"}
+
+
+def test_with_most_nodes_unknown_at_once_none_is_lost_and_the_job_says_why() -> None:
+    """60% of the nodes Unknown past the grace period: the control plane, not the nodes; only an
+    out-of-service node (an administrator's word) is still lost."""
+    grace = SETTINGS.node_lost_seconds
+    unknown = [node(f"n{i}", "Unknown", grace * 10) for i in range(6)]
+    healthy = [node(f"h{i}") for i in range(3)]
+    oos = node("gone", taints=[{"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"}])
+    snap = Snapshot(job=job(), pods=(pod("j-controller-1", 1, "n0"),), nodes=nodes(*unknown, *healthy, oos))
+    w = world_of(snap, SETTINGS, NOW)
+    assert w.lost_nodes == {"gone"}
+    assert w.force_deletes_paused is not None
+    assert "6 of 10 nodes are unhealthy" in w.force_deletes_paused
+    assert "n0" in w.force_deletes_paused
+    # One node fewer unhealthy (5 of 10, at most 55%): the brake is off, the grace period decides.
+    calmer = Snapshot(job=job(), pods=snap.pods, nodes=nodes(*unknown[:5], *healthy, node("n5"), oos))
+    w2 = world_of(calmer, SETTINGS, NOW)
+    assert w2.lost_nodes == {"n0", "n1", "n2", "n3", "n4", "gone"}
+    assert w2.force_deletes_paused is None
+
+
+def test_a_node_missing_from_the_cache_is_lost_only_once_confirmed_gone() -> None:
+    snap = Snapshot(job=job(), pods=(pod("j-controller-1", 1, "brand-new"),), nodes=nodes(node("spot-a")))
+    unconfirmed = world_of(Snapshot(**{**snap.__dict__, "gone": frozenset()}), SETTINGS, NOW)
+    assert unconfirmed.lost_nodes == frozenset()
+    assert unconfirmed.signals == ()
+    confirmed = world_of(Snapshot(**{**snap.__dict__, "gone": frozenset({"brand-new"})}), SETTINGS, NOW)
+    assert confirmed.lost_nodes == {"brand-new"}
+    assert [(s.kind, s.node) for s in confirmed.signals] == [("node-deleted", "brand-new")]
+
+
+def test_a_status_written_by_a_newer_version_is_read_not_refused() -> None:
+    """Fields and values this version does not know, at every depth: the pass reads the rest."""
+    newer = job(
+        attempt=3,
+        phase="Hibernating",
+        futureField={"x": 1},
+        barrier={"requestId": "r1", "state": "Requested", "reason": "cordon", "newKnob": True},
+    )
+    w = world_of(Snapshot(job=newer, pods=(pod("j-controller-3", 3),), nodes=nodes(node("spot-a"))), SETTINGS, NOW)
+    assert w.status.attempt == 3
+    assert w.status.phase is None
+    assert w.status.barrier is not None
+    assert w.status.barrier.request_id == "r1"
+
+
+def test_the_jobs_objects_missing_or_another_uids_are_named() -> None:
+    base = Snapshot(job=job(), pods=(pod("j-controller-1", 1),), nodes=nodes(node("spot-a")))
+    mine = frozenset({("ServiceAccount", "u1"), ("Role", "u1"), ("RoleBinding", "u1"), ("NetworkPolicy", "u1")})
+    pdb = trim_pdb({"metadata": {"ownerReferences": [{"kind": "RLJob", "uid": "u1", "controller": True}]}, "spec": {}})
+    w = world_of(Snapshot(**{**base.__dict__, "children": mine | {("Service", "old-uid")}, "pdb": pdb}), SETTINGS, NOW)
+    assert w.missing_children == ("Service",)
+    w = world_of(Snapshot(**{**base.__dict__, "children": mine | {("Service", "u1")}}), SETTINGS, NOW)
+    assert w.missing_children == ("PodDisruptionBudget",)
+    assert w.pdb_stale is False
+    assert world_of(base, SETTINGS, NOW).missing_children == (), "not watched: not checked"
+
+
+def test_a_pod_or_budget_of_another_job_uid_is_not_the_jobs() -> None:
+    """A deleted job's controller pod and budget, same names, still being collected."""
+    theirs = {"ownerReferences": [{"kind": "RLJob", "uid": "old-uid", "controller": True}]}
+    old_pdb = trim_pdb({"metadata": theirs, "spec": {"minAvailable": 0}})
+    snap = Snapshot(job=job(), pods=(pod("j-controller-1", 1, meta=theirs),), nodes=nodes(node("spot-a")), pdb=old_pdb)
+    w = world_of(snap, SETTINGS, NOW)
+    assert w.pods == ()
+    assert w.pdb_open is False

@@ -179,3 +179,71 @@ def test_ckpt_delete_lists_without_yes_and_deletes_with_it(tmp_path: Path) -> No
     assert r.returncode == 0, r.stderr
     assert json.loads(log.read_text())["deleted"] == 2
     assert list(store.list("")) == []
+
+
+def _deleted_job(policy: str = "Delete", deleted_seconds_ago: float = 0.0) -> dict:
+    from datetime import UTC, datetime, timedelta
+
+    from spotrl_runtime.api.times import rfc3339
+
+    when = rfc3339(datetime.now(UTC) - timedelta(seconds=deleted_seconds_ago))
+    return {
+        "metadata": {"name": "tiny", "namespace": "team-a", "uid": "u1", "deletionTimestamp": when},
+        "spec": {
+            "policy": {"model": "builtin:tiny-arith"},
+            "dataset": {"uri": "builtin:arithmetic"},
+            "reward": {"name": "arithmetic_exact"},
+            "training": {"totalSteps": 2},
+            "checkpoint": {"storage": "s3://bkt/spotrl/team-a/tiny", "retentionPolicy": policy},
+        },
+    }
+
+
+def test_the_finalizer_deadline_counts_from_the_deletion() -> None:
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    assert not retention.past_deadline(_deleted_job(deleted_seconds_ago=10), 60, now)
+    assert retention.past_deadline(_deleted_job(deleted_seconds_ago=61), 60, now)
+    assert not retention.past_deadline({"metadata": {}}, 60, now)
+
+
+def test_giving_up_says_where_the_cuts_stay_and_how_to_delete_them() -> None:
+    settings = Settings()
+    out = retention.gave_up(_deleted_job("Delete"), settings, "the namespace is being deleted")
+    assert (out.type, out.reason) == ("Warning", "CutsNotDeleted")
+    assert "s3://bkt/spotrl/team-a/tiny" in out.message
+    assert "spotrl ckpt delete s3://bkt/spotrl/team-a/tiny --job team-a/tiny" in out.message
+    kept = retention.gave_up(_deleted_job("Retain"), settings, "2 pod(s) of the job had not exited")
+    assert (kept.reason, "retentionPolicy Retain") == ("CutsRetained", kept.message.split("; ")[1].split(":")[0])
+
+
+def test_the_deletion_pods_add_up_to_an_outcome() -> None:
+    ref = resources.JobRef("tiny", "team-a", "u1")
+    uri = "s3://bkt/spotrl/team-a/tiny"
+    assert retention.outcome_of([], uri, ref) is None
+    assert retention.outcome_of([("Failed", "x"), None], uri, ref) is None
+    done = retention.outcome_of([("Failed", "x"), ("Succeeded", '{"deleted": 7}')], uri, ref)
+    assert done is not None
+    assert (done.reason, "7 objects" in done.message) == ("CutsDeleted", True)
+    failed = retention.outcome_of([("Failed", "a"), ("Failed", "b"), ("Failed", "DeadlineExceeded")], uri, ref)
+    assert failed is not None
+    assert failed.reason == "CutsNotDeleted"
+    assert "DeadlineExceeded" in failed.message
+
+
+def test_a_namespace_being_deleted_is_told_by_the_api_servers_403() -> None:
+    refused = (
+        'pods "tiny-retention-0" is forbidden: '
+        "unable to create new content in namespace team-a because it is being terminated"
+    )
+    assert retention.namespace_closing(refused)
+    assert not retention.namespace_closing('pods "x" is forbidden: User "u" cannot create resource "pods"')
+
+
+def test_a_deletion_pod_has_a_deadline() -> None:
+    from spotrl_runtime.api import rljob as api
+
+    spec = api.parse_spec(_deleted_job()["spec"])
+    pod = resources.retention_pod(resources.JobRef("tiny", "team-a", "u1"), spec, Settings(), "s3://b/x", 0)
+    assert pod["spec"]["activeDeadlineSeconds"] == resources.RETENTION_DEADLINE_SECONDS
