@@ -29,6 +29,7 @@ import yaml
 from spotrl_e2e.kube import Credentials
 from spotrl_e2e.kubecluster import CONTROLLER_TAINT_PREFIX, KubeCluster
 from spotrl_e2e.pki import KeyPair
+from spotrl_e2e.podlogs import PodLogKeeper
 
 Obj = dict[str, Any]
 
@@ -69,6 +70,16 @@ class KindCluster(KubeCluster):
         if not kubeconfig:
             raise RuntimeError("SPOTRL_E2E_TARGET=kind needs KUBECONFIG pointing at the kind cluster")
         return cls(os.environ.get("SPOTRL_KIND_CLUSTER", "spotrl-e2e"), Path(kubeconfig))
+
+    def keep_pod_logs(self) -> PodLogKeeper:
+        """Starts following the log of every SpotRL pod (operators, controllers, workers) into
+        ``$SPOTRL_E2E_POD_LOGS`` (run.sh: ``$ARTIFACTS/pod-logs``), else ``$ARTIFACTS/pod-logs``,
+        else ``workdir/pod-logs``: ``kind export logs`` misses the pods deleted or replaced
+        before it runs. :meth:`PodLogKeeper.stop` ends it."""
+        artifacts = os.environ.get("ARTIFACTS")
+        default = Path(artifacts) / "pod-logs" if artifacts else self.workdir / "pod-logs"
+        out = Path(os.environ.get("SPOTRL_E2E_POD_LOGS") or default)
+        return PodLogKeeper(self.kubeconfig, self.tools.kubectl, out).start()
 
     def _write(self, name: str, b64: str) -> Path:
         file = self.workdir / name

@@ -76,10 +76,17 @@ def jobs(cluster: Cluster, namespace: str, start_operator: Callable[..., Operato
 
 
 @pytest.fixture(scope="session")
-def kind_cluster() -> Any:
+def kind_cluster() -> Iterator[Any]:
+    """The kind cluster, with every SpotRL pod's log kept for the whole session (a pod a test
+    deletes, or the operator replaces, takes its log off the nodes)."""
     from kind.kind_cluster import KindCluster
 
-    return KindCluster.from_env()
+    cluster = KindCluster.from_env()
+    keeper = cluster.keep_pod_logs()
+    try:
+        yield cluster
+    finally:
+        keeper.stop()
 
 
 @pytest.fixture
