@@ -191,6 +191,8 @@ def trim_pod(pod: Obj) -> Obj:
         "spec": {"nodeName": spec.get("nodeName")},
         "status": {
             "phase": st.get("phase"),
+            "reason": st.get("reason"),
+            "message": st.get("message"),
             "conditions": [
                 c for c in st.get("conditions") or [] if c.get("type") in ("DisruptionTarget", "PodScheduled")
             ],
@@ -305,7 +307,18 @@ def pod_view(pod: Obj) -> PodView:
         index=_int_label(labels, INDEX_LABELS.get(labels.get(ROLE_LABEL, ""), "")),
         scheduled_at=_scheduled_at(pod),
         standby=labels.get(STANDBY_LABEL) == "true",
+        rejected=_rejected(pod),
     )
+
+
+def _rejected(pod: Obj) -> str | None:
+    """Why the kubelet failed the pod before any container of it ran (None: it did not). A
+    kubelet that has just come back (a node given back) rejects pods at admission
+    (UnexpectedAdmissionError, NodeAffinity, OutOfcpu ...): the node's doing, not the program's."""
+    st = pod.get("status") or {}
+    if st.get("phase") != "Failed" or _terminated(pod) is not None or not st.get("reason"):
+        return None
+    return f"{st['reason']}: {st.get('message') or ''}".strip().rstrip(":")[:300]
 
 
 def _scheduled_at(pod: Obj) -> datetime | None:

@@ -278,6 +278,17 @@ def _finished(b: Builder, pod: PodView) -> float | None:
         )
         b.phase("Rescheduling", f"attempt {pod.attempt} lost a trainer rank; resuming from the newest committed cut")
         return 1.0
+    if pod.phase == "Failed" and pod.rejected:
+        # Never ran: no crash of the program and no work lost; start the attempt again at once
+        # (a retry_after of now: _start counts neither a crash nor a preemption).
+        b.update(retry_after=times.rfc3339(world.now))
+        b.event(
+            "Warning",
+            "ControllerRejected",
+            f"the kubelet on node {pod.node} failed {pod.name} before it started ({pod.rejected}); starting again",
+        )
+        b.phase("Rescheduling", f"controller {pod.name} was rejected by node {pod.node}; starting again")
+        return 1.0
     if _is_preemption(pod, world):
         b.interrupted()
         b.phase("Rescheduling", f"controller {pod.name} was stopped on node {pod.node} ({pod.disruption or 'node'})")

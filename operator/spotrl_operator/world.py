@@ -50,6 +50,8 @@ class PodView:
     """When the pod was bound to a node (its PodScheduled condition turned True)."""
     standby: bool = False
     """A controller pod that still carries the standby label (``spec.standby``)."""
+    rejected: str | None = None
+    """Failed by the kubelet before any container ran (its admission refused it): why."""
 
 
 @dataclass(frozen=True)

@@ -343,3 +343,20 @@ def test_a_pod_or_budget_of_another_job_uid_is_not_the_jobs() -> None:
     w = world_of(snap, SETTINGS, NOW)
     assert w.pods == ()
     assert w.pdb_open is False
+
+
+def test_a_pod_failed_by_the_kubelet_before_any_container_ran_is_rejected_not_crashed() -> None:
+    admitted_not = pod(
+        "j-controller-1", 1, phase="Failed", reason="UnexpectedAdmissionError", message="Allocate failed"
+    )
+    assert pod_view(admitted_not).rejected == "UnexpectedAdmissionError: Allocate failed"
+    assert pod_view(trim_pod(admitted_not)).rejected == "UnexpectedAdmissionError: Allocate failed"
+    ran = pod(
+        "j-controller-1",
+        1,
+        phase="Failed",
+        reason="Error",
+        containerStatuses=[{"state": {"terminated": {"exitCode": 1}}}],
+    )
+    assert pod_view(ran).rejected is None
+    assert pod_view(ran).exit_code == 1

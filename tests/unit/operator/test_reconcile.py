@@ -379,6 +379,26 @@ def test_a_preempted_pod_that_failed_is_not_a_crash() -> None:
     assert nxt.status.preemptions == 1
 
 
+def test_a_pod_the_kubelet_failed_before_it_ran_is_started_again_neither_a_crash_nor_a_preemption() -> None:
+    """A kubelet just back (a node given back) may reject a pod at admission: the program never
+    ran, nothing was trained or lost."""
+    st = RLJobStatus(phase="Running", attempt=1)
+    rejected = replace(running(), phase="Failed", rejected="UnexpectedAdmissionError: Allocate failed")
+    plan = reconcile(world(status=st, pods=(rejected,)))
+    assert plan.status is not None
+    assert (plan.status.restarts, plan.status.preemptions) == (0, 0)
+    assert "ControllerRejected" in events(plan)
+    assert "ControllerCrashed" not in events(plan)
+    nxt = reconcile(world(now=T0 + timedelta(seconds=1), status=plan.status))
+    assert of(nxt, CreateControllerPod) == [CreateControllerPod(2, frozenset())]
+    assert nxt.status is not None
+    assert (nxt.status.restarts, nxt.status.preemptions) == (0, 0)
+    # A program that ran and failed is still a crash.
+    crashed = reconcile(world(status=st, pods=(replace(running(), phase="Failed", exit_code=1),)))
+    assert crashed.status is not None
+    assert crashed.status.restarts == 1
+
+
 def test_success_needs_every_step_trained() -> None:
     done = replace(running(), phase="Succeeded", exit_code=0)
     ok = reconcile(world(status=RLJobStatus(phase="Running", attempt=1, step=30), pods=(done,)))
