@@ -153,12 +153,16 @@ def start_operator_holding(start_operator: Any, tmp_path: Path, failpoints: str)
     return held
 
 
-def training(jobs: Jobs, name: str, min_step: int, attempt: int = 1) -> dict[str, Any]:
+def training(jobs: Jobs, name: str, min_step: int, attempt: int | None = 1) -> dict[str, Any]:
+    """Waits until attempt ``attempt`` (None: the current one, whichever) has trained ``min_step`` steps."""
     return jobs.wait(
         name,
-        lambda s: s.get("stepAttempt") == attempt and (s.get("step") or 0) >= min_step,
+        lambda s: (
+            s.get("stepAttempt") == (s.get("attempt") if attempt is None else attempt)
+            and (s.get("step") or 0) >= min_step
+        ),
         TRAIN_TIMEOUT,
-        f"{name} attempt {attempt} to train {min_step} steps",
+        f"{name} attempt {attempt or 'now current'} to train {min_step} steps",
     )
 
 
@@ -657,7 +661,9 @@ def test_the_leading_operator_pod_killed_mid_barrier_is_finished_by_the_standby(
     jobs, ns = e2e_jobs, os.environ.get("SPOTRL_E2E_OPERATOR_NAMESPACE", "spotrl-system")
     lease = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/spotrl"
     start(e2e_cluster, jobs, e2e_storage, "tiny", SPOT)
-    st = training(jobs, "tiny", 2)
+    # The current attempt: a kubelet just given its node back (the test before this one) may
+    # reject the first pod at admission, and the operator starts the attempt again.
+    st = training(jobs, "tiny", 2, attempt=None)
     node = st["controllerNode"]
     leader = e2e_cluster.admin().get(lease)["spec"]["holderIdentity"]
 
@@ -952,3 +958,55 @@ def test_two_jobs_on_one_storage_the_newer_waits_and_a_refusal_is_no_crash(
     assert st["phase"] == "Succeeded", json.dumps(st, indent=1)
     assert (st["attempt"], st["restarts"], st["preemptions"]) == (2, 0, 0)
     assert objects() == before
+
+
+def bare_node(name: str) -> dict[str, Any]:
+    """A Node object no kubelet answers for: the node lifecycle controller marks it Unknown."""
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"spotrl.dev/bare": "true"}}}
+
+
+def ready_unknown(cluster: Any, name: str) -> bool:
+    node = cluster.admin().get(f"/api/v1/nodes/{name}")
+    ready = [c for c in (node.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"]
+    return bool(ready) and ready[0]["status"] == "Unknown"
+
+
+def paused(st: dict[str, Any], status: str) -> bool:
+    return any(c["type"] == "ForceDeletesPaused" and c["status"] == status for c in st.get("conditions") or [])
+
+
+def test_with_most_nodes_unknown_at_once_no_controller_is_force_deleted_then_one_lost_node_is(
+    cluster: Any, jobs: Jobs, e2e_storage: JobStorage, start_operator: Any
+) -> None:
+    """Five Node objects no kubelet renews, then the controller's node lost: more than 55% of the
+    nodes unhealthy, likelier a control-plane or network problem than that many nodes gone. The
+    operator waits (ForceDeletesPaused) instead of force-deleting the controller. Once the others
+    are gone only one node is lost, and after the grace period its job moves on."""
+    operator = start_operator()
+    admin = cluster.admin()
+    bare = [f"bare-{i}" for i in range(5)]
+    admin.create(f"/api/v1/namespaces/{jobs.ns}/secrets", e2e_storage.secret())
+    job = tiny_job("tiny", e2e_storage, SPOT)
+    job["spec"]["training"]["totalSteps"] = 100_000  # still training whatever the test waits for
+    jobs.create(job)
+    st = jobs.wait("tiny", lambda s: (s.get("step") or 0) >= 1, TRAIN_TIMEOUT, "the first step")
+    node = st["controllerNode"]
+    try:
+        for name in bare:
+            admin.create("/api/v1/nodes", bare_node(name))
+        wait_until(lambda: all(ready_unknown(cluster, n) for n in bare), 60, "the bare nodes Unknown")
+        cluster.lose_node(node)
+        wait_until(lambda: ready_unknown(cluster, node), 60, f"{node} Unknown")
+        jobs.wait("tiny", lambda s: paused(s, "True"), 30, "the operator to pause its force deletes")
+        time.sleep(10)  # twice the operator's grace period here: still no force delete
+        assert jobs.status("tiny")["attempt"] == 1
+        assert operator.metrics()["spotrl_operator_force_deletes_paused"] == 1
+        names = [p["metadata"]["name"] for p in jobs.pods("tiny") if p["metadata"].get("deletionTimestamp") is None]
+        assert "tiny-controller-1" in names, "the controller was deleted while the brake held"
+    finally:
+        for name in bare:
+            admin.delete(f"/api/v1/nodes/{name}")
+    st = jobs.wait("tiny", lambda s: s.get("attempt", 0) >= 2, 60, "one node lost: the job moves on")
+    assert paused(st, "False")
+    assert "NodeLost" in jobs.reasons("tiny")
+    cluster.restore_node(node)
