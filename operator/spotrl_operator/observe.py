@@ -520,7 +520,7 @@ def fetch(
     pdb = kube.get_or_none(path("policy/v1", "poddisruptionbudgets", namespace, names(name)["pdb"]))
     pdb = trim_pdb(pdb) if pdb is not None else None
     if nodes is None:
-        nodes = nodes_of(kube.get(path("v1", "nodes")).get("items") or [])
+        nodes = nodes_of(kube.list_all(path("v1", "nodes")))  # in chunks: 2,000 Nodes at once are large
     workload, flavors = None, {}
     if kueue:
         wl = kube.get_or_none(workload_path(namespace, queueing.workload_name(name, job["metadata"].get("uid", ""))))
