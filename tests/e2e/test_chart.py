@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+import shlex
 import urllib.request
 from typing import Any
 
 import pytest
 import yaml
-from operator_harness import CHART, RLJOBS, JobStorage, apply_crd, helm, tiny_job, wait_until
+from operator_harness import CHART, REPO, RLJOBS, JobStorage, apply_crd, helm, tiny_job, wait_until
 from test_preemption import SPOT, TRAIN_TIMEOUT
 from test_preemption import tiny_job as example_job
 
@@ -142,6 +144,18 @@ def test_the_chart_lints_and_its_objects_pass_a_server_side_dry_run(cluster: Clu
     assert "--no-leader-election" in operator_args(docs)
 
 
+def upgrade_commands(release_ns: str) -> list[list[str]]:
+    """The upgrade block of operator/README.md, its release (name and namespace) this test's."""
+    text = (REPO / "operator" / "README.md").read_text()
+    match = re.search(r"<!-- upgrade:begin -->\s*```console\n(.*?)```\s*<!-- upgrade:end -->", text, re.S)
+    assert match, "operator/README.md lost its upgrade block (<!-- upgrade:begin --> ... <!-- upgrade:end -->)"
+    lines = [line.removeprefix("$ ") for line in match.group(1).splitlines() if line.startswith("$ ")]
+    commands = [shlex.split(line.replace("spotrl-system", release_ns)) for line in lines]
+    assert [c[:2] for c in commands] == [["kubectl", "apply"], ["helm", "upgrade"]], commands
+    commands[1][2] = RELEASE
+    return [[str(REPO / a) if a.startswith("charts/") else a for a in c] for c in commands]
+
+
 def test_the_installed_chart_runs_an_rljob(cluster: Cluster, namespace: str, e2e_storage: JobStorage) -> None:
     """The chart's operator, installed as a user would, trains a real RLJob to the end (the
     tiny example, on a spot node, three steps) with its cuts and audit where the chart's storage
@@ -237,6 +251,18 @@ def test_the_installed_chart_runs_an_rljob(cluster: Cluster, namespace: str, e2e
         with urllib.request.urlopen(f"http://{leader_pod['status']['podIP']}:9400/metrics", timeout=5) as r:
             metrics = r.read().decode()
         assert "spotrl_operator_leader 1.0" in metrics
+        with urllib.request.urlopen(f"http://{leader_pod['status']['podIP']}:9400/healthz", timeout=5) as r:
+            assert r.read() == b"ok\n", "the liveness probe's endpoint: the event loop beats"
+
+        # The documented upgrade, as written: the CRD by server-side apply, then helm upgrade.
+        for argv in upgrade_commands(release_ns):
+            if argv[0] == "kubectl":
+                cluster.kubectl(*argv[1:])
+            else:
+                helm(cluster, *argv[1:], timeout=180)
+        assert "STATUS: deployed" in helm(cluster, "status", RELEASE, "--namespace", release_ns)
+        assert "REVISION: 2" in helm(cluster, "status", RELEASE, "--namespace", release_ns)
+        wait_until(lambda: holder() is not None, 60, "a replica to lead after the upgrade")
 
         admin.delete(f"{jobs_url}/tiny")
         admin.wait_for(f"{jobs_url}/tiny", lambda o: o is None, 60, "the RLJob deleted through the finalizer")
