@@ -360,3 +360,50 @@ def test_a_pod_failed_by_the_kubelet_before_any_container_ran_is_rejected_not_cr
     )
     assert pod_view(ran).rejected is None
     assert pod_view(ran).exit_code == 1
+
+
+class NodeLookups:
+    """A narrow fake: GET a Node by name (None: 404; an exception: unreachable)."""
+
+    def __init__(self, nodes: dict[str, Any]):
+        self.nodes = nodes
+        self.asked: list[str] = []
+
+    def get_or_none(self, url: str) -> Any:
+        name = url.rsplit("/", 1)[-1]
+        self.asked.append(name)
+        found = self.nodes.get(name)
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+
+def test_nodes_missing_from_the_cache_are_looked_up_live() -> None:
+    from spotrl_operator.fleet import view_of
+    from spotrl_operator.observe import confirm_missing
+    from spotrl_runtime.kube import KubeError
+
+    cached = nodes(node("spot-a"))
+    pods = (pod("j-controller-1", 1, "brand-new"), pod("j-worker-1-0", 1, "gone"), pod("j-worker-1-1", 1, "flaky"))
+    snap = Snapshot(job=job(), pods=pods, nodes=cached, fleet=view_of(cached, NOW))
+    kube = NodeLookups({"brand-new": node("brand-new"), "flaky": KubeError("GET", "x", 0, "Unreachable", "")})
+    out = confirm_missing(kube, snap)  # type: ignore[arg-type]
+    assert sorted(kube.asked) == ["brand-new", "flaky", "gone"], "only the missing ones, never spot-a"
+    assert out.gone == {"gone"}, "a 404 is gone; an error confirms nothing"
+    assert "brand-new" in out.nodes
+    assert out.fleet is None, "a node the fleet lacks: this pass reads the nodes instead"
+    assert world_of(out, SETTINGS, NOW).lost_nodes == {"gone"}
+    quiet = confirm_missing(kube, Snapshot(job=job(), pods=(pod("j-controller-1", 1),), nodes=cached))  # type: ignore[arg-type]
+    assert quiet.gone == frozenset()
+
+
+def test_the_pass_after_a_grace_period_comes_on_time() -> None:
+    from spotrl_operator.fleet import view_of
+    from spotrl_operator.observe import seconds_until_lost
+
+    grace = SETTINGS.node_lost_seconds
+    cached = nodes(node("spot-a", "Unknown", since=grace - 12), node("spot-b", "Unknown", since=grace + 1))
+    snap = Snapshot(job=job(), pods=(pod("j-controller-1", 1, "spot-a"),), nodes=cached, fleet=view_of(cached, NOW))
+    assert seconds_until_lost(snap, SETTINGS, NOW) == pytest.approx(12)
+    healthy = Snapshot(job=job(), pods=(pod("j-controller-1", 1, "spot-c"),), nodes=cached, fleet=view_of(cached, NOW))
+    assert seconds_until_lost(healthy, SETTINGS, NOW) is None

@@ -72,3 +72,28 @@ def test_a_service_link_variable_in_a_numeric_setting_is_refused_by_name(monkeyp
     monkeypatch.setenv("SPOTRL_RECONCILE_INTERVAL", "0.5")
     s = from_args(parse([]))
     assert (s.metrics_port, s.reconcile_interval) == (9500, 0.5)
+
+
+def test_the_reliability_knobs_and_their_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPOTRL_NODE_LOST_SECONDS", "45")
+    s = from_args(parse(["--unhealthy-node-share=0.7", "--finalizer-seconds=60", "--kube-qps=5", "--log-writes"]))
+    assert (s.node_lost_seconds, s.unhealthy_node_share, s.finalizer_seconds) == (45.0, 0.7, 60.0)
+    assert (s.kube_qps, s.kube_burst, s.log_writes) == (5.0, 100, True)
+    d = from_args(parse([]))
+    assert (d.reconcile_interval, d.unhealthy_node_share, d.finalizer_seconds) == (30.0, 0.55, 900.0)
+
+
+@pytest.mark.parametrize(
+    ("flag", "named"),
+    [
+        ("--unhealthy-node-share=0", "--unhealthy-node-share"),
+        ("--unhealthy-node-share=1.5", "--unhealthy-node-share"),
+        ("--node-lost-seconds=-1", "--node-lost-seconds"),
+        ("--finalizer-seconds=0", "--finalizer-seconds"),
+        ("--kube-burst=0", "--kube-burst"),
+    ],
+)
+def test_a_knob_out_of_bounds_is_refused_by_name(flag: str, named: str) -> None:
+    with pytest.raises(SystemExit) as refused:
+        from_args(parse([flag]))
+    assert named in str(refused.value)
