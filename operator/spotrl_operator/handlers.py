@@ -510,25 +510,27 @@ def finalize(
         if not late:
             raise kopf.TemporaryError(f"finalizing: {err}", delay=2) from err
         outcome = retention.gave_up(job, ctx.settings, f"the API server refused: {err}")
-    if outcome is None:
-        raise kopf.TemporaryError("finalizing: waiting (see the job's Events)", delay=2)
+    if isinstance(outcome, str):
+        raise kopf.TemporaryError(f"finalizing: {outcome}", delay=2)
     log.info("%s/%s deleted: %s: %s", namespace or "", name, outcome.reason, outcome.message)
     ctx.actuator.finished(job, outcome)
 
 
-def _finalize_step(ctx: Context, job: Obj, late: bool) -> retention.Outcome | None:
-    """The finalizer's next step: its outcome once it is done, None while it waits."""
+def _finalize_step(ctx: Context, job: Obj, late: bool) -> retention.Outcome | str:
+    """The finalizer's next step: its outcome once it is done, what it waits for meanwhile."""
     left = ctx.actuator.stop_pods(job, ctx.fleet.view())
     if left:
         if late:
             return retention.gave_up(job, ctx.settings, f"{left} pod(s) of the job had not exited")
-        return None
+        return f"waiting for {left} pod(s) of the job to exit (a controller's SIGTERM cut lands first)"
     if ctx.settings.kueue:
         ctx.actuator.let_go_workloads(job)
     decision = retention.decide(job, ctx.settings)
     if not isinstance(decision, retention.DeleteCuts):
         return decision
     outcome = ctx.actuator.delete_cuts(job, decision.uri, late)
-    if outcome is None and late:
-        return retention.gave_up(job, ctx.settings, "the deletion pod had not finished")
+    if outcome is None:
+        if late:
+            return retention.gave_up(job, ctx.settings, "the deletion pod had not finished")
+        return f"waiting for the pod that deletes the cuts at {decision.uri}"
     return outcome
