@@ -16,6 +16,8 @@ controller judges it:
   (Kubernetes' non-graceful node shutdown); lost at once;
 - Ready ``Unknown`` or the ``node.kubernetes.io/unreachable`` taint for at least
   ``node_lost_seconds`` (from the condition's lastTransitionTime or the taint's timeAdded);
+  never while the node's kubelet says Ready (a node given back is Ready seconds before its
+  taint is lifted, and the scheduler may already have placed a pod there);
 - the Node object gone, confirmed by a live GET (:func:`~spotrl_operator.observe.confirm_missing`):
   a pod on a brand-new node may arrive before its Node reaches the cache.
 
@@ -92,19 +94,19 @@ def _taints(node: Obj) -> list[Obj]:
 
 
 def unhealthy_since(node: Obj, first_seen: datetime) -> datetime | None:
-    """Since when the node has been unhealthy (Ready Unknown, or tainted unreachable): the
-    earliest time the object shows, else when the operator first saw it so; None: healthy."""
-    times_seen: list[datetime] = []
-    unhealthy = False
-    for cond in (node.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Ready" and cond.get("status") == "Unknown":
-            unhealthy = True
-            times_seen.extend(_when(cond.get("lastTransitionTime")))
-    for taint in _taints(node):
-        if taint.get("key") == UNREACHABLE:
-            unhealthy = True
-            times_seen.extend(_when(taint.get("timeAdded")))
-    if not unhealthy:
+    """Since when the node has been unhealthy (Ready Unknown, or tainted unreachable while its
+    kubelet does not say Ready), the earliest time the object shows, else when the operator
+    first saw it so; None: healthy. A node given back says Ready before the node lifecycle
+    controller lifts its unreachable taint (seconds later): its kubelet's word wins."""
+    ready = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"]
+    status = ready[0].get("status") if ready else None
+    if status == "True":
+        return None
+    times_seen = _when(ready[0].get("lastTransitionTime")) if status == "Unknown" else []
+    tainted = [t for t in _taints(node) if t.get("key") == UNREACHABLE]
+    for taint in tainted:
+        times_seen.extend(_when(taint.get("timeAdded")))
+    if status != "Unknown" and not tainted:
         return None
     return min(times_seen) if times_seen else first_seen
 

@@ -69,3 +69,18 @@ def test_the_brake_needs_both_the_share_and_a_minimum_count() -> None:
     for i in range(3):
         fleet.update(f"h{i}", trim_node(node(f"h{i}")), NOW)
     assert not fleet.view().braking(0.55), "3 of 6 is not above 55%"
+
+
+def test_a_node_given_back_is_healthy_while_its_unreachable_taint_lingers() -> None:
+    """The kubelet says Ready again; the node lifecycle controller lifts the taint seconds later,
+    and a pod may be placed there meanwhile: it must not be force-deleted as on a lost node (the
+    kind suite's node given back to the next test)."""
+    long_ago = rfc3339(NOW - timedelta(seconds=600))
+    taint = {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": long_ago}
+    fleet = Fleet()
+    fleet.update("back", trim_node(node("back", "True", taints=[taint])), NOW)
+    fleet.update("gone", trim_node(node("gone", "False", taints=[taint])), NOW)
+    view = fleet.view()
+    assert set(view.unhealthy_since) == {"gone"}, "tainted and not Ready: unhealthy since the taint"
+    assert view.unhealthy_since["gone"] == NOW - timedelta(seconds=600)
+    assert view.lost(NOW, 30, 0.55) == {"gone"}

@@ -266,10 +266,12 @@ def test_an_unreachable_taint_counts_from_when_it_was_added_and_out_of_service_a
         nodes=nodes(
             node(
                 "spot-a",
+                "False",  # NotReady, tainted unreachable: the taint's time decides
                 taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": long_ago}],
             ),
             node(
                 "spot-b",
+                "False",
                 taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": just_now}],
             ),
             node("spot-c", taints=[{"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"}]),
