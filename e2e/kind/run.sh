@@ -244,7 +244,8 @@ if [ "$PHASES" != tests ] || [ "$last_setup" != chart ]; then
     --set image.repository=spotrl-operator --set image.tag=$TAG --set image.pullPolicy=Never \
     --set runtimeImage.repository=spotrl-runtime-cpu --set runtimeImage.tag=$TAG --set runtimeImage.pullPolicy=Never \
     --set-string 'nodeSelector.karpenter\.sh/capacity-type=on-demand' \
-    --set leaderElection.leaseSeconds=6 --set reconcileInterval=1 --set nodeLostSeconds=10 --set kueue.enabled=true \
+    --set leaderElection.leaseSeconds=6 --set reconcileInterval=1 --set kueue.enabled=true \
+    --set nodeLostSeconds=2 `# below the pods' 5 s unreachable toleration (cluster.yaml), as 30 s is below 300 s` \
     --wait --timeout 180s
   kubectl -n spotrl-system get pods -o wide
   setup_done chart

@@ -1007,7 +1007,7 @@ def test_with_most_nodes_unknown_at_once_no_controller_is_force_deleted_then_one
         cluster.lose_node(node)
         wait_until(lambda: ready_unknown(cluster, node), 60, f"{node} Unknown")
         jobs.wait("tiny", lambda s: paused(s, "True"), 30, "the operator to pause its force deletes")
-        time.sleep(10)  # twice the operator's grace period here: still no force delete
+        time.sleep(10)  # five times the operator's grace period here: still no force delete
         assert jobs.status("tiny")["attempt"] == 1
         assert operator.metrics()["spotrl_operator_force_deletes_paused"] == 1
         names = [p["metadata"]["name"] for p in jobs.pods("tiny") if p["metadata"].get("deletionTimestamp") is None]
