@@ -82,6 +82,7 @@ class Context:
     woken_at: dict[tuple[str, str], float] = field(default_factory=dict)
     fleet: Fleet = field(init=False)
     changed_nodes: set[str] = field(default_factory=set)
+    beat_task: asyncio.Task[None] | None = None
     """Nodes whose last event changed what passes read (set by the index, taken by the event handler)."""
 
     def __post_init__(self) -> None:
@@ -138,7 +139,18 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
         settings.watching.label_selectors[resource] = JOB_LABEL
     settings.execution.max_workers = 16
     settings.watching.chunk_size = 500  # the first LIST of 2,000 Nodes, in parts: memory stays bounded
-    asyncio.get_running_loop().create_task(_beat(ctx))
+    ctx.beat_task = asyncio.get_running_loop().create_task(_beat(ctx))
+
+
+@kopf.on.cleanup()
+async def stop_beating(memo: Any, **_: Any) -> None:
+    """Ends the beat with Kopf: a task left running would hold the event loop's shutdown, and
+    the process would be killed instead of releasing the Lease."""
+    task = ctx_of(memo).beat_task
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def _beat(ctx: Context) -> None:
