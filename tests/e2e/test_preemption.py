@@ -913,9 +913,9 @@ def test_two_jobs_on_one_storage_the_newer_waits_and_a_refusal_is_no_crash(
 ) -> None:
     """The slip of two RLJobs on one storage. While the first trains, the second waits with
     StorageConflict and no pod; the first is never fenced and trains the undisturbed stream.
-    Once the first is deleted (its cuts retained), the second's controller finds the store is
-    another job's and refuses it (exit 3) without writing there: StorageRefused, no crash, no
-    new pod, until its spec names its own storage."""
+    Once the first has finished it holds the store no more, and the second's controller finds
+    the store is another job's and refuses it (exit 3) without writing there: StorageRefused,
+    no crash, no new pod, until its spec names its own storage."""
     jobs = e2e_jobs
     start(e2e_cluster, jobs, e2e_storage, "tiny", SPOT)
     training(jobs, "tiny", 2)
@@ -931,11 +931,7 @@ def test_two_jobs_on_one_storage_the_newer_waits_and_a_refusal_is_no_crash(
     assert st["phase"] == "Pending"
     # The operator posts a pass's Events after its status write, so the Event may land a moment later.
     wait_until(lambda: "StorageConflict" in jobs.reasons("tiny-b"), 10, "the StorageConflict Event")
-
-    st = succeeded(jobs, "tiny")
-    assert (st["preemptions"], st["restarts"], st["attempt"]) == (0, 0, 1), "the first job was never fenced"
-    assert_same_stream(reference, e2e_storage, "tiny")
-    assert jobs.pods("tiny-b") == [], "the second job started no pod while the first one's storage was shared"
+    assert jobs.pods("tiny-b") == [], "the second job started a pod while the first one trained on the store"
 
     def objects() -> dict[str, str]:
         pages = (
@@ -943,13 +939,15 @@ def test_two_jobs_on_one_storage_the_newer_waits_and_a_refusal_is_no_crash(
         )
         return {o["Key"]: o["ETag"] for page in pages for o in page.get("Contents") or []}
 
-    before = objects()
-    jobs.delete("tiny")  # retentionPolicy Retain: its cuts stay, and so does its JOB.json
+    st = succeeded(jobs, "tiny")
+    before = objects()  # the first job's last write is its last cut, before it says Succeeded
+    assert (st["preemptions"], st["restarts"], st["attempt"]) == (0, 0, 1), "the first job was never fenced"
+    assert_same_stream(reference, e2e_storage, "tiny")
     st = jobs.wait(
         "tiny-b",
         lambda s: any(c["type"] == "StorageRefused" and c["status"] == "True" for c in s.get("conditions") or []),
         TRAIN_TIMEOUT,
-        "the second job's controller to refuse the first one's store",
+        "the second job's controller to refuse the finished one's store",
     )
     (cond,) = [c for c in st["conditions"] if c["type"] == "StorageRefused"]
     assert "[job_identity]" in cond["message"], cond
