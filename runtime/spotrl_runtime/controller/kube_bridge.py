@@ -50,6 +50,8 @@ log = logging.getLogger("spotrl.kube_bridge")
 Obj = dict[str, Any]
 
 WATCH_SECONDS = 30
+REACH_SECONDS = 60.0
+"""How long a controller starting up keeps trying to reach the API server before it gives up."""
 ANSWER_RETRY_SECONDS = 30.0
 MIN_WRITE_INTERVAL = 0.2
 
@@ -129,9 +131,21 @@ class KubeBridge:
             return None
         return cls(job, env.get("SPOTRL_NAMESPACE") or "default", int(attempt))
 
-    def read_job(self) -> Obj:
-        """The RLJob this controller runs, as the API server has it."""
-        return self._api.get_job()
+    def read_job(self, wait: float = REACH_SECONDS) -> Obj:
+        """The RLJob this controller runs, as the API server has it. An API server it cannot
+        reach yet (a node given back routes to it seconds after it says Ready; an API server
+        restarting) is tried again for up to ``wait`` seconds; a refusal (403, 404) is not."""
+        deadline, backoff = time.monotonic() + wait, 0.5
+        while True:
+            try:
+                return self._api.get_job()
+            except KubeError as err:
+                passing = err.status == 0 or err.status == 429 or err.status >= 500
+                if not passing or time.monotonic() + backoff > deadline:
+                    raise
+                log.warning("reading RLJob %s/%s: %s; again in %.1f s", self.namespace, self.job, err, backoff)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, controllable: Controllable) -> KubeBridge:
