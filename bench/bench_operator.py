@@ -44,6 +44,7 @@ from typing import Any
 
 import yaml
 
+from _operator_bench import idle_pod, pct
 from spotrl_e2e.cluster import Cluster
 from spotrl_e2e.kube import KubeClient, path
 from spotrl_e2e.nodeagent.config import NodeSpec
@@ -53,11 +54,6 @@ REPO = Path(__file__).resolve().parents[1]
 RLJOBS = "spotrl.dev/v1alpha1"
 TAINT = "karpenter.sh/disrupted"
 Obj = dict[str, Any]
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def fmt(values: list[float]) -> str:
@@ -91,23 +87,6 @@ class Watcher:
 
     def close(self) -> None:
         self.stop = True
-
-
-def idle_pod(job: str, node: str) -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": f"{job}-controller-1",
-            "labels": {"spotrl.dev/job": job, "spotrl.dev/role": "controller", "spotrl.dev/attempt": "1"},
-        },
-        "spec": {
-            "nodeName": node,
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "controller", "image": "idle", "command": ["sleep", "86400"]}],
-        },
-    }
 
 
 def rljob(name: str, **spec: Any) -> Obj:

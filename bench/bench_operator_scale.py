@@ -67,6 +67,7 @@ from typing import Any
 
 import yaml
 
+from _operator_bench import idle_pod, pct
 from spotrl_e2e.cluster import Cluster
 from spotrl_e2e.controlplane import Timings
 from spotrl_e2e.kube import ApiError, KubeClient, path
@@ -82,11 +83,6 @@ Obj = dict[str, Any]
 
 
 # --------------------------------------------------------------------------- small helpers
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def ms(values: list[float], q: float | None) -> str:
@@ -337,23 +333,6 @@ def set_taint(admin: KubeClient, node: str, on: bool) -> float:
 
 
 # --------------------------------------------------------------------------- the jobs
-
-
-def idle_pod(job: str, node: str) -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": f"{job}-controller-1",
-            "labels": {"spotrl.dev/job": job, "spotrl.dev/role": "controller", "spotrl.dev/attempt": "1"},
-        },
-        "spec": {
-            "nodeName": node,
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "controller", "image": "idle", "command": ["sleep", "86400"]}],
-        },
-    }
 
 
 def running_status() -> Obj:
