@@ -497,10 +497,12 @@ class Actuator:
         ref = job_ref(job)
         pods = self.kube.get(path("v1", "pods", ref.namespace), labelSelector=f"{resources.JOB_LABEL}={ref.name}")
         items = pods.get("items") or []
-        lost = fleet.lost(self.clock(), self.settings.node_lost_seconds, self.settings.unhealthy_node_share)
+        lost = set(fleet.lost(self.clock(), self.settings.node_lost_seconds, self.settings.unhealthy_node_share))
+        named = {(pod.get("spec") or {}).get("nodeName") for pod in items}
+        lost |= {n for n in named if n and n not in lost and self._node_gone(n, fleet)}  # one GET a node, not a pod
         for pod in items:
             node = (pod.get("spec") or {}).get("nodeName") or ""
-            gone = bool(node) and (node in lost or self._node_gone(node, fleet))
+            gone = node in lost
             if gone or not pod["metadata"].get("deletionTimestamp"):
                 url = path("v1", "pods", ref.namespace, pod["metadata"]["name"])
                 self.kube.delete(url, grace_seconds=0 if gone else None)

@@ -98,12 +98,8 @@ def outcome_of(results: list[tuple[str, str] | None], uri: str, ref: JobRef) -> 
     failed = [r[1] for r in results if r is not None and r[0] == "Failed"]
     if len(failed) < TRIES or any(r is None for r in results):
         return None
-    return Outcome(
-        "Warning",
-        "CutsNotDeleted",
-        f"retentionPolicy Delete: the deletion pod failed {len(failed)} times (last: {failed[-1][:300]}); "
-        f"the cuts stay at {uri}; delete them with `spotrl ckpt delete {uri} --job {ref.namespace}/{ref.name}`",
-    )
+    why = f"retentionPolicy Delete: the deletion pod failed {len(failed)} times (last: {failed[-1][:300]})"
+    return not_deleted(why, uri, ref)
 
 
 def deleted_outcome(uri: str, message: str) -> Outcome:
@@ -134,6 +130,11 @@ def gave_up(job: Obj, settings: Settings, why: str) -> Outcome:
         return Outcome("Warning", "CutsNotDeleted", f"{why}; the job had no storage (or its spec does not parse)")
     if spec.checkpoint.retention_policy == "Retain":
         return Outcome("Warning", "CutsRetained", f"{why}; retentionPolicy Retain: the cuts stay at {uri}")
+    return not_deleted(why, uri, ref)
+
+
+def not_deleted(why: str, uri: str, ref: JobRef) -> Outcome:
+    """The cuts stay: where, and the command that deletes them."""
     return Outcome(
         "Warning",
         "CutsNotDeleted",
