@@ -20,20 +20,28 @@ from spotrl_operator import resources
 
 pytestmark = pytest.mark.cluster
 
+# The test reads a file the moment it appears: each is written whole, then renamed into place.
+PUT = """
+import os, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+def put(name, text):
+    (out / (name + ".part")).write_text(text)
+    os.replace(out / (name + ".part"), out / name)
+"""
+
 # The controller side: the real KubeBridge, with a Controllable whose cuts commit when the
 # test creates go-<n> in the pod's data folder.
-CONTROLLER = """
+CONTROLLER = PUT + """
 import logging, pathlib, sys, time, types
 logging.basicConfig(level=logging.INFO)  # the bridge's notes: what it ignored, what did not land
 from spotrl_runtime.controller.control import BarrierFailed, CutInfo
 from spotrl_runtime.controller.kube_bridge import KubeBridge
-out = pathlib.Path(sys.argv[1])
 class Cuts:
     n = 0
     def request_barrier(self, reason, deadline):
         Cuts.n += 1
         n = Cuts.n
-        (out / f"asked-{n}").write_text(f"{reason} {deadline.unix():.0f}")
+        put(f"asked-{n}", f"{reason} {deadline.unix():.0f}")
         if reason == "fail":
             raise BarrierFailed("storage unreachable")
         while not (out / f"go-{n}").exists():
@@ -54,10 +62,10 @@ for step in (1, 2, 3):
     bridge.on_step(step, {})
 bridge.on_cut(CutInfo("0000000000", 3, "s3://bucket-x/j/cuts/0000000000", "periodic", time.time(), 0.1))
 assert bridge.flush(10)
-(out / "ready").write_text("1")
+put("ready", "1")
 while not (out / "stop").exists():
     time.sleep(0.1)
-(out / "late-head").write_text(str(bridge.publish_ray_head("127.0.1.9:9999", 2)))
+put("late-head", str(bridge.publish_ray_head("127.0.1.9:9999", 2)))
 bridge.on_finished(20)
 bridge.stop()
 print("bridge stopped", flush=True)
@@ -214,28 +222,27 @@ def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identit
 
 # A standby's wait, as `spotrl controller` runs it (spotrl_runtime.controller.standby), with a
 # stand-in for the prestarted Ray (none is started here).
-STANDBY = """
+STANDBY = PUT + """
 import json, logging, pathlib, sys, time
 logging.basicConfig(level=logging.INFO)
 from spotrl_runtime.api.rljob import parse_rljob
 from spotrl_runtime.controller.assemble import ControllerOptions
 from spotrl_runtime.controller.kube_bridge import KubeBridge
 from spotrl_runtime.controller.standby import StandbyStopped, stand_by
-out = pathlib.Path(sys.argv[1])
 class Prestart:
     def wait(self, workers=False):
-        (out / "prestart-waited").write_text(str(workers))
+        put("prestart-waited", str(workers))
 bridge = KubeBridge.from_env()
 options = ControllerOptions(storage_uri="s3://bucket-x/j")
 try:
     rljob = stand_by(parse_rljob(bridge.read_job()), bridge, options, Prestart())
 except StandbyStopped:
-    (out / "stopped").write_text(str(time.time()))
+    put("stopped", str(time.time()))
     time.sleep(5)
     sys.exit(143)
 policy = [c.__name__ for c in type(options.policy[0]).__mro__]
 got = {"attempt": rljob["status"]["attempt"], "started_at": options.started_at, "policy": policy}
-(out / "promoted").write_text(json.dumps(got))
+put("promoted", json.dumps(got))
 """
 
 

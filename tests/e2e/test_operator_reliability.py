@@ -151,6 +151,8 @@ def test_a_job_made_again_under_its_name_never_adopts_the_old_ones_objects(
     old = jobs.create(tiny_job("tiny", **spec))
     jobs.wait("tiny", lambda s: s.get("attempt") == 1, 20, "the first job started")
     service = path("v1", "services", namespace, "tiny")
+    # The attempt is written before the pod and its objects are made: wait for the Service.
+    admin.wait_for(service, lambda o: o is not None, 20, "the first job's Service")
     admin.patch(service, {"metadata": {"finalizers": ["test.spotrl.dev/hold"]}})
     try:
         jobs.delete("tiny")
