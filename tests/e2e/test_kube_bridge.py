@@ -31,7 +31,9 @@ def put(name, text):
 
 # The controller side: the real KubeBridge, with a Controllable whose cuts commit when the
 # test creates go-<n> in the pod's data folder.
-CONTROLLER = PUT + """
+CONTROLLER = (
+    PUT
+    + """
 import logging, pathlib, sys, time, types
 logging.basicConfig(level=logging.INFO)  # the bridge's notes: what it ignored, what did not land
 from spotrl_runtime.controller.control import BarrierFailed, CutInfo
@@ -70,6 +72,7 @@ bridge.on_finished(20)
 bridge.stop()
 print("bridge stopped", flush=True)
 """
+)
 
 
 def rfc3339(dt: datetime) -> str:
@@ -222,7 +225,9 @@ def test_the_bridge_answers_barriers_and_reports_status_with_its_runtime_identit
 
 # A standby's wait, as `spotrl controller` runs it (spotrl_runtime.controller.standby), with a
 # stand-in for the prestarted Ray (none is started here).
-STANDBY = PUT + """
+STANDBY = (
+    PUT
+    + """
 import json, logging, pathlib, sys, time
 logging.basicConfig(level=logging.INFO)
 from spotrl_runtime.api.rljob import parse_rljob
@@ -244,6 +249,7 @@ policy = [c.__name__ for c in type(options.policy[0]).__mro__]
 got = {"attempt": rljob["status"]["attempt"], "started_at": options.started_at, "policy": policy}
 put("promoted", json.dumps(got))
 """
+)
 
 
 def test_a_standby_warms_up_claims_nothing_and_goes_on_when_its_attempt_comes(cluster: Cluster, namespace: str) -> None:
