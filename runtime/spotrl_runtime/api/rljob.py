@@ -8,7 +8,7 @@ reject the same documents. Field names are camelCase on the wire and snake_case 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
@@ -52,6 +52,47 @@ class Resources(ApiObject):
     gpu: int = Field(default=0, ge=0, le=64, description="GPUs (nvidia.com/gpu) per pod.")
 
 
+MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class Lora(ApiObject):
+    """A LoRA adapter trained on the frozen base (``policy.lora``): only the adapter trains, syncs
+    to the generation workers and is cut, so a full cut is megabytes at any model size."""
+
+    rank: int = Field(
+        default=16, ge=1, le=256, description="The adapter's rank r; 16-32 is the usual choice for 1.5B-8B bases."
+    )
+    alpha: float | None = Field(
+        default=None,
+        gt=0,
+        le=4096,
+        description="The scale numerator: updates are scaled by alpha / rank. Unset: 2 x rank.",
+    )
+    dropout: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description=(
+            "Dropout on the adapter's input while training. 0 keeps the trainer's log-probs those of the "
+            "weights the workers sample from."
+        ),
+    )
+    target_modules: list[Annotated[str, Field(pattern=MODULE_NAME, max_length=63)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=32,
+        description=(
+            "The linear layers that get an adapter, by their last name (q_proj, down_proj ...). Unset: every "
+            "linear layer but the language-model head. A name the model lacks is refused at start."
+        ),
+    )
+
+    @property
+    def scale_alpha(self) -> float:
+        """``alpha``, or 2 x ``rank`` when unset."""
+        return self.alpha if self.alpha is not None else 2.0 * self.rank
+
+
 class Policy(ApiObject):
     """The policy model being trained."""
 
@@ -68,6 +109,13 @@ class Policy(ApiObject):
         description=(
             "The compute dtype: the trainer's passes, generation, exports. The trainer's parameters and optimizer "
             "state stay float32 (master weights); float16 is refused for training (it needs a loss scaler)."
+        ),
+    )
+    lora: Lora | None = Field(
+        default=None,
+        description=(
+            "Train a LoRA adapter on the base instead of every weight: the base stays frozen in dtype, the "
+            "adapter and its optimizer state are float32. Unset: full fine-tuning."
         ),
     )
 

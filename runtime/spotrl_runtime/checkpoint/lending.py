@@ -37,14 +37,17 @@ class Lender:
         self._lent: list[LentTrainerState] = []
         self._buffers: BufferPool | None = None
 
-    def lend(self, model: Any, optimizer: Any, step: int, meta: Mapping[str, Any], *, last: bool = False) -> Any:
-        """The trainer's part of a cut at ``step`` (written later as ``torch.save/v2``)."""
+    def lend(
+        self, weights: Mapping[str, Any], optimizer: Any, step: int, meta: Mapping[str, Any], *, last: bool = False
+    ) -> Any:
+        """The trainer's part of a cut at ``step`` (written later as ``torch.save/v2``):
+        ``weights``, the live tensors it trains, and its optimizer's state."""
         if self.mode == "locked":
-            return snapshot_trainer(model.state_dict(), optimizer.state_dict(), step=step, meta=meta)
+            return snapshot_trainer(weights, optimizer.state_dict(), step=step, meta=meta)
         if self._buffers is None:
             self._buffers = BufferPool()
         live = TrainerSnapshot(
-            weights=model.state_dict(),
+            weights=weights,
             optimizer=optimizer.state_dict(),
             rng=capture_rng(),
             meta={**meta, "trainer_step": step},

@@ -32,6 +32,7 @@ from spotrl_runtime.core.validation import (
     BYTE_LEVEL_CHECKS,
     CutCheckError,
     Expectations,
+    PolicyExpectation,
     RedoFingerprintError,
     TrainerStateError,
 )
@@ -103,7 +104,9 @@ def resume_or_start(
     fence = Fence(storage, attempt, job).claim()
     if resume == "never" or (resume == "auto" and newest is None):
         return Start(Owners(config, loader, attempt=attempt), None, fence)
-    expect = Expectations(job=job.name, config=config, dataset=dataset_description)
+    adapter = getattr(trainer, "adapter", None)  # a LoRA trainer's AdapterIdentity
+    policy = PolicyExpectation(adapter.to_json() if adapter is not None else None)
+    expect = Expectations(job=job.name, config=config, dataset=dataset_description, policy=policy)
 
     older: list[tuple[dict[str, Any], int]] = []
 
@@ -197,7 +200,7 @@ def load_trainer(trainer: Any, snap: TrainerSnapshot | ShardedCut, cut_id: str =
     if notice is not None:
         log.warning("cut %s: %s", cut_id, notice)
     try:
-        trainer.model.load_state_dict(snap.weights, strict=True)
+        trainer.load_trained_state(snap.weights)
         if snap.optimizer is not None:
             trainer.optimizer.load_state_dict(snap.optimizer)
         if snap.rng is not None:

@@ -54,9 +54,10 @@ def stand_by(job: RLJob, bridge: KubeBridge, options: ControllerOptions, prestar
         # What the controller imports next (torch, transformers, the checkpoint code): now.
         from spotrl_runtime.controller import assemble, loop  # noqa: F401
         from spotrl_runtime.models import load_policy
+        from spotrl_runtime.models.lora import trainer_load_dtype
 
         if job.spec.training.parallelism.strategy != "fsdp":  # FSDP ranks load the policy themselves
-            options.policy = load_policy(job.spec.policy, options.device, dtype="float32")
+            options.policy = load_policy(job.spec.policy, options.device, dtype=trainer_load_dtype(job.spec.policy))
         prestart.wait(workers=True)
         log.info(
             "standby for attempt %d: warm in %.2f s (imports, Ray, generation workers, policy); "

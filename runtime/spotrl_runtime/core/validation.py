@@ -38,6 +38,8 @@ check                       what it refuses
 ``fingerprints_uniform``    some groups with a content fingerprint and some without
 ``trainer_state``           trainer files missing (a sharded cut: its index, its shards) or under a role
                             the format does not load, or a step that disagrees
+``policy_identity``         a LoRA adapter of another base, rank, alpha or targets than the job's
+                            ``policy.lora``; an adapter where the job trains every weight, or the reverse
 ``redo_steps``              a delta whose redo steps are not each step from its base's to its own
 ``redo_rows``               a redo group without its rows, rows of no redo group, a group trained
                             at another step than its stamp or whose order is not retired
@@ -71,7 +73,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from spotrl_runtime.core.cut_format import (
     DELTA_FILES,
@@ -197,6 +199,10 @@ class TrainerStateError(CutCheckError):
     check = "trainer_state"
 
 
+class PolicyIdentityError(CutCheckError):
+    check = "policy_identity"
+
+
 class LoaderPositionError(CutCheckError):
     check = "loader_position"
 
@@ -294,6 +300,7 @@ ERRORS: tuple[type[CutCheckError], ...] = (
     CensusError,
     FingerprintsUniformError,
     TrainerStateError,
+    PolicyIdentityError,
     RedoStepsError,
     RedoRowsError,
     RedoAuditError,
@@ -365,6 +372,16 @@ class Expectations:
     config: RecoveryConfig | None = None
     dataset: Mapping[str, object] | None = None
     """The job's dataset as ``describe_dataset`` gives it: the cut's shuffle and seed must equal its."""
+    policy: PolicyExpectation | None = None
+    """What the job trains (``policy_identity``); None: not checked."""
+
+
+@dataclass(frozen=True)
+class PolicyExpectation:
+    """What the job trains: every weight (``adapter`` None), or the LoRA adapter of this identity
+    (:class:`~spotrl_runtime.models.lora.AdapterIdentity`'s JSON: base, rank, alpha, targets)."""
+
+    adapter: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -424,6 +441,7 @@ def validate_cut(
     check_census(loc, manifest, docs)
     check_fingerprints_uniform(loc, manifest, docs)
     check_trainer_state(loc, manifest, docs, source)
+    check_policy_identity(loc, manifest, source, expect.policy)
     check_redo(loc, manifest, docs)
     check_loader_position(loc, manifest, docs, expect)
     skipped = {"job_identity"} if expect.job is None else set()
@@ -432,6 +450,7 @@ def validate_cut(
     if not manifest.is_delta:
         skipped |= DELTA_CHECKS
     skipped |= {"config_compatible"} if expect.config is None else set()
+    skipped |= {"policy_identity"} if expect.policy is None or manifest.trainer_format is None else set()
     prompts: dict[str, Prompt] = {}
     if lookup is None:
         skipped |= set(DATASET_CHECKS)
@@ -929,6 +948,43 @@ def check_trainer_state(loc: str, manifest: Manifest, docs: CutDocuments, source
     if not tail and docs.trainer_step > 0 and docs.config.audit_tail > 0:
         raise TrainerStateError(
             loc, _path_of(manifest, "audit"), f"no audit record, but {docs.trainer_step} steps are trained", _NEWER
+        )
+
+
+_ADAPTER_FIELDS = (("base", "policy.model's base"), ("rank", "policy.lora.rank"), ("alpha", "policy.lora.alpha"))
+
+
+def check_policy_identity(loc: str, manifest: Manifest, source: CutSource, expect: PolicyExpectation | None) -> None:
+    """``policy_identity``: the cut's trainer state is what the job trains (see :class:`PolicyExpectation`)."""
+    meta_file = manifest.file("trainer_meta")
+    if expect is None or manifest.trainer_format is None or meta_file is None:
+        return
+    saved = json.loads(source.read(meta_file.path)).get("adapter")
+    wanted = expect.adapter
+    if saved is None and wanted is None:
+        return
+    todo = "resume with the policy the run was started with, or start a new run on new storage"
+    if saved is None or wanted is None:
+        held = "a LoRA adapter" if saved is not None else "every weight of the policy"
+        trains = "a LoRA adapter (policy.lora is set)" if wanted is not None else "every weight (policy.lora is unset)"
+        raise PolicyIdentityError(loc, meta_file.path, f"the cut holds {held}, but the job trains {trains}", todo)
+    if not isinstance(saved, dict):
+        raise PolicyIdentityError(loc, meta_file.path, f"its adapter identity is {saved!r}, not an object", _NEWER)
+    for key, field in _ADAPTER_FIELDS:
+        if saved.get(key) != wanted.get(key):
+            raise PolicyIdentityError(
+                loc,
+                meta_file.path,
+                f"the cut's adapter has {key} {saved.get(key)!r}, the job's {field} gives {wanted.get(key)!r}",
+                todo,
+            )
+    if list(saved.get("targets") or []) != list(wanted.get("targets") or []):
+        raise PolicyIdentityError(
+            loc,
+            meta_file.path,
+            f"the cut's adapter is on {saved.get('targets')}, the job's policy.lora.targetModules give "
+            f"{list(wanted.get('targets') or [])}",
+            todo,
         )
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from spotrl_runtime.generation.types import GenerationRequest, GroupFailed, GroupGenerated
 
 if TYPE_CHECKING:
+    from spotrl_runtime.api.rljob import Lora
     from spotrl_runtime.generation.weights import ChannelAddress, SyncPlan
 
 
@@ -112,6 +113,8 @@ class BackendSpec:
     tensor_parallel_size: int = 1
     enforce_eager: bool = False
     seed: int = 0
+    lora: Lora | None = None
+    """``spec.policy.lora``: the base is served once, with the trainer's adapter on it."""
 
     @classmethod
     def from_rljob(cls, spec: Any, *, device: str | None = None) -> BackendSpec:
@@ -132,6 +135,7 @@ class BackendSpec:
             max_model_len=gen.max_model_len,
             tensor_parallel_size=gen.tensor_parallel_size if on_gpu else 1,
             seed=spec.training.seed,
+            lora=spec.policy.lora,
         )
 
 

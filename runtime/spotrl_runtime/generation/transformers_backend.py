@@ -17,6 +17,7 @@ from spotrl_runtime.generation.backend import BackendSpec, GenerationBackend
 from spotrl_runtime.generation.sampling import sampling_logprobs
 from spotrl_runtime.generation.types import FINISH_LENGTH, FINISH_STOP, GenerationRequest, GroupGenerated, Sample
 from spotrl_runtime.generation.weights import ChannelAddress, ChannelMember, SyncPlan, WeightSyncError, unique_tensors
+from spotrl_runtime.models import lora
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -51,6 +52,8 @@ class TransformersBackend(GenerationBackend):
         if spec.torch_threads:
             torch.set_num_threads(spec.torch_threads)
         model, tokenizer = load_policy(spec.model, spec.device, dtype=spec.dtype)
+        if spec.lora is not None:
+            lora.add_adapter(model, spec.lora, base="", seed=spec.seed, master=False)
         return cls(model, tokenizer, max_batch_rows=spec.max_batch_rows)
 
     def join_channel(self, address: ChannelAddress) -> None:
@@ -58,8 +61,12 @@ class TransformersBackend(GenerationBackend):
 
     def receive_weights(self, plan: SyncPlan, version: int) -> int:
         """Copies each bucket's tensors into the model's as it arrives. Every tensor of the model
-        must be in ``plan`` (a tied head comes with its embedding), and only those."""
-        params = self.model.state_dict(keep_vars=True)  # the parameters themselves: a tied one once
+        (of its adapter, with LoRA) must be in ``plan`` (a tied head comes with its embedding),
+        and only those."""
+        if lora.has_adapter(self.model):
+            params = lora.adapter_tensors(self.model, keep_vars=True)
+        else:
+            params = self.model.state_dict(keep_vars=True)  # the parameters themselves: a tied one once
         names = {t.name for t in plan.tensors}
         unknown = sorted(names - set(params))
         missing = sorted(n for n, _ in unique_tensors(params) if n not in names)

@@ -7,6 +7,11 @@ step's token count, gradient clipping, AdamW. Parameters and optimizer state are
 passes compute in ``compute_dtype`` (:mod:`~spotrl_runtime.training.precision`). The frozen
 reference for the KL term is the policy as the trainer received it (the initial policy); it is
 rebuilt from the policy spec on restore, so :meth:`Trainer.state_dict` does not carry it.
+
+With a LoRA adapter (:mod:`~spotrl_runtime.models.lora`) only the adapter trains: the base stays
+frozen in its dtype, the adapter's parameters are the float32 masters, the KL reference is the
+base itself (the adapter switched off, no second copy), and what leaves the trainer (cuts, the
+weight channel) is the adapter alone (:meth:`Trainer.trained_state`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from spotrl_runtime.checkpoint.lending import Lender
 from spotrl_runtime.checkpoint.trainer_state import capture_rng, restore_rng
 from spotrl_runtime.core.redo import StepFingerprint
 from spotrl_runtime.core.types import FinishedGroup
+from spotrl_runtime.models import lora
 from spotrl_runtime.training import logprobs as lp
 from spotrl_runtime.training import precision
 from spotrl_runtime.training.losses import LossConfig, Tokens, token_loss_terms
@@ -121,13 +127,18 @@ class Trainer:
         *,
         pad_token_id: int = 0,
         reference: PreTrainedModel | None = None,
+        adapter: lora.AdapterIdentity | None = None,
     ) -> None:
         """``model``'s parameters become float32 masters if they are not. ``reference``: the KL
         term's frozen policy, when the caller built it (a rank shards its own); by default a copy
-        of ``model`` when ``kl_coef`` is set."""
+        of ``model`` when ``kl_coef`` is set. ``adapter``: the identity of the LoRA adapter
+        ``model`` carries (:func:`~spotrl_runtime.models.lora.add_adapter`), which its cuts record."""
         torch.manual_seed(config.seed)
         self.compute_dtype = precision.compute_dtype(config.compute_dtype)
-        if any(p.dtype != precision.MASTER_DTYPE for p in model.parameters()):
+        if lora.has_adapter(model) != (adapter is not None):
+            raise ValueError("a model with a LoRA adapter needs its identity (adapter=), and only such a model")
+        self.adapter = adapter
+        if adapter is None and any(p.dtype != precision.MASTER_DTYPE for p in model.parameters()):
             model = cast(Any, model).to(precision.MASTER_DTYPE)
         self.model = lp.attach(model)
         self.config = config
@@ -138,7 +149,7 @@ class Trainer:
         if self.activation_checkpointing:
             precision.enable_activation_checkpointing(model)
         self.reference = reference
-        if reference is None and config.kl_coef > 0:
+        if reference is None and config.kl_coef > 0 and adapter is None:
             self.reference = copy.deepcopy(model).eval()
             self.reference.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
@@ -300,6 +311,9 @@ class Trainer:
             if self.reference is not None:
                 with torch.no_grad():
                     reference, _ = lp.call(self.reference, batch, self.config.temperature)
+            elif self.adapter is not None and self.config.kl_coef > 0:
+                with torch.no_grad(), lora.base_only(self.model):
+                    reference, _ = lp.call(self.model, batch, self.config.temperature)
         tokens = Tokens(
             logprobs=logprobs,
             proximal=logprobs.detach(),
@@ -313,9 +327,9 @@ class Trainer:
 
     def fingerprint(self, metrics: Mapping[str, float]) -> StepFingerprint:
         """The fingerprint of the step just taken (``metrics``: what :meth:`train_step` returned):
-        its loss, its gradient norm and a digest of the first values of four parameters (the
-        first, the last and two between), which a redone step must reproduce."""
-        params = list(self.model.named_parameters())
+        its loss, its gradient norm and a digest of the first values of four trained parameters
+        (the first, the last and two between), which a redone step must reproduce."""
+        params = list(self.model.named_parameters()) if self.adapter is None else list(self.trained_state().items())
         digest = hashlib.sha256()
         for i in sorted({0, len(params) // 3, 2 * len(params) // 3, len(params) - 1}):
             name, p = params[i]
@@ -335,19 +349,42 @@ class Trainer:
         channel = ChannelHost(channel_host_address(), backend=backend, timeout=timeout)
         dtype = str(self.compute_dtype).removeprefix("torch.")
         return WeightSender(
-            lambda: self.model.state_dict(keep_vars=True), dtype, channel, bucket_bytes, device=self.device.type
+            lambda: self.trained_state(keep_vars=True), dtype, channel, bucket_bytes, device=self.device.type
         )
 
+    def trained_state(self, *, keep_vars: bool = False) -> dict[str, torch.Tensor]:
+        """What this trainer trains, by name: the model's ``state_dict()``, or the adapter's
+        parameters alone with LoRA. Cuts, the weight channel and redone steps see only this."""
+        if self.adapter is not None:
+            return lora.adapter_tensors(self.model, keep_vars=keep_vars)
+        return dict(self.model.state_dict(keep_vars=keep_vars))
+
+    def load_trained_state(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Loads :meth:`trained_state`'s output (every name, and only those)."""
+        if self.adapter is None:
+            self.model.load_state_dict(weights, strict=True)
+            return
+        own = self.trained_state(keep_vars=True)
+        if set(weights) != set(own):
+            missing, unknown = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+            raise ValueError(f"the adapter state does not fit: missing {missing[:3]}, unexpected {unknown[:3]}")
+        with torch.no_grad():
+            for name, param in own.items():
+                param.copy_(weights[name])
+
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
-        """A CPU copy of the policy weights in the compute dtype: what a resume keeps of an older
+        """A CPU copy of the trained weights in the compute dtype: what a resume keeps of an older
         version its relaunched groups ask for (:mod:`~spotrl_runtime.checkpoint.resume`)."""
-        state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        state = {k: v.to("cpu", copy=True) for k, v in self.trained_state().items()}
         return precision.to_compute_dtype(state, self.compute_dtype)
 
     def snapshot(self, meta: Mapping[str, Any], *, last: bool = False) -> Any:
         """The trainer's part of a cut (call it between steps, under the cut's lock): its tensors,
-        lent (:class:`~spotrl_runtime.checkpoint.lending.Lender`)."""
-        return self.lender.lend(self.model, self.optimizer, self.step, meta, last=last)
+        lent (:class:`~spotrl_runtime.checkpoint.lending.Lender`); with LoRA, the adapter's
+        identity in its meta."""
+        if self.adapter is not None:
+            meta = {**meta, "adapter": self.adapter.to_json()}
+        return self.lender.lend(self.trained_state(), self.optimizer, self.step, meta, last=last)
 
     def wait_for_cuts(self) -> float:
         """Waits until no cut holds this trainer's live tensors; returns the seconds waited."""
@@ -389,7 +426,7 @@ class Trainer:
         return {
             "format": STATE_FORMAT,
             "step": self.step,
-            "model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
+            "model": {k: v.to("cpu", copy=True) for k, v in self.trained_state().items()},
             "optimizer": self.optimizer.state_dict(),
             "rng": rng,
             "config": asdict(self.config),
@@ -402,7 +439,7 @@ class Trainer:
                 f"trainer state format {state.get('format')!r} is not {STATE_FORMAT}; it comes from another version"
             )
         self.wait_for_cuts()
-        self.model.load_state_dict(state["model"], strict=True)
+        self.load_trained_state(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])
         if "cuda" in state["rng"] and torch.cuda.is_available():

@@ -215,6 +215,12 @@ CASES: list[tuple[str, Breaker, list[str], dict[str, Any]]] = [
     ("fingerprints_uniform", lambda s, t: s.edit_json("replay_index", unfingerprint), [], {}),
     ("trainer_state", lambda s, t: edit_trainer_meta(s), [], {}),
     (
+        "policy_identity",
+        lambda s, t: None,
+        None,  # type: ignore[list-item]
+        {"expect": v.Expectations(policy=v.PolicyExpectation({"base": "b" * 64, "rank": 16, "alpha": 32.0}))},
+    ),
+    (
         "loader_position",
         lambda s, t: s.edit_json("loader", lambda d: d.update(_num_yielded=d["_num_yielded"] + 1)),
         [],
@@ -288,7 +294,7 @@ def test_the_unbroken_cut_passes_every_check(cut_root: Path, capsys: pytest.Capt
     out = json.loads(capsys.readouterr().out)
     assert out["valid"] is True
     # Verify has no tokenizer: rollout_prompt_tokens is restore's.
-    skipped = {"config_compatible", "rollout_prompt_tokens", "redo_fingerprint", *v.DELTA_CHECKS}
+    skipped = {"config_compatible", "policy_identity", "rollout_prompt_tokens", "redo_fingerprint", *v.DELTA_CHECKS}
     assert out["checks"] == [c for c in v.CHECKS if c not in skipped]
     restored = restore_cut(
         LocalStorage(cut_root),
