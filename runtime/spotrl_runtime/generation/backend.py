@@ -115,6 +115,8 @@ class BackendSpec:
     seed: int = 0
     lora: Lora | None = None
     """``spec.policy.lora``: the base is served once, with the trainer's adapter on it."""
+    max_loras: int = 2
+    """vLLM with LoRA: adapter versions served at once (``generation.lookahead`` + 2)."""
 
     @classmethod
     def from_rljob(cls, spec: Any, *, device: str | None = None) -> BackendSpec:
@@ -136,6 +138,7 @@ class BackendSpec:
             tensor_parallel_size=gen.tensor_parallel_size if on_gpu else 1,
             seed=spec.training.seed,
             lora=spec.policy.lora,
+            max_loras=gen.lookahead + 2,
         )
 
 

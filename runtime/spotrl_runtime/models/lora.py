@@ -145,6 +145,11 @@ def base_digest(model_dir: Path | str) -> str:
     return digest.hexdigest()
 
 
+def modules_of(tensors: Mapping[str, Any]) -> tuple[str, ...]:
+    """The target modules (last names) an adapter's tensors sit on, sorted."""
+    return tuple(sorted({n.split(".lora_")[0].rsplit(".", 1)[-1] for n in tensors if is_adapter_tensor(n)}))
+
+
 def peft_key(name: str) -> str:
     """A trainer parameter's name as a PEFT adapter file keys it (peft's ``base_model.model.``
     prefix, no adapter name): what vLLM and ``PeftModel.from_pretrained`` read."""
