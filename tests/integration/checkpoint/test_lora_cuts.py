@@ -79,7 +79,7 @@ def test_an_adapter_cut_for_a_full_weight_job_and_the_reverse_are_refused(lora_c
     with pytest.raises(v.PolicyIdentityError, match="holds a LoRA adapter, but the job trains every weight"):
         restore(lora_cut, None)
     set_adapter(CutSurgery.only_cut(lora_cut), None)
-    with pytest.raises(v.PolicyIdentityError, match="holds every weight.*trains a LoRA adapter"):
+    with pytest.raises(v.PolicyIdentityError, match=r"holds every weight.*trains a LoRA adapter"):
         restore(lora_cut, dict(ADAPTER))
     assert restore(lora_cut, None).trainer is not None
 

@@ -66,7 +66,8 @@ def test_only_the_adapter_trains_in_float32_and_the_base_stays_bit_for_bit(
     moved = [n for n, v in trainer.trained_state().items() if not torch.equal(v, before_adapter[n])]
     assert any(".lora_B." in n for n in moved), "the adapter learned"
     opt_tensors = [t for s in trainer.optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.ndim]
-    assert opt_tensors and {t.dtype for t in opt_tensors} == {torch.float32}
+    assert opt_tensors
+    assert {t.dtype for t in opt_tensors} == {torch.float32}
     assert sum(t.numel() for t in opt_tensors) == 2 * sum(v.numel() for v in before_adapter.values())
 
 

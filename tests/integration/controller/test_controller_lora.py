@@ -1,0 +1,148 @@
+"""`spotrl run` of a LoRA job (policy.lora): SIGTERMed mid-step, SIGKILLed at a random point,
+then finished, it ends with the uninterrupted run's stream and adapter, bit for bit; its barrier
+cut is a full cut of the adapter and its optimizer alone; a resume with another rank is refused
+by check ``policy_identity``. On vLLM's CPU build in bf16, every step's adapter reaches the engine
+(the gap check) and travels alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controller_runs import (
+    Runs,
+    assert_same_weights,
+    audit,
+    chat_example,
+    final_weights,
+    newest_cut,
+    stop,
+    stream,
+    wait_for,
+)
+
+from spotrl_e2e.forgery import CutSurgery
+from spotrl_runtime.vllm_build import vllm_build
+
+pytestmark = pytest.mark.slow
+
+LORA = {
+    "policy.lora": {"rank": 8},
+    "training.totalSteps": 8,
+    "training.learningRate": 0.003,
+    "checkpoint.everySteps": 2,
+}
+
+
+def _cut_bytes(storage: Path, cut_id: str) -> tuple[str, int, set[str]]:
+    """(form, bytes of the trainer's files, the roles under trainer/) of a committed cut."""
+    cut = CutSurgery(storage / "cuts" / cut_id)
+    trainer = [f for f in cut.m["files"] if "/trainer/" in f["path"]]
+    return cut.m["form"], sum(f["size"] for f in trainer), {f["role"] for f in trainer}
+
+
+@pytest.fixture(scope="module")
+def lora_baseline(runs: Runs) -> tuple[list[tuple[int, list[int]]], dict[str, Any]]:
+    """The LoRA job run once, never stopped: its stream and final adapter."""
+    storage = runs.base / "lora-baseline"
+    rc, log = runs.run(runs.job(LORA), storage)
+    assert rc == 0, log
+    return stream(storage), final_weights(storage)
+
+
+def test_a_lora_run_stopped_then_killed_ends_with_the_uninterrupted_stream_and_adapter(
+    runs: Runs, lora_baseline: tuple[list[tuple[int, list[int]]], dict[str, Any]], tmp_path: Path
+) -> None:
+    baseline_stream, baseline_adapter = lora_baseline
+    assert baseline_adapter
+    assert all(".lora_" in name for name in baseline_adapter), "the cut holds the adapter alone"
+    storage, job = tmp_path / "cuts", runs.job(LORA)
+
+    marks = tmp_path / "marks-term"
+    marks.mkdir()
+    proc = runs.start(job, storage, SPOTRL_FAILPOINTS="train.step@3=4", SPOTRL_FAILPOINT_DIR=str(marks))
+    wait_for(lambda: (marks / "train.step").exists(), 300, "step 3", proc)
+    assert stop(proc, signal.SIGTERM) == 143, runs.log_of(proc)
+    cut_id, kind, cut_step = newest_cut(storage)
+    assert kind == "barrier"
+    form, trainer_bytes, roles = _cut_bytes(storage, cut_id)
+    assert form == "full", "an adapter's cut always fits: the barrier is a full cut"
+    adapter_bytes = sum(t.numel() * 4 for t in baseline_adapter.values())
+    assert trainer_bytes < 4 * adapter_bytes + (64 << 10), "weights, AdamW's two moments and small files: no base"
+    assert {"weights", "optimizer"} <= roles
+    print(f"LoRA barrier cut {cut_id}: {trainer_bytes} trainer bytes (adapter {adapter_bytes} bytes in float32)")
+
+    seed = int(os.environ.get("SPOTRL_KILL_SEED") or random.SystemRandom().randrange(1 << 30))
+    print(f"SPOTRL_KILL_SEED={seed}")
+    rng = random.Random(seed)
+    target = rng.randrange(cut_step + 1, 7)
+    marks = tmp_path / "marks-kill"
+    marks.mkdir()
+    proc = runs.start(job, storage, SPOTRL_FAILPOINTS=f"train.step@{target}=30", SPOTRL_FAILPOINT_DIR=str(marks))
+    wait_for(lambda: (marks / "train.step").exists(), 300, f"step {target} (seed {seed})", proc)
+    time.sleep(rng.uniform(0, 0.3))
+    assert stop(proc, signal.SIGKILL) == -signal.SIGKILL
+    runs.assert_nothing_left(proc)
+    assert f"resumed from cut {cut_id} (barrier) at step {cut_step}" in runs.log_of(proc)
+
+    rc, log = runs.run(job, storage)
+    assert rc == 0, log
+    assert stream(storage) == baseline_stream
+    assert_same_weights(final_weights(storage), baseline_adapter)
+
+    # The same storage, resumed with another rank: refused by name before anything trains.
+    other = runs.job({**LORA, "policy.lora": {"rank": 4}, "training.totalSteps": 10})
+    trained = len(audit(storage, "--all"))
+    rc, log = runs.run(other, storage)
+    assert rc != 0
+    assert "policy_identity" in log, log
+    assert "policy.lora.rank" in log, log
+    assert len(audit(storage, "--all")) == trained
+
+
+@pytest.mark.skipif(
+    vllm_build() == "cuda" or platform.machine() != "x86_64",
+    reason="vLLM's CPU build is for x86-64 machines without its CUDA build",
+)
+def test_the_chat_example_with_lora_trains_on_vllm_in_bf16_and_only_the_adapter_travels(
+    runs: Runs, tmp_path: Path
+) -> None:
+    from spotrl_runtime.controller.audit_store import AuditStore
+    from spotrl_runtime.storage import open_storage
+
+    storage = tmp_path / "cuts"
+    overrides = {
+        "policy.dtype": "bfloat16",
+        "policy.lora": {"rank": 16},
+        "generation.backend": "vllm",
+        "generation.lookahead": 0,
+        "generation.kvCacheMemory": "64Mi",
+        "training.totalSteps": 4,
+        "training.learningRate": 0.0005,
+        "checkpoint.everySteps": 2,
+    }
+    rc, log = runs.run(runs.job(overrides, base=chat_example()), storage)
+    assert rc == 0, log
+    summary = subprocess.run(
+        [sys.executable, "-m", "spotrl_runtime.cli", "audit", str(storage), "--summary", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    gap = json.loads(summary.stdout)["rollout_gap"]
+    assert gap["steps"] == 4, gap
+    assert 0 <= gap["max"] < 0.25, gap
+    records = AuditStore(open_storage(str(storage))).documents()
+    adapter = final_weights(storage)
+    adapter_bf16_bytes = sum(t.numel() * 2 for t in adapter.values())
+    assert {r["weight_sync_bytes"] for r in records} == {adapter_bf16_bytes}, "the adapter alone, in bf16"
+    print(f"tiny-chat + rank-16 LoRA on vLLM CPU bf16: rollout gap max {gap['max']:.2e}, sync {adapter_bf16_bytes} B")
