@@ -43,7 +43,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.checkpoint.trainer_state import HashingWriter, ShardFile
@@ -110,11 +110,19 @@ class ShardedCut:
 # ------------------------------------------------------------------ state dicts
 
 
+def _options(model: torch.nn.Module) -> StateDictOptions:
+    """What a cut holds of ``model``: the parameters it trains. A LoRA policy's frozen base is
+    left out (it is the base model's files, identified in the cut by its digest)."""
+    frozen = any(not p.requires_grad for p in model.parameters())
+    return StateDictOptions(ignore_frozen_params=frozen, strict=not frozen)
+
+
 def sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """This rank's shards as DCP saves and loads them: ``{"model": ..., "optimizer": ...}`` from
-    ``get_state_dict`` (DTensors under FSDP2; plain tensors in one process), no copy. An
-    optimizer that has not stepped yet gets its state created (zeros), so it can be loaded into."""
-    model_state, optim_state = get_state_dict(model, optimizer)
+    ``get_state_dict`` (DTensors under FSDP2; plain tensors in one process), no copy, frozen
+    parameters left out. An optimizer that has not stepped yet gets its state created (zeros),
+    so it can be loaded into."""
+    model_state, optim_state = get_state_dict(model, optimizer, options=_options(model))
     return {"model": model_state, "optimizer": optim_state}
 
 
@@ -127,7 +135,9 @@ def capture_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
 
 def apply_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> None:
     """Puts a state :func:`load_sharded` filled into ``model`` and ``optimizer`` (``set_state_dict``)."""
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=_options(model)
+    )
 
 
 @torch.no_grad()

@@ -62,33 +62,41 @@ def shard_policy(model: Any, compute_dtype: Any, mesh: Any = None) -> Any:
     return model
 
 
-def build_sharded(policy: Any, device: str, compute_dtype: Any, rank: int, copies: int = 1) -> list[Any]:
+def build_sharded(policy: Any, device: str, compute_dtype: Any, rank: int, copies: int = 1, seed: int = 0) -> list[Any]:
     """``copies`` of the policy (the model, and the KL reference when there is one) as this
-    rank's float32 shards on ``device``, without any rank holding the whole model on its device,
-    and only rank 0 holding it at all (in host memory, read once for every copy): each copy is
-    built on the meta device (no memory), sharded (:func:`shard_policy`), given empty shards on
-    ``device``, and filled from rank 0's weights, which it reads on the CPU and broadcasts. An
-    8B policy in float32 is 32 GB: eight ranks of a node each loading it would need 256 GB of
-    host memory, and each GPU would hold it whole before sharding. Buffers that are not in the
-    weights (rotary frequencies) are broadcast from rank 0 too. Every rank of the group must
-    call it (it broadcasts)."""
+    rank's float32 shards on ``device`` (with ``policy.lora``: the base's shards in its dtype,
+    the adapter's in float32, rank 0's adapter drawn from ``seed``), without any rank holding
+    the whole model on its device, and only rank 0 holding it at all (in host memory, read once
+    for every copy): each copy is built on the meta device (no memory), sharded
+    (:func:`shard_policy`), given empty shards on ``device``, and filled from rank 0's weights,
+    which it reads on the CPU and broadcasts. An 8B policy in float32 is 32 GB: eight ranks of a
+    node each loading it would need 256 GB of host memory, and each GPU would hold it whole
+    before sharding. Buffers that are not in the weights (rotary frequencies) are broadcast from
+    rank 0 too. Every rank of the group must call it (it broadcasts)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from spotrl_runtime.models import load_policy, resolve_model_dir
+    from spotrl_runtime.models import load_policy, lora, resolve_model_dir
+    from spotrl_runtime.training import precision
 
     config = AutoConfig.from_pretrained(resolve_model_dir(policy if isinstance(policy, str) else policy.model))
+    adapter = getattr(policy, "lora", None)
+    dtype = "float32" if isinstance(policy, str) else lora.trainer_load_dtype(policy)
     full: dict[str, Any] = {}
     buffers: dict[str, Any] = {}
     if rank == 0:
-        whole, _ = load_policy(policy, "cpu", dtype="float32")
+        whole, _ = load_policy(policy, "cpu", dtype=dtype)
+        if adapter is not None:
+            lora.add_adapter(whole, adapter, base="", seed=seed)
         full, buffers = whole.state_dict(), dict(whole.named_buffers())
     models = []
     for _ in range(copies):
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_config(config, dtype=precision.DTYPES[dtype])
+            if adapter is not None:
+                lora.add_adapter(model, adapter, base="", seed=seed)
         shard_policy(model, compute_dtype)
         model.to_empty(device=device)
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
@@ -135,12 +143,15 @@ class TrainerRank:
         self._store = TCPStore(host, 0, self.world, True, timeout=COLLECTIVE_TIMEOUT, wait_for_workers=False)
         return host, int(self._store.port)
 
-    def start(self, master: tuple[str, int], policy: Any, config: Any, pad_token_id: int) -> int:
-        """Joins the process group, loads and shards the policy. Returns this process's pid."""
+    def start(
+        self, master: tuple[str, int], policy: Any, config: Any, pad_token_id: int
+    ) -> tuple[int, dict[str, Any] | None]:
+        """Joins the process group, loads and shards the policy. Returns this process's pid and,
+        with ``policy.lora``, the adapter's identity (its base digest is of this node's files)."""
         import torch
         import torch.distributed as dist
 
-        from spotrl_runtime.models import resolve_model_dir
+        from spotrl_runtime.models import lora, resolve_model_dir
         from spotrl_runtime.training import precision
         from spotrl_runtime.training.trainer import Trainer
 
@@ -156,11 +167,20 @@ class TrainerRank:
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world, timeout=COLLECTIVE_TIMEOUT)
         self._ckpt_group = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
         dtype = precision.compute_dtype(config.compute_dtype)
-        # The KL reference is sharded the same way (Trainer's own deep copy is for one process).
-        model, *rest = build_sharded(policy, self.device, dtype, self.rank, copies=2 if config.kl_coef > 0 else 1)
+        # The KL reference is sharded the same way (Trainer's own deep copy is for one process);
+        # with LoRA it is the base itself, the adapter switched off.
+        adapter = getattr(policy, "lora", None)
+        copies = 2 if config.kl_coef > 0 and adapter is None else 1
+        model, *rest = build_sharded(policy, self.device, dtype, self.rank, copies=copies, seed=config.seed)
         reference = rest[0].requires_grad_(False) if rest else None
-        self.trainer = Trainer(model, config, pad_token_id=pad_token_id, reference=reference)
-        return os.getpid()
+        identity = None
+        if adapter is not None:
+            base = lora.base_digest(resolve_model_dir(policy.model))
+            identity = lora.AdapterIdentity(
+                base, adapter.rank, float(adapter.scale_alpha), lora.modules_of(lora.adapter_tensors(model))
+            )
+        self.trainer = Trainer(model, config, pad_token_id=pad_token_id, reference=reference, adapter=identity)
+        return os.getpid(), identity.to_json() if identity is not None else None
 
     # ------------------------------------------------------------------ the step
 
@@ -183,12 +203,17 @@ class TrainerRank:
         gathers): what a resume keeps of an older version. Other ranks return None."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        from spotrl_runtime.models import lora
         from spotrl_runtime.training import precision
 
         with self._lock:
+            frozen = self.trainer.adapter is not None  # a LoRA policy: its adapter alone
             state = get_model_state_dict(
-                self.trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+                self.trainer.model,
+                options=StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=frozen),
             )
+        if frozen:  # a tied head comes back beside the adapter: what the trainer trains, only
+            state = {k: v for k, v in state.items() if lora.is_adapter_tensor(k)}
         return precision.to_compute_dtype(state, self.trainer.compute_dtype) if self.rank == 0 else None
 
     # ------------------------------------------------------------------ weights to the workers
@@ -201,7 +226,7 @@ class TrainerRank:
         backend = "nccl" if self.device.startswith("cuda") else "gloo"
         self._channel = ChannelHost(channel_host_address(), backend=backend, timeout=timeout)
         dtype = str(self.trainer.compute_dtype).removeprefix("torch.")
-        self._plan = policy_plan(unique_tensors(self.trainer.model.state_dict(keep_vars=True)), dtype, bucket_bytes)
+        self._plan = policy_plan(unique_tensors(self.trainer.trained_state(keep_vars=True)), dtype, bucket_bytes)
         self._cancel = threading.Event()
         return self._channel.endpoint, self._plan.to_dict()
 
@@ -220,7 +245,7 @@ class TrainerRank:
         sync_plan = SyncPlan.from_dict(plan)
         device = "cuda" if self.device.startswith("cuda") else "cpu"
         with self._lock:
-            state = self.trainer.model.state_dict(keep_vars=True)
+            state = self.trainer.trained_state(keep_vars=True)
 
             def gathered() -> Iterator[dict[str, Any] | None]:
                 """Each bucket's tensors, gathered; None once the ranks agree the sync is cancelled

@@ -29,6 +29,7 @@ from typing import Any
 
 from spotrl_runtime.core.redo import StepFingerprint
 from spotrl_runtime.core.types import FinishedGroup, RankLostError
+from spotrl_runtime.models import lora
 from spotrl_runtime.training.rows import LossSums, micro_batches, split_rows, step_metrics, step_rows
 from spotrl_runtime.training.trainer import TrainerConfig
 
@@ -72,6 +73,8 @@ class TrainerGroup:
         self.local_workers = local_workers  # generation actors in this Ray beside the ranks
         self.step = 0
         self.pids: list[int] = []
+        self.adapter: lora.AdapterIdentity | None = None
+        """With ``policy.lora``: the adapter's identity, which the group's cuts record."""
         self._actors: list[Any] = []
         self._pg: Any = None
         self._lock = threading.Lock()
@@ -146,9 +149,10 @@ class TrainerGroup:
             for i in range(self.world)
         ]
         master = self._get([self._actors[0].rendezvous.remote()])[0]
-        self.pids = self._get(
-            [a.start.remote(master, self.policy, self.config, self.pad_token_id) for a in self._actors]
-        )
+        started = self._get([a.start.remote(master, self.policy, self.config, self.pad_token_id) for a in self._actors])
+        self.pids = [pid for pid, _ in started]
+        identity = started[0][1]  # rank 0's: its node's base files are the ones it loaded the weights from
+        self.adapter = lora.AdapterIdentity(**{**identity, "targets": tuple(identity["targets"])}) if identity else None
         log.info("trainer group: %d FSDP2 ranks on %s (pids %s)", self.world, self.device, self.pids)
 
     def _check_fits(self, offered: Mapping[str, float]) -> None:
@@ -235,6 +239,9 @@ class TrainerGroup:
 
     # ------------------------------------------------------------------ cuts
 
+    def _adapter_meta(self) -> dict[str, Any]:
+        return {"adapter": self.adapter.to_json()} if self.adapter is not None else {}
+
     def snapshot(self, meta: Mapping[str, Any], *, last: bool = False) -> Any:
         """Captures every rank's shards now (call it between steps, under the cut's lock); the
         returned snapshot's ``write`` has every rank write them, later, into the cut's folder.
@@ -261,7 +268,7 @@ class TrainerGroup:
             return [f for part in parts for f in part]
 
         return ShardedTrainerSnapshot(
-            meta={**dict(meta), "trainer_step": self.step, "world_size": self.world},
+            meta={**dict(meta), **self._adapter_meta(), "trainer_step": self.step, "world_size": self.world},
             write=write,
             format_name=DCP_FORMAT,
         )

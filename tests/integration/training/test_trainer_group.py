@@ -171,3 +171,42 @@ def test_two_bf16_fsdp_ranks_send_their_weights_to_two_workers_directly(ray_sess
         assert o.weight_version == group.step
         want = expected[o.group_id]
         assert [s.completion_token_ids for s in o.samples] == [s.completion_token_ids for s in want.samples]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_two_fsdp_ranks_train_a_lora_adapter_as_one_process_does(ray_session: Any, dtype: str) -> None:
+    """policy.lora on the group: the base sharded frozen in its dtype, the adapter's shards in
+    float32, the KL reference the base itself. The adapter alone comes out of the group, and
+    agrees with one process's (bit-level rounding in float32, bf16's resolution in bf16)."""
+    from spotrl_runtime.api.rljob import Lora, Policy
+    from spotrl_runtime.models import lora
+
+    policy = Policy(model=POLICY, dtype=dtype, lora=Lora(rank=8))  # type: ignore[arg-type]
+    cfg = config(compute_dtype=dtype, kl_coef=0.1, learning_rate=5e-4)
+    model, _, identity = lora.load_trainable(policy, "cpu", seed=cfg.seed)
+    single = Trainer(model, cfg, adapter=identity)
+    single_metrics = [single.train_step(groups) for groups in steps_of_groups()]
+    single_adapter = single.policy_state_dict()
+    group = TrainerGroup(policy, cfg, ranks=2, cpus_per_rank=0.5)
+    try:
+        group.start(timeout=120)
+        assert group.adapter == identity, "the group's cuts record the same identity"
+        group_metrics = [group.train_step(groups) for groups in steps_of_groups()]
+        adapter = group.policy_state_dict()
+    finally:
+        group.shutdown()
+    assert set(adapter) == set(single_adapter) == set(single.trained_state()), "the adapter alone"
+    assert single_metrics[-1]["kl"] > 0, "the reference (the base) differs from the trained policy"
+    for one, two in zip(single_metrics, group_metrics, strict=True):
+        # bf16: as for the full policy, statistics to 5% and the loss (advantages that nearly cancel) absolutely.
+        rel, loss_abs = (1e-4, 1e-6) if dtype == "float32" else (5e-2, 5e-3)
+        assert two["loss"] == pytest.approx(one["loss"], rel=rel, abs=loss_abs), (one, two)
+        for key in ("kl", "entropy", "grad_norm"):
+            assert two[key] == pytest.approx(one[key], rel=rel, abs=1e-6), (key, one, two)
+    moved = diff = 0.0
+    for name, w in adapter.items():
+        if ".lora_B." in name:  # B starts at zero: its norm is how far the steps moved it
+            moved += float(single_adapter[name].float().norm() ** 2)
+        diff += float((w.float() - single_adapter[name].float()).norm() ** 2)
+    assert moved > 0
+    assert diff**0.5 < (1e-3 if dtype == "float32" else 0.25) * moved**0.5, (diff**0.5, moved**0.5)
