@@ -24,6 +24,7 @@ from controller_runs import (
     audit,
     chat_example,
     final_weights,
+    fsdp,
     newest_cut,
     stop,
     stream,
@@ -146,3 +147,30 @@ def test_the_chat_example_with_lora_trains_on_vllm_in_bf16_and_only_the_adapter_
     adapter_bf16_bytes = sum(t.numel() * 2 for t in adapter.values())
     assert {r["weight_sync_bytes"] for r in records} == {adapter_bf16_bytes}, "the adapter alone, in bf16"
     print(f"tiny-chat + rank-16 LoRA on vLLM CPU bf16: rollout gap max {gap['max']:.2e}, sync {adapter_bf16_bytes} B")
+
+
+def test_a_lora_run_resharded_2_to_1_to_3_ranks_trains_the_uninterrupted_prompts(
+    runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path
+) -> None:
+    """A LoRA run of three attempts on 2, 1 and 3 FSDP ranks, each resuming from the last one's
+    sharded cut: the prompts of the uninterrupted run, and every cut holds the adapter's shards
+    alone (no shard of the frozen base), with the adapter's identity."""
+    storage = tmp_path / "cuts"
+    steps = 6
+    cut_id = None
+    for ranks, until in ((2, 2), (1, 4), (3, None)):
+        job = runs.job({**LORA, **fsdp(ranks), "training.totalSteps": steps})
+        rc, log = runs.run(job, storage, *(["--max-steps", str(until)] if until else []))
+        assert rc == 0, log
+        assert f"trainer group: {ranks} FSDP2 ranks" in log, log
+        if cut_id is not None:
+            assert f"resumed from cut {cut_id}" in log, log
+        cut_id, _, step = newest_cut(storage)
+        assert step == (until or steps)
+        cut = CutSurgery(storage / "cuts" / cut_id)
+        assert cut.m["trainer_format"] == "dcp/v1"
+        meta = json.loads(cut.path("trainer_meta").read_bytes())
+        assert meta["adapter"]["rank"] == 8
+        shard_bytes = sum(f["size"] for f in cut.m["files"] if "/trainer/dcp/" in f["path"])
+        assert 0 < shard_bytes < 1 << 20, "the adapter and its optimizer: the base is not in the cut"
+    assert stream(storage) == baseline[:steps]
