@@ -50,7 +50,11 @@ def register(sub: Any) -> None:
     q = cmds.add_parser("inspect", help="the owners a cut holds: loader, ledger, replay, spares, cursor, files")
     common(q)
     q.set_defaults(func=run_inspect)
-    q = cmds.add_parser("export", help="write a cut's policy as a Hugging Face folder (config, safetensors, tokenizer)")
+    q = cmds.add_parser(
+        "export",
+        help="write a cut's policy as a Hugging Face folder (config, safetensors, tokenizer); a LoRA run's as a "
+        "PEFT adapter folder",
+    )
     common(q)
     q.add_argument("--out", required=True, help="the folder to write (must not exist)")
     base = q.add_mutually_exclusive_group(required=True)
@@ -60,6 +64,11 @@ def register(sub: Any) -> None:
         "--dtype",
         choices=("float32", "bfloat16"),
         help="the exported weights' dtype (default: the job's policy.dtype with -f, else float32; cuts hold float32)",
+    )
+    q.add_argument(
+        "--merge",
+        action="store_true",
+        help="a LoRA run's cut: write the base with the adapter merged in, not the PEFT adapter folder",
     )
     q.set_defaults(func=run_export)
     q = cmds.add_parser("delete", help="delete a job's cuts, audit and pointer (only under its own prefix)")
@@ -377,7 +386,12 @@ def run_export(args: argparse.Namespace) -> int:
     target = _Target(args)
     try:
         done = export_policy(
-            target.storage, base, Path(args.out), cut_id=target.cut_id if target.named_cut else None, dtype=dtype
+            target.storage,
+            base,
+            Path(args.out),
+            cut_id=target.cut_id if target.named_cut else None,
+            dtype=dtype,
+            merge=args.merge,
         )
     except CutCheckError as err:
         print(f"not exported: cut fails check {err.check}: {err}", file=sys.stderr)

@@ -251,8 +251,11 @@ def _check_job_inputs(job: Any) -> None:
         path = Path(model).expanduser()
         if not path.is_dir():
             raise UsageError(f"{field} {model!r}: no such folder; give a Hugging Face model folder")
-        if not (path / "config.json").is_file():
-            raise UsageError(f"{field} {model!r}: has no config.json; give a Hugging Face model folder")
+        if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+            raise UsageError(
+                f"{field} {model!r}: has no config.json; give a Hugging Face model folder (or a PEFT adapter "
+                "folder that `spotrl ckpt export` wrote)"
+            )
 
 
 def _check_dataset(dataset: Any, field: str, answers: bool) -> None:

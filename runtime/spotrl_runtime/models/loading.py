@@ -7,6 +7,7 @@
 - ``builtin:random-100m`` — random weights of about 100M parameters, for timing (:mod:`.random_policy`);
 - ``builtin:random-0.5b`` — random weights in Qwen2.5-0.5B's shape, for benchmarks (:mod:`.random_policy`);
 - a local folder in Hugging Face format (``config.json``, weights, tokenizer files);
+- a PEFT LoRA folder (``spotrl ckpt export`` of a LoRA run): its base with the adapter merged in;
 - ``s3://bucket/prefix`` — such a folder in object storage, downloaded once into the cache;
 - a model id, for users whose machines reach a model hub (transformers resolves it).
 
@@ -88,6 +89,10 @@ def resolve_model_dir(model: str, *, downloader: PrefixDownloader | None = None)
         return build_once(target, lambda tmp: fetch(model.rstrip("/"), tmp))
     path = Path(model).expanduser()
     if path.exists():
+        from spotrl_runtime.models import lora
+
+        if lora.is_adapter_folder(path):
+            return lora.merged_dir(path)
         if not (path / "config.json").is_file():
             raise PolicyError(
                 f"policy.model: {str(path)!r} has no config.json; point it at a Hugging Face model folder "

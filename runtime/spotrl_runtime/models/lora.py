@@ -213,3 +213,49 @@ def load_trainable(
         return model, tokenizer, None
     identity = add_adapter(model, policy.lora, base=base_digest(resolve_model_dir(policy.model)), seed=seed)
     return model, tokenizer, identity
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def is_adapter_folder(path: Path) -> bool:
+    """A PEFT LoRA folder (``ckpt export`` of a LoRA run): an adapter config and no model config."""
+    return (path / ADAPTER_CONFIG).is_file() and not (path / "config.json").is_file()
+
+
+def adapter_base(path: Path) -> str:
+    """The base an adapter folder names (``base_model_name_or_path``: builtin:<name>, a folder, an s3:// URI)."""
+    base = json.loads((path / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not isinstance(base, str) or not base:
+        raise PolicyError(f"policy.model: {str(path)!r} is an adapter whose {ADAPTER_CONFIG} names no base model")
+    return base
+
+
+def merged(adapter_dir: Path, dtype: str = "float32") -> tuple[Any, Any]:
+    """(model, tokenizer): the base ``adapter_dir`` names with the adapter merged into its weights,
+    in ``dtype``: an ordinary model, for ``--merge`` exports and for scoring an adapter."""
+    import torch
+    from peft import PeftModel
+
+    from spotrl_runtime.models.loading import load_policy
+
+    base, tokenizer = load_policy(adapter_base(adapter_dir), "cpu", dtype="float32")
+    model = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    return model.to(getattr(torch, dtype)), tokenizer
+
+
+def merged_dir(adapter_dir: Path) -> Path:
+    """A cached folder of :func:`merged` (float32), keyed by the adapter's files and its base:
+    what ``policy.model`` (``spotrl eval --model``) resolves an adapter folder to."""
+    from spotrl_runtime.models.cache import build_once, model_cache_dir
+
+    digest = hashlib.sha256(adapter_base(adapter_dir).encode())
+    for path in sorted(p for p in adapter_dir.iterdir() if p.is_file()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+
+    def build(tmp: Path) -> None:
+        model, tokenizer = merged(adapter_dir)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    return build_once(model_cache_dir() / "merged" / digest.hexdigest()[:16], build)

@@ -51,10 +51,13 @@ def _cut_bytes(storage: Path, cut_id: str) -> tuple[str, int, set[str]]:
     return cut.m["form"], sum(f["size"] for f in trainer), {f["role"] for f in trainer}
 
 
+LORA_STORE = "lora-baseline"
+
+
 @pytest.fixture(scope="module")
 def lora_baseline(runs: Runs) -> tuple[list[tuple[int, list[int]]], dict[str, Any]]:
-    """The LoRA job run once, never stopped: its stream and final adapter."""
-    storage = runs.base / "lora-baseline"
+    """The LoRA job run once, never stopped (in ``runs.base / LORA_STORE``): its stream and final adapter."""
+    storage = runs.base / LORA_STORE
     rc, log = runs.run(runs.job(LORA), storage)
     assert rc == 0, log
     return stream(storage), final_weights(storage)
@@ -174,3 +177,56 @@ def test_a_lora_run_resharded_2_to_1_to_3_ranks_trains_the_uninterrupted_prompts
         shard_bytes = sum(f["size"] for f in cut.m["files"] if "/trainer/dcp/" in f["path"])
         assert 0 < shard_bytes < 1 << 20, "the adapter and its optimizer: the base is not in the cut"
     assert stream(storage) == baseline[:steps]
+
+
+def test_a_lora_cut_exports_as_a_peft_folder_or_merged_and_eval_scores_either(
+    runs: Runs, lora_baseline: tuple[list[tuple[int, list[int]]], dict[str, Any]], tmp_path: Path
+) -> None:
+    import torch
+    from peft import PeftModel
+
+    from spotrl_runtime.models import load_policy
+
+    _, adapter = lora_baseline
+    storage = runs.base / LORA_STORE
+
+    def spotrl(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "spotrl_runtime.cli", *args]
+        return subprocess.run(command, capture_output=True, text=True, env=runs.env(), cwd=tmp_path)
+
+    peft_dir, merged_dir = tmp_path / "adapter", tmp_path / "merged"
+    assert (
+        spotrl("ckpt", "export", str(storage), "--base", "builtin:tiny-arith", "--out", str(peft_dir)).returncode == 0
+    )
+    config = json.loads((peft_dir / "adapter_config.json").read_text())
+    assert (config["r"], config["base_model_name_or_path"]) == (8, "builtin:tiny-arith")
+    assert not (peft_dir / "config.json").exists(), "the adapter alone, not the base"
+    from safetensors.torch import load_file
+
+    exported = load_file(str(peft_dir / "adapter_model.safetensors"))
+    assert len(exported) == len(adapter)
+    assert sum(t.numel() for t in exported.values()) == sum(t.numel() for t in adapter.values())
+    out = spotrl("ckpt", "export", str(storage), "--base", "builtin:tiny-arith", "--merge", "--out", str(merged_dir))
+    assert out.returncode == 0, out.stderr
+    refused = spotrl("ckpt", "export", str(storage), "--base", "builtin:tiny-chat", "--out", str(tmp_path / "no"))
+    assert refused.returncode == 1
+    assert "trained on another base" in refused.stderr
+    assert not (tmp_path / "no").exists()
+
+    base, tok = load_policy("builtin:tiny-arith")
+    served = PeftModel.from_pretrained(base, str(peft_dir)).eval()
+    merged, _ = load_policy(str(merged_dir))
+    plain, _ = load_policy("builtin:tiny-arith")
+    ids = torch.tensor([tok("3+4=")["input_ids"]])
+    with torch.no_grad():
+        a, m, p = served(ids).logits, merged(ids).logits, plain(ids).logits
+    torch.testing.assert_close(m, a, rtol=1e-4, atol=1e-5)
+    assert float((a - p).abs().max()) > 1e-3, "the adapter changed the policy"
+
+    job = runs.job({**LORA, "dataset.split": "test"})
+    scores = []
+    for model in (peft_dir, merged_dir):
+        out = spotrl("eval", "-f", str(job), "--model", str(model), "--limit", "16", "--json")
+        assert out.returncode == 0, out.stderr
+        scores.append(json.loads(out.stdout)["accuracy"])
+    assert scores[0] == scores[1], "an adapter folder is scored as the base with the adapter merged in"
