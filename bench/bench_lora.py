@@ -91,7 +91,9 @@ def weight_sync(trainer: Trainer, variant: str, rank: int) -> tuple[float, int]:
     from spotrl_runtime.generation.transformers_backend import TransformersBackend
     from spotrl_runtime.generation.weights import give_weights
 
-    spec = BackendSpec(kind="transformers", model=POLICY, dtype="bfloat16", lora=Lora(rank=rank) if variant == "lora" else None)
+    spec = BackendSpec(
+        kind="transformers", model=POLICY, dtype="bfloat16", lora=Lora(rank=rank) if variant == "lora" else None
+    )
     worker = TransformersBackend.from_spec(spec)
     times, sent = [], 0
     for version in (1, 2, 3):
@@ -139,7 +141,11 @@ def one_step(variant: str, rank: int) -> dict[str, Any]:
     started = time.perf_counter()
     trainer.train_step(groups)
     seconds = time.perf_counter() - started
-    return {"variant": variant, "seconds": seconds, "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    return {
+        "variant": variant,
+        "seconds": seconds,
+        "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
 
 
 def steps(rank: int) -> list[tuple[Any, ...]]:
@@ -218,7 +224,9 @@ def projection() -> list[tuple[Any, ...]]:
     with torch.device("meta"):
         full = sum(p.numel() for p in LlamaForCausalLM(config).parameters())
     # full fine-tuning: float32 masters + two AdamW moments in the cut, bf16 over the channel
-    rows.append(("full fine-tuning", f"{full / 1e9:.2f} B", f"{full * 12 / 2**30:,.1f} GiB", f"{full * 2 / 2**30:,.1f} GiB"))
+    rows.append(
+        ("full fine-tuning", f"{full / 1e9:.2f} B", f"{full * 12 / 2**30:,.1f} GiB", f"{full * 2 / 2**30:,.1f} GiB")
+    )
     for rank in (16, 32):
         with torch.device("meta"):
             model = LlamaForCausalLM(config)
@@ -247,7 +255,11 @@ def main() -> None:
         return
     only = args.only.split(",")
     if "projection" in only:
-        table("An 8B base (Llama-3.1-8B's shape)", ("what trains", "parameters", "a full cut", "a weight sync"), projection())
+        table(
+            "An 8B base (Llama-3.1-8B's shape)",
+            ("what trains", "parameters", "a full cut", "a weight sync"),
+            projection(),
+        )
     if "cut" in only:
         table(
             f"random-0.5b in bf16: barrier cut and weight sync, full vs LoRA rank {args.rank}",
@@ -255,7 +267,11 @@ def main() -> None:
             cut_and_sync(args.rank),
         )
     if "step" in only:
-        table(f"random-0.5b in bf16: one step, full vs LoRA rank {args.rank}", ("variant", "step s", "peak GiB"), steps(args.rank))
+        table(
+            f"random-0.5b in bf16: one step, full vs LoRA rank {args.rank}",
+            ("variant", "step s", "peak GiB"),
+            steps(args.rank),
+        )
     if "chat" in only:
         table(
             "The CPU chat example, 60 steps: held-out greedy accuracy",

@@ -1,6 +1,7 @@
 """End to end: trainer ranks in pods of their own (``spec.training.parallelism.trainerPods``).
 
-The tiny job trains with two FSDP2 ranks (CPU, gloo), each in a trainer pod of its own that
+The tiny job trains a LoRA adapter (``policy.lora``: the base frozen, the adapter's shards alone
+in every cut) with two FSDP2 ranks (CPU, gloo), each in a trainer pod of its own that
 joins the controller's Ray cluster as a node offering one rank's slot, the two pods on two
 nodes. Then the node of one trainer pod (not the controller's) is drained mid-run: losing a
 rank is a preemption of the trainer group, so the operator asks the controller for a barrier
@@ -42,6 +43,7 @@ NAME = "fsdp"
 def trainer_job(storage: JobStorage) -> dict[str, Any]:
     job = tiny_job(NAME, storage, {})
     spec = job["spec"]
+    spec["policy"]["lora"] = {"rank": 8}
     spec["training"]["parallelism"] = {
         "strategy": "fsdp",
         "ranks": 2,
@@ -122,6 +124,21 @@ def _pod_of(pid: int) -> str:
     return names[0] if names else f"(pid {pid}: no pod)"
 
 
+def assert_an_adapter_cut(storage: JobStorage, cut: str) -> None:
+    """The barrier cut is a full cut of the adapter's shards (every rank's), with its identity."""
+    client = storage.client()
+
+    def read(key: str) -> Any:
+        return json.loads(client.get_object(Bucket=storage.bucket, Key=f"{NAME}/cuts/{cut}/{key}")["Body"].read())
+
+    manifest = read("manifest.json")
+    assert (manifest["form"], manifest["trainer_format"]) == ("full", "dcp/v1"), manifest
+    meta = read(next(f["path"] for f in manifest["files"] if f["role"] == "trainer_meta"))
+    assert meta["adapter"]["rank"] == 8, meta
+    shards = [f for f in manifest["files"] if "/trainer/dcp/" in f["path"]]
+    assert 0 < sum(f["size"] for f in shards) < 1 << 20, "the adapter and its optimizer, not the base"
+
+
 def check_trainer_pods(
     cluster: Any, jobs: Jobs, storage: JobStorage, st: dict[str, Any], attempt: int
 ) -> list[dict[str, Any]]:
@@ -193,6 +210,7 @@ def test_a_drained_trainer_node_waits_for_the_barrier_cut_and_the_group_resumes_
         assert f"on node {node} (trainer pod {pod})" in notice, notice
         st = jobs.status(NAME)
         assert int(st["lastCut"]["id"]) >= int(cut)
+        assert_an_adapter_cut(e2e_storage, cut)  # read now: retention deletes it before the run ends
         assert drain.wait(300) == 0, drain.output()
     finally:
         drain.stop()

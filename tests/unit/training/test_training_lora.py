@@ -174,3 +174,25 @@ def test_the_base_digest_changes_with_any_weight_file_and_not_with_other_files(t
     (tmp_path / "empty").mkdir()
     with pytest.raises(PolicyError, match="no weight files"):
         lora.base_digest(tmp_path / "empty")
+
+
+def test_the_readmes_lora_block_is_a_valid_policy_whose_targets_are_the_qwen_default() -> None:
+    """The README's LoRA section: its YAML parses into the RLJob model, and the targets it lists
+    are the default's for a Qwen2 model (builtin:tiny-chat's shape)."""
+    import re
+
+    import yaml
+
+    from spotrl_runtime.api.rljob import Policy
+    from spotrl_runtime.models import load_policy
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    section = readme[readme.index("## LoRA: an adapter on a frozen base") :]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert block is not None
+    doc = yaml.safe_load(block.group(1))
+    policy = Policy.model_validate(doc["policy"])
+    assert policy.lora is not None
+    assert (policy.lora.rank, policy.lora.scale_alpha) == (32, 64.0)
+    model, _ = load_policy("builtin:tiny-chat")
+    assert lora.target_modules(model, None) == tuple(sorted(policy.lora.target_modules or []))
