@@ -42,7 +42,7 @@ from spotrl_runtime.generation.cluster import (
 )
 from spotrl_runtime.generation.pool import GenerationPool, GenerationPoolError
 from spotrl_runtime.generation.rollouts import PromptFormatError, prompt_encoder
-from spotrl_runtime.models import load_tokenizer, lora
+from spotrl_runtime.models import PolicyError, load_tokenizer, lora
 from spotrl_runtime.rewards.runner import RewardRunner
 from spotrl_runtime.storage import Storage, open_storage
 from spotrl_runtime.training import Trainer, TrainerConfig
@@ -220,9 +220,12 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             trainer.start(timeout=options.worker_wait_seconds, stop=stop)
         else:
             device = trainer_device(spec, options.device)
-            model, tokenizer, adapter = lora.load_trainable(
-                spec.policy, device, seed=spec.training.seed, loaded=options.policy
-            )
+            try:
+                model, tokenizer, adapter = lora.load_trainable(
+                    spec.policy, device, seed=spec.training.seed, loaded=options.policy
+                )
+            except PolicyError as err:
+                raise ControllerError(str(err)) from None
             options.policy = None
             config = TrainerConfig.from_rljob(spec)
             trainer = Trainer(model, config, pad_token_id=tokenizer.pad_token_id or 0, adapter=adapter)
