@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _recovery_state import table  # noqa: E402
 from bench_numerics import step_groups  # noqa: E402
 from spotrl_runtime.api.rljob import Lora, Policy  # noqa: E402
+from spotrl_runtime.generation.weights import unique_tensors  # noqa: E402
 from spotrl_runtime.models import lora  # noqa: E402
 from spotrl_runtime.training import Trainer, TrainerConfig  # noqa: E402
 
@@ -97,9 +97,9 @@ def weight_sync(trainer: Trainer, variant: str, rank: int) -> tuple[float, int]:
     worker = TransformersBackend.from_spec(spec)
     times, sent = [], 0
     for version in (1, 2, 3):
-        state = trainer.policy_state_dict()
         started = time.perf_counter()
-        sent = give_weights(worker, state, version=version)
+        # As the trainer's sender sends: its live tensors (a tied one once), cast as they are packed.
+        sent = give_weights(worker, trainer.trained_state(keep_vars=True), version=version, dtype="bfloat16")
         times.append(time.perf_counter() - started)
     return statistics.median(times), sent
 
@@ -109,7 +109,7 @@ def cut_and_sync(rank: int) -> list[tuple[Any, ...]]:
     for variant in ("full", "lora"):
         trainer = trainer_of(variant, rank)
         trainer.train_step(step_groups(trainer.model.config.vocab_size, 4, 64))  # AdamW's state exists
-        trained = sum(t.numel() for t in trainer.trained_state().values())
+        trained = sum(t.numel() for _, t in unique_tensors(trainer.trained_state(keep_vars=True)))
         with tempfile.TemporaryDirectory() as work:
             cut_s, cut_bytes = barrier_cut(trainer, Path(work))
         sync_s, sync_bytes = weight_sync(trainer, variant, rank)
@@ -144,8 +144,15 @@ def one_step(variant: str, rank: int) -> dict[str, Any]:
     return {
         "variant": variant,
         "seconds": seconds,
-        "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "peak_gib": peak_rss_gib(),
     }
+
+
+def peak_rss_gib() -> float:
+    """This process's own peak resident memory (VmHWM). Not ``ru_maxrss``: a child started by a
+    parent that held a model reports the parent's peak there (it is kept across fork and exec)."""
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) / 2**20
 
 
 def steps(rank: int) -> list[tuple[Any, ...]]:
