@@ -35,9 +35,10 @@ TINY_JOB: dict[str, Any] = {
 }
 
 
-def chat_example() -> dict[str, Any]:
-    """``examples/cpu-chat-gsm8k.yaml``, its dataset paths made absolute (runs start elsewhere)."""
-    doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "cpu-chat-gsm8k.yaml").read_text())
+def chat_example(name: str = "cpu-chat-gsm8k.yaml") -> dict[str, Any]:
+    """``examples/cpu-chat-gsm8k.yaml`` (or its twin ``name``), its dataset paths made absolute
+    (runs start elsewhere)."""
+    doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / name).read_text())
     doc["spec"]["dataset"]["uri"] = str(ROOT / doc["spec"]["dataset"]["uri"])
     doc["spec"]["validation"]["dataset"] = str(ROOT / doc["spec"]["validation"]["dataset"])
     return doc

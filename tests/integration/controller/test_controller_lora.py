@@ -124,17 +124,17 @@ def test_the_chat_example_with_lora_trains_on_vllm_in_bf16_and_only_the_adapter_
     from spotrl_runtime.storage import open_storage
 
     storage = tmp_path / "cuts"
+    example = chat_example("cpu-chat-gsm8k-lora.yaml")  # its adapter and rate, as a newcomer copies it
+    assert example["spec"]["policy"]["lora"] == {"rank": 16}
     overrides = {
         "policy.dtype": "bfloat16",
-        "policy.lora": {"rank": 16},
         "generation.backend": "vllm",
         "generation.lookahead": 0,
         "generation.kvCacheMemory": "64Mi",
         "training.totalSteps": 4,
-        "training.learningRate": 0.0005,
         "checkpoint.everySteps": 2,
     }
-    rc, log = runs.run(runs.job(overrides, base=chat_example()), storage)
+    rc, log = runs.run(runs.job(overrides, base=example), storage)
     assert rc == 0, log
     summary = subprocess.run(
         [sys.executable, "-m", "spotrl_runtime.cli", "audit", str(storage), "--summary", "--json"],
