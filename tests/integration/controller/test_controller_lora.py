@@ -7,13 +7,10 @@ by check ``policy_identity``. On vLLM's CPU build in bf16, every step's adapter 
 from __future__ import annotations
 
 import json
-import os
 import platform
-import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +22,8 @@ from controller_runs import (
     chat_example,
     final_weights,
     fsdp,
+    kill_rng,
+    killed_in_step,
     newest_cut,
     stop,
     stream,
@@ -85,17 +84,8 @@ def test_a_lora_run_stopped_then_killed_ends_with_the_uninterrupted_stream_and_a
     assert {"weights", "optimizer"} <= roles
     print(f"LoRA barrier cut {cut_id}: {trainer_bytes} trainer bytes (adapter {adapter_bytes} bytes in float32)")
 
-    seed = int(os.environ.get("SPOTRL_KILL_SEED") or random.SystemRandom().randrange(1 << 30))
-    print(f"SPOTRL_KILL_SEED={seed}")
-    rng = random.Random(seed)
-    target = rng.randrange(cut_step + 1, 7)
-    marks = tmp_path / "marks-kill"
-    marks.mkdir()
-    proc = runs.start(job, storage, SPOTRL_FAILPOINTS=f"train.step@{target}=30", SPOTRL_FAILPOINT_DIR=str(marks))
-    wait_for(lambda: (marks / "train.step").exists(), 300, f"step {target} (seed {seed})", proc)
-    time.sleep(rng.uniform(0, 0.3))
-    assert stop(proc, signal.SIGKILL) == -signal.SIGKILL
-    runs.assert_nothing_left(proc)
+    _, rng = kill_rng()
+    proc = killed_in_step(runs, job, storage, tmp_path / "marks-kill", rng.randrange(cut_step + 1, 7), rng)
     assert f"resumed from cut {cut_id} (barrier) at step {cut_step}" in runs.log_of(proc)
 
     rc, log = runs.run(job, storage)

@@ -9,18 +9,15 @@ not a test per stop: each vLLM start costs about a minute here.
 from __future__ import annotations
 
 import json
-import os
 import platform
-import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from controller_runs import Runs, audit, chat_example, newest_cut, stop, stream, wait_for
+from controller_runs import Runs, audit, chat_example, kill_rng, killed_in_step, newest_cut, stop, stream, wait_for
 
 from spotrl_runtime.vllm_build import vllm_build
 
@@ -89,17 +86,9 @@ def test_stopped_mid_generation_mid_weight_sync_and_killed_it_trains_the_uninter
     assert f"resumed from cut {first_cut} (barrier) at step {first_step}" in log, log
     assert second_step > first_step
 
-    seed = int(os.environ.get("SPOTRL_KILL_SEED") or random.SystemRandom().randrange(1 << 30))
-    print(f"SPOTRL_KILL_SEED={seed}")
-    rng = random.Random(seed)
+    seed, rng = kill_rng()
     target = rng.randrange(second_step + 2, 14)
-    kill_marks = tmp_path / "kill-marks"
-    kill_marks.mkdir()
-    proc = runs.start(job, storage, SPOTRL_FAILPOINTS=f"train.step@{target}=0.3", SPOTRL_FAILPOINT_DIR=str(kill_marks))
-    wait_for(lambda: (kill_marks / "train.step").exists(), 300, f"step {target}", proc)
-    time.sleep(rng.uniform(0, 0.3))
-    assert stop(proc, signal.SIGKILL) == -signal.SIGKILL
-    runs.assert_nothing_left(proc)
+    proc = killed_in_step(runs, job, storage, tmp_path / "kill-marks", target, rng, hold=0.3)
     assert f"resumed from cut {second_cut} (barrier) at step {second_step}" in runs.log_of(proc)
 
     rc, log = runs.run(job, storage)
