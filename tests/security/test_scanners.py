@@ -74,6 +74,8 @@ def test_render_has_every_set_and_pod(rendered: Path) -> None:
         "chart",
         "chart-watch-namespaces",
         "operator-cpu-chat-gsm8k",
+        "operator-cpu-chat-gsm8k-lora",
+        "operator-gpu-qwen-7b-lora",
         "operator-gpu-qwen-fsdp",
         "operator-gpu-qwen-gsm8k",
         "operator-tiny-cpu",

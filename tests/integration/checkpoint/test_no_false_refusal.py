@@ -21,7 +21,7 @@ from test_recovery_property import apply, configs
 from spotrl_runtime.checkpoint.restore import DatasetLookup, validate_stored_cut
 from spotrl_runtime.core.owners import RecoveryConfig
 from spotrl_runtime.core.types import Prompt
-from spotrl_runtime.core.validation import CHECKS, DELTA_CHECKS, Expectations
+from spotrl_runtime.core.validation import CHECKS, DELTA_CHECKS, Expectations, PolicyExpectation
 from spotrl_runtime.data import ArithmeticDataset, PromptCollate
 from spotrl_runtime.storage import LocalStorage
 
@@ -43,7 +43,8 @@ def test_every_cut_the_writer_commits_passes_every_check(
     config: RecoveryConfig, script: list[tuple[str, int]], seed: int
 ) -> None:
     loader = {"shuffle": True, "seed": seed}
-    expect = Expectations(job=JOB, config=config, dataset=dataset_description(DATASET, **loader))
+    policy = PolicyExpectation(None)  # the scenario trains every weight of its model
+    expect = Expectations(job=JOB, config=config, dataset=dataset_description(DATASET, **loader), policy=policy)
     lookup = DatasetLookup(DATASET, PromptCollate())
     with tempfile.TemporaryDirectory() as tmp:
         storage = LocalStorage(Path(tmp) / "job")
@@ -54,8 +55,10 @@ def test_every_cut_the_writer_commits_passes_every_check(
                 committed = run.cut("periodic" if kind == "cut" else kind)
                 cuts += 1
                 validated = validate_stored_cut(storage, committed.cut_id, lookup, expect, encode=encode)
-                # Every check ran, but the redo's own (a full cut: the delta's too).
-                skipped = {"redo_fingerprint"} | (set() if committed.manifest.is_delta else DELTA_CHECKS)
+                # Every check ran, but the redo's own (a full cut: the delta's too; a delta, which
+                # holds no trainer state, leaves the policy's identity to its base's chain).
+                delta = committed.manifest.is_delta
+                skipped = {"redo_fingerprint"} | ({"policy_identity"} if delta else DELTA_CHECKS)
                 assert validated.checks == tuple(c for c in CHECKS if c not in skipped), "every check ran"
                 if committed.manifest.is_delta:
                     base = committed.manifest.base

@@ -24,8 +24,9 @@ from spotrl_runtime.data import PromptCollate
 from spotrl_runtime.storage import LocalStorage, StorageError
 
 # What the precheck cannot see: the dataset's checks and the prompt tokens (they need torch
-# and the tokenizer), and a flipped byte in the weights (it checks their size, not their digest).
-UNSEEN = {*v.DATASET_CHECKS, "rollout_prompt_tokens", "file_digest"}
+# and the tokenizer), a flipped byte in the weights (it checks their size, not their digest),
+# and the policy's identity (an adapter's default targets and its base's digest need the model).
+UNSEEN = {*v.DATASET_CHECKS, "rollout_prompt_tokens", "file_digest", "policy_identity"}
 
 
 @pytest.fixture
