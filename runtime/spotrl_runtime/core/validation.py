@@ -440,8 +440,8 @@ def validate_cut(
     check_coverage(loc, manifest, docs)
     check_census(loc, manifest, docs)
     check_fingerprints_uniform(loc, manifest, docs)
-    check_trainer_state(loc, manifest, docs, source)
-    check_policy_identity(loc, manifest, source, expect.policy)
+    meta = check_trainer_state(loc, manifest, docs, source)
+    check_policy_identity(loc, manifest, meta, expect.policy)
     check_redo(loc, manifest, docs)
     check_loader_position(loc, manifest, docs, expect)
     skipped = {"job_identity"} if expect.job is None else set()
@@ -896,11 +896,14 @@ def check_fingerprints_uniform(loc: str, manifest: Manifest, docs: CutDocuments)
         )
 
 
-def check_trainer_state(loc: str, manifest: Manifest, docs: CutDocuments, source: CutSource) -> None:
+def check_trainer_state(
+    loc: str, manifest: Manifest, docs: CutDocuments, source: CutSource
+) -> Mapping[str, Any] | None:
     """``trainer_state``: the files ``trainer_format`` needs are listed (under the data folder's
     ``trainer/``), each under a role the format loads, and the trainer's step, the audit tail's
-    last step and ``trainer_step`` agree."""
+    last step and ``trainer_step`` agree. Returns the trainer's ``meta.json`` (None: no trainer state)."""
     fmt = manifest.trainer_format
+    meta: Mapping[str, Any] | None = None
     if fmt is not None and fmt not in TRAINER_FORMATS:
         raise TrainerStateError(
             loc, MANIFEST_NAME, f"trainer_format {fmt!r} is not one this code reads ({list(TRAINER_FORMATS)})"
@@ -920,8 +923,8 @@ def check_trainer_state(loc: str, manifest: Manifest, docs: CutDocuments, source
         meta_file = manifest.file("trainer_meta")
         assert meta_file is not None
         try:
-            meta = json.loads(source.read(meta_file.path))
-            step = meta["trainer_step"]
+            doc = json.loads(source.read(meta_file.path))
+            step = doc["trainer_step"]
             if not isinstance(step, int) or isinstance(step, bool):
                 raise TypeError(f"trainer_step is {step!r}")
         except (ValueError, UnicodeDecodeError, KeyError, TypeError) as err:
@@ -935,6 +938,7 @@ def check_trainer_state(loc: str, manifest: Manifest, docs: CutDocuments, source
                 f"the trainer's state is at step {step}, the cut at trainer step {manifest.trainer_step}",
                 _NEWER,
             )
+        meta = doc
     tail = docs.audit_tail
     steps = [r.step for r in tail]
     if tail and (steps[-1] != docs.trainer_step - 1 or steps != list(range(steps[0], steps[-1] + 1))):
@@ -949,17 +953,21 @@ def check_trainer_state(loc: str, manifest: Manifest, docs: CutDocuments, source
         raise TrainerStateError(
             loc, _path_of(manifest, "audit"), f"no audit record, but {docs.trainer_step} steps are trained", _NEWER
         )
+    return meta
 
 
 _ADAPTER_FIELDS = (("base", "policy.model's base"), ("rank", "policy.lora.rank"), ("alpha", "policy.lora.alpha"))
 
 
-def check_policy_identity(loc: str, manifest: Manifest, source: CutSource, expect: PolicyExpectation | None) -> None:
-    """``policy_identity``: the cut's trainer state is what the job trains (see :class:`PolicyExpectation`)."""
+def check_policy_identity(
+    loc: str, manifest: Manifest, meta: Mapping[str, Any] | None, expect: PolicyExpectation | None
+) -> None:
+    """``policy_identity``: the cut's trainer state (``meta``, its ``meta.json`` as
+    :func:`check_trainer_state` read it) is what the job trains (see :class:`PolicyExpectation`)."""
     meta_file = manifest.file("trainer_meta")
-    if expect is None or manifest.trainer_format is None or meta_file is None:
+    if expect is None or meta is None or meta_file is None:
         return
-    saved = json.loads(source.read(meta_file.path)).get("adapter")
+    saved = meta.get("adapter")
     wanted = expect.adapter
     if saved is None and wanted is None:
         return

@@ -62,7 +62,9 @@ def shard_policy(model: Any, compute_dtype: Any, mesh: Any = None) -> Any:
     return model
 
 
-def build_sharded(policy: Any, device: str, compute_dtype: Any, rank: int, copies: int = 1, seed: int = 0) -> list[Any]:
+def build_sharded(
+    policy: Any, device: str, compute_dtype: Any, rank: int, copies: int = 1, seed: int = 0, base: str = ""
+) -> tuple[list[Any], Any]:
     """``copies`` of the policy (the model, and the KL reference when there is one) as this
     rank's float32 shards on ``device`` (with ``policy.lora``: the base's shards in its dtype,
     the adapter's in float32, rank 0's adapter drawn from ``seed``), without any rank holding
@@ -72,7 +74,8 @@ def build_sharded(policy: Any, device: str, compute_dtype: Any, rank: int, copie
     which it reads on the CPU and broadcasts. An 8B policy in float32 is 32 GB: eight ranks of a
     node each loading it would need 256 GB of host memory, and each GPU would hold it whole
     before sharding. Buffers that are not in the weights (rotary frequencies) are broadcast from
-    rank 0 too. Every rank of the group must call it (it broadcasts)."""
+    rank 0 too. Every rank of the group must call it (it broadcasts). Returns the copies and, with
+    ``policy.lora``, the adapter's identity (``base``: the base's digest)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -86,6 +89,7 @@ def build_sharded(policy: Any, device: str, compute_dtype: Any, rank: int, copie
     dtype = "float32" if isinstance(policy, str) else lora.trainer_load_dtype(policy)
     full: dict[str, Any] = {}
     buffers: dict[str, Any] = {}
+    identity = None
     if rank == 0:
         whole, _ = load_policy(policy, "cpu", dtype=dtype)
         if adapter is not None:
@@ -96,7 +100,7 @@ def build_sharded(policy: Any, device: str, compute_dtype: Any, rank: int, copie
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=precision.DTYPES[dtype])
             if adapter is not None:
-                lora.add_adapter(model, adapter, base="", seed=seed)
+                identity = lora.add_adapter(model, adapter, base=base, seed=seed)
         shard_policy(model, compute_dtype)
         model.to_empty(device=device)
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
@@ -107,7 +111,7 @@ def build_sharded(policy: Any, device: str, compute_dtype: Any, rank: int, copie
                     buffer.copy_(buffers[name])
                 dist.broadcast(buffer, src=0)
         models.append(model.eval())
-    return models
+    return models, identity
 
 
 class TrainerRank:
@@ -171,14 +175,11 @@ class TrainerRank:
         # with LoRA it is the base itself, the adapter switched off.
         adapter = getattr(policy, "lora", None)
         copies = 2 if config.kl_coef > 0 and adapter is None else 1
-        model, *rest = build_sharded(policy, self.device, dtype, self.rank, copies=copies, seed=config.seed)
+        base = lora.base_digest(resolve_model_dir(policy.model)) if adapter is not None else ""
+        (model, *rest), identity = build_sharded(
+            policy, self.device, dtype, self.rank, copies=copies, seed=config.seed, base=base
+        )
         reference = rest[0].requires_grad_(False) if rest else None
-        identity = None
-        if adapter is not None:
-            base = lora.base_digest(resolve_model_dir(policy.model))
-            identity = lora.AdapterIdentity(
-                base, adapter.rank, float(adapter.scale_alpha), lora.modules_of(lora.adapter_tensors(model))
-            )
         self.trainer = Trainer(model, config, pad_token_id=pad_token_id, reference=reference, adapter=identity)
         return os.getpid(), identity.to_json() if identity is not None else None
 
