@@ -70,11 +70,11 @@ def export_policy(
     chosen = cut_id or newest_committed(storage)
     if chosen is None:
         raise ExportError(f"{storage.uri} holds no committed cut; nothing to export")
-    model, tokenizer = load_policy(base_model)
     with StorageCutSource(storage, chosen, spool_dir) as source:
         validated = validate_cut(source, None)
         raw = source.read_manifest() or b""
         adapter = _adapter_of(storage, chosen, validated.manifest, source, base_model)
+        model, tokenizer = load_policy(base_model)  # once the cut and its base are known to fit
         if adapter is not None:
             lora.add_adapter(model, _lora_spec(adapter), base=adapter.base)
         weights = _cut_weights(storage, chosen, validated.manifest, source, model, spool_dir)
