@@ -193,3 +193,31 @@ def _until_refused(admin: KubeClient, url: str, job: dict[str, Any]) -> ApiError
         admin.delete(f"{url}/{job['metadata']['name']}")
         assert time.monotonic() < deadline, "the name rule is not back after 30 s"
         time.sleep(0.5)
+
+
+def test_a_lora_policy_is_accepted_and_each_bad_field_is_rejected_by_name(
+    cluster: Cluster, crd: dict[str, Any], namespace: str
+) -> None:
+    """policy.lora on the real API server: kept as written (alpha unset stays unset: the runtime
+    derives 2 x rank, and an unknown field is pruned, as the API server does), and a bad rank,
+    dropout or module name refused naming it."""
+    job = copy.deepcopy(example_job())
+    job["metadata"]["name"] = "lora"
+    job["spec"]["policy"]["lora"] = {"rank": 8, "targetModules": ["q_proj", "v_proj"], "ranks": 4}
+    cluster.admin().create(RLJOBS.format(ns=namespace), job)
+    got = cluster.admin().get(RLJOBS.format(ns=namespace) + "/lora")["spec"]["policy"]["lora"]
+    assert got["rank"] == 8
+    assert got["targetModules"] == ["q_proj", "v_proj"]
+    assert "alpha" not in got
+    assert "ranks" not in got, "pruned: the model refuses it too (spotrl validate)"
+    for name, lora, field in (
+        ("bad-rank", {"rank": 0}, "spec.policy.lora.rank"),
+        ("bad-dropout", {"dropout": 1.0}, "spec.policy.lora.dropout"),
+        ("bad-module", {"targetModules": ["model.q_proj"]}, "spec.policy.lora.targetModules[0]"),
+        ("no-modules", {"targetModules": []}, "spec.policy.lora.targetModules"),
+    ):
+        bad = copy.deepcopy(example_job())
+        bad["metadata"]["name"] = name
+        bad["spec"]["policy"]["lora"] = lora
+        err = _create(cluster, namespace, bad)
+        assert field in err.message, (name, err.message)
