@@ -11,6 +11,7 @@ import yaml
 
 from spotrl_e2e.cluster import Cluster
 from spotrl_e2e.kube import ApiError, KubeClient, wait_crd_served
+from spotrl_runtime.api.rljob import parse_spec
 from spotrl_runtime.api.rules import JOB_NAME_MAX, JOB_NAME_RULE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -221,3 +222,33 @@ def test_a_lora_policy_is_accepted_and_each_bad_field_is_rejected_by_name(
         bad["spec"]["policy"]["lora"] = lora
         err = _create(cluster, namespace, bad)
         assert field in err.message, (name, err.message)
+
+
+def test_runtime_env_is_kept_as_written_and_each_bad_entry_is_rejected_by_name(
+    cluster: Cluster, crd: dict[str, Any], namespace: str
+) -> None:
+    """spec.runtimeEnv on the real API server, whose CEL rules the model mirrors: a Secret's key
+    and a plain value are kept; a reserved name, two sources, none, or a name twice are refused."""
+    env = [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}},
+        {"name": "HF_HOME", "value": "/home/spotrl/.cache/hf"},
+    ]
+    job = copy.deepcopy(example_job())
+    job["metadata"]["name"] = "env"
+    job["spec"]["runtimeEnv"] = env
+    cluster.admin().create(RLJOBS.format(ns=namespace), job)
+    assert cluster.admin().get(RLJOBS.format(ns=namespace) + "/env")["spec"]["runtimeEnv"] == env
+    for name, bad_env, message in (
+        ("reserved", [{"name": "SPOTRL_JOB", "value": "x"}], "operator's own"),
+        ("no-value", [{"name": "A"}], "exactly one of value and valueFrom"),
+        ("two-refs", [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"},
+                                                   "configMapKeyRef": {"name": "c", "key": "k"}}}], "exactly one of"),
+        ("twice", [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}], "runtimeEnv names must be unique"),
+    ):  # fmt: skip
+        bad = copy.deepcopy(example_job())
+        bad["metadata"]["name"] = name
+        bad["spec"]["runtimeEnv"] = bad_env
+        err = _create(cluster, namespace, bad)
+        assert message in err.message, (name, err.message)
+        with pytest.raises(ValueError, match=message):
+            parse_spec(bad["spec"])

@@ -401,7 +401,7 @@ class Training(ApiObject):
         description=(
             "The off-policy correction, always on: each trained token is weighted by min(p_trainer / p_generator, "
             "cap), detached, whether its rollout came from the current weights or one version behind "
-            "(generation.lookahead), and whatever the generator's numerics. See the README's Numerics."
+            "(generation.lookahead), and whatever the generator's numerics. See docs/guides/numerics.md."
         ),
     )
     warmup_steps: int = Field(
@@ -739,6 +739,57 @@ class TopologySpreadConstraint(ApiObject):
     match_label_keys: list[str] = Field(default_factory=list, max_length=REQUIREMENTS_MAX)
 
 
+RESERVED_ENV_PREFIX = "SPOTRL_"
+"""The operator's own variables (who the pod is, where the cuts go): a job may not set them."""
+
+
+class KeyRef(ApiObject):
+    """A key of a Secret or ConfigMap in the job's namespace, as in the Pod API (core/v1 SecretKeySelector)."""
+
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+    optional: bool | None = None
+
+
+class EnvVarSource(ApiObject):
+    """Where an environment variable's value comes from: a Secret's key or a ConfigMap's."""
+
+    secret_key_ref: KeyRef | None = None
+    config_map_key_ref: KeyRef | None = None
+
+    rules = (
+        Rule(
+            cel="has(self.secretKeyRef) != has(self.configMapKeyRef)",
+            check=lambda s: (s.secret_key_ref is None) != (s.config_map_key_ref is None),
+            message="set exactly one of secretKeyRef and configMapKeyRef",
+            field="secretKeyRef",
+        ),
+    )
+
+
+class EnvVar(ApiObject):
+    """An environment variable of the job's runtime containers: a value, or a Secret's or ConfigMap's key."""
+
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    value: str | None = Field(default=None, max_length=32768)
+    value_from: EnvVarSource | None = None
+
+    rules = (
+        Rule(
+            cel="has(self.value) != has(self.valueFrom)",
+            check=lambda e: (e.value is None) != (e.value_from is None),
+            message="set exactly one of value and valueFrom",
+            field="value",
+        ),
+        Rule(
+            cel=f"!self.name.startsWith('{RESERVED_ENV_PREFIX}')",
+            check=lambda e: not e.name.startswith(RESERVED_ENV_PREFIX),
+            message=f"names starting with {RESERVED_ENV_PREFIX} are the operator's own; choose another name",
+            field="name",
+        ),
+    )
+
+
 class Scheduling(ApiObject):
     """Where the job's pods may run."""
 
@@ -835,6 +886,15 @@ class RLJobSpec(ApiObject):
     preemption: Preemption = Field(default_factory=Preemption, description="Notices and dropped prompts.")
     scheduling: Scheduling = Field(default_factory=Scheduling, description="Placement of the pods.")
     failure_budget: FailureBudget = Field(default_factory=FailureBudget, description="Crash retries.")
+    runtime_env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        description=(
+            "Environment variables of every runtime container of the job (controller, trainer and worker pods), "
+            "each a value or a Secret's or ConfigMap's key in the job's namespace, e.g. HF_TOKEN from a Secret. "
+            "They come after the operator's own variables, so a name it sets (AWS_ENDPOINT_URL ...) is overridden."
+        ),
+    )
     suspend: bool = Field(default=False, description="true: take a barrier cut and stop the pods; false resumes.")
     standby: bool = Field(
         default=False,
@@ -881,6 +941,12 @@ class RLJobSpec(ApiObject):
                 "training.parallelism.ranks, or trainerPods true"
             ),
             field="training.resources.gpu",
+        ),
+        Rule(
+            cel="!has(self.runtimeEnv) || self.runtimeEnv.all(e, self.runtimeEnv.exists_one(f, f.name == e.name))",
+            check=lambda s: len({e.name for e in s.runtime_env}) == len(s.runtime_env),
+            message="runtimeEnv names must be unique",
+            field="runtimeEnv",
         ),
         Rule(
             cel="self.training.microBatchSize <= self.generation.promptsPerStep * self.generation.groupSize",
