@@ -266,7 +266,7 @@ class Actuator:
         ref = job_ref(job)
         ns = ref.namespace
         wanted = [
-            (path("v1", "serviceaccounts", ns), resources.service_account(ref)),
+            (path("v1", "serviceaccounts", ns), resources.service_account(ref, self.settings)),
             (path("rbac.authorization.k8s.io/v1", "roles", ns), resources.role(ref)),
             (path("rbac.authorization.k8s.io/v1", "rolebindings", ns), resources.role_binding(ref)),
             (path("v1", "services", ns), resources.service(ref)),

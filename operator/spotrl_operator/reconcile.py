@@ -8,8 +8,8 @@ never in memory, so a new operator replica reaches the same plan from the same w
 neither loses nor repeats a barrier.
 
 The barrier protocol (notice → ``Requested`` → the controller's ``Committed``, ``Failed``
-or the operator's ``Missed`` → let go → a fresh controller) is told once, in the operator
-README's "The barrier protocol"; here it is :func:`_running` and :func:`_suspend`, with
+or the operator's ``Missed`` → let go → a fresh controller) is told once, in
+docs/concepts/barriers-and-notices.md; here it is :func:`_running` and :func:`_suspend`, with
 :class:`~spotrl_operator.world.RequestBarrier`, ``OpenDisruptionBudget``, ``DeletePod``,
 ``CreateControllerPod`` and ``CloseDisruptionBudget``.
 

@@ -156,8 +156,34 @@ def check_job(ref: JobRef, spec: api.RLJobSpec, settings: Settings) -> None:
         )
 
 
-def service_account(ref: JobRef) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(ref, names(ref.name)["service_account"])}
+def service_account(ref: JobRef, settings: Settings) -> dict[str, Any]:
+    """The identity of the job's pods: the kube bridge's Role is bound to it, and a cloud identity
+    (IRSA, GKE or AKS workload identity) annotated on it reaches S3 without keys."""
+    meta = _meta(ref, names(ref.name)["service_account"])
+    if settings.runtime_service_account_annotations:
+        meta["annotations"] = dict(settings.runtime_service_account_annotations)
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}
+
+
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+
+
+def _runtime_pod_meta(
+    ref: JobRef, name: str, role: str, extra_labels: Mapping[str, str], settings: Settings
+) -> dict[str, Any]:
+    """A runtime pod's metadata: the operator's labels over the settings' ones, and the annotations
+    that keep a node autoscaler's consolidation from draining a running job. A spot interruption
+    still drains it, and the barrier cuts first."""
+    meta = _meta(ref, name, role, {**settings.runtime_pod_labels, **extra_labels})
+    annotations = dict(settings.runtime_pod_annotations)
+    if settings.runtime_do_not_disrupt:
+        annotations[DO_NOT_DISRUPT] = "true"
+    if not settings.runtime_safe_to_evict:
+        annotations[SAFE_TO_EVICT] = "false"
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
 
 
 def role(ref: JobRef) -> dict[str, Any]:
@@ -338,9 +364,16 @@ def _runtime_env(
     if spec.checkpoint.s3_region:
         env.append({"name": "AWS_DEFAULT_REGION", "value": spec.checkpoint.s3_region})
     env += [{"name": k, "value": v} for k, v in sorted(settings.extra_env.items())]
-    secret = spec.checkpoint.credentials_secret or settings.default_credentials_secret
+    env += [e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime_env]
+    secret = credentials_secret(spec, settings)
     env_from = [{"secretRef": {"name": secret}}] if secret and credentials else []
     return env, env_from
+
+
+def credentials_secret(spec: api.RLJobSpec, settings: Settings) -> str | None:
+    """The Secret with the job's S3 keys; None: the pods find credentials themselves (boto3's
+    chain: a cloud identity on the job's ServiceAccount, a node role)."""
+    return spec.checkpoint.credentials_secret or settings.default_credentials_secret
 
 
 def _placement(spec: api.RLJobSpec, avoid_nodes: Iterable[str]) -> dict[str, Any]:
@@ -413,11 +446,12 @@ def controller_pod(
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _meta(
+        "metadata": _runtime_pod_meta(
             ref,
             controller_pod_name(ref.name, attempt),
             "controller",
             {ATTEMPT_LABEL: str(attempt), **({STANDBY_LABEL: "true"} if standby else {})},
+            settings,
         ),
         "spec": _restricted(pod_spec),
     }
@@ -494,6 +528,9 @@ def _node_pod(
     if res.gpu:
         args += ["--num-gpus", str(res.gpu)]
     pod_spec: dict[str, Any] = {
+        # The job's identity (a cloud role for S3 reaches it through the ServiceAccount), but no
+        # Kubernetes API token: the pod never calls the API server.
+        "serviceAccountName": names(ref.name)["service_account"],
         "automountServiceAccountToken": False,
         "restartPolicy": "Never",
         "enableServiceLinks": False,  # as the controller: no SPOTRL_*_PORT from Services
@@ -517,7 +554,7 @@ def _node_pod(
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _meta(ref, node_pod_name(ref.name, role, attempt, index), role, extra),
+        "metadata": _runtime_pod_meta(ref, node_pod_name(ref.name, role, attempt, index), role, extra, settings),
         "spec": _restricted(pod_spec),
     }
 
@@ -541,6 +578,9 @@ def retention_pod(ref: JobRef, spec: api.RLJobSpec, settings: Settings, uri: str
     env, env_from = _runtime_env(ref, spec, settings, attempt=0, storage=False)
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
+        # Without a Secret the keys come from the job's cloud identity, on its ServiceAccount (kept
+        # while the finalizer holds the RLJob, unless the deletion is foreground).
+        **({} if credentials_secret(spec, settings) else {"serviceAccountName": names(ref.name)["service_account"]}),
         "restartPolicy": "Never",
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 10,

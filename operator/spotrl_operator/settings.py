@@ -36,7 +36,7 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$")
 class Settings:
     """Operator-wide defaults and knobs (flags, environment, or the Helm chart's values)."""
 
-    runtime_image: str = "ghcr.io/spotrl/spotrl-runtime:0.1.0"
+    runtime_image: str = "spotrl-runtime-cpu:0.1.0"
     image_pull_policy: str = "IfNotPresent"
     default_storage: str | None = None
     """Root for jobs without spec.checkpoint.storage; each job gets <root>/<namespace>/<name>."""
@@ -56,12 +56,25 @@ class Settings:
     allowed_images: tuple[str, ...] = ()
     """Image prefixes an RLJob's spec.scheduling.image may start with; empty: only the runtime
     image's repository (any tag or digest); "*": any image."""
-    retention_image: str = "ghcr.io/spotrl/spotrl-operator:0.1.0"
+    retention_image: str = "spotrl-operator:0.1.0"
     """Image of the pod that deletes a job's cuts (retentionPolicy Delete): the operator's own."""
     network_policy: bool = True
     """Give each job a NetworkPolicy: its pods reach each other; metrics_from reaches /metrics."""
     metrics_from: tuple[Mapping[str, Any], ...] = ({"namespaceSelector": {}},)
     """NetworkPolicy peers allowed to scrape the controllers' /metrics port (default: any pod)."""
+    runtime_do_not_disrupt: bool = True
+    """Annotate the job's pods ``karpenter.sh/do-not-disrupt: "true"``: Karpenter's consolidation,
+    drift and expiry leave their nodes alone (a spot interruption still takes them, through the barrier)."""
+    runtime_safe_to_evict: bool = False
+    """False: annotate the job's pods ``cluster-autoscaler.kubernetes.io/safe-to-evict: "false"``, so
+    the Cluster Autoscaler never scales their node down."""
+    runtime_pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    """Added to every runtime pod of every job."""
+    runtime_pod_labels: Mapping[str, str] = field(default_factory=dict)
+    """Added to every runtime pod of every job (e.g. ``azure.workload.identity/use: "true"``)."""
+    runtime_service_account_annotations: Mapping[str, str] = field(default_factory=dict)
+    """On each job's ServiceAccount: a cloud identity for its pods (IRSA's ``eks.amazonaws.com/role-arn``,
+    GKE's ``iam.gke.io/gcp-service-account``, AKS's ``azure.workload.identity/client-id``)."""
     kueue: bool = False
     """Act as Kueue's external controller for RLJobs that carry ``kueue.x-k8s.io/queue-name``
     (:mod:`~spotrl_operator.queueing`); needs Kueue's CRDs in the cluster."""
@@ -116,6 +129,22 @@ def _env_number(name: str, default: float, kind: type[int] | type[float]) -> Any
             f"spotrl operator: ${name}={value!r} is not a{'n integer' if kind is int else ' number'}; "
             "unset it (in a pod, a Service named like it injects it unless enableServiceLinks is false)"
         ) from None
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    value = _env(name)
+    return default if value is None else value.lower() in ("1", "true", "yes")
+
+
+OWN_LABEL_PREFIXES = ("spotrl.dev/", "app.kubernetes.io/")
+"""Label keys the operator sets and selects by: a setting may not add its own."""
+
+
+def _own_keys_refused(pairs: dict[str, str], flag: str) -> dict[str, str]:
+    for key in pairs:
+        if key.startswith(OWN_LABEL_PREFIXES):
+            raise SystemExit(f"{flag} {key}: {', '.join(OWN_LABEL_PREFIXES)} keys are the operator's own; use another")
+    return pairs
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:
@@ -217,6 +246,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="environment variable for every runtime container (repeatable)",
     )
     g.add_argument(
+        "--runtime-do-not-disrupt",
+        action=argparse.BooleanOptionalAction,
+        default=_env_bool("SPOTRL_RUNTIME_DO_NOT_DISRUPT", d.runtime_do_not_disrupt),
+        help="annotate the job's pods karpenter.sh/do-not-disrupt: \"true\", so that Karpenter's consolidation "
+        "never drains a running job (a spot interruption still does, through the barrier) "
+        "($SPOTRL_RUNTIME_DO_NOT_DISRUPT; default %(default)s)",
+    )
+    g.add_argument(
+        "--runtime-safe-to-evict",
+        action=argparse.BooleanOptionalAction,
+        default=_env_bool("SPOTRL_RUNTIME_SAFE_TO_EVICT", d.runtime_safe_to_evict),
+        help='false: annotate the job\'s pods cluster-autoscaler.kubernetes.io/safe-to-evict: "false", so that '
+        "the Cluster Autoscaler never scales their node down ($SPOTRL_RUNTIME_SAFE_TO_EVICT; default %(default)s)",
+    )
+    g.add_argument(
+        "--runtime-pod-annotation",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="annotation of every runtime pod (repeatable)",
+    )
+    g.add_argument(
+        "--runtime-pod-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="label of every runtime pod (repeatable), e.g. azure.workload.identity/use=true; not spotrl.dev/ or "
+        "app.kubernetes.io/ keys (the operator's own)",
+    )
+    g.add_argument(
+        "--runtime-service-account-annotation",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="annotation of each job's ServiceAccount <job>-runtime, which its pods run as (repeatable): a cloud "
+        "identity for S3 without keys, e.g. eks.amazonaws.com/role-arn=arn:aws:iam::111122223333:role/spotrl",
+    )
+    g.add_argument(
         "--controller-requests",
         default=_env("SPOTRL_CONTROLLER_REQUESTS", ",".join(f"{k}={v}" for k, v in d.controller_requests.items())),
         metavar="cpu=Q,memory=Q",
@@ -258,7 +325,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--kueue",
         action=argparse.BooleanOptionalAction,
-        default=(_env("SPOTRL_KUEUE", "false") or "false").lower() in ("1", "true", "yes"),
+        default=_env_bool("SPOTRL_KUEUE", False),
         help="queue RLJobs labelled kueue.x-k8s.io/queue-name through Kueue: a Workload per job, "
         "admitted before any pod starts, a barrier cut when Kueue evicts it ($SPOTRL_KUEUE)",
     )
@@ -406,6 +473,15 @@ def from_args(args: argparse.Namespace) -> Settings:
         retention_image=args.retention_image,
         network_policy=args.network_policy,
         metrics_from=_peers(args.metrics_from),
+        runtime_do_not_disrupt=args.runtime_do_not_disrupt,
+        runtime_safe_to_evict=args.runtime_safe_to_evict,
+        runtime_pod_annotations=_pairs(args.runtime_pod_annotation, "--runtime-pod-annotation"),
+        runtime_pod_labels=_own_keys_refused(
+            _pairs(args.runtime_pod_label, "--runtime-pod-label"), "--runtime-pod-label"
+        ),
+        runtime_service_account_annotations=_pairs(
+            args.runtime_service_account_annotation, "--runtime-service-account-annotation"
+        ),
         kueue=args.kueue,
         namespaces=tuple(args.namespaces),
         reconcile_interval=args.reconcile_interval,

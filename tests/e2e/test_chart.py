@@ -4,6 +4,7 @@ that trains, with the real `spotrl controller`, to its end."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import re
@@ -19,9 +20,11 @@ from test_preemption import tiny_job as example_job
 
 from spotrl_e2e.cluster import Cluster
 from spotrl_e2e.kube import path
+from spotrl_operator.settings import add_arguments, from_args
 
 pytestmark = pytest.mark.cluster
 RELEASE = "spotrl-chart"
+UPGRADE_PAGE = "docs/operations/upgrading.md"
 
 
 def render(cluster: Cluster, namespace: str, *sets: str, release: str = RELEASE) -> list[dict]:
@@ -99,8 +102,10 @@ def test_the_chart_lints_and_its_objects_pass_a_server_side_dry_run(cluster: Clu
         f"--lease-name={RELEASE}",
         "--controller-requests=cpu=500m,memory=4Gi",
         "--worker-requests=cpu=500m,memory=2Gi",
-        "--allowed-images=ghcr.io/spotrl/spotrl-runtime:,ghcr.io/spotrl/spotrl-runtime@",
-        "--retention-image=ghcr.io/spotrl/spotrl-operator:0.1.0",
+        "--allowed-images=spotrl-runtime-cpu:,spotrl-runtime-cpu@",
+        "--retention-image=spotrl-operator:0.1.0",
+        "--runtime-do-not-disrupt",
+        "--no-runtime-safe-to-evict",
         '--metrics-from=[{"namespaceSelector":{}}]',
     ):
         assert flag in args, f"{flag} missing from {args}"
@@ -144,11 +149,36 @@ def test_the_chart_lints_and_its_objects_pass_a_server_side_dry_run(cluster: Clu
     assert "--no-leader-election" in operator_args(docs)
 
 
+def test_the_charts_cloud_values_reach_the_operators_settings(cluster: Cluster, namespace: str) -> None:
+    """The values a cloud setup needs (a workload identity on the jobs' ServiceAccounts, a pod
+    label for it, consolidation allowed) are flags the operator parses into its settings."""
+    role = "arn:aws:iam::111122223333:role/spotrl"
+    docs = render(
+        cluster,
+        namespace,
+        "runtimePods.doNotDisrupt=false",
+        "runtimePods.safeToEvict=true",
+        "runtimePods.labels.azure\\.workload\\.identity/use=true",
+        "runtimePods.annotations.example\\.com/team=rl",
+        f"runtimeServiceAccount.annotations.eks\\.amazonaws\\.com/role-arn={role}",
+    )
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    settings = from_args(parser.parse_args(operator_args(docs)))
+    assert settings.runtime_do_not_disrupt is False
+    assert settings.runtime_safe_to_evict is True
+    assert settings.runtime_pod_labels == {"azure.workload.identity/use": "true"}
+    assert settings.runtime_pod_annotations == {"example.com/team": "rl"}
+    assert settings.runtime_service_account_annotations == {"eks.amazonaws.com/role-arn": role}
+    defaults = from_args(parser.parse_args(operator_args(render(cluster, namespace))))
+    assert (defaults.runtime_do_not_disrupt, defaults.runtime_safe_to_evict) == (True, False), "on by default"
+
+
 def upgrade_commands(release_ns: str) -> list[list[str]]:
-    """The upgrade block of operator/README.md, its release (name and namespace) this test's."""
-    text = (REPO / "operator" / "README.md").read_text()
+    """The upgrade block of the upgrading guide, its release (name and namespace) this test's."""
+    text = (REPO / UPGRADE_PAGE).read_text()
     match = re.search(r"<!-- upgrade:begin -->\s*```console\n(.*?)```\s*<!-- upgrade:end -->", text, re.S)
-    assert match, "operator/README.md lost its upgrade block (<!-- upgrade:begin --> ... <!-- upgrade:end -->)"
+    assert match, f"{UPGRADE_PAGE} lost its upgrade block (<!-- upgrade:begin --> ... <!-- upgrade:end -->)"
     lines = [line.removeprefix("$ ") for line in match.group(1).splitlines() if line.startswith("$ ")]
     commands = [shlex.split(line.replace("spotrl-system", release_ns)) for line in lines]
     assert [c[:2] for c in commands] == [["kubectl", "apply"], ["helm", "upgrade"]], commands
@@ -233,7 +263,7 @@ def test_the_installed_chart_runs_an_rljob(cluster: Cluster, namespace: str, e2e
         env = {e["name"]: e.get("value") for e in container["env"]}
         root = f"root/{namespace}/tiny"
         assert env["SPOTRL_STORAGE"] == f"s3://{bucket}/{root}", "storage.default reaches the pods"
-        assert container["image"] == "ghcr.io/spotrl/spotrl-runtime:0.1.0"
+        assert container["image"] == "spotrl-runtime-cpu:0.1.0", "what `make images` builds"
         done = admin.wait_for(
             f"{jobs_url}/tiny",
             lambda o: ((o or {}).get("status") or {}).get("phase") in ("Succeeded", "Failed"),
@@ -353,6 +383,17 @@ def test_the_admission_policy_refuses_a_secret_the_author_cannot_read_and_an_ima
         assert admin.get_or_none(path(RLJOBS, "rljobs", namespace, "steal")) is None, "half-applied"
 
         rc, err = create("own", checkpoint={"storage": "s3://bucket-x/j", "credentialsSecret": "mine"})
+        assert rc == 0, err
+
+        # A Secret in spec.runtimeEnv reaches the pods' environment just as well.
+        def env_from(secret: str) -> dict:
+            return {"runtimeEnv": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "k"}}}]}
+
+        rc, err = create("env-steal", **env_from("theirs"))
+        assert rc != 0
+        assert f"spec.runtimeEnv: alice may not get Secret {namespace}/theirs" in err, err
+        assert admin.get_or_none(path(RLJOBS, "rljobs", namespace, "env-steal")) is None, "half-applied"
+        rc, err = create("env-own", **env_from("mine"))
         assert rc == 0, err
         rc, err = create("image", scheduling={"image": "docker.io/attacker/miner:1"})
         assert rc != 0

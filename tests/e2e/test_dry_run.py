@@ -164,7 +164,9 @@ def job_ref(cluster: Cluster, namespace: str, operator_identity: tuple[str, Path
 def pod_owner(cluster: Cluster, job_ref: JobRef) -> JobRef:
     """``job_ref`` with the runtime's ServiceAccount in place (admission looks it up for the
     controller pod)."""
-    cluster.admin().create(path("v1", "serviceaccounts", job_ref.namespace), resources.service_account(job_ref))
+    cluster.admin().create(
+        path("v1", "serviceaccounts", job_ref.namespace), resources.service_account(job_ref, Settings())
+    )
     return job_ref
 
 
@@ -234,7 +236,7 @@ def test_the_api_server_accepts_the_other_objects_the_operator_builds(
 ) -> None:
     ns = job_ref.namespace
     for plural, obj in [
-        ("serviceaccounts", resources.service_account(job_ref)),
+        ("serviceaccounts", resources.service_account(job_ref, Settings())),
         ("services", resources.service(job_ref)),
         (
             "events",

@@ -17,6 +17,7 @@ from spotrl_e2e.cluster import Cluster
 from spotrl_e2e.kube import path
 from spotrl_e2e.manifests import python_pod
 from spotrl_operator import resources
+from spotrl_operator.settings import Settings
 
 pytestmark = pytest.mark.cluster
 
@@ -88,7 +89,7 @@ def job_with_runtime_identity(cluster: Cluster, namespace: str) -> tuple[str, st
     job = admin.create(jobs_url, tiny_job("j", checkpoint={"storage": "s3://bucket-x/j"}))
     ref = resources.JobRef("j", namespace, job["metadata"]["uid"])
     for obj, plural, version in (
-        (resources.service_account(ref), "serviceaccounts", "v1"),
+        (resources.service_account(ref, Settings()), "serviceaccounts", "v1"),
         (resources.role(ref), "roles", "rbac.authorization.k8s.io/v1"),
         (resources.role_binding(ref), "rolebindings", "rbac.authorization.k8s.io/v1"),
     ):

@@ -1,7 +1,7 @@
 """The controller's link to its RLJob when it runs in a pod: barrier requests in, status out.
 
-The controller's half of the barrier protocol (told once, in the operator README's "The
-barrier protocol"): the bridge watches its own RLJob (a field selector on its name: the
+The controller's half of the barrier protocol (told once, in
+docs/concepts/barriers-and-notices.md): the bridge watches its own RLJob (a field selector on its name: the
 runtime's Role allows nothing else), calls :meth:`Controllable.request_barrier` on a thread
 for each ``Requested`` barrier it has not answered, and answers with one JSON patch that
 first **tests** ``requestId`` and ``state == Requested``, so a stale answer never lands.

@@ -403,7 +403,7 @@ def test_job_name_max_is_the_longest_name_every_object_of_the_job_accepts() -> N
         settings = Settings(default_storage="s3://bkt/spotrl")
         attempt = 10**6  # a million preemptions: a seven-digit attempt
         return [
-            resources.service_account(ref),
+            resources.service_account(ref, settings),
             resources.role(ref),
             resources.role_binding(ref),
             resources.service(ref),

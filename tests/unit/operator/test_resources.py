@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from spotrl_operator import resources
 from spotrl_operator.resources import JobRef
-from spotrl_operator.settings import Settings
-from spotrl_runtime.api.rljob import parse_spec
+from spotrl_operator.settings import Settings, add_arguments, from_args
+from spotrl_runtime.api.rljob import RLJobSpec, parse_spec
 
 REF = JobRef("tiny", "team-a", "uid-1")
 SPEC = parse_spec(
@@ -25,7 +27,7 @@ SETTINGS = Settings(default_storage="s3://bucket/spotrl/", default_s3_endpoint="
 
 def test_every_object_is_owned_by_the_rljob() -> None:
     objs = [
-        resources.service_account(REF),
+        resources.service_account(REF, SETTINGS),
         resources.role(REF),
         resources.role_binding(REF),
         resources.service(REF),
@@ -186,7 +188,7 @@ def test_the_worker_pod() -> None:
     assert c["envFrom"] == [{"secretRef": {"name": "s3-keys"}}], "a policy on s3:// needs the keys"
     assert spec["restartPolicy"] == "Never"
     assert spec["automountServiceAccountToken"] is False, "a worker needs no Kubernetes API"
-    assert "serviceAccountName" not in spec
+    assert spec["serviceAccountName"] == "tiny-runtime", "the job's cloud identity, for a policy on S3"
     assert spec["terminationGracePeriodSeconds"] == 15
     assert spec["nodeSelector"] == {"pool": "gpu"}
     assert spec["tolerations"] == [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]
@@ -245,7 +247,7 @@ def test_the_trainer_pod() -> None:
         e for e in controller["env"] if e["name"] != "SPOTRL_POD_NAME"
     ]
     assert spec["automountServiceAccountToken"] is False, "a rank needs no Kubernetes API"
-    assert "serviceAccountName" not in spec
+    assert spec["serviceAccountName"] == "tiny-runtime", "the job's cloud identity, as the controller's"
     assert spec["restartPolicy"] == "Never"
     assert spec["terminationGracePeriodSeconds"] == 15
     assert spec["nodeSelector"] == {"pool": "gpu"}
@@ -379,7 +381,9 @@ def test_the_network_policy_admits_the_jobs_pods_and_the_scrapers_metrics_port_o
     ],
 )
 def test_spec_scheduling_image_must_be_allowed_by_the_operator(image: str, allowed: tuple, ok: bool) -> None:
-    settings = Settings(default_storage="s3://b/x", allowed_images=allowed)
+    settings = Settings(
+        default_storage="s3://b/x", allowed_images=allowed, runtime_image="ghcr.io/spotrl/spotrl-runtime:0.1.0"
+    )
     spec = parse_spec({**BARE.model_dump(by_alias=True, exclude_none=True), "scheduling": {"image": image}})
     if ok:
         resources.check_job(REF, spec, settings)
@@ -420,3 +424,100 @@ def test_the_controller_pod_requests_the_gpus_of_the_workers_it_holds(
     if worker_pod_gpus is not None:
         (w,) = resources.worker_pod(REF, spec, SETTINGS, 1, 0, "10.0.0.1:6379")["spec"]["containers"]
         assert w["resources"]["requests"]["nvidia.com/gpu"] == worker_pod_gpus
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def _all_runtime_pods(spec: RLJobSpec, settings: Settings) -> list[dict]:
+    return [
+        resources.controller_pod(REF, spec, settings, 1),
+        resources.controller_pod(REF, spec, settings, 2, standby=True),
+        resources.worker_pod(REF, spec, settings, 1, 0, "127.0.1.2:40001"),
+        resources.trainer_pod(REF, spec, settings, 1, 0, "127.0.1.2:40001"),
+    ]
+
+
+def test_consolidation_never_drains_a_runtime_pod_unless_the_operator_is_told_so() -> None:
+    """Karpenter's consolidation, drift and expiry skip a node with a do-not-disrupt pod, and the
+    Cluster Autoscaler's scale-down one with a pod not safe to evict: every runtime pod carries
+    both by default. A spot interruption ignores them (the barrier handles it)."""
+    for pod in _all_runtime_pods(SPEC, Settings(default_storage="s3://bkt/p")):
+        annotations = pod["metadata"]["annotations"]
+        assert annotations[resources.DO_NOT_DISRUPT] == "true", pod["metadata"]["name"]
+        assert annotations[resources.SAFE_TO_EVICT] == "false", pod["metadata"]["name"]
+    off = Settings(default_storage="s3://bkt/p", runtime_do_not_disrupt=False, runtime_safe_to_evict=True)
+    for pod in _all_runtime_pods(SPEC, off):
+        assert "annotations" not in pod["metadata"], pod["metadata"]["name"]
+    retention = resources.retention_pod(REF, SPEC, Settings(), "s3://bkt/p", 0)
+    assert resources.DO_NOT_DISRUPT not in retention["metadata"].get("annotations", {}), "it deletes, not trains"
+
+
+def test_the_settings_pod_labels_never_replace_the_operators_own() -> None:
+    settings = Settings(
+        default_storage="s3://bkt/p",
+        runtime_pod_labels={"azure.workload.identity/use": "true", "team": "rl"},
+        runtime_pod_annotations={"example.com/cost-center": "ml", resources.DO_NOT_DISRUPT: "false"},
+    )
+    for pod in _all_runtime_pods(SPEC, settings):
+        meta = pod["metadata"]
+        assert meta["labels"]["azure.workload.identity/use"] == "true"
+        assert meta["labels"]["team"] == "rl"
+        assert meta["labels"]["spotrl.dev/job"] == "tiny"
+        assert meta["annotations"]["example.com/cost-center"] == "ml"
+        assert meta["annotations"][resources.DO_NOT_DISRUPT] == "true", "the setting, not an annotation, turns it off"
+    with pytest.raises(SystemExit, match=r"--runtime-pod-label spotrl\.dev/job: .*operator.s own"):
+        from_args(_parse(["--runtime-pod-label", "spotrl.dev/job=other"]))
+
+
+def test_a_cloud_identity_reaches_every_pod_that_touches_s3_through_the_jobs_service_account() -> None:
+    """IRSA, GKE and AKS workload identity annotate a ServiceAccount; every pod that reads or writes
+    S3 runs as the job's, and without a Secret the deletion pod does too."""
+    role = {"eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/spotrl"}
+    settings = Settings(default_storage="s3://bkt/p", runtime_service_account_annotations=role)
+    sa = resources.service_account(REF, settings)
+    assert sa["metadata"]["annotations"] == role
+    assert "annotations" not in resources.service_account(REF, Settings())["metadata"]
+    keyless = parse_spec({**SPEC.model_dump(by_alias=True), "checkpoint": {"storage": "s3://bkt/p"}})
+    for pod in _all_runtime_pods(keyless, settings):
+        assert pod["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+        assert pod["spec"]["containers"][0]["envFrom"] == [], "no Secret: boto3's chain finds the role"
+    retention = resources.retention_pod(REF, keyless, settings, "s3://bkt/p", 0)
+    assert retention["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+    with_keys = parse_spec(
+        {**SPEC.model_dump(by_alias=True), "checkpoint": {"storage": "s3://bkt/p", "credentialsSecret": "keys"}}
+    )
+    assert "serviceAccountName" not in resources.retention_pod(REF, with_keys, settings, "s3://bkt/p", 0)["spec"]
+
+
+def test_runtime_env_reaches_every_runtime_container_after_the_operators_own() -> None:
+    env_spec = [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}},
+        {"name": "HF_HOME", "value": "/home/spotrl/.cache/hf"},
+    ]
+    spec = parse_spec({**SPEC.model_dump(by_alias=True), "runtimeEnv": env_spec})
+    for pod in _all_runtime_pods(spec, Settings(default_storage="s3://bkt/p", extra_env={"A": "1"})):
+        env = pod["spec"]["containers"][0]["env"]
+        assert env[-2:] == env_spec, pod["metadata"]["name"]
+        names = [e["name"] for e in env]
+        assert names.index("A") < names.index("HF_TOKEN"), "the job's own come last, so they win"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ([{"name": "SPOTRL_JOB", "value": "x"}], "operator's own"),
+        ([{"name": "A"}], "exactly one of value and valueFrom"),
+        ([{"name": "A", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}], "exactly one"),
+        ([{"name": "A", "valueFrom": {}}], "exactly one of secretKeyRef and configMapKeyRef"),
+        ([{"name": "A", "value": "1"}, {"name": "A", "value": "2"}], "runtimeEnv names must be unique"),
+        ([{"name": "1A", "value": "1"}], "pattern"),
+        ([{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}], "fieldRef"),
+    ],
+)
+def test_a_bad_runtime_env_is_refused_naming_what_to_fix(env: list, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_spec({**SPEC.model_dump(by_alias=True), "runtimeEnv": env})
