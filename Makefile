@@ -11,7 +11,7 @@ VLLM_EXTRA ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu)
 EXTRAS  ?= operator,runtime,dev,$(VLLM_EXTRA)
 PYTEST_ARGS ?=
 
-.PHONY: help install lock generate lint typecheck test test-changed test-fast toolchain scan bench demo cluster-up cluster-down test-cluster test-e2e e2e-kind e2e-kind-ci images clean
+.PHONY: help install lock generate lint typecheck test test-changed test-fast test-count toolchain scan bench demo docs docs-serve cluster-up cluster-down test-cluster test-e2e e2e-kind e2e-kind-ci images clean
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -32,14 +32,23 @@ lock: ## re-pin constraints.txt from pyproject.toml (keeping every pin that stil
 	{ head -2 constraints.txt; cat constraints.txt.new; } > constraints.txt.tmp && rm constraints.txt.new
 	mv constraints.txt.tmp constraints.txt
 
-generate: install ## regenerate the CRD and the README's RLJob reference from the model
+generate: install ## regenerate the CRD and the docs' reference pages (RLJob, CLI, operator, metrics, checks) from the code
 	$(PY) -m spotrl_runtime.api.crd
+	$(PY) -m spotrl_runtime.api.reference
 
 lint: install ## ruff (lint and format), mypy, and a check that generated files are current
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(PY) -m spotrl_runtime.api.crd --check
+	$(PY) -m spotrl_runtime.api.reference --check
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir $$(mktemp -d)
+
+docs: install ## build the docs site into site/ (mkdocs, strict: a broken link or a page outside the nav fails)
+	$(VENV)/bin/mkdocs build --strict
+
+docs-serve: install ## serve the docs site on http://127.0.0.1:8000, rebuilt on every edit
+	$(VENV)/bin/mkdocs serve
 
 toolchain: ## build etcd, kube-*, kubectl, helm, the S3 server, kube-score and checkov into ~/.cache/spotrl/tools
 	e2e/toolchain/build.sh
@@ -61,8 +70,11 @@ test-cluster: install toolchain ## the cluster and S3 tests only (they start and
 test-e2e: install toolchain ## the operator and end-to-end tests on the test control plane
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
-images: ## build the operator and runtime-cpu images here (local bases; no registry needed)
-	e2e/kind/images.sh dev
+APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/spotrl/Chart.yaml)
+IMAGES ?= operator runtime-cpu
+
+images: ## build spotrl-operator and spotrl-runtime-cpu, tagged the chart's appVersion (IMAGES="operator runtime": the CUDA runtime)
+	e2e/kind/images.sh $(APP_VERSION) $(IMAGES)
 
 e2e-kind: install toolchain ## every end-to-end test on a kind cluster built here (root, Docker); KEEP_CLUSTER=1 keeps it
 	e2e/kind/run.sh $(PYTEST_ARGS)
@@ -71,8 +83,8 @@ e2e-kind-ci: install toolchain ## the kind subset CI runs: the chart installed, 
 	SPOTRL_KIND_SUBSET=ci e2e/kind/run.sh $(PYTEST_ARGS)
 
 REPORT ?= .out/test-report
-# The kind subset comes after pytest, not beside it: loading the 3.9 GB runtime image into two
-# nodes beside the tests (350 s) slowed them by more (test_stop_signals 114 -> 333 s).
+# The kind subset comes after pytest, not beside it: loading the runtime image into two nodes
+# beside the tests slowed them by more than it saved (docs/benchmarks.md, CI).
 
 test: lint toolchain ## everything CI runs: lint, types, every pytest suite, the kind subset; where the time went: .out/test-report
 	@e2e/toolchain/system-packages.sh "make test" pgrep:procps curl:curl debootstrap:debootstrap dockerd:docker.io
@@ -89,6 +101,9 @@ bench: install ## run every benchmark in bench/ (each prints a small table; S3 o
 test-changed: install ## the tests a change touches (against origin/main, else HEAD; BASE=<ref> picks another)
 	@paths=$$(PYTHONPATH=e2e $(PY) -m spotrl_e2e.changed $(if $(BASE),--base $(BASE))); \
 	  if [ -n "$$paths" ]; then $(PY) -m pytest $$paths $(PYTEST_ARGS); fi
+
+test-count: install ## print how many tests `make test` collects (pytest's collection, never a hand count)
+	@$(PY) -m pytest --collect-only -q $(PYTEST_ARGS) | tail -n 1
 
 test-fast: install ## the quick subset for local work: unit tests only
 	$(PY) -m pytest tests/unit -m "not slow" $(PYTEST_ARGS)

@@ -7,54 +7,8 @@ chain stops at the first failure: later checks read what earlier ones vouched fo
 The chain is pure logic: it reads the cut through :class:`CutSource` (the storage side
 hashes and reads files) and the dataset through :class:`PromptLookup`.
 
-In order (``CHECKS``):
-
-==========================  ========================================================
-check                       what it refuses
-==========================  ========================================================
-``manifest_present``        a cut without a manifest: it was never committed
-``manifest_parses``         a manifest that is not JSON, lacks fields or has them of another type
-``schema_version``          a manifest written by code whose format we do not read
-``job_identity``            a cut of another job (when the caller names the job)
-``config_compatible``       a cut with another group size or batch size than the run
-``file_present``            a listed file that is missing
-``file_size``               a listed file with another size (truncated, torn)
-``file_digest``             a listed file with another sha256 (stale, corrupted)
-``orphan_file``             a file in the cut's data folder the manifest does not list
-``owner_file_format``       an owner file that does not decode
-``one_config``              two copies of the recovery config that differ (types included)
-``ledger_record``           a malformed ledger record (ids, phase, stamps by phase)
-``group_counts``            counts in the manifest that differ from the files
-``admission_consistent``    one admission with two phases or two stamps
-``counters``                an id the counters never handed out (``a<n>``, ``g<order>``), or more
-                            admission ids than the orders can have used
-``single_owner``            a group owned twice (ledger, replay buffer, spare pool)
-``rollout_rows``            finished groups without all G rows; rows of no group
-``cursor_covers_stamps``    a stamp above the saved sampler cursor
-``stamp_not_trained``       a stamp below the trainer step (already trained)
-``gate``                    a cursor outside [trainer step - 1, trainer step + L]
-``coverage``                an order with no owner or two (live, trained, dropped)
-``census``                  a step without B - shortfall groups; a partial RESERVED batch
-``fingerprints_uniform``    some groups with a content fingerprint and some without
-``trainer_state``           trainer files missing (a sharded cut: its index, its shards) or under a role
-                            the format does not load, or a step that disagrees
-``policy_identity``         a LoRA adapter of another base, rank, alpha or targets than the job's
-                            ``policy.lora``; an adapter where the job trains every weight, or the reverse
-``redo_steps``              a delta whose redo steps are not each step from its base's to its own
-``redo_rows``               a redo group without its rows, rows of no redo group, a group trained
-                            at another step than its stamp or whose order is not retired
-``redo_audit``              a redo step whose groups are not the ones the audit says it trained
-``delta_base``              a delta whose base is missing, another cut (digest, step, job), a
-                            delta itself, or refused by its own chain
-``loader_position``         a loader position other than the orders handed out; a loader state that
-                            would not resume there (a finished pass, counts that are no integers)
-``dataset_size``            a dataset whose length changed since the cut
-``loader_rows``             a group whose idx is not the row its order reads
-``prompt_rebuild``          a row that no longer rebuilds with the same idx and task
-``prompt_fingerprint``      a row whose content changed under the same idx
-``rollout_prompt_tokens``   finished rows whose prompt tokens are not their prompt's
-``redo_fingerprint``        a redone step that does not reproduce its recorded fingerprint
-==========================  ========================================================
+In order (``CHECKS``, from :data:`ERRORS`): each check's error class says in its docstring what
+it refuses; ``docs/reference/validation-checks.md`` is generated from them.
 
 ``delta_base`` reads another cut: the caller opens the base's folder for :func:`validate_base`
 (restore, verify and the resume's precheck do); ``redo_fingerprint`` runs when the trainer
@@ -132,146 +86,233 @@ _NEWER = "restore from an older cut with `spotrl ckpt list` / --cut, or investig
 
 
 class ManifestMissingError(CutCheckError):
+    """Refuses a cut without a manifest: never committed."""
+
     check = "manifest_present"
 
 
 class ManifestFormatError(CutCheckError):
+    """Refuses a manifest that is not JSON, lacks fields or has one of another type (``created_at``
+    not RFC 3339)."""
+
     check = "manifest_parses"
 
 
 class SchemaVersionError(CutCheckError):
+    """Refuses a cut in a format this code does not read (``READABLE_SCHEMA_VERSIONS``)."""
+
     check = "schema_version"
 
 
 class ForeignCutError(CutCheckError):
+    """Refuses a cut of another job."""
+
     check = "job_identity"
 
 
 class ConfigMismatchError(CutCheckError):
+    """Refuses another group size or prompts per step than the job's."""
+
     check = "config_compatible"
 
 
 class FileMissingError(CutCheckError):
+    """Refuses a listed file that is missing."""
+
     check = "file_present"
 
 
 class FileSizeError(CutCheckError):
+    """Refuses a listed file of another size (truncated, torn)."""
+
     check = "file_size"
 
 
 class FileDigestError(CutCheckError):
+    """Refuses a listed file with another sha256 (stale, corrupted)."""
+
     check = "file_digest"
 
 
 class OrphanFileError(CutCheckError):
+    """Refuses a file in the cut's folder that the manifest does not list."""
+
     check = "orphan_file"
 
 
 class OwnerFileFormatError(CutCheckError):
+    """Refuses an owner file that does not decode."""
+
     check = "owner_file_format"
 
 
 class OneConfigError(CutCheckError):
+    """Refuses two copies of the recovery config that differ, types included (restore uses the
+    checked one)."""
+
     check = "one_config"
 
 
 class CountersError(CutCheckError):
+    """Refuses an admission, spare-batch or group id the counters never handed out; more admission
+    ids than the orders can have used."""
+
     check = "counters"
 
 
 class GateError(CutCheckError):
+    """Refuses a cursor outside ``[trainer_step - 1, trainer_step + lookahead]``."""
+
     check = "gate"
 
 
 class CoverageError(CutCheckError):
+    """Refuses an order in ``[0, next_order)`` with no owner or two (live, trained, dropped)."""
+
     check = "coverage"
 
 
 class CensusError(CutCheckError):
+    """Refuses a step without ``B - shortfall`` groups (finished + in flight); a partial RESERVED
+    batch."""
+
     check = "census"
 
 
 class FingerprintsUniformError(CutCheckError):
+    """Refuses some groups with a content fingerprint and some without."""
+
     check = "fingerprints_uniform"
 
 
 class TrainerStateError(CutCheckError):
+    """Refuses trainer files missing or unloadable, or under a role the format does not load (the
+    optimizer or RNG would be left out); weights parts missing, extra or miscounted, or two
+    holding one tensor; a trainer or audit step that disagrees."""
+
     check = "trainer_state"
 
 
 class PolicyIdentityError(CutCheckError):
+    """Refuses a LoRA adapter trained on another base (its digest), or with another rank, alpha or
+    target modules than the job's ``policy.lora``; an adapter where the job trains every weight,
+    or the reverse."""
+
     check = "policy_identity"
 
 
 class LoaderPositionError(CutCheckError):
+    """Refuses a loader position other than the rows handed out; a loader state that would not
+    resume there (a finished pass, counts that are no integers); another shuffle or seed than the
+    job's."""
+
     check = "loader_position"
 
 
 class LoaderRowsError(CutCheckError):
+    """Refuses a group whose ``idx`` is not the row the loader reads at its order."""
+
     check = "loader_rows"
 
 
 class PromptTokensError(CutCheckError):
+    """Refuses finished rows whose prompt tokens do not encode their prompt (restore only: it needs
+    the tokenizer)."""
+
     check = "rollout_prompt_tokens"
 
 
 class GroupCountError(CutCheckError):
+    """Refuses manifest counts that differ from the files."""
+
     check = "group_counts"
 
 
 class LedgerRecordError(CutCheckError):
+    """Refuses a malformed ledger record: ids, phase, stamps as the phase demands."""
+
     check = "ledger_record"
 
 
 class AdmissionConsistencyError(CutCheckError):
+    """Refuses one admission with two phases or two stamps."""
+
     check = "admission_consistent"
 
 
 class DoubleOwnerError(CutCheckError):
+    """Refuses a group owned twice (ledger, replay buffer, spare pool)."""
+
     check = "single_owner"
 
 
 class RolloutRowsError(CutCheckError):
+    """Refuses a finished group without all G rows; rows of no group."""
+
     check = "rollout_rows"
 
 
 class CursorBehindStampError(CutCheckError):
+    """Refuses a stamp above the sampler cursor."""
+
     check = "cursor_covers_stamps"
 
 
 class TrainedStampError(CutCheckError):
+    """Refuses a stamp below the trainer step."""
+
     check = "stamp_not_trained"
 
 
 class DatasetSizeError(CutCheckError):
+    """Refuses a dataset whose length changed."""
+
     check = "dataset_size"
 
 
 class PromptRebuildError(CutCheckError):
+    """Refuses a row that no longer rebuilds with the same ``idx`` and ``task_name``."""
+
     check = "prompt_rebuild"
 
 
 class PromptFingerprintError(CutCheckError):
+    """Refuses a row whose content changed under the same ``idx``."""
+
     check = "prompt_fingerprint"
 
 
 class RedoStepsError(CutCheckError):
+    """Refuses a delta whose redo steps are not each step from its base's to its own."""
+
     check = "redo_steps"
 
 
 class RedoRowsError(CutCheckError):
+    """Refuses a redo group without its rows, rows of no redo group, a group redone at another step
+    than its stamp or not retired."""
+
     check = "redo_rows"
 
 
 class RedoAuditError(CutCheckError):
+    """Refuses a redo step whose groups are not the ones (or not in the order) the audit says it
+    trained."""
+
     check = "redo_audit"
 
 
 class DeltaBaseError(CutCheckError):
+    """Refuses a delta whose base is gone, has another manifest digest, job or step, is a delta, or
+    fails its own chain."""
+
     check = "delta_base"
 
 
 class RedoFingerprintError(CutCheckError):
+    """Refuses a delta's redone step that does not reproduce its recorded fingerprint (resume only:
+    it trains)."""
+
     check = "redo_fingerprint"
 
 
