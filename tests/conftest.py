@@ -1,5 +1,6 @@
-"""Fixtures shared by every test folder: the S3 server and the test control plane (see e2e/README.md),
-and one short folder for the Ray files (and vLLM's caches) of every process the tests start."""
+"""Fixtures shared by every test folder: the S3 server and the test control plane (see
+docs/development/test-control-plane.md), and one short folder for the Ray files (and vLLM's
+caches) of every process the tests start."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def ray_tmp() -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPOTRL_RAY_TMP", str(folder))
         mp.setenv("SPOTRL_TEST_RAY_TMP", str(folder))
-        # vLLM's caches (its model inspection: one subprocess per architecture, ~15 s) and
+        # vLLM's caches (its model inspection: one subprocess per architecture, slow) and
         # config: one folder for the session's engines, none in $HOME.
         mp.setenv("VLLM_CACHE_ROOT", str(folder / "vllm-cache"))
         mp.setenv("VLLM_CONFIG_ROOT", str(folder / "vllm-config"))

@@ -86,6 +86,9 @@ def select(changed: Iterable[str], tests: Mapping[str, str]) -> dict[str, str]:
         elif path.startswith("charts/"):
             add("tests/e2e/test_chart.py", f"{path}: the chart")
             add("tests/security", f"{path}: the chart is scanned")
+        elif path.startswith("docs/") or path in ("README.md", "CONTRIBUTING.md", "mkdocs.yml"):
+            add("tests/unit/test_docs.py", f"{path}: the docs")
+            add("tests/cluster/test_docs_manifests.py", f"{path}: the docs' manifests")
         elif path.startswith("crds/"):
             add("tests/cluster/test_crd.py", f"{path}: the CRD")
             add("tests/unit/api", f"{path}: the CRD")

@@ -33,6 +33,8 @@ class Tools:
     kueue: Path | None = None
     kueue_manifests: Path | None = None
     """Kueue's manager and its CRDs and webhook configurations (the RLJob queueing tests)."""
+    karpenter_crds: Path | None = None
+    """Karpenter's CRDs (NodePool, NodeClaim, EC2NodeClass): the docs' manifests are dry-run against them."""
 
     def require(self, *names: str) -> None:
         """Raises :class:`ToolchainMissingError` naming every absent binary and how to build it."""

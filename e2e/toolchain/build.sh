@@ -26,6 +26,7 @@ s3_dir=$cache/versitygw-$VERSITYGW_VERSION
 # -b2: the folder also holds the roles of Kueue's manager (a new layout is a new folder).
 kueue_dir=$cache/kueue-$KUEUE_VERSION-b2
 kube_score_dir=$cache/kube-score-$KUBE_SCORE_VERSION
+karpenter_dir=$cache/karpenter-crds-$KARPENTER_VERSION
 # checkov's folder is keyed by its locked requirements too: a re-lock is a new folder.
 checkov_lock=$here/checkov/requirements.txt
 checkov_dir=$cache/checkov-$CHECKOV_VERSION-$(sha256sum "$checkov_lock" | cut -c1-8)
@@ -40,6 +41,7 @@ if [[ ${1:-} == --env ]]; then
   echo "VERSITYGW=$s3_dir/versitygw"
   echo "KUEUE=$kueue_dir/kueue"
   echo "KUEUE_MANIFESTS=$kueue_dir/manifests"
+  echo "KARPENTER_CRDS=$karpenter_dir/crds"
   echo "KUBE_SCORE=$kube_score_dir/kube-score"
   echo "CHECKOV=$checkov_dir/checkov"
   exit 0
@@ -91,6 +93,26 @@ build_kueue() {
   cp "$src"/config/components/rbac/{role,manager_secrets_role}.yaml "$out/manifests/rbac/"
 }
 
+# Karpenter's CRDs: the module zip from the Go module proxy, checked against its pinned sha256.
+build_karpenter() {
+  local out=$1 zip=$2/module.zip proxy
+  proxy=$(go env GOPROXY | tr ',' '\n' | grep -m1 '^http')
+  curl -fsSL --retry 3 "$proxy/github.com/aws/karpenter-provider-aws/@v/$KARPENTER_VERSION.zip" -o "$zip"
+  echo "$KARPENTER_ZIP_SHA256  $zip" | sha256sum -c --quiet
+  mkdir -p "$out/crds"
+  python3 - "$zip" "$out/crds" "github.com/aws/karpenter-provider-aws@$KARPENTER_VERSION/pkg/apis/crds/" <<'PY'
+import sys, zipfile
+from pathlib import Path
+zip_path, out, prefix = sys.argv[1:]
+with zipfile.ZipFile(zip_path) as z:
+    names = [n for n in z.namelist() if n.startswith(prefix) and n.endswith(".yaml")]
+    for n in names:
+        (Path(out) / Path(n).name).write_bytes(z.read(n))
+if not names:
+    sys.exit(f"toolchain: no CRDs under {prefix}")
+PY
+}
+
 build_kube_score() {
   GOBIN=$1 go install -trimpath -ldflags "-s -w -X main.version=$KUBE_SCORE_VERSION" \
     "github.com/zegl/kube-score/cmd/kube-score@$KUBE_SCORE_VERSION"
@@ -127,6 +149,7 @@ step helm "$helm_dir" helm
 step kubernetes "$kube_dir" kube-apiserver kube-controller-manager kube-scheduler kubectl
 step kube_score "$kube_score_dir" kube-score
 step kueue "$kueue_dir" kueue
+step karpenter "$karpenter_dir" crds
 step checkov "$checkov_dir" checkov venv/bin/python
 if ((${#TOOLCHAIN_BUILT[@]})); then
   echo "toolchain: built ${TOOLCHAIN_BUILT[*]}; total $((SECONDS - t_all)) s"

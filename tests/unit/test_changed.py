@@ -17,6 +17,8 @@ TESTS = {
     "tests/cluster/test_crd.py": "",
     "tests/unit/api/test_model.py": "",
     "tests/unit/test_durations_report.py": "from spotrl_e2e.durations import main\n",
+    "tests/unit/test_docs.py": "",
+    "tests/cluster/test_docs_manifests.py": "",
 }
 
 
@@ -41,7 +43,10 @@ def test_tests_helpers_chart_crd_docs_and_the_build() -> None:
     assert list(select(["tests/integration/controller/controller_runs.py"], TESTS)) == ["tests/integration/controller"]
     assert list(select(["charts/spotrl/values.yaml"], TESTS)) == ["tests/e2e/test_chart.py", "tests/security"]
     assert list(select(["crds/rljob.yaml"], TESTS)) == ["tests/cluster/test_crd.py", "tests/unit/api"]
-    assert select(["README.md", "examples/tiny-cpu.yaml"], TESTS) == {}
+    assert select(["examples/tiny-cpu.yaml"], TESTS) == {}
+    docs = ["tests/unit/test_docs.py", "tests/cluster/test_docs_manifests.py"]
+    for page in ("README.md", "docs/operations/karpenter.md", "mkdocs.yml"):
+        assert list(select([page], TESTS)) == docs, page
     assert list(select(["README.md", "constraints.txt", "tests/e2e/test_chart.py"], TESTS)) == ["tests"]
 
 

@@ -176,22 +176,21 @@ def test_the_base_digest_changes_with_any_weight_file_and_not_with_other_files(t
         lora.base_digest(tmp_path / "empty")
 
 
-def test_the_readmes_lora_block_is_a_valid_policy_whose_targets_are_the_qwen_default() -> None:
-    """The README's LoRA section: its YAML parses into the RLJob model, and the targets it lists
-    are the default's for a Qwen2 model (builtin:tiny-chat's shape)."""
-    import re
-
+def test_the_lora_guides_example_is_a_valid_policy_whose_targets_are_the_qwen_default() -> None:
+    """The LoRA guide's example (docs/guides/lora.md): its policy.lora parses into the RLJob
+    model, and the targets it lists are the default's for a Qwen2 model (builtin:tiny-chat's shape)."""
     import yaml
 
+    from spotrl_e2e.docs import blocks
     from spotrl_runtime.api.rljob import Policy
     from spotrl_runtime.models import load_policy
 
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    section = readme[readme.index("## LoRA: an adapter on a frozen base") :]
-    block = re.search(r"```yaml\n(.*?)```", section, re.S)
-    assert block is not None
-    doc = yaml.safe_load(block.group(1))
-    policy = Policy.model_validate(doc["policy"])
+    page = Path("docs/guides/lora.md")
+    text = (Path(__file__).resolve().parents[3] / page).read_text()
+    docs = [yaml.safe_load(b.text) for b in blocks(text, page) if b.lang == "yaml"]
+    policies = [d.get("spec", d)["policy"] for d in docs if "lora" in d.get("spec", d).get("policy", {})]
+    assert policies, f"{page} lost its example of policy.lora"
+    policy = Policy.model_validate(policies[0])
     assert policy.lora is not None
     assert (policy.lora.rank, policy.lora.scale_alpha) == (32, 64.0)
     model, _ = load_policy("builtin:tiny-chat")

@@ -1,0 +1,140 @@
+"""What the docs tests read out of the Markdown: fenced blocks with their markers, the
+``spotrl`` and ``make`` commands they name, and phrases that belong on the benchmarks page.
+
+A YAML block is checked by what it is (tests/unit/test_docs.py, tests/cluster/test_docs_manifests.py):
+an RLJob by the model (``spotrl validate``), any other Kubernetes object by a server-side dry
+run, a block after ``<!-- helm-values -->`` by ``helm template``; a block after
+``<!-- fragment -->`` only has to parse.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from spotrl_e2e.tools import REPO_ROOT
+
+FRAGMENT = "<!-- fragment -->"
+HELM_VALUES = "<!-- helm-values -->"
+MARKERS = (FRAGMENT, HELM_VALUES)
+BENCHMARKS_PAGE = Path("docs/benchmarks.md")
+
+
+@dataclass(frozen=True)
+class Block:
+    """A fenced code block: its file, the line its fence opens on, its language and marker."""
+
+    path: Path
+    line: int
+    lang: str
+    marker: str | None
+    text: str
+
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+def doc_files(root: Path = REPO_ROOT) -> list[Path]:
+    """Every page a user reads: the site's, the README and the contributing guide."""
+    pages = sorted((root / "docs").rglob("*.md"))
+    return [p.relative_to(root) for p in pages] + [Path(n) for n in ("README.md", "CONTRIBUTING.md")]
+
+
+_FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)[^\n]*$")
+
+
+def blocks(text: str, path: Path) -> Iterator[Block]:
+    """The fenced blocks of one Markdown file, each with the marker on the line above it, if any."""
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        opened = _FENCE.match(lines[i])
+        if not opened:
+            i += 1
+            continue
+        indent, fence, lang = opened.groups()
+        above = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        body: list[str] = []
+        j = i + 1
+        while j < len(lines) and not lines[j].strip().startswith(fence):
+            body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j])
+            j += 1
+        yield Block(path, i + 1, lang.lower(), above if above in MARKERS else None, "\n".join(body) + "\n")
+        i = j + 1
+
+
+def command_lines(block: Block) -> Iterator[str]:
+    """Shell lines of a block, continuations joined and prompts (``$ ``) dropped."""
+    joined = block.text.replace("\\\n", " ")
+    for line in joined.splitlines():
+        line = line.strip()
+        if line.startswith("$ "):
+            line = line[2:]
+        if line and not line.startswith("#"):
+            yield line
+
+
+def spotrl_invocations(line: str) -> Iterator[list[str]]:
+    """The argument lists of each ``spotrl ...`` in a shell line (up to a pipe, ``&&``, ``;``)."""
+    try:
+        words = shlex.split(line, comments=True)
+    except ValueError:
+        return
+    current: list[str] | None = None
+    for word in [*words, "|"]:
+        if word in ("|", "||", "&&", ";", ">", "2>", "&"):
+            if current is not None:
+                yield current
+            current = None
+        elif word == "spotrl" or word.endswith("/spotrl"):
+            current = []
+        elif current is not None:
+            current.append(word)
+
+
+INLINE_CODE = re.compile(r"`([^`\n]+)`")
+
+
+def inline_commands(text: str, program: str) -> Iterator[str]:
+    """Inline code spans that start with ``program`` (``spotrl ...``, ``make ...``)."""
+    for match in INLINE_CODE.finditer(text):
+        code = match.group(1).strip()
+        if code.startswith(f"{program} "):
+            yield code
+
+
+def make_targets(makefile: str) -> set[str]:
+    return set(re.findall(r"^([a-z0-9][a-z0-9-]*):", makefile, re.M))
+
+
+_NUMBER = r"\d+(?:[.,]\d+)?"
+_UNIT = r"(?:ms|s|sec|secs|seconds?|min|mins|minutes?|h|hours?)"
+TIMING_PHRASES = (
+    # before and after: "<n> -> <m> s", "from <n> s to <m> s"
+    re.compile(rf"\b{_NUMBER}\s*{_UNIT}?\s*(?:->|→|=>)\s*{_NUMBER}\s*{_UNIT}\b"),
+    re.compile(rf"\bfrom\s+{_NUMBER}\s*{_UNIT}\s+to\s+{_NUMBER}\s*{_UNIT}\b"),
+    # how long something took: "took <n> s", "ran in about <n> min"
+    re.compile(rf"\b(?:took|taking|ran in|runs in|finished in|finishes in)\s+(?:about\s+|~|≈)?{_NUMBER}\s*{_UNIT}\b"),
+    # a run's length: "<n> minutes warm", "cold: <n> s"
+    re.compile(rf"\b{_NUMBER}\s*{_UNIT}\s*(?:warm|cold)\b"),
+    re.compile(rf"\b(?:warm|cold)\s*[:,]?\s*(?:about\s+)?{_NUMBER}\s*{_UNIT}\b"),
+    # a speed-up: "<n>x faster", "<n>× slower"
+    re.compile(rf"\b{_NUMBER}\s*[x×]\s+(?:faster|slower|as long|as fast)\b"),
+    # a machine's mood on the day
+    re.compile(r"\b(?:this|the)\s+(?:VM|machine)\s+was\s+(?:slow|fast|busy)\b", re.I),
+)
+"""Measured durations and their history: they belong on the benchmarks page, dated, with the machine."""
+
+HAND_COUNTED_TESTS = re.compile(r"\b\d[\d,]*\s+tests\b")
+"""A number of tests written by hand goes stale with the next test: ``make test-count`` says it."""
+
+
+def timing_phrases(text: str) -> Iterator[tuple[int, str]]:
+    """``(line number, phrase)`` of each measured duration in ``text``."""
+    for n, line in enumerate(text.splitlines(), 1):
+        for pattern in TIMING_PHRASES:
+            for match in pattern.finditer(line):
+                yield n, match.group(0)
