@@ -154,7 +154,7 @@ def test_the_readme_kubernetes_section_runs_as_written(e2e_cluster: Any, tmp_pat
 def audit_steps(storage: JobStorage, env: dict[str, str]) -> list[int]:
     """`spotrl audit` of the job's cuts (the chart's default storage: <default>/<ns>/<name>)."""
     uri = f"s3://{storage.bucket}/spotrl/default/{JOB}"
-    argv = [sys.executable, "-m", "spotrl_runtime.cli", "audit", uri, "--endpoint-url", storage.host_endpoint]
+    argv = [sys.executable, "-m", "spotrl_runtime.cli", "audit", uri, "--endpoint", storage.host_endpoint]
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, f"{shlex.join(argv)}:\n{out.stdout}{out.stderr}"
     return sorted(int(json.loads(line)["step"]) for line in out.stdout.splitlines() if line.strip())

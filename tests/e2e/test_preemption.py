@@ -115,7 +115,7 @@ def audit(storage: JobStorage, name: str, *flags: str) -> list[dict[str, Any]]:
     }
     argv = [sys.executable, "-m", "spotrl_runtime.cli", "audit", storage.uri(name)]
     out = subprocess.run(
-        [*argv, "--endpoint-url", storage.host_endpoint, *flags],
+        [*argv, "--endpoint", storage.host_endpoint, *flags],
         capture_output=True,
         text=True,
         env=env,

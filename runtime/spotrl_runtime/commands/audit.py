@@ -19,6 +19,8 @@ import json
 import sys
 from typing import Any
 
+from spotrl_runtime.commands.ckpt import add_s3_flags
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("audit", help="print a run's effective stream (prompts per trained step)", description=__doc__)
@@ -26,7 +28,7 @@ def register(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="every record, retrained steps included")
     p.add_argument("--summary", action="store_true", help="the run's exactly-once accounting, not the stream")
     p.add_argument("--json", action="store_true", help="with --summary: one JSON object")
-    p.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
+    add_s3_flags(p)
     p.set_defaults(func=run)
 
 
@@ -34,7 +36,9 @@ def run(args: argparse.Namespace) -> int:
     from spotrl_runtime.controller.audit_store import AuditStore
     from spotrl_runtime.storage import open_storage
 
-    store = AuditStore(open_storage(args.uri, endpoint_url=args.endpoint_url))
+    store = AuditStore(
+        open_storage(args.uri, endpoint_url=args.endpoint, region=args.region, credentials_dir=args.credentials_dir)
+    )
     docs = store.documents() if args.all or args.summary else store.effective()
     if not docs:
         print(f"spotrl audit: {args.uri} holds no audit records (audit/step-*/attempt-*.json)", file=sys.stderr)

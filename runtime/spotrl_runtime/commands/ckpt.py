@@ -27,15 +27,20 @@ import sys
 from typing import Any
 
 
+def add_s3_flags(q: argparse.ArgumentParser) -> None:
+    """How a command reaches S3; every command that reads a job's storage takes these."""
+    q.add_argument("--endpoint", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL)")
+    q.add_argument("--region", help="S3 region (default: $AWS_REGION or us-east-1)")
+    q.add_argument("--credentials-dir", help="folder with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY files")
+
+
 def register(sub: Any) -> None:
-    p = sub.add_parser("ckpt", help="list, verify and inspect cuts (checkpoints)")
+    p = sub.add_parser("ckpt", help="list, verify, inspect, export and delete cuts (checkpoints)")
     cmds = p.add_subparsers(dest="ckpt_command", required=True, metavar="ACTION")
 
     def common(q: argparse.ArgumentParser) -> None:
         q.add_argument("uri", help="a job's checkpoint root or one cut folder (path, file:// or s3://)")
-        q.add_argument("--endpoint", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL)")
-        q.add_argument("--region", help="S3 region (default: $AWS_REGION or us-east-1)")
-        q.add_argument("--credentials-dir", help="folder with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY files")
+        add_s3_flags(q)
         q.add_argument("--json", action="store_true", help="machine-readable output")
 
     q = cmds.add_parser("list", help="every cut of a job: committed or torn, kind, step, size")
