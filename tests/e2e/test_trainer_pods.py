@@ -193,6 +193,8 @@ def test_a_drained_trainer_node_waits_for_the_barrier_cut_and_the_group_resumes_
     start(cluster, jobs, e2e_storage)
     st = training(jobs, NAME, 2)
     pods = check_trainer_pods(cluster, jobs, e2e_storage, st, attempt=1)
+    # Marked against a node autoscaler's consolidation; the notice below still drains them.
+    assert all(p["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true" for p in pods)
     st = jobs.wait(NAME, lambda s: s.get("trainersReady") == 2, 60, "trainersReady 2")
     assert (st["trainersAttempt"], st["preemptions"], st["restarts"]) == (1, 0, 0)
     victim = next(p for p in pods if p["spec"]["nodeName"] != st["controllerNode"])

@@ -123,6 +123,13 @@ def test_worker_pods_train_and_a_lost_worker_node_costs_no_restore(
             (c,) = p["spec"]["containers"]
             assert c["command"] == ["spotrl", "worker"]
             assert c["args"][:2] == ["--address", head["address"]]
+        # A node autoscaler's consolidation never drains a running job: every pod the operator
+        # made says so (a spot interruption still drains them, after the barrier).
+        for p in [controller, *pods.values()]:
+            annotations = p["metadata"].get("annotations", {})
+            assert annotations.get("karpenter.sh/do-not-disrupt") == "true", p["metadata"]["name"]
+            assert annotations.get("cluster-autoscaler.kubernetes.io/safe-to-evict") == "false", p["metadata"]["name"]
+            assert p["spec"]["serviceAccountName"] == "tiny-runtime", "the job's cloud identity"
 
         # Every generation actor runs in a worker pod, none in the controller's.
         def up() -> set[str]:
