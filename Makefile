@@ -79,7 +79,7 @@ images: ## build spotrl-operator and spotrl-runtime-cpu, tagged the chart's appV
 e2e-kind: install toolchain ## every end-to-end test on a kind cluster built here (root, Docker); KEEP_CLUSTER=1 keeps it
 	e2e/kind/run.sh $(PYTEST_ARGS)
 
-e2e-kind-ci: install toolchain ## the kind subset CI runs: the chart installed, a drain after a notice, an abrupt node loss
+e2e-kind-ci: install toolchain ## the kind subset CI runs (tests marked kind_ci): a drain after a notice, an abrupt node loss, retention Delete, Kueue quota and preemption
 	SPOTRL_KIND_SUBSET=ci e2e/kind/run.sh $(PYTEST_ARGS)
 
 REPORT ?= .out/test-report

@@ -391,7 +391,7 @@ def test_the_admission_policy_refuses_a_secret_the_author_cannot_read_and_an_ima
 
         rc, err = create("env-steal", **env_from("theirs"))
         assert rc != 0
-        assert f"spec.runtimeEnv: alice may not get Secret {namespace}/theirs" in err, err
+        assert f"spec.runtimeEnv: alice may not get every Secret it names ({namespace}/theirs)" in err, err
         assert admin.get_or_none(path(RLJOBS, "rljobs", namespace, "env-steal")) is None, "half-applied"
         rc, err = create("env-own", **env_from("mine"))
         assert rc == 0, err
