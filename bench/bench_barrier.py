@@ -14,8 +14,8 @@ written side by side, each hashed while it is written).
 Each policy's run is preempted ``--repeat`` times (a fresh `spotrl run` each time) in two
 scenarios: its first cut, and after periodic cuts (each replacing the one before); the table
 gives the median and the range. The torch.save baseline is measured both into page cache never
-used before and into the pages of a file just deleted: on this VM the two differ by 2-3x, and
-each scenario is compared with its like.
+used before and into the pages of a file just deleted: on a VM the two can differ severalfold
+(docs/benchmarks.md), so each scenario is compared with its like.
 
     python bench/bench_barrier.py [--policies tiny,100m] [--repeat 5]
 """
@@ -135,8 +135,8 @@ def plain_save_seconds(state: dict[str, Any], work: Path, *, recycled: bool) -> 
     """torch.save of ``state``, fsynced: the median of three, each a new file, after a warm-up.
     ``recycled``: each file is deleted before the next is written, so it takes the pages its
     predecessor freed; else the files are kept, and each goes into page cache never used
-    before (what the first cut of a run meets: on this VM, memory touched the first time
-    costs 2-3x, 13 GB at 0.65 GB/s)."""
+    before (what the first cut of a run meets: on a VM, memory touched for the first time
+    costs more than recycled pages)."""
     import torch
 
     times = []

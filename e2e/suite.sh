@@ -10,11 +10,9 @@
 # control plane's suites (they share one cluster, so they stay in one process), security, the
 # generation and checkpoint suites, and the delta cuts' controller tests; then the rest (the
 # other controller suites, storage, training, unit). Which suites go where only evens the
-# lanes: with Kueue's tests in the first, it took 1424 s and the second 1240 s, so the
-# barrier estimate, storage and training moved to the second. Most tests wait (on a process start, a watch, a barrier), so two lanes share 2 cores
-# well: measured warm, 1803 s and 1945 s side by side against 3053 s in one process. Three
-# lanes (the controller suites split in two) did not: the CPU was 99% busy, each test took
-# 1.49x as long as in two lanes, and three controller tests failed under it (README, Tests).
+# lanes. Most tests wait (on a process start, a watch, a barrier), so two lanes share 2 cores
+# well; three did not (the CPU saturated and controller tests failed under the load). The
+# measurements: docs/benchmarks.md, "CI and test-suite durations".
 # The CPU figure printed at the end says how busy the machine was while the lanes ran.
 #
 # Then the tests marked `alone` (timing windows of a second or so) with nothing beside them.

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The kind nodes' containerd stores: our images unpacked once, on the host, and given to
 # every node by hard links, instead of loaded into each node of each new cluster
-# (`docker save | ctr import` took 400 s for the 5 GB runtime image into two nodes, every
-# run).
+# (`docker save | ctr import` of the runtime image into each node was the longest part of
+# every run; docs/benchmarks.md).
 #
 #   e2e/kind/containerd-store.sh build NODE_IMAGE IMAGE...
 #       make sure the store for these images is there; prints its path (and, on stderr, how
@@ -19,8 +19,8 @@
 # ~/.cache/spotrl/kind-stores), keyed by the node image's and the images' IDs.
 #
 # A new key (a code change rebuilds the runtime image) makes a new store from the node
-# image's: 151 s for the 5 GB runtime image on 2 cores, which .ci/run spends beside the
-# first suites. The layer blobs are dropped once unpacked (as containerd's
+# image's: minutes for the multi-GB runtime image on a small machine, which .ci/run spends
+# beside the first suites. The layer blobs are dropped once unpacked (as containerd's
 # discard_unpacked_layers does), so a store holds each image once.
 #
 # A clone hard-links every file and copies the two bolt databases, which containerd writes

@@ -8,7 +8,7 @@ The processes are forks of one driver per module that imported the CLI, the RLJo
 checks once (and nothing heavy: the stand-ins would have stopped it): each run is still a
 process of its own, with its own folder, environment, stdout and stderr (file descriptors 1 and
 2, so a logging handler's output counts too), at a fork's cost instead of an interpreter
-start's and those imports' (~0.6 s a run here).
+start's and those imports'.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 With the lookahead gate closed (the trainer has not committed the step that opens it) and
 no actor call in flight, :meth:`GenerationPool.poll` returns at once. A dispatcher that
 loops straight back burns a core and the GIL that the trainer and the generation workers
-need (measured on the tiny job: 16 steps took 19.8 s with it, 5.0 s without). Here the
+need (on the tiny job it slowed training down markedly: docs/benchmarks.md). Here the
 pool is a counting stand-in; the owners, the loader and the loop are the real ones.
 """
 

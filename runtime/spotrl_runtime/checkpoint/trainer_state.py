@@ -391,8 +391,8 @@ def _without_zip_crc32() -> Iterator[None]:
 
     A cut file's bytes are covered by its sha256 in the manifest, which the validation chain
     checks before anything loads it, so the zip's own CRC32 adds nothing but a second pass
-    over every byte: ~0.09 s per 400 MB on one core, a quarter of ``torch.save`` + fsync
-    (``bench/bench_barrier.py``). ``torch.load`` does not check it. The switch is torch's one
+    over every byte, a sizeable share of ``torch.save`` + fsync (``bench/bench_barrier.py``;
+    docs/benchmarks.md). ``torch.load`` does not check it. The switch is torch's one
     process-wide flag; it is off while at least one cut file is written (the trainer's files go
     side by side) and restored to what it was after the last."""
     global _CRC32_USERS, _CRC32_BEFORE

@@ -1,5 +1,5 @@
-"""`spotrl ckpt list|verify|inspect|delete URI`: look at a job's cuts without running anything,
-or delete them.
+"""`spotrl ckpt list|verify|inspect|export|delete URI`: look at a job's cuts without running
+anything, export a policy from one, or delete them.
 
 URI is a job's checkpoint root (then the newest committed cut is meant) or one cut
 folder (``.../cuts/<id>``), as a local path, ``file://`` or ``s3://bucket/prefix`` URI.

@@ -5,8 +5,8 @@ and its processes: seconds more), the generation workers (a process each, import
 and loading the policy), then training. Ray's start is mostly waiting for its processes, so
 it can run beside the imports, and the workers, once asked for, start in their own
 processes: :class:`Prestart` begins both on a thread as soon as the job is parsed, and
-:func:`~spotrl_runtime.controller.assemble.assemble` takes what it started. On the 2-core
-machine this takes about 2 s off a resume.
+:func:`~spotrl_runtime.controller.assemble.assemble` takes what it started. A resume is shorter
+by what the two overlap (docs/benchmarks.md).
 
 This module imports nothing heavy itself: the thread does, beside the main thread's imports.
 The thread then stays, parked, for as long as the process: Ray starts its processes with a

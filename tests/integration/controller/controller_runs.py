@@ -55,7 +55,7 @@ class Runs:
     """Starts `spotrl run` processes that share one model cache and short Ray folders. The demo
     policy comes prebuilt, as the runtime image ships it (``SPOTRL_PREBUILT_MODELS``): built
     once into the user's model cache (under its lock) for every suite that runs at the same
-    time, not again in each session's cache, where a cold build (~30 s of CPU, more beside
+    time, not again in each session's cache, where a cold build (its CPU time, more beside
     another lane) counted against the first test's wait for its run."""
 
     def __init__(self, base: Path):

@@ -48,7 +48,7 @@ def test_a_fenced_controller_stops_and_writes_nothing_more(
     assert rc == 4, log
     assert "fenced: controller attempt 1 claimed" in log
     # It stops within the step it was in: step 5 is its last, the fence right after it. (Not a
-    # wall-clock bound: the exit includes Ray's teardown, 10.4 s once under a loaded CI.)
+    # wall-clock bound: the exit includes Ray's teardown, which a loaded CI machine stretches.)
     steps = [int(m) for m in re.findall(r"step +(\d+)/", log)]
     assert steps[-1] == 5, steps
     assert log.index("fenced: controller attempt 1") > log.rindex("step    5/"), log

@@ -3,8 +3,8 @@
 builtin:tiny-arith knows most single-digit sums but rambles past about half of its answers
 ("7 3"), so ``arithmetic_exact`` starts near 0.4. Forty steps of 16 prompts × 8 samples lift the
 mean reward of the last five steps well above the first five. Measured on 2 CPU cores (seeds
-0-5, 40 steps): first five 0.38-0.47, last five 0.73-0.81 (gain 0.30-0.37), 6-15 s a run on an
-idle machine, up to a minute when other jobs share the cores. The test asks for a gain of 0.15.
+0-5, 40 steps): first five 0.38-0.47, last five 0.73-0.81 (gain 0.30-0.37). The test asks for a
+gain of 0.15.
 """
 
 from __future__ import annotations

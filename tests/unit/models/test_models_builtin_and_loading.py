@@ -235,7 +235,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.slow  # a child process that imports torch and starts a process group: 13 s
+@pytest.mark.slow  # a child process that imports torch and starts a process group
 def test_a_model_built_inside_a_process_group_on_rank_1_is_refused_not_cached(tmp_path: Path) -> None:
     """transformers' save_pretrained writes no weights on a torch.distributed rank other than 0:
     such a build must fail loudly and cache nothing (a trainer pod once cached a folder without
