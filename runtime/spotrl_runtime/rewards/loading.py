@@ -19,7 +19,8 @@ RewardFn = Callable[[Prompt, str], float]
 ``prompt`` is the :class:`~spotrl_runtime.core.types.Prompt` the group was generated from (its
 ``text``, the row's ``answer``, ``idx`` and ``task_name``); ``completion`` is the decoded
 completion text, special tokens removed. Return a finite number; higher is better. It is called
-once per rollout in the controller process, so keep it fast and free of side effects.
+once per rollout in a child process of the controller, under ``spec.reward.timeoutSeconds``
+(:mod:`~spotrl_runtime.rewards.runner`), so keep it fast and free of side effects.
 """
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
