@@ -505,7 +505,10 @@ def _running(b: Builder, current: PodView) -> float | None:
     notices = [(s, "") for s in world.signals if s.node == current.node]
     notices += [(s, f" (trainer pod {t.name})") for s, t in trainer_notices(b, current)]
     if notices:
-        sig, whose = notices[0]
+        # Several notices at once (AKS cordons before its own taint lands, GKE marks the pod a
+        # DisruptionTarget): the barrier gets the tightest deadline any of them allows.
+        caps = world.deadline_caps
+        sig, whose = min(notices, key=lambda n: caps.get(n[0].provider, world.spec.checkpoint.barrier_deadline_seconds))
         req = _new_barrier(b, sig.reason, current, node=sig.node, provider=sig.provider, noticed=sig.since)
         b.event(
             "Warning",

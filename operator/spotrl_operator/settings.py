@@ -63,8 +63,9 @@ class Settings:
     metrics_from: tuple[Mapping[str, Any], ...] = ({"namespaceSelector": {}},)
     """NetworkPolicy peers allowed to scrape the controllers' /metrics port (default: any pod)."""
     runtime_do_not_disrupt: bool = True
-    """Annotate the job's pods ``karpenter.sh/do-not-disrupt: "true"``: Karpenter's consolidation,
-    drift and expiry leave their nodes alone (a spot interruption still takes them, through the barrier)."""
+    """Annotate the job's pods ``karpenter.sh/do-not-disrupt: "true"``: Karpenter's consolidation
+    and drift leave their nodes alone (a spot interruption or an expiry still takes them, through
+    the barrier)."""
     runtime_safe_to_evict: bool = False
     """False: annotate the job's pods ``cluster-autoscaler.kubernetes.io/safe-to-evict: "false"``, so
     the Cluster Autoscaler never scales their node down."""

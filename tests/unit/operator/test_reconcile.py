@@ -480,6 +480,21 @@ def test_the_barrier_names_its_attempt_and_the_deadline_is_capped_by_provider() 
     assert of(plan, RequestBarrier)[0].barrier.deadline == iso(T0 + timedelta(seconds=20))
 
 
+def test_with_several_notices_on_the_node_the_barrier_gets_the_tightest_deadline() -> None:
+    """A cordon (no cap) seen before AKS's own taint (capped) must not give the barrier the
+    job's whole deadline: the platform's notice is the one that ends the node."""
+    st = RLJobStatus(phase="Running", attempt=3)
+    cordon = Signal("cordon", "spot-a", "spec.unschedulable")
+    aks = Signal("taint", "spot-a", "remediator.kubernetes.azure.com/unschedulable")
+    assert (cordon.provider, aks.provider) == ("cordon", "aks")
+    for signals in ((cordon, aks), (aks, cordon)):
+        plan = reconcile(world(status=st, pods=(running(3),), signals=signals, deadline_caps={"aks": 7}))
+        (req,) = of(plan, RequestBarrier)
+        assert req.barrier.deadline == iso(T0 + timedelta(seconds=7)), [s.provider for s in signals]
+    plan = reconcile(world(status=st, pods=(running(3),), signals=(cordon, aks), deadline_caps={}))
+    assert of(plan, RequestBarrier)[0].barrier.deadline == iso(T0 + timedelta(seconds=20)), "no cap: the job's"
+
+
 def test_the_interrupted_controller_still_reporting_steps_is_not_a_resume() -> None:
     """After a commit the old controller (same attempt) may report a step: no Resumed event,
     the interruption lasts until a later attempt trains."""
