@@ -42,13 +42,13 @@ lint: install ## ruff (lint and format), mypy, and a check that generated files 
 	$(VENV)/bin/mypy
 	$(PY) -m spotrl_runtime.api.crd --check
 	$(PY) -m spotrl_runtime.api.reference --check
-	$(VENV)/bin/mkdocs build --strict --quiet --site-dir $$(mktemp -d)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir .out/site-check
 
 docs: install ## build the docs site into site/ (mkdocs, strict: a broken link or a page outside the nav fails)
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 docs-serve: install ## serve the docs site on http://127.0.0.1:8000, rebuilt on every edit
-	$(VENV)/bin/mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 toolchain: ## build etcd, kube-*, kubectl, helm, the S3 server, kube-score and checkov into ~/.cache/spotrl/tools
 	e2e/toolchain/build.sh

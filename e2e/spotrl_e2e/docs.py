@@ -77,22 +77,33 @@ def command_lines(block: Block) -> Iterator[str]:
             yield line
 
 
+SEPARATORS = ("|", "||", "&&", ";", "&", "(", ")", "$(")
+PREFIXES = ("sudo", "exec", "time", "env", "nohup")
+
+
 def spotrl_invocations(line: str) -> Iterator[list[str]]:
-    """The argument lists of each ``spotrl ...`` in a shell line (up to a pipe, ``&&``, ``;``)."""
+    """The argument lists of each ``spotrl ...`` command in a shell line: ``spotrl`` (or a path
+    to it) as the first word of a command, after a separator, variable assignments or a prefix
+    such as ``sudo``; its arguments run to the next separator or redirection."""
     try:
-        words = shlex.split(line, comments=True)
+        words = shlex.split(line, comments=True, posix=True)
     except ValueError:
         return
     current: list[str] | None = None
+    at_start = True
     for word in [*words, "|"]:
-        if word in ("|", "||", "&&", ";", ">", "2>", "&"):
+        if word in SEPARATORS or word.startswith((">", "2>", "<")):
             if current is not None:
                 yield current
-            current = None
-        elif word == "spotrl" or word.endswith("/spotrl"):
-            current = []
+            current, at_start = None, True
         elif current is not None:
             current.append(word)
+        elif at_start and (word == "spotrl" or word.endswith("/spotrl")):
+            current = []
+        elif at_start and (re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", word) or word in PREFIXES):
+            continue
+        else:
+            at_start = False
 
 
 INLINE_CODE = re.compile(r"`([^`\n]+)`")

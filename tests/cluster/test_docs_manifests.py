@@ -45,8 +45,11 @@ def crds(spotrl_cluster_session: Cluster) -> Cluster:
     return cluster
 
 
-def _dry_run(cluster: Cluster, text: str, namespace: str) -> subprocess.CompletedProcess[str]:
-    return cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=text, check=False, timeout=60)
+def _dry_run(cluster: Cluster, text: str) -> subprocess.CompletedProcess[str]:
+    """A server-side dry run of every object in ``text``; one without a namespace is dry-run
+    in ``default``, as ``kubectl apply`` would put it there."""
+    _ensure_namespaces(cluster, [d for d in yaml.safe_load_all(text) if d])
+    return cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=text, check=False, timeout=60)
 
 
 def _ensure_namespaces(cluster: Cluster, docs: list[dict]) -> None:
@@ -59,14 +62,13 @@ def _ensure_namespaces(cluster: Cluster, docs: list[dict]) -> None:
             )
 
 
-def test_every_kubernetes_object_in_the_docs_passes_a_server_side_dry_run(crds: Cluster, namespace: str) -> None:
+def test_every_kubernetes_object_in_the_docs_passes_a_server_side_dry_run(crds: Cluster) -> None:
     checked, problems = 0, []
     for block in _yaml_blocks():
         if block.marker in (FRAGMENT, HELM_VALUES):
             continue
         docs = [d for d in yaml.safe_load_all(block.text) if d]
-        _ensure_namespaces(crds, docs)
-        result = _dry_run(crds, block.text, namespace)
+        result = _dry_run(crds, block.text)
         if result.returncode != 0:
             problems.append(f"{block.where()}: {result.stderr.strip()}")
         checked += len(docs)
@@ -91,7 +93,7 @@ def test_every_helm_values_block_in_the_docs_renders_and_its_objects_pass_a_dry_
         if rendered.returncode != 0:
             problems.append(f"{block.where()}: helm template: {rendered.stderr.strip()}")
             continue
-        result = _dry_run(crds, rendered.stdout, namespace)
+        result = _dry_run(crds, rendered.stdout)
         if result.returncode != 0:
             problems.append(f"{block.where()}: dry run of what it renders: {result.stderr.strip()}")
     assert not problems, "\n".join(problems)

@@ -268,7 +268,8 @@ def barrier_form(
     """What a barrier cut holds, and why. ``mode`` is ``spec.checkpoint.barrier``; ``est`` the
     full cut's estimate; ``remaining`` the seconds left before the barrier's deadline;
     ``delta_possible`` None when a delta can be cut, else why not (no full cut to extend yet,
-    a redo log that lacks a step since it). ``auto`` cuts full when the estimate fits :data:`HEADROOM` of what is left."""
+    a redo log that lacks a step since it). ``auto`` cuts full when the estimate fits
+    :data:`HEADROOM` of what is left."""
     if mode == "full":
         return "full", "checkpoint.barrier is full"
     if delta_possible is not None:
