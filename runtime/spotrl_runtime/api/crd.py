@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -295,12 +296,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="fail if the generated files are out of date")
     args = ap.parse_args(argv)
     root = Path(args.root)
-    wanted = {
-        root / CRD_FILE: crd_yaml(),
-        root / CHART_CRD_FILE: crd_yaml(),
-    }
+    return write_generated({root / CRD_FILE: crd_yaml(), root / CHART_CRD_FILE: crd_yaml()}, check=args.check)
+
+
+def write_generated(wanted: Mapping[Path, str], check: bool) -> int:
+    """Writes each file whose text differs from ``wanted``; ``check``: writes nothing and
+    returns 1 naming each such file (``make lint``), 0 when every one is current."""
     stale = [p for p, text in wanted.items() if not p.exists() or p.read_text() != text]
-    if args.check:
+    if check:
         for p in stale:
             print(f"{p} is out of date: run `make generate`", file=sys.stderr)
         return 1 if stale else 0

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -289,17 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", default=".", help="repository root")
     ap.add_argument("--check", action="store_true", help="fail if a page is out of date")
     args = ap.parse_args(argv)
-    wanted = pages(Path(args.root))
-    stale = [p for p, text in wanted.items() if not p.exists() or p.read_text() != text]
-    if args.check:
-        for p in stale:
-            print(f"{p} is out of date: run `make generate`", file=sys.stderr)
-        return 1 if stale else 0
-    for p in stale:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(wanted[p])
-        print(f"wrote {p}")
-    return 0
+    return crd.write_generated(pages(Path(args.root)), check=args.check)
 
 
 if __name__ == "__main__":
