@@ -507,8 +507,7 @@ def _running(b: Builder, current: PodView) -> float | None:
     if notices:
         # Several notices at once (AKS cordons before its own taint lands, GKE marks the pod a
         # DisruptionTarget): the barrier gets the tightest deadline any of them allows.
-        caps = world.deadline_caps
-        sig, whose = min(notices, key=lambda n: caps.get(n[0].provider, world.spec.checkpoint.barrier_deadline_seconds))
+        sig, whose = min(notices, key=lambda n: _deadline_seconds(world, n[0].provider))
         req = _new_barrier(b, sig.reason, current, node=sig.node, provider=sig.provider, noticed=sig.since)
         b.event(
             "Warning",
@@ -528,16 +527,21 @@ def _running(b: Builder, current: PodView) -> float | None:
     return 2.0
 
 
+def _deadline_seconds(world: World, provider: str) -> int:
+    """A barrier's time for a notice from ``provider``: the job's deadline, capped by the
+    provider's (a platform whose notice is shorter)."""
+    seconds = world.spec.checkpoint.barrier_deadline_seconds
+    cap = world.deadline_caps.get(provider)
+    return seconds if cap is None else min(seconds, cap)
+
+
 def _new_barrier(
     b: Builder, reason: str, pod: PodView, node: str | None, provider: str, noticed: datetime | None = None
 ) -> BarrierStatus:
     """Asks ``pod`` for a barrier cut; ``provider``: who sent the notice (its deadline cap);
     ``noticed``: when the notice began (its own time; default now)."""
     now = b.world.now
-    seconds = b.world.spec.checkpoint.barrier_deadline_seconds
-    cap = b.world.deadline_caps.get(provider)
-    if cap is not None:
-        seconds = min(seconds, cap)
+    seconds = _deadline_seconds(b.world, provider)
     req = BarrierStatus(
         request_id=barrier_id(reason, pod.name),
         reason=reason,

@@ -19,7 +19,7 @@ import json
 import sys
 from typing import Any
 
-from spotrl_runtime.commands.ckpt import add_s3_flags
+from spotrl_runtime.commands.ckpt import add_s3_flags, s3_options
 
 
 def register(sub: Any) -> None:
@@ -36,9 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from spotrl_runtime.controller.audit_store import AuditStore
     from spotrl_runtime.storage import open_storage
 
-    store = AuditStore(
-        open_storage(args.uri, endpoint_url=args.endpoint, region=args.region, credentials_dir=args.credentials_dir)
-    )
+    store = AuditStore(open_storage(args.uri, **s3_options(args)))
     docs = store.documents() if args.all or args.summary else store.effective()
     if not docs:
         print(f"spotrl audit: {args.uri} holds no audit records (audit/step-*/attempt-*.json)", file=sys.stderr)

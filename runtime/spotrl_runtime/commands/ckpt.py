@@ -34,6 +34,11 @@ def add_s3_flags(q: argparse.ArgumentParser) -> None:
     q.add_argument("--credentials-dir", help="folder with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY files")
 
 
+def s3_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What :func:`add_s3_flags` parsed, as :func:`~spotrl_runtime.storage.open_storage` takes it."""
+    return {"endpoint_url": args.endpoint, "region": args.region, "credentials_dir": args.credentials_dir}
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("ckpt", help="list, verify, inspect, export and delete cuts (checkpoints)")
     cmds = p.add_subparsers(dest="ckpt_command", required=True, metavar="ACTION")
@@ -96,7 +101,7 @@ class _Target:
             uri = uri[: -len("/manifest.json")]
         head, _, last = uri.rpartition("/")
         parent, _, cuts = head.rpartition("/")
-        options = {"endpoint_url": args.endpoint, "region": args.region, "credentials_dir": args.credentials_dir}
+        options = s3_options(args)
         if cuts == CUTS and seq_of(last) is not None:
             self.root = parent or "."
             self.storage = open_storage(self.root, **options)
@@ -428,7 +433,7 @@ def run_delete(args: argparse.Namespace) -> int:
         print(f"spotrl ckpt delete: refused: {problem}", file=sys.stderr)
         return 2
     try:
-        store = open_storage(uri, endpoint_url=args.endpoint, region=args.region, credentials_dir=args.credentials_dir)
+        store = open_storage(uri, **s3_options(args))
         keys = purge(store) if args.yes else job_keys(store)
     except StorageError as err:
         print(f"spotrl ckpt delete: {uri}: {err}", file=sys.stderr)
