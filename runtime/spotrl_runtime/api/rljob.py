@@ -890,7 +890,8 @@ class RLJobSpec(ApiObject):
         default_factory=list,
         max_length=64,
         description=(
-            "Environment variables of every runtime container of the job (controller, trainer and worker pods), "
+            "Environment variables of every container of the job (controller, trainer and worker pods, and the pod "
+            "that deletes its cuts), "
             "each a value or a Secret's or ConfigMap's key in the job's namespace, e.g. HF_TOKEN from a Secret. "
             "They come after the operator's own variables, so a name it sets (AWS_ENDPOINT_URL ...) is overridden."
         ),
