@@ -19,7 +19,6 @@ from spotrl_e2e.tools import REPO_ROOT
 
 FRAGMENT = "<!-- fragment -->"
 HELM_VALUES = "<!-- helm-values -->"
-MARKERS = (FRAGMENT, HELM_VALUES)
 BENCHMARKS_PAGE = Path("docs/benchmarks.md")
 
 
@@ -47,7 +46,8 @@ _FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)[^\n]*$")
 
 
 def blocks(text: str, path: Path) -> Iterator[Block]:
-    """The fenced blocks of one Markdown file, each with the marker on the line above it, if any."""
+    """The fenced blocks of one Markdown file, each with the HTML comment on the line above it
+    (its marker), if any."""
     lines = text.splitlines()
     i = 0
     while i < len(lines):
@@ -62,15 +62,25 @@ def blocks(text: str, path: Path) -> Iterator[Block]:
         while j < len(lines) and not lines[j].strip().startswith(fence):
             body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j])
             j += 1
-        yield Block(path, i + 1, lang.lower(), above if above in MARKERS else None, "\n".join(body) + "\n")
+        marker = above if above.startswith("<!--") and above.endswith("-->") else None
+        yield Block(path, i + 1, lang.lower(), marker, "\n".join(body) + "\n")
         i = j + 1
 
 
+def marked_block(text: str, path: Path, marker: str) -> Block:
+    """The one block right after ``marker`` (e.g. ``<!-- first-hour:begin -->``, whose commands a
+    test runs); an AssertionError names the marker when the page lost it."""
+    found = [b for b in blocks(text, path) if b.marker == marker]
+    assert len(found) == 1, f"{path} has {len(found)} blocks after {marker}, not one"
+    return found[0]
+
+
 def command_lines(block: Block) -> Iterator[str]:
-    """Shell lines of a block, continuations joined and prompts (``$ ``) dropped."""
-    joined = block.text.replace("\\\n", " ")
+    """The commands of a shell block: continuations joined, prompts (``$ ``), comment lines and
+    comments after two spaces (``cmd  # why``) dropped."""
+    joined = re.sub(r"\\\n\s*", " ", block.text)
     for line in joined.splitlines():
-        line = line.strip()
+        line = line.split("  #", 1)[0].strip()
         if line.startswith("$ "):
             line = line[2:]
         if line and not line.startswith("#"):

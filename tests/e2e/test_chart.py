@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import re
 import shlex
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,12 +19,13 @@ from test_preemption import SPOT, TRAIN_TIMEOUT
 from test_preemption import tiny_job as example_job
 
 from spotrl_e2e.cluster import Cluster
+from spotrl_e2e.docs import command_lines, marked_block
 from spotrl_e2e.kube import path
 from spotrl_operator.settings import add_arguments, from_args
 
 pytestmark = pytest.mark.cluster
 RELEASE = "spotrl-chart"
-UPGRADE_PAGE = "docs/operations/upgrading.md"
+UPGRADE_PAGE = Path("docs/operations/upgrading.md")
 
 
 def render(cluster: Cluster, namespace: str, *sets: str, release: str = RELEASE) -> list[dict]:
@@ -176,11 +177,8 @@ def test_the_charts_cloud_values_reach_the_operators_settings(cluster: Cluster, 
 
 def upgrade_commands(release_ns: str) -> list[list[str]]:
     """The upgrade block of the upgrading guide, its release (name and namespace) this test's."""
-    text = (REPO / UPGRADE_PAGE).read_text()
-    match = re.search(r"<!-- upgrade:begin -->\s*```console\n(.*?)```\s*<!-- upgrade:end -->", text, re.S)
-    assert match, f"{UPGRADE_PAGE} lost its upgrade block (<!-- upgrade:begin --> ... <!-- upgrade:end -->)"
-    lines = [line.removeprefix("$ ") for line in match.group(1).splitlines() if line.startswith("$ ")]
-    commands = [shlex.split(line.replace("spotrl-system", release_ns)) for line in lines]
+    block = marked_block((REPO / UPGRADE_PAGE).read_text(), UPGRADE_PAGE, "<!-- upgrade:begin -->")
+    commands = [shlex.split(line.replace("spotrl-system", release_ns)) for line in command_lines(block)]
     assert [c[:2] for c in commands] == [["kubectl", "apply"], ["helm", "upgrade"]], commands
     commands[1][2] = RELEASE
     return [[str(REPO / a) if a.startswith("charts/") else a for a in c] for c in commands]

@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 from operator_harness import TARGET, Jobs, JobStorage, kind_bucket
 
+from spotrl_e2e.docs import command_lines, marked_block
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
@@ -37,21 +39,10 @@ TOTAL = 40
 
 
 def readme_commands() -> list[str]:
-    """The fenced commands of the README's first-hour block, continuation lines joined,
-    comments dropped."""
-    text = README.read_text()
-    match = re.search(r"<!-- first-hour:begin -->\s*```bash\n(.*?)```\s*<!-- first-hour:end -->", text, re.S)
-    assert match, "README.md lost its first-hour block (<!-- first-hour:begin --> ... <!-- first-hour:end -->)"
-    commands, current = [], ""
-    for raw in match.group(1).splitlines():
-        line = raw.split("  #", 1)[0].rstrip() if not raw.lstrip().startswith("#") else ""
-        if not line:
-            continue
-        current += line.removesuffix("\\").rstrip() + " " if line.endswith("\\") else line
-        if not line.endswith("\\"):
-            commands.append(current.strip())
-            current = ""
-    return commands
+    """The commands of the README's first-hour block (``<!-- first-hour:begin -->``),
+    continuation lines joined, comments dropped."""
+    block = marked_block(README.read_text(), README, "<!-- first-hour:begin -->")
+    return list(command_lines(block))
 
 
 class Watch:

@@ -27,6 +27,7 @@ from spotrl_e2e.docs import (
     doc_files,
     inline_commands,
     make_targets,
+    marked_block,
     spotrl_invocations,
     timing_phrases,
 )
@@ -226,6 +227,11 @@ def test_the_block_reader_keeps_markers_and_indented_fences() -> None:
     assert (fragment.lang, fragment.marker, fragment.text, fragment.line) == ("yaml", FRAGMENT, "x: 1\n", 4)
     assert shell.marker is None
     assert [list(spotrl_invocations(line)) for line in command_lines(shell)] == [[["run", "-f", "a.yaml", "--fresh"]]]
+    # a test runs the block after its marker, comments dropped
+    runbook = "<!-- run:begin -->\n```console\n$ kubectl get rljobs -w  # watch it\n# NAME PHASE\n```\n"
+    assert list(command_lines(marked_block(runbook, Path("p.md"), "<!-- run:begin -->"))) == ["kubectl get rljobs -w"]
+    with pytest.raises(AssertionError, match="0 blocks after <!-- gone -->"):
+        marked_block(runbook, Path("p.md"), "<!-- gone -->")
     # a release named spotrl is no spotrl command; a variable before the command is no reason to miss it
     assert list(spotrl_invocations("helm install spotrl charts/spotrl --wait")) == []
     assert list(spotrl_invocations("X=1 .venv/bin/spotrl ckpt list ./c | head && spotrl validate -f a")) == [
