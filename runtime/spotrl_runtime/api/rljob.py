@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
-from spotrl_runtime.api.rules import ApiObject, Rule
+from spotrl_runtime.api.rules import ApiObject, Rule, exactly_one
 
 GROUP = "spotrl.dev"
 VERSION = "v1alpha1"
@@ -473,11 +473,8 @@ class Reward(ApiObject):
     )
 
     rules = (
-        Rule(
-            cel="has(self.name) != has(self.importPath)",
-            check=lambda r: (r.name is None) != (r.import_path is None),
-            message="set exactly one of name (a built-in reward) or importPath (module:function)",
-            field="name",
+        exactly_one(
+            "name", "import_path", "set exactly one of name (a built-in reward) or importPath (module:function)"
         ),
         Rule(
             cel="!has(self.batched) || !self.batched || has(self.importPath)",
@@ -757,14 +754,7 @@ class EnvVarSource(ApiObject):
     secret_key_ref: KeyRef | None = None
     config_map_key_ref: KeyRef | None = None
 
-    rules = (
-        Rule(
-            cel="has(self.secretKeyRef) != has(self.configMapKeyRef)",
-            check=lambda s: (s.secret_key_ref is None) != (s.config_map_key_ref is None),
-            message="set exactly one of secretKeyRef and configMapKeyRef",
-            field="secretKeyRef",
-        ),
-    )
+    rules = (exactly_one("secret_key_ref", "config_map_key_ref"),)
 
 
 class EnvVar(ApiObject):
@@ -775,12 +765,7 @@ class EnvVar(ApiObject):
     value_from: EnvVarSource | None = None
 
     rules = (
-        Rule(
-            cel="has(self.value) != has(self.valueFrom)",
-            check=lambda e: (e.value is None) != (e.value_from is None),
-            message="set exactly one of value and valueFrom",
-            field="value",
-        ),
+        exactly_one("value", "value_from"),
         Rule(
             cel=f"!self.name.startsWith('{RESERVED_ENV_PREFIX}')",
             check=lambda e: not e.name.startswith(RESERVED_ENV_PREFIX),

@@ -37,6 +37,18 @@ class Rule:
     """The field the message is about, relative to the object (camelCase, no leading dot)."""
 
 
+def exactly_one(first: str, second: str, message: str = "") -> Rule:
+    """The rule that exactly one of two optional fields (their Python names) is set; the message
+    names both unless ``message`` says it better."""
+    a, b = to_camel(first), to_camel(second)
+    return Rule(
+        cel=f"has(self.{a}) != has(self.{b})",
+        check=lambda o: (getattr(o, first) is None) != (getattr(o, second) is None),
+        message=message or f"set exactly one of {a} and {b}",
+        field=a,
+    )
+
+
 class ApiObject(BaseModel):
     """Base of every object in the RLJob API: camelCase on the wire, unknown fields refused."""
 
