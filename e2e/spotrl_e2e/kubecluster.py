@@ -142,6 +142,13 @@ class KubeCluster(ABC):
         self.kubectl("apply", "-f", str(manifest))
         return wait_crd_served(self.admin(), yaml.safe_load(manifest.read_text())["metadata"]["name"], timeout)
 
+    def install_crds(self, manifests: Sequence[Path], timeout: float = 60) -> None:
+        """A server-side apply of CRD files (some are beyond a client-side apply's annotation, as
+        Kueue's Workload), returning once the API server serves each (:func:`wait_crd_served`)."""
+        self.kubectl("apply", "--server-side", "--force-conflicts", *(f"-f={m}" for m in manifests), timeout=120)
+        for m in manifests:
+            wait_crd_served(self.admin(), yaml.safe_load(m.read_text())["metadata"]["name"], timeout)
+
     # ------------------------------------------------------------------ namespaces & pods
     def create_namespace(self, prefix: str = "test", pod_security: str | None = None) -> str:
         """A fresh namespace (waits for its default ServiceAccount, as pods need it).

@@ -36,7 +36,6 @@ from typing import Any
 
 import yaml
 
-from spotrl_e2e.kube import wait_crd_served
 from spotrl_e2e.kubecluster import KubeCluster
 from spotrl_e2e.pki import ClusterPKI
 from spotrl_e2e.procs import Process, free_port
@@ -141,12 +140,8 @@ class LocalKueue(Kueue):
         self.process: Process | None = None
 
     def install_crds(self) -> None:
-        """Every Kueue CRD (its controllers watch them all); server-side, since the Workload's
-        is 1.4 MB, beyond a client-side apply's annotation."""
-        crds = sorted((self.manifests / "crds").glob("*.yaml"))
-        self.cluster.kubectl("apply", "--server-side", "--force-conflicts", *(f"-f={c}" for c in crds))
-        for crd in crds:
-            wait_crd_served(self.cluster.admin(), yaml.safe_load(crd.read_text())["metadata"]["name"], 60)
+        """Every Kueue CRD (its controllers watch them all)."""
+        self.cluster.install_crds(sorted((self.manifests / "crds").glob("*.yaml")))
 
     def start(self, timeout: float = 60) -> LocalKueue:
         self.install_crds()

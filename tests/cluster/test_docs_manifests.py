@@ -13,7 +13,6 @@ import yaml
 
 from spotrl_e2e.cluster import Cluster
 from spotrl_e2e.docs import FRAGMENT, HELM_VALUES, Block, blocks, doc_files
-from spotrl_e2e.kube import wait_crd_served
 from spotrl_e2e.tools import REPO_ROOT
 
 pytestmark = pytest.mark.cluster
@@ -25,13 +24,6 @@ def _yaml_blocks() -> list[Block]:
     return [b for p in doc_files() for b in blocks((REPO_ROOT / p).read_text(), p) if b.lang in ("yaml", "yml")]
 
 
-def _install_crds(cluster: Cluster, files: list[Path]) -> None:
-    # Server-side: some CRDs are beyond a client-side apply's annotation.
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", *(f"-f={f}" for f in files), timeout=120)
-    for f in files:
-        wait_crd_served(cluster.admin(), yaml.safe_load(f.read_text())["metadata"]["name"], 60)
-
-
 @pytest.fixture(scope="module")
 def crds(spotrl_cluster_session: Cluster) -> Cluster:
     """The RLJob's, Kueue's and Karpenter's CRDs, served."""
@@ -41,7 +33,7 @@ def crds(spotrl_cluster_session: Cluster) -> Cluster:
     assert tools.karpenter_crds is not None, "run `make toolchain`"
     files = [RLJOB_CRD, *sorted((tools.kueue_manifests / "crds").glob("*.yaml"))]
     files += sorted(tools.karpenter_crds.glob("*.yaml"))
-    _install_crds(cluster, files)
+    cluster.install_crds(files)
     return cluster
 
 
