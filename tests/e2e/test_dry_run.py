@@ -33,12 +33,15 @@ from spotrl_runtime.api.times import rfc3339
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
 PRIORITY_CLASS = "spotrl-dry-run-batch"
+IRSA_ROLE = "arn:aws:iam::111122223333:role/spotrl"
 SETTINGS = Settings(
     runtime_image="spotrl-runtime:test",
     default_storage="s3://bucket/spotrl",
     default_s3_endpoint="http://s3.example:9000",
     default_credentials_secret="s3",
     extra_env={"HF_HOME": "/cache/hf"},
+    runtime_pod_labels={"azure.workload.identity/use": "true"},
+    runtime_pod_annotations={"example.com/cost-center": "ml"},
 )
 
 
@@ -69,6 +72,15 @@ SPECS: dict[str, dict[str, Any]] = {
         workerPods=True,
         resources={"cpu": "2", "memory": "4Gi"},
     ),
+    # A hub token from a Secret, a cache folder from a ConfigMap, a value: no static S3 keys.
+    "runtime-env-keyless": {
+        **with_(TINY, "checkpoint", storage="s3://bucket-x/keyless"),
+        "runtimeEnv": [
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}},
+            {"name": "HF_HOME", "valueFrom": {"configMapKeyRef": {"name": "hf", "key": "home", "optional": True}}},
+            {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
+        ],
+    },
     "tolerations-and-priority": with_(
         TINY,
         "scheduling",
@@ -209,8 +221,20 @@ def test_the_api_server_accepts_every_pod_the_operator_builds(
     root = f"s3://bucket-x/root/{pod_owner.namespace}/{pod_owner.name}"
     deletion = dry_run(operator_client, "pods", resources.retention_pod(pod_owner, spec, SETTINGS, root, 0))
     assert deletion["spec"]["automountServiceAccountToken"] is False
+    keyless = replace(SETTINGS, default_credentials_secret=None)
+    if spec.checkpoint.credentials_secret is None:  # the job's identity: its ServiceAccount
+        deletion = dry_run(operator_client, "pods", resources.retention_pod(pod_owner, spec, keyless, root, 0))
+        assert deletion["spec"]["serviceAccountName"] == f"{pod_owner.name}-runtime"
     for pod in pods:
         stored = dry_run(operator_client, "pods", pod)
+        # What keeps consolidation away, and the cloud identity's label, as the server kept them.
+        assert stored["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+        assert stored["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+        assert stored["metadata"]["labels"]["azure.workload.identity/use"] == "true"
+        assert stored["spec"]["serviceAccountName"] == f"{pod_owner.name}-runtime"
+        env = stored["spec"]["containers"][0]["env"]
+        wanted = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime_env]
+        assert env[len(env) - len(wanted) :] == wanted, "the job's own variables, last, as the server kept them"
         # What the server kept: every term keeps off every avoided node.
         assert kept_off(stored) == [set(names)] * user_terms, kept_off(stored)
         assert stored["spec"].get("schedulerName") == (spec.scheduling.scheduler_name or "default-scheduler")
@@ -237,6 +261,13 @@ def test_the_api_server_accepts_the_other_objects_the_operator_builds(
     ns = job_ref.namespace
     for plural, obj in [
         ("serviceaccounts", resources.service_account(job_ref, Settings())),
+        (
+            "serviceaccounts",
+            resources.service_account(
+                replace(job_ref, name=f"{job_ref.name}-irsa"),
+                replace(SETTINGS, runtime_service_account_annotations={"eks.amazonaws.com/role-arn": IRSA_ROLE}),
+            ),
+        ),
         ("services", resources.service(job_ref)),
         (
             "events",
