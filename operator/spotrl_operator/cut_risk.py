@@ -4,10 +4,11 @@ comes. Pure: part of :func:`~spotrl_operator.reconcile.reconcile`.
 The controller publishes its estimate of a barrier cut's seconds (``status.cutEstimate``,
 from its last cuts: :mod:`spotrl_runtime.core.cut_estimate`). The shortest window is the job's
 ``spec.checkpoint.barrierDeadlineSeconds`` or the smallest of the operator's
-``signals.deadlineCaps``, whichever is shorter: any of those notices may come. When the
-estimate does not fit, condition ``BarrierAtRisk`` is True, with the estimate, the window,
-what an abrupt loss would then cost and what would fit, and a Warning Event
-``BarrierAtRisk`` says so once; when it fits again, with room to spare (a smaller share of
+``signals.deadlineCaps``, whichever is shorter: any of those notices may come. A cloud's own
+provider (``gke``, ``aks``) counts only in a cluster with nodes of that cloud: GKE's short
+notice never reaches an EKS job. When the estimate does not fit, condition ``BarrierAtRisk``
+is True, with the estimate, the window, what an abrupt loss would then cost and what would
+fit, and a Warning Event ``BarrierAtRisk`` says so once; when it fits again, with room to spare (a smaller share of
 the window: an estimate at the edge does not flip it on every cut), the condition turns
 False with an Event ``BarrierFits``.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+from spotrl_operator.signals import PROVIDER_CLOUDS
 from spotrl_operator.world import Builder
 from spotrl_runtime.api.rljob import CutEstimateStatus
 from spotrl_runtime.core.cut_estimate import Assessment, CutEstimate, assess
@@ -30,10 +32,17 @@ from spotrl_runtime.core.cut_estimate import Assessment, CutEstimate, assess
 CONDITION = "BarrierAtRisk"
 
 
-def shortest_window(deadline_seconds: int, caps: Mapping[str, int]) -> tuple[int, str]:
-    """The shortest barrier deadline the job may get, and whose it is."""
+def shortest_window(
+    deadline_seconds: int, caps: Mapping[str, int], clouds: frozenset[str] | None = None
+) -> tuple[int, str]:
+    """The shortest barrier deadline the job may get, and whose it is. ``clouds``: those the
+    cluster's nodes run on; a cloud's own provider (GKE's, AKS's) counts only where its cloud
+    is among them (None: not known, every cap counts)."""
     window, source = deadline_seconds, "spec.checkpoint.barrierDeadlineSeconds"
     for provider, cap in sorted(caps.items(), key=lambda kv: (kv[1], kv[0])):
+        cloud = PROVIDER_CLOUDS.get(provider)
+        if clouds is not None and cloud is not None and cloud not in clouds:
+            continue
         if cap < window:
             window, source = cap, f"signals.deadlineCaps {provider}={cap}"
     return window, source
@@ -56,7 +65,7 @@ def assess_job(b: Builder) -> Assessment | None:
     if b.st.cut_estimate is None:
         return None
     ckpt = b.world.spec.checkpoint
-    window, source = shortest_window(ckpt.barrier_deadline_seconds, b.world.deadline_caps)
+    window, source = shortest_window(ckpt.barrier_deadline_seconds, b.world.deadline_caps, b.world.clouds)
     full = _estimate(b.st.cut_estimate)
 
     def judge(est: CutEstimate) -> Assessment:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from spotrl_operator.signals import node_signals
+from spotrl_operator.signals import node_cloud, node_signals
 from spotrl_runtime.api import times
 
 Obj = dict[str, Any]
@@ -61,6 +61,8 @@ class FleetView:
     unhealthy_since: Mapping[str, datetime] = field(default_factory=dict)
     """Nodes Ready Unknown or tainted unreachable, and since when."""
     out_of_service: frozenset[str] = frozenset()
+    clouds: frozenset[str] = frozenset()
+    """The clouds the nodes run on (:func:`~spotrl_operator.signals.node_cloud`)."""
 
     def braking(self, share: float) -> bool:
         """Whether so many nodes are unhealthy at once that none counts as lost by its health."""
@@ -157,6 +159,7 @@ class Fleet:
                     unusable=frozenset(self._unusable),
                     unhealthy_since=types.MappingProxyType(dict(self._unhealthy)),
                     out_of_service=frozenset(self._out_of_service),
+                    clouds=frozenset(c for n in self._nodes.values() if (c := node_cloud(n))),
                 )
             return self._view
 

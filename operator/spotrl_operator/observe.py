@@ -118,7 +118,11 @@ def trim_node(node: Obj) -> Obj:
             "labels": dict(meta.get("labels") or {}),
             "deletionTimestamp": meta.get("deletionTimestamp"),
         },
-        "spec": {"unschedulable": bool(spec.get("unschedulable")), "taints": list(spec.get("taints") or [])},
+        "spec": {
+            "unschedulable": bool(spec.get("unschedulable")),
+            "taints": list(spec.get("taints") or []),
+            "providerID": spec.get("providerID"),
+        },
         "status": {
             "conditions": [
                 {
@@ -349,11 +353,14 @@ def _is_gone(snap: Snapshot, name: str) -> bool:
     return name not in snap.nodes and (snap.gone is None or name in snap.gone)
 
 
+def _fleet(snap: Snapshot, settings: Settings, now: datetime) -> FleetView:
+    return snap.fleet if snap.fleet is not None else view_of(snap.nodes, now, settings.extra_taint_keys)
+
+
 def _node_sets(
-    snap: Snapshot, spec: api.RLJobSpec, settings: Settings, now: datetime
+    snap: Snapshot, fleet: FleetView, spec: api.RLJobSpec, settings: Settings, now: datetime
 ) -> tuple[set[str], set[str], str | None]:
     """(the unusable nodes, the lost ones, why force deletes are paused for this job)."""
-    fleet = snap.fleet if snap.fleet is not None else view_of(snap.nodes, now, settings.extra_taint_keys)
     unusable = set(fleet.unusable_with(spec.preemption.extra_taint_keys))
     lost = set(fleet.lost(now, settings.node_lost_seconds, settings.unhealthy_node_share))
     paused = None
@@ -412,7 +419,8 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
     workers = [p for p in snap.pods if is_worker_pod(p)]
     trainers = [p for p in snap.pods if is_trainer_pod(p)]
     signals: list[Signal] = []
-    unusable, lost, paused = _node_sets(snap, spec, settings, now)
+    fleet = _fleet(snap, settings, now)
+    unusable, lost, paused = _node_sets(snap, fleet, spec, settings, now)
     for pod in (*workers, *standbys):  # a node gone under them is lost; it raises no signal for the job
         node_name = (pod.get("spec") or {}).get("nodeName")
         if node_name and _is_gone(snap, node_name):
@@ -468,6 +476,7 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
         pdb_open=pdb is not None and min_available == 0,
         pdb_stale=stale,
         deadline_caps=dict(settings.deadline_caps),
+        clouds=fleet.clouds,
         config_error=config_error,
         storage_conflict=shared,
         queue=queue_view(snap, spec, settings),

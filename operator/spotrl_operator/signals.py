@@ -29,6 +29,10 @@ WELL_KNOWN_TAINTS: tuple[tuple[str, str], ...] = (
     ("node.kubernetes.io/out-of-service", "out-of-service"),
 )
 
+# Notice providers that serve one cloud only: their deadline cap binds a job only in a cluster
+# with nodes of that cloud (a node's cloud: :func:`node_cloud`).
+PROVIDER_CLOUDS: Mapping[str, str] = {"gke": "gce", "aks": "azure"}
+
 SignalKind = Literal["cordon", "taint", "node-deleted", "disruption-target", "node-not-ready"]
 
 
@@ -83,6 +87,14 @@ def node_signals(node: Mapping[str, Any], extra_taint_keys: Iterable[str] = ()) 
             reason = str(cond.get("reason") or cond.get("status"))
             out.append(Signal("node-not-ready", name, reason, _time(cond.get("lastTransitionTime"))))
     return out
+
+
+def node_cloud(node: Mapping[str, Any]) -> str | None:
+    """The cloud a Node runs on: the scheme of its ``spec.providerID`` (``gce``, ``azure``,
+    ``aws``, ``kind`` ...); None when it has none (bare metal, a test's node)."""
+    provider_id = str((node.get("spec") or {}).get("providerID") or "")
+    scheme, sep, _ = provider_id.partition("://")
+    return scheme if sep and scheme else None
 
 
 def _time(value: Any) -> datetime | None:

@@ -94,6 +94,10 @@ class World:
     other ones): closing it again sets it right."""
     deadline_caps: Mapping[str, int] = field(default_factory=dict)
     """Barrier deadline caps in seconds by notice provider (:attr:`Signal.provider`)."""
+    clouds: frozenset[str] | None = None
+    """The clouds the cluster's nodes run on (:func:`~spotrl_operator.signals.node_cloud`):
+    a cloud's own notice provider (GKE's, AKS's) can reach the job only where its cloud is
+    among them. None: not known, so any may."""
     config_error: str | None = None
     """Why the job cannot run at all as configured (e.g. no storage anywhere); it fails."""
     storage_conflict: str | None = None

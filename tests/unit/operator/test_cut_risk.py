@@ -77,6 +77,26 @@ def test_the_shortest_window_is_the_smallest_cap_or_the_jobs_deadline() -> None:
     assert shortest_window(100, {}) == (100, "spec.checkpoint.barrierDeadlineSeconds")
 
 
+def test_a_clouds_own_cap_counts_only_in_a_cluster_with_nodes_of_that_cloud() -> None:
+    caps = {"gke": 20, "aks": 25, "karpenter": 60}
+    assert shortest_window(100, caps, frozenset({"aws"})) == (60, "signals.deadlineCaps karpenter=60")
+    assert shortest_window(100, caps, frozenset({"azure"})) == (25, "signals.deadlineCaps aks=25")
+    assert shortest_window(100, caps, frozenset({"aws", "gce"})) == (20, "signals.deadlineCaps gke=20")
+    assert shortest_window(100, caps, frozenset()) == (60, "signals.deadlineCaps karpenter=60")
+    assert shortest_window(100, caps, None) == (20, "signals.deadlineCaps gke=20"), "clouds not known: every cap"
+
+
+def test_an_eks_job_is_not_judged_by_gkes_notice() -> None:
+    """A 30 s cut fits EKS's 100 s deadline; only in a cluster with GCE nodes is GKE's 20 s its window."""
+    on_eks = risk(reconcile(replace(world(running(estimate(30.0))), clouds=frozenset({"aws"}))))
+    on_gke = risk(reconcile(replace(world(running(estimate(30.0))), clouds=frozenset({"gce"}))))
+    assert on_eks is not None
+    assert on_eks[0] == "False"
+    assert on_gke is not None
+    assert on_gke[0] == "True"
+    assert "signals.deadlineCaps gke=20" in on_gke[2]
+
+
 def test_no_estimate_no_condition() -> None:
     plan = reconcile(world(running(None)))
     assert risk(plan) is None

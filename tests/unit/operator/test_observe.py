@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from spotrl_operator.fleet import Fleet
 from spotrl_operator.observe import Snapshot, deleting_since, pod_view, trim_node, trim_pdb, trim_pod, world_of
 from spotrl_operator.settings import Settings
 from spotrl_runtime.api.rljob import SpecError
@@ -245,6 +246,26 @@ def test_trimmed_objects_keep_only_what_is_read() -> None:
     ]
     assert "resourceVersion" not in t["metadata"], "a heartbeat must not look like a change"
     assert t["metadata"]["labels"] == {"x": "y"}, "the placement reads labels (nodeSelector, affinity)"
+    assert trim_node(node("a", providerID="gce://p/z/n"))["spec"]["providerID"] == "gce://p/z/n", "its cloud"
+
+
+def test_the_clouds_are_the_schemes_of_the_nodes_provider_ids() -> None:
+    eks = nodes(
+        node("spot-a", providerID="aws:///us-east-1a/i-0abc"),
+        node("od-b", providerID="aws:///us-east-1b/i-0def"),
+        node("bare-c"),  # no providerID: no cloud
+        node("odd-d", providerID="i-0ghi"),  # no scheme: no cloud
+    )
+    w = world_of(Snapshot(job=job(attempt=1), pods=(pod("j-controller-1", 1),), nodes=eks), SETTINGS, NOW)
+    assert w.clouds == {"aws"}
+    gke = nodes(node("spot-a", providerID="gce://proj/us-central1-a/gke-pool-1"))
+    fleet = Fleet()
+    for name, n in gke.items():
+        fleet.update(name, n, NOW)
+    snap = Snapshot(job=job(attempt=1), pods=(pod("j-controller-1", 1),), nodes=gke, fleet=fleet.view())
+    assert world_of(snap, SETTINGS, NOW).clouds == {"gce"}
+    fleet.update("spot-a", None, NOW)
+    assert fleet.view().clouds == frozenset(), "a cloud goes with its last node"
 
 
 def test_a_node_unknown_for_less_than_the_grace_period_is_not_lost_yet() -> None:
