@@ -35,7 +35,7 @@ from spotrl_operator import queueing, resources, retention
 from spotrl_operator.fleet import FleetView
 from spotrl_operator.observe import STATUS_FIELDS, Snapshot, job_ref, owner_uid, rljob_path, status_of, workload_path
 from spotrl_operator.reconcile import crash_backoff
-from spotrl_operator.resources import STANDBY_LABEL
+from spotrl_operator.resources import STANDBY_LABEL, JobRef
 from spotrl_operator.settings import Settings
 from spotrl_operator.world import (
     CloseDisruptionBudget,
@@ -518,12 +518,15 @@ class Actuator:
         outcome once one succeeded, ``TRIES`` failed, or none can run (the namespace is being
         deleted); the pods are then deleted. None while one runs."""
         ref = job_ref(job)
+        spec = api.parse_spec(job.get("spec") or {})
+        keyless = not resources.credentials_secret(spec, self.settings)
         pods_url = path("v1", "pods", ref.namespace)
         found = self.kube.get(pods_url, labelSelector=f"{resources.RETENTION_LABEL}={ref.name}").get("items") or []
         outcome = retention.outcome_of([retention.pod_result(pod) for pod in found], uri, ref)
         if outcome is None and not late and not any(retention.pod_result(p) is None for p in found):
-            spec = api.parse_spec(job.get("spec") or {})
             try:
+                if keyless:
+                    self._hold_identity(ref)
                 self.kube.create_or_get(pods_url, resources.retention_pod(ref, spec, self.settings, uri, len(found)))
                 return None
             except KubeError as err:
@@ -534,7 +537,21 @@ class Actuator:
             return None
         for pod in found:
             self.kube.delete(path("v1", "pods", ref.namespace, pod["metadata"]["name"]))
+        if keyless:
+            self.kube.delete(path("v1", "serviceaccounts", ref.namespace, resources.names(ref.name)["service_account"]))
         return outcome
+
+    def _hold_identity(self, ref: JobRef) -> None:
+        """Keeps the job's ServiceAccount for its keyless deletion pod
+        (:func:`~spotrl_operator.resources.retention_service_account`): taken out of the garbage
+        collector's hands, or made again where a foreground deletion's collector took it."""
+        held = resources.retention_service_account(ref, self.settings)
+        url = path("v1", "serviceaccounts", ref.namespace, held["metadata"]["name"])
+        sa = self.kube.get_or_none(url)
+        if sa is None:
+            self.kube.create_or_get(path("v1", "serviceaccounts", ref.namespace), held)
+        elif (sa.get("metadata") or {}).get("ownerReferences"):
+            self.kube.patch(url, {"metadata": {"ownerReferences": None, "labels": held["metadata"]["labels"]}})
 
     def finished(self, job: Obj, outcome: retention.Outcome) -> None:
         """The finalizer's outcome: its Event, and (a warning) its condition on the job, best effort:

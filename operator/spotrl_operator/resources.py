@@ -578,8 +578,8 @@ def retention_pod(ref: JobRef, spec: api.RLJobSpec, settings: Settings, uri: str
     env, env_from = _runtime_env(ref, spec, settings, attempt=0, storage=False)
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
-        # Without a Secret the keys come from the job's cloud identity, on its ServiceAccount (kept
-        # while the finalizer holds the RLJob, unless the deletion is foreground).
+        # Without a Secret the keys come from the job's cloud identity, on its ServiceAccount (held
+        # for the pod: retention_service_account).
         **({} if credentials_secret(spec, settings) else {"serviceAccountName": names(ref.name)["service_account"]}),
         "restartPolicy": "Never",
         "enableServiceLinks": False,
@@ -608,6 +608,16 @@ def retention_pod(ref: JobRef, spec: api.RLJobSpec, settings: Settings, uri: str
     del meta["ownerReferences"]
     meta["labels"] = {**instance_labels(ref.name), RETENTION_LABEL: ref.name}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": _restricted(pod_spec)}
+
+
+def retention_service_account(ref: JobRef, settings: Settings) -> dict[str, Any]:
+    """The job's ServiceAccount as its keyless deletion pod holds it: owned by no one, so that the
+    garbage collector of a foreground deletion, which deletes the RLJob's dependents before it,
+    leaves it (a cloud identity is bound to its name). The operator deletes it with the pod."""
+    sa = service_account(ref, settings)
+    del sa["metadata"]["ownerReferences"]
+    sa["metadata"]["labels"][RETENTION_LABEL] = ref.name
+    return sa
 
 
 def event(

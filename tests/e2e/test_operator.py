@@ -303,6 +303,56 @@ def test_deletion_applies_the_retention_policy_to_the_cuts(
         )
 
 
+@pytest.mark.parametrize("propagation", ["Background", "Foreground"])
+def test_a_job_without_a_credentials_secret_has_its_cuts_deleted_as_its_own_service_account(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs, s3_bucket: S3Bucket, propagation: str
+) -> None:
+    """With no credentials Secret the deletion pod runs as the job's ServiceAccount, to which a
+    cloud identity is bound (the keys here come through spec.runtimeEnv, as a cloud identity's
+    would through the SDK). A foreground deletion has the garbage collector delete the RLJob's
+    objects first, that ServiceAccount among them. A finalizer on the job's controller pod holds
+    the operator's finalizer back until the collector has acted, so the deletion pod's turn comes
+    with the ServiceAccount gone (in the background case, still there and owned)."""
+    admin = cluster.admin()
+    keys_data = {"AWS_ACCESS_KEY_ID": s3_bucket.access_key, "AWS_SECRET_ACCESS_KEY": s3_bucket.secret_key}
+    admin.create(
+        path("v1", "secrets", namespace), {"kind": "Secret", "metadata": {"name": "keys"}, "stringData": keys_data}
+    )
+    root = f"jobs/{namespace}/tiny"
+    job_files = put_job_files(s3_bucket, root)
+    keys_env = [{"name": k, "valueFrom": {"secretKeyRef": {"name": "keys", "key": k}}} for k in keys_data]
+    checkpoint = {
+        "storage": f"s3://{s3_bucket.bucket}/{root}",
+        "s3Endpoint": s3_bucket.endpoint,
+        "retentionPolicy": "Delete",
+    }
+    jobs.create(tiny_job("tiny", checkpoint=checkpoint, runtimeEnv=keys_env, **PENDING))
+    jobs.wait("tiny", lambda s: s.get("attempt") == 1, 20, "started")
+    sa_url = path("v1", "serviceaccounts", namespace, "tiny-runtime")
+    pod_url = path("v1", "pods", namespace, "tiny-controller-1")
+    assert admin.wait_for(pod_url, lambda o: o is not None, 15, "the controller pod") is not None
+    admin.patch(pod_url, {"metadata": {"finalizers": ["spotrl.dev/test-hold"]}})
+
+    admin.delete(jobs.url("tiny"), {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation})
+    admin.wait_for(pod_url, lambda o: o is not None and bool(o["metadata"].get("deletionTimestamp")), 15, "held")
+    if propagation == "Foreground":
+        admin.wait_for(sa_url, lambda o: o is None, 15, "the garbage collector to delete the ServiceAccount")
+    else:
+        time.sleep(2)  # the collector leaves an owned object while its owner is held by a finalizer
+        assert admin.get(sa_url)["metadata"]["ownerReferences"]
+    admin.patch(pod_url, {"metadata": {"finalizers": None}})
+
+    admin.wait_for(jobs.url("tiny"), lambda o: o is None, 60, "the RLJob gone")
+    left = keys(s3_bucket)
+    assert not set(job_files) & left, f"left behind: {sorted(set(job_files) & left)}"
+    events = admin.get(path("v1", "events", namespace), fieldSelector="involvedObject.name=tiny")["items"]
+    reasons = {e["reason"]: e["message"] for e in events}
+    assert "removed 6 objects" in reasons["CutsDeleted"], reasons
+    assert admin.get(path("v1", "pods", namespace), labelSelector="spotrl.dev/retention-of=tiny")["items"] == []
+    # Held for the pod, owned by no one: only the operator deletes it (the collector never would).
+    assert admin.get_or_none(sa_url) is None, "the ServiceAccount held for the deletion pod outlived it"
+
+
 def test_retention_delete_refuses_a_storage_that_is_not_the_jobs_own_prefix(
     cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs, s3_bucket: S3Bucket
 ) -> None:

@@ -491,6 +491,11 @@ def test_a_cloud_identity_reaches_every_pod_that_touches_s3_through_the_jobs_ser
         {**SPEC.model_dump(by_alias=True), "checkpoint": {"storage": "s3://bkt/p", "credentialsSecret": "keys"}}
     )
     assert "serviceAccountName" not in resources.retention_pod(REF, with_keys, settings, "s3://bkt/p", 0)["spec"]
+    held = resources.retention_service_account(REF, settings)
+    assert held["metadata"]["name"] == sa["metadata"]["name"], "the cloud identity is bound to the name"
+    assert held["metadata"]["annotations"] == role
+    assert "ownerReferences" not in held["metadata"], "a foreground deletion's collector would take it"
+    assert held["metadata"]["labels"][resources.RETENTION_LABEL] == REF.name
 
 
 def test_runtime_env_reaches_every_runtime_container_after_the_operators_own() -> None:
