@@ -9,7 +9,10 @@ no-op), deletes one that ended so that it is created again after a backoff
 (``failureBudget``'s doubling wait, see :func:`worker_backoff`; ``status.workerRestarts``
 counts them for the attempt, so a worker that crashes at once is not recreated in a hot
 loop), and force-deletes one whose node stopped answering, at once and without a backoff (a
-worker holds nothing to save, and its node is no fault of it).
+worker holds nothing to save, and its node is no fault of it). A worker stopped by its node's
+going (the pod's ``DisruptionTarget`` condition: a spot node's graceful shutdown, a drain, a
+taint eviction) is no fault of it either: it is replaced at once, on another node, and not
+counted.
 
 Losing a worker is **not** a preemption of the job: no barrier, no new controller, nothing
 counted against the failure budget's crashes; the controller sends the lost worker's groups
@@ -96,9 +99,14 @@ def _classify(b: Builder, attempt: int | None) -> _Census:
         elif w.phase in ("Succeeded", "Failed"):
             if w.deleting_since is None:
                 out.deletes.append(DeletePod(w.name))
-            code = f" with exit code {w.exit_code}" if w.exit_code is not None else ""
-            out.lost.append(f"{w.name}: ended {w.phase}{code}")
-            out.ended += 1
+            if w.disruption is not None:
+                # Ended by its node's going (a spot node's shutdown, a drain): no fault of the
+                # worker, so no backoff and no restart counted, as for a lost node.
+                out.lost.append(f"{w.name}: stopped by its node's disruption ({w.disruption})")
+            else:
+                code = f" with exit code {w.exit_code}" if w.exit_code is not None else ""
+                out.lost.append(f"{w.name}: ended {w.phase}{code}")
+                out.ended += 1
         elif w.deleting_since is not None:
             out.lost.append(f"{w.name}: being deleted")
         elif w.phase == "Running":

@@ -669,6 +669,28 @@ def test_a_failed_worker_is_replaced_without_a_preemption() -> None:
     assert (p4.status.attempt, p4.status.worker_restarts) == (1, 1)
 
 
+def test_a_worker_stopped_by_its_nodes_shutdown_is_replaced_at_once_and_not_counted() -> None:
+    """A spot node's graceful shutdown fails the worker's pod with DisruptionTarget
+    (TerminationByKubelet): no fault of the worker, so no backoff and no restart, unlike a crash."""
+    st = reconcile(serving(workers=(worker(0), worker(1)))).status
+    shut = worker(1, phase="Failed", exit_code=143, disruption="TerminationByKubelet")
+    going = frozenset({"spot-b"})
+    p1 = reconcile(serving(status=st, workers=(worker(0, node="ondemand-a"), shut), unusable_nodes=going))
+    assert of(p1, DeletePod) == [DeletePod("j-worker-1-1")]
+    assert of(p1, RequestBarrier) == [], "a worker holds nothing to cut"
+    (lost,) = [a for a in p1.actions if isinstance(a, Event) and a.reason == "WorkerLost"]
+    assert "stopped by its node's disruption (TerminationByKubelet)" in lost.message
+    assert "created now" in lost.message
+    assert p1.status is not None
+    assert (p1.status.worker_restarts, p1.status.worker_retry_after) == (0, None)
+    p2 = reconcile(serving(status=p1.status, workers=(worker(0, node="ondemand-a"),), avoid_nodes=going))
+    assert of(p2, CreateWorkerPod) == [CreateWorkerPod(1, 1, HEAD.address, going)], "at once, elsewhere"
+    # The same pod failing by itself (no DisruptionTarget) backs off and counts.
+    crashed = reconcile(serving(status=st, workers=(worker(0), replace(shut, disruption=None)))).status
+    assert crashed is not None
+    assert crashed.worker_restarts == 1
+
+
 def test_a_worker_that_keeps_failing_backs_off_doubling_and_the_next_attempt_starts_afresh() -> None:
     """A worker pod that fails as soon as it starts (a bad image, say) is no hot loop."""
     st = reconcile(serving(workers=(worker(0), worker(1)))).status
