@@ -8,9 +8,9 @@ from its last cuts: :mod:`spotrl_runtime.core.cut_estimate`). The shortest windo
 provider (``gke``, ``aks``) counts only in a cluster with nodes of that cloud: GKE's short
 notice never reaches an EKS job. When the estimate does not fit, condition ``BarrierAtRisk``
 is True, with the estimate, the window, what an abrupt loss would then cost and what would
-fit, and a Warning Event ``BarrierAtRisk`` says so once; when it fits again, with room to spare (a smaller share of
-the window: an estimate at the edge does not flip it on every cut), the condition turns
-False with an Event ``BarrierFits``.
+fit, and a Warning Event ``BarrierAtRisk`` says so once; when it fits again, with room to
+spare (a smaller share of the window: an estimate at the edge does not flip it on every cut),
+the condition turns False with an Event ``BarrierFits``.
 
 With ``spec.checkpoint.barrier`` ``auto`` a barrier that a full cut would not fit cuts a delta
 (the owners and the rows since the newest full cut, no weights), and with ``delta`` it always
