@@ -367,7 +367,15 @@ def _runtime_env(
     env += [e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime_env]
     secret = credentials_secret(spec, settings)
     env_from = [{"secretRef": {"name": secret}}] if secret and credentials else []
-    return env, env_from
+    return _last_of_each_name(env), env_from
+
+
+def _last_of_each_name(env: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each name once, where it was last given: the job's own over the settings' and the
+    operator's. A pod lets the last of two win, but Kueue's Workload refuses a name twice
+    (its containers' env is a map by name), which would keep a queued job from being admitted."""
+    last = {e["name"]: i for i, e in enumerate(env)}
+    return [e for i, e in enumerate(env) if last[e["name"]] == i]
 
 
 def credentials_secret(spec: api.RLJobSpec, settings: Settings) -> str | None:

@@ -878,7 +878,7 @@ class RLJobSpec(ApiObject):
             "Environment variables of every container of the job (controller, trainer and worker pods, and the pod "
             "that deletes its cuts), "
             "each a value or a Secret's or ConfigMap's key in the job's namespace, e.g. HF_TOKEN from a Secret. "
-            "They come after the operator's own variables, so a name it sets (AWS_ENDPOINT_URL ...) is overridden."
+            "Each replaces the operator's variable of the same name (AWS_ENDPOINT_URL ...) and the chart's runtimeEnv."
         ),
     )
     suspend: bool = Field(default=False, description="true: take a barrier cut and stop the pods; false resumes.")

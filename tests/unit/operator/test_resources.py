@@ -509,6 +509,17 @@ def test_runtime_env_reaches_every_runtime_container_after_the_operators_own() -
         assert env[-2:] == env_spec, pod["metadata"]["name"]
         names = [e["name"] for e in env]
         assert names.index("A") < names.index("HF_TOKEN"), "the job's own come last, so they win"
+    # The job's own replace the settings' and the operator's of the same name: a Kueue Workload
+    # refuses a name twice in a container's env.
+    settings = Settings(default_storage="s3://bkt/p", extra_env={"HF_HOME": "/cache/hf", "A": "1"})
+    ours = [{"name": "AWS_DEFAULT_REGION", "value": "eu-west-1"}, *env_spec]
+    spec = parse_spec({**SPEC.model_dump(by_alias=True), "runtimeEnv": ours, "checkpoint": {"s3Region": "us-east-1"}})
+    for pod in _all_runtime_pods(spec, settings):
+        env = pod["spec"]["containers"][0]["env"]
+        names = [e["name"] for e in env]
+        assert len(names) == len(set(names)), (pod["metadata"]["name"], names)
+        assert env[-3:] == ours
+        assert {"name": "A", "value": "1"} in env
 
 
 @pytest.mark.parametrize(
