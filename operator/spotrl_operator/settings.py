@@ -148,6 +148,11 @@ def _own_keys_refused(pairs: dict[str, str], flag: str) -> dict[str, str]:
     return pairs
 
 
+def _add_pairs(g: Any, flag: str, metavar: str, text: str) -> None:
+    """A repeatable ``KEY=VALUE`` flag, read back by :func:`_pairs`."""
+    g.add_argument(flag, action="append", default=[], metavar=metavar, help=text)
+
+
 def _pairs(items: list[str], flag: str) -> dict[str, str]:
     out = {}
     for item in items:
@@ -239,13 +244,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Secret in the job's namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, for jobs "
         "without spec.checkpoint.credentialsSecret ($SPOTRL_DEFAULT_CREDENTIALS_SECRET)",
     )
-    g.add_argument(
-        "--runtime-env",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="environment variable for every runtime container (repeatable)",
-    )
+    _add_pairs(g, "--runtime-env", "NAME=VALUE", "environment variable for every runtime container (repeatable)")
     g.add_argument(
         "--runtime-do-not-disrupt",
         action=argparse.BooleanOptionalAction,
@@ -261,27 +260,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help='false: annotate the job\'s pods cluster-autoscaler.kubernetes.io/safe-to-evict: "false", so that '
         "the Cluster Autoscaler never scales their node down ($SPOTRL_RUNTIME_SAFE_TO_EVICT; default %(default)s)",
     )
-    g.add_argument(
-        "--runtime-pod-annotation",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="annotation of every runtime pod (repeatable)",
-    )
-    g.add_argument(
+    _add_pairs(g, "--runtime-pod-annotation", "KEY=VALUE", "annotation of every runtime pod (repeatable)")
+    _add_pairs(
+        g,
         "--runtime-pod-label",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="label of every runtime pod (repeatable), e.g. azure.workload.identity/use=true; not spotrl.dev/ or "
+        "KEY=VALUE",
+        "label of every runtime pod (repeatable), e.g. azure.workload.identity/use=true; not spotrl.dev/ or "
         "app.kubernetes.io/ keys (the operator's own)",
     )
-    g.add_argument(
+    _add_pairs(
+        g,
         "--runtime-service-account-annotation",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="annotation of each job's ServiceAccount <job>-runtime, which its pods run as (repeatable): a cloud "
+        "KEY=VALUE",
+        "annotation of each job's ServiceAccount <job>-runtime, which its pods run as (repeatable): a cloud "
         "identity for S3 without keys, e.g. eks.amazonaws.com/role-arn=arn:aws:iam::111122223333:role/spotrl",
     )
     g.add_argument(
@@ -339,12 +330,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="taint key (fnmatch pattern) that announces a node's end, besides the well-known handlers' "
         "(repeatable; $SPOTRL_EXTRA_TAINT_KEYS, comma-separated)",
     )
-    g.add_argument(
+    _add_pairs(
+        g,
         "--deadline-cap",
-        action="append",
-        default=[],
-        metavar="PROVIDER=SECONDS",
-        help="cap the barrier deadline for a notice provider (gke, aks, karpenter, aws-node-termination-handler, "
+        "PROVIDER=SECONDS",
+        "cap the barrier deadline for a notice provider (gke, aks, karpenter, aws-node-termination-handler, "
         "cordon, disruption-target, node-not-ready, node-deleted, taint); default: "
         + ", ".join(f"{k}={v}" for k, v in DEFAULT_DEADLINE_CAPS.items()),
     )
