@@ -343,6 +343,7 @@ def _assemble_and_run(
     )
     from spotrl_runtime.core.validation import CutCheckError
     from spotrl_runtime.generation.cluster import RayStartError
+    from spotrl_runtime.rewards.loading import RewardError
     from spotrl_runtime.training.group import RankLostError, TrainerGroupError
 
     if stop.is_set():
@@ -361,7 +362,7 @@ def _assemble_and_run(
     except RedoStoppedError as err:
         print(f"spotrl: {err}", file=sys.stderr)
         return signals.exit_code()
-    except (ControllerError, RayStartError, TrainerGroupError) as err:
+    except (ControllerError, RayStartError, TrainerGroupError, RewardError) as err:
         print(f"spotrl: {err}", file=sys.stderr)
         return EXIT_ERROR
     controller = Controller(job, options, parts, stop)

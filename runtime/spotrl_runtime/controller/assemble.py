@@ -11,6 +11,7 @@ the storage, loads the policy for training and restores the cut, then warms the 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +44,7 @@ from spotrl_runtime.generation.cluster import (
 from spotrl_runtime.generation.pool import GenerationPool, GenerationPoolError
 from spotrl_runtime.generation.rollouts import PromptFormatError, prompt_encoder
 from spotrl_runtime.models import PolicyError, load_tokenizer, lora
+from spotrl_runtime.rewards.isolation import RewardIsolation
 from spotrl_runtime.rewards.runner import RewardRunner
 from spotrl_runtime.storage import Storage, open_storage
 from spotrl_runtime.training import Trainer, TrainerConfig
@@ -204,6 +206,13 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             )
             for hook in options.on_ray_head:
                 hook(ray.address, workers, trainers)
+        # The reward's process loads the reward while the policy loads here (ready() below).
+        reward = RewardRunner(
+            spec.reward,
+            timeout=spec.reward.timeout_seconds,
+            batched=spec.reward.batched,
+            isolation=RewardIsolation.of(os.environ, (e.name for e in spec.runtime_env)),
+        )
         storage = open_storage(options.storage_uri)
         audit = AuditStore(storage)
         dataset, collate = open_dataset(spec.dataset), collate_for(spec.dataset)
@@ -233,7 +242,7 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             encode = prompt_encoder(tokenizer, spec.dataset)
         except PromptFormatError as err:
             raise ControllerError(str(err)) from None
-        reward = RewardRunner(spec.reward, timeout=spec.reward.timeout_seconds, batched=spec.reward.batched)
+        reward.ready()
         start = resume_or_start(
             storage,
             job=JobIdentity.of(job.metadata),

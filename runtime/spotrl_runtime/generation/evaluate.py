@@ -10,6 +10,7 @@ cannot score is counted as failed, and never as 0.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,6 +112,7 @@ def evaluate(
     from spotrl_runtime.generation.backend import BackendSpec
     from spotrl_runtime.generation.rollouts import prompt_encoder
     from spotrl_runtime.generation.worker import build_backend
+    from spotrl_runtime.rewards.isolation import RewardIsolation
     from spotrl_runtime.rewards.runner import RewardRunner
 
     spec = job.spec
@@ -122,8 +124,14 @@ def evaluate(
     encode = prompt_encoder(generator.tokenizer, spec.dataset)  # type: ignore[attr-defined]
     rows = range(min(len(dataset), limit) if limit else len(dataset))
     result = EvalResult()
-    runner = RewardRunner(spec.reward, timeout=spec.reward.timeout_seconds, batched=spec.reward.batched)
+    runner = RewardRunner(
+        spec.reward,
+        timeout=spec.reward.timeout_seconds,
+        batched=spec.reward.batched,
+        isolation=RewardIsolation.of(os.environ, (e.name for e in spec.runtime_env)),
+    )
     try:
+        runner.ready()
         for start in range(0, len(rows), batch_prompts):
             prompts = [collate(dataset[i]) for i in rows[start : start + batch_prompts]]
             requests = eval_requests(prompts, encode, spec, samples=samples, temperature=temperature)

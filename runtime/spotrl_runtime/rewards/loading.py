@@ -12,6 +12,7 @@ from typing import Protocol
 
 from spotrl_runtime.core.types import Prompt
 from spotrl_runtime.rewards.builtin import BUILTIN_REWARDS
+from spotrl_runtime.rewards.isolation import import_refusal
 
 RewardFn = Callable[[Prompt, str], float]
 """A reward function: ``fn(prompt, completion) -> float``.
@@ -23,6 +24,7 @@ once per rollout in a child process of the controller, under ``spec.reward.timeo
 (:mod:`~spotrl_runtime.rewards.runner`), so keep it fast and free of side effects.
 """
 
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -52,28 +54,48 @@ class RewardFunction:
 
 
 def check_score(name: str, value: object) -> float:
-    """``value`` as a score: a finite int or float (not a bool), else :class:`RewardError`."""
+    """``value`` as a score: a finite int or float (not a bool), else :class:`RewardError`. The
+    error names the value's type, never the value: it goes to the log, the audit and, through a
+    dropped group, the job's status, and a reward's value can be anything it read."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise RewardError(f"reward {name!r} returned {value!r} ({type(value).__name__}); it must return a float")
+        raise RewardError(f"reward {name!r} returned a {type(value).__name__}, not a number; it must return a float")
     if not math.isfinite(value):
-        raise RewardError(f"reward {name!r} returned {value!r}; it must return a finite float")
+        raise RewardError(f"reward {name!r} returned {float(value)}; it must return a finite float")
     return float(value)
 
 
-def import_reward(import_path: str, *, batched: bool = False) -> RewardFunction:
-    """Imports ``'package.module:function'`` and checks it can be called as ``fn(prompt, completion)``."""
+def check_import_path(import_path: str, allowed: tuple[str, ...] | None = None) -> None:
+    """:class:`RewardError` unless ``import_path`` is ``'package.module:function'`` under one of
+    the ``allowed`` module prefixes (None: any; :mod:`~spotrl_runtime.rewards.isolation`).
+    Imports nothing."""
     if not _IMPORT_PATH.fullmatch(import_path):
         raise RewardError(
             f"reward.importPath {import_path!r} must look like 'package.module:function' "
             "(a dotted module name, a colon, a function name)"
         )
+    refusal = import_refusal(import_path, allowed)
+    if refusal is not None:
+        raise RewardError(refusal)
+
+
+def import_reward(import_path: str, *, batched: bool = False, allowed: tuple[str, ...] | None = None) -> RewardFunction:
+    """Imports ``'package.module:function'`` and checks it can be called as ``fn(prompt, completion)``.
+    An exception the module's own code raised on import is named by its type (its message can
+    hold anything the module read); it is this error's ``__cause__``, for the traceback."""
+    check_import_path(import_path, allowed)
     module_name, _, attr = import_path.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as err:
+    except ModuleNotFoundError as err:
+        missing = err.name if err.name and _MODULE.fullmatch(err.name) else "?"
         raise RewardError(
-            f"reward.importPath {import_path!r}: cannot import module {module_name!r} ({err}); "
-            "install the package in the runtime image or put it on PYTHONPATH"
+            f"reward.importPath {import_path!r}: cannot import module {module_name!r} (no module named "
+            f"{missing!r}); install the package in the runtime image or put it on PYTHONPATH"
+        ) from err
+    except Exception as err:
+        raise RewardError(
+            f"reward.importPath {import_path!r}: importing module {module_name!r} raised {type(err).__name__} "
+            "(its traceback is in the log of the reward's process)"
         ) from err
     fn = getattr(module, attr, None)
     if fn is None:
@@ -92,10 +114,23 @@ def import_reward(import_path: str, *, batched: bool = False) -> RewardFunction:
     return RewardFunction(import_path, fn)
 
 
-def load_reward(spec: RewardSpecLike, *, batched: bool = False) -> RewardFunction:
+def load_reward(
+    spec: RewardSpecLike, *, batched: bool = False, allowed: tuple[str, ...] | None = None
+) -> RewardFunction:
     """The reward ``spec.reward`` names: exactly one of ``name`` (built-in) or ``importPath``.
     ``batched``: an import-path reward called once per group, ``fn(prompts, completions)``
-    returning one float per completion (for rewards that call a model)."""
+    returning one float per completion (for rewards that call a model). ``allowed``: the module
+    prefixes an import path may name (None: any)."""
+    name = reward_name(spec, batched=batched, allowed=allowed)
+    if spec.name is not None:
+        return RewardFunction(name, BUILTIN_REWARDS[name])
+    return import_reward(name, batched=batched, allowed=allowed)
+
+
+def reward_name(spec: RewardSpecLike, *, batched: bool = False, allowed: tuple[str, ...] | None = None) -> str:
+    """The reward ``spec.reward`` names (a built-in's name, or the import path), checked as
+    :func:`load_reward` checks it but without importing anything: the controller checks the
+    spec with this, and only the reward's own process imports it."""
     if (spec.name is None) == (spec.import_path is None):
         raise RewardError("reward: set exactly one of name (a built-in reward) or importPath (module:function)")
     if batched and spec.name is not None:
@@ -105,6 +140,7 @@ def load_reward(spec: RewardSpecLike, *, batched: bool = False) -> RewardFunctio
             raise RewardError(
                 f"reward.name {spec.name!r} is not a built-in reward; use one of {sorted(BUILTIN_REWARDS)}"
             )
-        return RewardFunction(spec.name, BUILTIN_REWARDS[spec.name])
+        return spec.name
     assert spec.import_path is not None
-    return import_reward(spec.import_path, batched=batched)
+    check_import_path(spec.import_path, allowed)
+    return spec.import_path

@@ -136,15 +136,18 @@ class Runs:
 
     def processes_of(self, proc: subprocess.Popen[str]) -> list[int]:
         """The live processes of the run ``proc`` started (Ray's, the generation workers, the
-        trainer ranks, wherever they were reparented): those with its ``SPOTRL_TEST_RUN``."""
+        trainer ranks, wherever they were reparented): those with its ``SPOTRL_TEST_RUN``, and
+        its reward's process, whose environment has none (its command line ends with the run's pid)."""
         entry = f"SPOTRL_TEST_RUN={self.markers[proc.pid]}".encode()
         found = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 environ = Path(f"/proc/{pid}/environ").read_bytes()
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
             except OSError:
                 continue  # gone, or not ours to read
-            if int(pid) != proc.pid and entry in environ.split(b"\0"):
+            reward = "spotrl_runtime.rewards.child" in argv and argv[-1] == str(proc.pid)
+            if int(pid) != proc.pid and (entry in environ.split(b"\0") or reward):
                 found.append(int(pid))
         return found
 

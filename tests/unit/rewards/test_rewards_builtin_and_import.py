@@ -60,6 +60,9 @@ def reward_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
             def returns_text(prompt, completion):
                 return "high"
 
+            def returns_secret(prompt, completion):
+                return ["AKIA-the-secret-key"]
+
             def returns_nan(prompt, completion):
                 return float("nan")
 
@@ -103,12 +106,56 @@ def test_import_path_errors_name_the_field_and_the_fix(reward_module: str, path:
 
 @pytest.mark.parametrize(
     ("fn", "message"),
-    [("returns_text", "must return a float"), ("returns_nan", "finite"), ("returns_bool", "must return a float")],
+    [
+        ("returns_text", "returned a str, not a number; it must return a float"),
+        ("returns_secret", "returned a list, not a number; it must return a float"),
+        ("returns_nan", "returned nan; it must return a finite float"),
+        ("returns_bool", "returned a bool, not a number; it must return a float"),
+    ],
 )
-def test_a_reward_that_returns_no_number_is_an_error(reward_module: str, fn: str, message: str) -> None:
+def test_a_reward_that_returns_no_number_is_an_error_naming_its_type_never_its_value(
+    reward_module: str, fn: str, message: str
+) -> None:
+    """The error reaches the log, the audit and a dropped group's status: the value (anything
+    the reward read) never does."""
     reward = import_reward(f"{reward_module}:{fn}")
-    with pytest.raises(RewardError, match=message):
+    with pytest.raises(RewardError) as err:
         reward(SEVEN, "7")
+    assert str(err.value) == f"reward '{reward_module}:{fn}' {message}"
+
+
+def test_an_import_path_outside_the_allowed_prefixes_is_refused_before_it_is_imported(reward_module: str) -> None:
+    allowed = ("spotrl_runtime.rewards", "my_rewards")
+    with pytest.raises(RewardError) as err:
+        import_reward(f"{reward_module}:length_bonus", allowed=allowed)
+    assert str(err.value) == (
+        f"spec.reward.importPath '{reward_module}:length_bonus': module '{reward_module}' is not allowed on this "
+        "cluster (allowed module prefixes: spotrl_runtime.rewards, my_rewards); put the reward in a package under "
+        "one of them, or ask the cluster's admin to add its prefix to the chart value rewards.allowedImportPrefixes"
+    )
+    assert reward_module not in sys.modules, "refused before the import"
+    with pytest.raises(RewardError, match=r"none: built-in rewards by reward\.name only"):
+        load_reward(Reward(import_path=f"{reward_module}:length_bonus"), allowed=())
+    assert load_reward(Reward(name="gsm8k"), allowed=()).name == "gsm8k", "a built-in by name needs no prefix"
+    assert import_reward(f"{reward_module}:length_bonus", allowed=("my_rewards_pkg",))(SEVEN, "7") == pytest.approx(1.1)
+
+
+def test_a_module_that_fails_on_import_is_named_with_the_exception_type_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its message can hold what the module read (a key): the traceback, the error's cause, has it."""
+    (tmp_path / "breaks_on_import.py").write_text("raise RuntimeError('AKIA-the-secret-key')\n")
+    (tmp_path / "needs_a_dependency.py").write_text("import spotrl_no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RewardError) as err:
+        import_reward("breaks_on_import:score")
+    assert str(err.value) == (
+        "reward.importPath 'breaks_on_import:score': importing module 'breaks_on_import' raised RuntimeError "
+        "(its traceback is in the log of the reward's process)"
+    )
+    assert isinstance(err.value.__cause__, RuntimeError)
+    with pytest.raises(RewardError, match=r"no module named 'spotrl_no_such_dependency_xyz'.*PYTHONPATH"):
+        import_reward("needs_a_dependency:score")
 
 
 def test_exactly_one_of_name_or_import_path() -> None:
