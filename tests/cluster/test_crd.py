@@ -228,10 +228,12 @@ def test_runtime_env_is_kept_as_written_and_each_bad_entry_is_rejected_by_name(
     cluster: Cluster, crd: dict[str, Any], namespace: str
 ) -> None:
     """spec.runtimeEnv on the real API server, whose CEL rules the model mirrors: a Secret's key
-    and a plain value are kept; a reserved name, two sources, none, or a name twice are refused."""
+    and a plain value are kept; a reserved name, two sources, none, a name twice, or a ``$(NAME)``
+    reference (the kubelet would expand it from the pod's environment) are refused."""
     env = [
         {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}},
         {"name": "HF_HOME", "value": "/home/spotrl/.cache/hf"},
+        {"name": "PROMPT_SUFFIX", "value": "$$(literal) and $ alone"},  # escaped: not a reference
     ]
     job = copy.deepcopy(example_job())
     job["metadata"]["name"] = "env"
@@ -244,6 +246,8 @@ def test_runtime_env_is_kept_as_written_and_each_bad_entry_is_rejected_by_name(
         ("two-refs", [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"},
                                                    "configMapKeyRef": {"name": "c", "key": "k"}}}], "exactly one of"),
         ("twice", [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}], "runtimeEnv names must be unique"),
+        ("reference", [{"name": "A", "value": "$(AWS_SECRET_ACCESS_KEY)"}], "is not expanded here"),
+        ("odd-dollars", [{"name": "A", "value": "x$$$(K)"}], "is not expanded here"),
     ):  # fmt: skip
         bad = copy.deepcopy(example_job())
         bad["metadata"]["name"] = name

@@ -442,7 +442,10 @@ class Reward(ApiObject):
         default=None,
         pattern=IMPORT_PATH,
         max_length=512,
-        description="'package.module:function', called as fn(prompt, completion) -> float.",
+        description=(
+            "'package.module:function', called as fn(prompt, completion) -> float in a process of its own. On a "
+            "cluster the module must be under the admin's prefixes (chart value rewards.allowedImportPrefixes)."
+        ),
     )
     batched: bool = Field(
         default=False,
@@ -737,6 +740,11 @@ class TopologySpreadConstraint(ApiObject):
 
 
 RESERVED_ENV_PREFIX = "SPOTRL_"
+ENV_REFERENCE = "(^|[^$])([$][$])*[$][(]"
+"""An unescaped ``$(``: the kubelet would expand ``$(NAME)`` from the container's environment, where
+the operator's storage keys are (``envFrom``), so a value could copy them into a name the reward's
+process is given. ``$$(`` is the literal, as Kubernetes has it. No backslashes: CEL and Python
+read the same pattern."""
 """The operator's own variables (who the pod is, where the cuts go): a job may not set them."""
 
 
@@ -771,6 +779,13 @@ class EnvVar(ApiObject):
             check=lambda e: not e.name.startswith(RESERVED_ENV_PREFIX),
             message=f"names starting with {RESERVED_ENV_PREFIX} are the operator's own; choose another name",
             field="name",
+        ),
+        Rule(
+            cel=f"!has(self.value) || !self.value.matches('{ENV_REFERENCE}')",
+            check=lambda e: e.value is None or re.search(ENV_REFERENCE, e.value) is None,
+            message="$(NAME) is not expanded here: the kubelet would fill it from the pod's environment, which "
+            "holds the operator's variables; write the value itself (or $$( for a literal $()",
+            field="value",
         ),
     )
 
@@ -878,7 +893,8 @@ class RLJobSpec(ApiObject):
             "Environment variables of every container of the job (controller, trainer and worker pods, and the pod "
             "that deletes its cuts), "
             "each a value or a Secret's or ConfigMap's key in the job's namespace, e.g. HF_TOKEN from a Secret. "
-            "Each replaces the operator's variable of the same name (AWS_ENDPOINT_URL ...) and the chart's runtimeEnv."
+            "Each replaces the operator's variable of the same name (AWS_ENDPOINT_URL ...) and the chart's runtimeEnv; "
+            "a name the admin locked (chart value runtimeEnvLocked) is refused."
         ),
     )
     suspend: bool = Field(default=False, description="true: take a barrier cut and stop the pods; false resumes.")
