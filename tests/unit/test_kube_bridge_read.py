@@ -58,3 +58,14 @@ def test_it_gives_up_after_its_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(KubeError):
         bridge(api).read_job(wait=0.0)
     assert api.calls == 1
+
+
+def test_a_barrier_request_with_a_newer_operators_field_is_still_answered() -> None:
+    barrier = kube_bridge._read_barrier({"requestId": "b-1", "state": "Requested", "priority": "high"})
+    assert barrier is not None
+    assert (barrier.request_id, barrier.state) == ("b-1", "Requested")
+
+
+@pytest.mark.parametrize("doc", [{"requestId": "b-1", "state": "Withdrawn"}, {"state": "Requested"}, None, {}])
+def test_a_barrier_this_version_cannot_read_is_no_request(doc: Any) -> None:
+    assert kube_bridge._read_barrier(doc) is None

@@ -8,6 +8,11 @@ and the budget would hold every drain. :func:`read_leniently` validates, and on 
 drops just the refused part (an unknown key at any depth, a value of an unknown enum member,
 an object missing a field this version requires) and tries again. The document it returns is
 the one it could read, so a writer diffing against it never erases what it did not understand.
+
+A spec is read more narrowly (:func:`ignoring_unknown`): a newer CRD defaults its new fields into
+every stored RLJob, so this version skips the keys it does not know, but a value it cannot read
+(an enum member it lacks, a broken rule) stays an error: dropping it would run another job than
+the one the user wrote.
 """
 
 from __future__ import annotations
@@ -24,20 +29,45 @@ MAX_DROPS = 50
 
 
 def read_leniently(model: type[M], doc: Mapping[str, Any]) -> tuple[M, dict[str, Any], list[str]]:
-    """(the model, the part of ``doc`` it was read from, the dotted paths dropped)."""
+    """(the model, the part of ``doc`` it was read from, the dotted paths dropped).
+
+    A value this version cannot read inside an object drops the whole object, not the field: the
+    field's default would read as something the writer never said (a barrier in a state this
+    version does not know must not read as ``Requested``). At the top level the field goes."""
     kept: dict[str, Any] = copy.deepcopy(dict(doc))
     dropped: list[str] = []
     for _ in range(MAX_DROPS):
         try:
             return model.model_validate(kept), kept, dropped
         except ValidationError as err:
-            for loc in sorted({tuple(e["loc"]) for e in err.errors()}, key=len, reverse=True):
-                where = _drop(kept, loc)
-                if where is not None and where not in dropped:
-                    dropped.append(where)
-            if not dropped:
+            first = max(err.errors(), key=lambda e: len(e["loc"]))  # one at a time: list indices shift
+            loc = tuple(first["loc"])
+            unreadable = first["type"] not in ("extra_forbidden", "missing") and len(loc) > 1
+            where = _drop(kept, loc[:-1] if unreadable else loc)
+            if where is None:
                 break
+            if where not in dropped:
+                dropped.append(where)
     return model.model_validate({}), {}, [*dropped, "<everything>"]
+
+
+def ignoring_unknown(model: type[M], doc: Mapping[str, Any]) -> tuple[M, list[str]]:
+    """(the model, the dotted paths of the keys it skipped). Only keys this version does not know
+    are skipped; any other refusal raises the :class:`ValidationError` of the rest."""
+    kept: dict[str, Any] = copy.deepcopy(dict(doc))
+    skipped: list[str] = []
+    for _ in range(MAX_DROPS):
+        try:
+            return model.model_validate(kept), skipped
+        except ValidationError as err:
+            unknown = {tuple(e["loc"]) for e in err.errors() if e["type"] == "extra_forbidden"}
+            if not unknown:
+                raise
+            for loc in sorted(unknown, key=len, reverse=True):
+                where = _drop(kept, loc)
+                if where is not None and where not in skipped:
+                    skipped.append(where)
+    return model.model_validate(kept), skipped
 
 
 def _drop(doc: dict[str, Any], loc: tuple[Any, ...]) -> str | None:
@@ -52,8 +82,8 @@ def _drop(doc: dict[str, Any], loc: tuple[Any, ...]) -> str | None:
             break
         existing.append(key)
     else:
-        last = loc[-1] if loc else None
-        if isinstance(parent, dict) and last in parent:
+        last: Any = loc[-1] if loc else None
+        if (isinstance(parent, dict) and last in parent) or (isinstance(parent, list) and _index(parent, last)):
             del parent[last]
             return ".".join(map(str, loc))
     # The refused key is missing (a required field), or the path ends early: drop its holder.
@@ -65,3 +95,7 @@ def _drop(doc: dict[str, Any], loc: tuple[Any, ...]) -> str | None:
     if isinstance(holder, dict | list):
         del holder[existing[-1]]
     return ".".join(map(str, existing))
+
+
+def _index(items: list[Any], key: Any) -> bool:
+    return isinstance(key, int) and 0 <= key < len(items)

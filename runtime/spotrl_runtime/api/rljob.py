@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
+from spotrl_runtime.api.lenient import ignoring_unknown, read_leniently
 from spotrl_runtime.api.rules import ApiObject, Rule, exactly_one
 
 GROUP = "spotrl.dev"
@@ -1400,6 +1401,20 @@ def parse_spec(spec: Any) -> RLJobSpec:
         raise SpecError(_problems(err, "spec")) from None
 
 
+def read_stored_spec(spec: Any) -> tuple[RLJobSpec, list[str]]:
+    """A spec as the API server stores it, which a newer CRD may have given fields this version
+    does not know (it defaults its new fields into every stored RLJob): those are skipped, and
+    returned as ``spec.``-prefixed paths for the reader to report. Any other problem raises
+    :class:`SpecError`, as :func:`parse_spec` does."""
+    if not isinstance(spec, dict):
+        return parse_spec(spec), []
+    try:
+        model, skipped = ignoring_unknown(RLJobSpec, spec)
+    except ValidationError as err:
+        raise SpecError(_problems(err, "spec")) from None
+    return model, [f"spec.{p}" for p in skipped]
+
+
 class RLJob(ApiObject):
     """A whole RLJob document (the parts SpotRL reads)."""
 
@@ -1424,11 +1439,11 @@ def _valid_name(name: Any) -> bool:
     return isinstance(name, str) and len(name) <= NAME_MAX and re.fullmatch(NAME, name) is not None
 
 
-def parse_rljob(doc: Any) -> RLJob:
-    """Validates a whole RLJob document (as `kubectl apply` would send it)."""
-    problems: list[tuple[str, str]] = []
+def _document_problems(doc: Any) -> list[tuple[str, str]]:
+    """What is wrong with a document's envelope (apiVersion, kind, metadata, a spec at all)."""
     if not isinstance(doc, dict):
-        raise SpecError([("", "an RLJob document must be a mapping")])
+        return [("", "an RLJob document must be a mapping")]
+    problems: list[tuple[str, str]] = []
     if doc.get("apiVersion") != API_VERSION:
         problems.append(("apiVersion", f"must be {API_VERSION!r}"))
     if doc.get("kind") != KIND:
@@ -1446,9 +1461,35 @@ def parse_rljob(doc: Any) -> RLJob:
                 "'-' and '.', starting and ending with a letter or digit (a DNS-1123 subdomain, as Kubernetes)",
             )
         )
+    return problems
+
+
+def parse_rljob(doc: Any) -> RLJob:
+    """Validates a whole RLJob document (as `kubectl apply` would send it)."""
+    problems = _document_problems(doc)
     if problems:
         raise SpecError(problems)
     try:
         return RLJob.model_validate(doc)
     except ValidationError as err:
         raise SpecError(_problems(err, "")) from None
+
+
+def read_stored_rljob(doc: Any) -> tuple[RLJob, list[str]]:
+    """An RLJob as the API server stores it, read by a version that may be older than the CRD or
+    the operator that wrote it: the spec by :func:`read_stored_spec`, the status leniently
+    (:mod:`~spotrl_runtime.api.lenient`). Returns the job and the dotted paths it skipped."""
+    problems = _document_problems(doc)
+    if problems:
+        raise SpecError(problems)
+    spec, skipped = read_stored_spec(doc["spec"])
+    stored_status = doc.get("status")
+    status, _, dropped = read_leniently(RLJobStatus, stored_status if isinstance(stored_status, dict) else {})
+    job = RLJob(
+        api_version=doc["apiVersion"],
+        kind=doc["kind"],
+        metadata=doc.get("metadata") or {},
+        spec=spec,
+        status=status if stored_status else None,
+    )
+    return job, [*skipped, *(f"status.{p}" for p in dropped)]

@@ -29,6 +29,8 @@ from typing import Any
 from spotrl_runtime.commands import preflight
 from spotrl_runtime.commands.preflight import UsageError
 
+log = logging.getLogger(__name__)
+
 
 def register(sub: Any) -> None:
     from spotrl_runtime.commands.run import add_controller_flags
@@ -51,13 +53,16 @@ def _required(name: str) -> str:
 
 
 def _parse(rljob: dict[str, Any], namespace: str, name: str) -> Any:
-    """The RLJob as the API server has it, checked; a :class:`UsageError` names what is wrong."""
-    from spotrl_runtime.api.rljob import SpecError, parse_rljob
+    """The RLJob as the API server has it, checked; a :class:`UsageError` names what is wrong.
+    Fields this version does not know (a newer CRD or operator wrote them) are skipped and said."""
+    from spotrl_runtime.api.rljob import SpecError, read_stored_rljob
 
     try:
-        job = parse_rljob(rljob)
+        job, skipped = read_stored_rljob(rljob)
     except SpecError as err:
         raise UsageError(f"RLJob {namespace}/{name}: " + "; ".join(f"{p}: {m}" for p, m in err.problems)) from None
+    if skipped:
+        log.warning("RLJob %s/%s: skipped fields this version does not know: %s", namespace, name, ", ".join(skipped))
     preflight.check_job_inputs(job, f"RLJob {namespace}/{name}")
     return job
 

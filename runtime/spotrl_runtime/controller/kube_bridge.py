@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from spotrl_runtime.api import rljob as api
 from spotrl_runtime.api import times
+from spotrl_runtime.api.lenient import ignoring_unknown
 from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.controller.control import BarrierFailed, Controllable, CutInfo
 from spotrl_runtime.core.cut_estimate import CutEstimate
@@ -224,11 +225,7 @@ class KubeBridge:
         """Looks at one observed state of the RLJob; starts answering a new request addressed
         to this attempt. Returns True when it started one."""
         status = rljob.get("status") or {}
-        try:
-            barrier = api.BarrierStatus.model_validate(status["barrier"]) if status.get("barrier") else None
-        except ValueError as err:
-            log.warning("status.barrier does not parse, ignored: %s", err)
-            return False
+        barrier = _read_barrier(status.get("barrier"))
         if barrier is None or barrier.state != "Requested" or barrier.request_id in self._answered:
             return False
         request_id = barrier.request_id
@@ -488,6 +485,22 @@ def _utc(unix: float) -> Any:
 
 def _add(path: str, value: Any) -> Obj:
     return {"op": "add", "path": path, "value": value}
+
+
+def _read_barrier(doc: Any) -> api.BarrierStatus | None:
+    """The barrier request as this version reads it. A newer operator's fields are skipped (each
+    barrier would otherwise be ignored); a request this version cannot read at all (a state it
+    does not know) is no request: answering it could overwrite what it means."""
+    if not isinstance(doc, dict) or not doc:
+        return None
+    try:
+        barrier, skipped = ignoring_unknown(api.BarrierStatus, doc)
+    except ValueError as err:
+        log.warning("status.barrier cannot be read by this version, ignored: %s", err)
+        return None
+    if skipped:
+        log.warning("status.barrier: skipped fields this version does not know: %s", ", ".join(skipped))
+    return barrier
 
 
 def _cut_estimate(e: CutEstimate, attempt: int) -> api.CutEstimateStatus:

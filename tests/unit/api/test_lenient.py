@@ -1,9 +1,22 @@
-"""Reading a status another version wrote: what this version cannot read is dropped, the rest kept."""
+"""Reading what another version wrote: a status (what this version cannot read is dropped, the rest
+kept) and a stored spec (keys this version does not know are skipped, nothing else)."""
 
 from __future__ import annotations
 
-from spotrl_runtime.api.lenient import read_leniently
-from spotrl_runtime.api.rljob import RLJobStatus
+import pytest
+from pydantic import ValidationError
+
+from spotrl_runtime.api.lenient import ignoring_unknown, read_leniently
+from spotrl_runtime.api.rljob import (
+    API_VERSION,
+    BarrierStatus,
+    RLJobStatus,
+    SpecError,
+    parse_rljob,
+    parse_spec,
+    read_stored_rljob,
+    read_stored_spec,
+)
 
 
 def test_unknown_keys_at_every_depth_are_dropped_and_named() -> None:
@@ -48,3 +61,63 @@ def test_an_object_missing_a_field_this_version_requires_is_dropped_whole() -> N
     assert status.last_cut is None
     assert "lastCut" not in kept
     assert "lastCut" in dropped
+
+
+def test_a_value_this_version_cannot_read_inside_an_object_drops_the_object_not_to_its_default() -> None:
+    doc = {"attempt": 3, "barrier": {"requestId": "b-1", "state": "Withdrawn", "reason": "cordon"}}
+    status, kept, dropped = read_leniently(RLJobStatus, doc)
+    assert status.barrier is None, "a state this version does not know must not read as Requested"
+    assert dropped == ["barrier"]
+    assert kept == {"attempt": 3}
+
+
+def test_one_unreadable_list_item_goes_alone() -> None:
+    cond = {"type": "Running", "reason": "R", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    doc = {"conditions": [{**cond, "status": "Perhaps"}, {**cond, "type": "Ready", "status": "True"}]}
+    status, _, dropped = read_leniently(RLJobStatus, doc)
+    assert [c.type for c in status.conditions] == ["Ready"]
+    assert dropped == ["conditions.0"]
+
+
+def test_a_stored_spec_skips_unknown_keys_only() -> None:
+    spec = {
+        "policy": {"model": "builtin:tiny-arith", "lmHead": "float32"},
+        "dataset": {"uri": "builtin:arithmetic"},
+        "reward": {"name": "arithmetic_exact"},
+        "training": {"totalSteps": 3},
+        "episodes": {"maxTurns": 6},
+    }
+    parsed, skipped = read_stored_spec(spec)
+    assert parsed.training.total_steps == 3
+    assert sorted(skipped) == ["spec.episodes", "spec.policy.lmHead"]
+    with pytest.raises(SpecError, match="unknown field"):
+        parse_spec(spec)  # what a user types is still refused
+    with pytest.raises(SpecError, match=r"spec\.training\.lrSchedule"):
+        read_stored_spec({**spec, "training": {"totalSteps": 3, "lrSchedule": "warmup-stable-decay"}})
+
+
+def test_ignoring_unknown_raises_for_the_rest_with_the_unknown_gone() -> None:
+    with pytest.raises(ValidationError) as err:
+        ignoring_unknown(BarrierStatus, {"requestId": "r", "state": "Paused", "newField": 1})
+    assert [e["loc"] for e in err.value.errors()] == [("state",)]
+
+
+def test_a_stored_rljob_reads_a_newer_status_and_names_what_it_skipped() -> None:
+    doc = {
+        "apiVersion": API_VERSION,
+        "kind": "RLJob",
+        "metadata": {"name": "j"},
+        "spec": {
+            "policy": {"model": "builtin:tiny-arith"},
+            "dataset": {"uri": "builtin:arithmetic"},
+            "reward": {"name": "arithmetic_exact"},
+            "training": {"totalSteps": 3, "epochs": 2},
+        },
+        "status": {"attempt": 2, "phase": "Draining", "turns": {"resumed": 1}},
+    }
+    job, skipped = read_stored_rljob(doc)
+    assert job.status is not None
+    assert (job.status.attempt, job.status.phase) == (2, None)
+    assert sorted(skipped) == ["spec.training.epochs", "status.phase", "status.turns"]
+    with pytest.raises(SpecError):
+        parse_rljob(doc)
