@@ -26,14 +26,23 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from spotrl_operator import queueing, resources, retention
 from spotrl_operator.fleet import FleetView
-from spotrl_operator.observe import STATUS_FIELDS, Snapshot, job_ref, owner_uid, rljob_path, status_of, workload_path
+from spotrl_operator.observe import (
+    STATUS_FIELDS,
+    Snapshot,
+    job_ref,
+    job_spec,
+    owner_uid,
+    rljob_path,
+    status_of,
+    workload_path,
+)
 from spotrl_operator.reconcile import crash_backoff
 from spotrl_operator.resources import STANDBY_LABEL, JobRef
 from spotrl_operator.settings import Settings
@@ -91,7 +100,7 @@ def retry_delay(budget: api.FailureBudget, tries: int) -> float:
 def failure_budget(job: Obj) -> api.FailureBudget:
     """The job's failure budget (the default one if its spec does not parse)."""
     try:
-        return api.parse_spec(job.get("spec") or {}).failure_budget
+        return job_spec(job).failure_budget
     except api.SpecError:
         return api.FailureBudget()
 
@@ -197,27 +206,48 @@ def merge_diff(old: Any, new: Any, known: frozenset[str] | None = None) -> Obj:
     return out
 
 
-def _refuse_foreign(existing: Obj, kind: str, uid: str) -> None:
-    """An object of the job's name that another RLJob (a deleted one of the same name) owns is
-    never adopted: the garbage collector deletes it with its owner, and the next pass makes the
-    job's own. Raises a KubeError (409) that says so; it backs off like any failed action."""
+def kept_account(obj: Obj | None, job: str) -> bool:
+    """Whether ``obj`` is the ServiceAccount SpotRL keeps, owned by no one, for the keyless
+    deletion pod of the job named ``job`` (:func:`~spotrl_operator.resources.retention_service_account`)."""
+    meta = (obj or {}).get("metadata") or {}
+    return not meta.get("ownerReferences") and (meta.get("labels") or {}).get(resources.RETENTION_LABEL) == job
+
+
+def _refuse_foreign(existing: Obj, kind: str, ref: JobRef) -> None:
+    """An object of the job's name that is not the job's own is never used, adopted or changed.
+    One another RLJob (a deleted one of the same name) owns: the garbage collector deletes it
+    with its owner, and the next pass makes the job's own. One that no RLJob owns (someone's
+    ``web-runtime`` account, with its RBAC and cloud role) is refused until it is renamed or
+    deleted, but for the account SpotRL keeps for a deletion pod (:func:`kept_account`). Raises
+    a KubeError (409) that says so; it backs off like any failed action, and the job says why
+    (condition ``ReconcileError``, Event ``ReconcileFailed``)."""
     owner = owner_uid(existing)
-    if owner is not None and owner != uid:
-        meta = existing.get("metadata") or {}
+    meta = existing.get("metadata") or {}
+    if owner is None and not (kind == "ServiceAccount" and kept_account(existing, ref.name)):
+        raise KubeError(
+            "POST",
+            f"{meta.get('namespace')}/{meta.get('name')}",
+            409,
+            "NotMadeBySpotRL",
+            f"{kind} {meta.get('name')} already exists and SpotRL did not make it (no RLJob owns it): the operator "
+            f"neither runs the job with it nor changes or deletes it; create the job under another name, or delete "
+            f"or rename the {kind}",
+        )
+    if owner is not None and owner != ref.uid:
         raise KubeError(
             "POST",
             f"{meta.get('namespace')}/{meta.get('name')}",
             409,
             "OwnedByAnotherJob",
-            f"{kind} {meta.get('name')} belongs to RLJob uid {owner}, not this one ({uid}): a deleted job of the same "
-            "name; it is made again once the garbage collector has deleted it",
+            f"{kind} {meta.get('name')} belongs to RLJob uid {owner}, not this one ({ref.uid}): a deleted job of the "
+            "same name; it is made again once the garbage collector has deleted it",
         )
 
 
 def _closed_budget(job: Obj) -> Obj:
     """The job's PodDisruptionBudget, closed: the controller and the job's trainer pods."""
     try:
-        trainers = resources.budget_trainers(api.parse_spec(job.get("spec") or {}))
+        trainers = resources.budget_trainers(job_spec(job))
     except api.SpecError:
         trainers = 0
     return resources.disruption_budget(job_ref(job), open_=False, trainers=trainers)
@@ -235,6 +265,12 @@ def admitted(pod: Obj, status: api.RLJobStatus | None, pod_set: str) -> None:
     tolerations = list(spec.get("tolerations") or [])
     added = [t.model_dump(by_alias=True, exclude_none=True) for t in where.tolerations]
     spec["tolerations"] = tolerations + [t for t in added if t not in tolerations]
+
+
+def uids_of(snap: Snapshot) -> dict[str, str]:
+    """The uid of each pod and Workload of the snapshot, by name (:meth:`Actuator._do`)."""
+    seen = [*snap.pods, *([snap.workload] if snap.workload is not None else [])]
+    return {str(m.get("name")): str(m["uid"]) for m in (o.get("metadata") or {} for o in seen) if m.get("uid")}
 
 
 def status_doc(status: api.RLJobStatus) -> Obj:
@@ -262,9 +298,11 @@ class Actuator:
     def ensure_children(self, job: Obj) -> list[str]:
         """Creates what a job needs besides its pods, if missing: the runtime's ServiceAccount,
         Role and RoleBinding, the Service, the PDB (closed), the NetworkPolicy. Returns the kinds
-        it created."""
+        it created. Nothing in a refused namespace (the job fails there: :func:`resources.check_job`)."""
         ref = job_ref(job)
         ns = ref.namespace
+        if resources.namespace_refused(ns, self.settings):
+            return []
         wanted = [
             (path("v1", "serviceaccounts", ns), resources.service_account(ref, self.settings)),
             (path("rbac.authorization.k8s.io/v1", "roles", ns), resources.role(ref)),
@@ -282,7 +320,7 @@ class Actuator:
             if new:
                 created.append(obj["kind"])
             else:
-                _refuse_foreign(existing, obj["kind"], ref.uid)
+                _refuse_foreign(existing, obj["kind"], ref)
         return created
 
     # ---------------------------------------------------------------- plans
@@ -313,7 +351,7 @@ class Actuator:
                 out.held.append(action)
                 continue
             try:
-                self._do(job, action, plan.status, snap.pdb)
+                self._do(job, action, plan.status, snap.pdb, uids_of(snap))
             except KubeError as err:
                 failure = self.backoffs.failed(uid, key, what, err, failure_budget(job), now)
                 log.warning("%s: %s (try %d)", what, err, failure.tries)
@@ -375,11 +413,21 @@ class Actuator:
                 raise ConflictError(str(err)) from None
             raise
 
-    def _do(self, job: Obj, action: object, status: api.RLJobStatus | None = None, pdb: Obj | None = None) -> None:
+    def _do(
+        self,
+        job: Obj,
+        action: object,
+        status: api.RLJobStatus | None = None,
+        pdb: Obj | None = None,
+        uids: Mapping[str, str] | None = None,
+    ) -> None:
+        """One action. ``uids``: the uid of each pod and Workload the pass saw, by name: a delete
+        is sent with it as a precondition, so an object made under that name since is not deleted."""
+        uids = uids or {}
         ref = job_ref(job)
         ns = ref.namespace
         if isinstance(action, CreateControllerPod):
-            spec = api.parse_spec(job["spec"])
+            spec = job_spec(job)
             pod = resources.controller_pod(
                 ref, spec, self.settings, action.attempt, action.avoid_nodes, standby=action.standby
             )
@@ -391,7 +439,7 @@ class Actuator:
                 if err.status != 409:
                     raise
         elif isinstance(action, CreateNodePod):
-            spec = api.parse_spec(job["spec"])
+            spec = job_spec(job)
             build = resources.trainer_pod if action.role == "trainer" else resources.worker_pod
             pod = build(ref, spec, self.settings, action.attempt, action.index, action.address, action.avoid_nodes)
             admitted(pod, status, "trainers" if action.role == "trainer" else "workers")
@@ -401,7 +449,8 @@ class Actuator:
                 if err.status != 409:
                     raise
         elif isinstance(action, DeletePod):
-            self.kube.delete(path("v1", "pods", ns, action.name), grace_seconds=0 if action.force else None)
+            url = path("v1", "pods", ns, action.name)
+            self.kube.delete(url, grace_seconds=0 if action.force else None, uid=uids.get(action.name))
         elif isinstance(action, PromoteStandby):
             # A merge patch with null removes the label, and is a no-op once it is gone.
             self.kube.patch(path("v1", "pods", ns, action.name), {"metadata": {"labels": {STANDBY_LABEL: None}}})
@@ -413,7 +462,7 @@ class Actuator:
         elif isinstance(action, EnsureChildren):
             self.ensure_children(job)
         elif isinstance(action, queueing.CreateWorkload):
-            spec = api.parse_spec(job["spec"])
+            spec = job_spec(job)
             body = queueing.workload(ref, spec, self.settings, action.queue, self.priority(job, spec))
             try:
                 self.kube.create(workload_path(ns), body)
@@ -422,7 +471,7 @@ class Actuator:
                     raise
         elif isinstance(action, queueing.DeleteWorkload):
             try:
-                self.kube.delete(workload_path(ns, action.name))
+                self.kube.delete(workload_path(ns, action.name), uid=uids.get(action.name))
             except KubeError as err:
                 if err.status != 404:
                     raise
@@ -497,7 +546,8 @@ class Actuator:
         ref = job_ref(job)
         pods = self.kube.get(path("v1", "pods", ref.namespace), labelSelector=f"{resources.JOB_LABEL}={ref.name}")
         items = pods.get("items") or []
-        lost = set(fleet.lost(self.clock(), self.settings.node_lost_seconds, self.settings.unhealthy_node_share))
+        now = self.clock() + timedelta(seconds=self.kube.server_clock.offset())  # the API server's, as the nodes' times
+        lost = set(fleet.lost(now, self.settings.node_lost_seconds, self.settings.unhealthy_node_share))
         named = {(pod.get("spec") or {}).get("nodeName") for pod in items}
         lost |= {n for n in named if n and n not in lost and self._node_gone(n, fleet)}  # one GET a node, not a pod
         for pod in items:
@@ -505,7 +555,7 @@ class Actuator:
             gone = node in lost
             if gone or not pod["metadata"].get("deletionTimestamp"):
                 url = path("v1", "pods", ref.namespace, pod["metadata"]["name"])
-                self.kube.delete(url, grace_seconds=0 if gone else None)
+                self.kube.delete(url, grace_seconds=0 if gone else None, uid=pod["metadata"].get("uid"))
         return len(items)
 
     def _node_gone(self, node: str, fleet: FleetView) -> bool:
@@ -518,17 +568,19 @@ class Actuator:
         outcome once one succeeded, ``TRIES`` failed, or none can run (the namespace is being
         deleted); the pods are then deleted. None while one runs."""
         ref = job_ref(job)
-        spec = api.parse_spec(job.get("spec") or {})
-        keyless = not resources.credentials_secret(spec, self.settings)
+        spec = job_spec(job)
+        keyless = not resources.credentials_secret(ref, spec, self.settings)
         pods_url = path("v1", "pods", ref.namespace)
         found = self.kube.get(pods_url, labelSelector=f"{resources.RETENTION_LABEL}={ref.name}").get("items") or []
         outcome = retention.outcome_of([retention.pod_result(pod) for pod in found], uri, ref)
         if outcome is None and not late and not any(retention.pod_result(p) is None for p in found):
             try:
-                if keyless:
-                    self._hold_identity(ref)
-                self.kube.create_or_get(pods_url, resources.retention_pod(ref, spec, self.settings, uri, len(found)))
-                return None
+                problem = self._hold_identity(ref) if keyless else None
+                if problem is None:
+                    pod = resources.retention_pod(ref, spec, self.settings, uri, len(found))
+                    self.kube.create_or_get(pods_url, pod)
+                    return None
+                outcome = retention.not_deleted(problem, uri, ref)
             except KubeError as err:
                 if err.status != 403 or not retention.namespace_closing(err.message):
                     raise
@@ -536,22 +588,42 @@ class Actuator:
         if outcome is None:
             return None
         for pod in found:
-            self.kube.delete(path("v1", "pods", ref.namespace, pod["metadata"]["name"]))
+            self.kube.delete(path("v1", "pods", ref.namespace, pod["metadata"]["name"]), uid=pod["metadata"].get("uid"))
         if keyless:
-            self.kube.delete(path("v1", "serviceaccounts", ref.namespace, resources.names(ref.name)["service_account"]))
+            self._let_go_identity(ref)
         return outcome
 
-    def _hold_identity(self, ref: JobRef) -> None:
+    def _hold_identity(self, ref: JobRef) -> str | None:
         """Keeps the job's ServiceAccount for its keyless deletion pod
         (:func:`~spotrl_operator.resources.retention_service_account`): taken out of the garbage
-        collector's hands, or made again where a foreground deletion's collector took it."""
+        collector's hands, or made again where a foreground deletion's collector took it. An
+        account SpotRL did not make for this job is left as it is, and the pod never runs as it:
+        returns why (None: held)."""
         held = resources.retention_service_account(ref, self.settings)
-        url = path("v1", "serviceaccounts", ref.namespace, held["metadata"]["name"])
+        name = held["metadata"]["name"]
+        url = path("v1", "serviceaccounts", ref.namespace, name)
         sa = self.kube.get_or_none(url)
         if sa is None:
-            self.kube.create_or_get(path("v1", "serviceaccounts", ref.namespace), held)
-        elif (sa.get("metadata") or {}).get("ownerReferences"):
-            self.kube.patch(url, {"metadata": {"ownerReferences": None, "labels": held["metadata"]["labels"]}})
+            sa, _ = self.kube.create_or_get(path("v1", "serviceaccounts", ref.namespace), held)
+        if kept_account(sa, ref.name):
+            return None
+        meta = sa.get("metadata") or {}
+        if owner_uid(sa) != ref.uid:
+            return (
+                f"retentionPolicy Delete: the deletion pod would run as ServiceAccount {name}, which SpotRL did not "
+                "make for this job; it was left as it is"
+            )
+        # Guarded by the resourceVersion read: changed since, the finalizer's next pass looks again.
+        guard = {"resourceVersion": meta["resourceVersion"]}
+        self.kube.patch(url, {"metadata": {"ownerReferences": None, "labels": held["metadata"]["labels"], **guard}})
+        return None
+
+    def _let_go_identity(self, ref: JobRef) -> None:
+        """Deletes the account kept for the deletion pod, that one only (its uid as the precondition)."""
+        url = path("v1", "serviceaccounts", ref.namespace, resources.names(ref.name)["service_account"])
+        sa = self.kube.get_or_none(url)
+        if sa is not None and kept_account(sa, ref.name):
+            self.kube.delete(url, uid=sa["metadata"].get("uid"))
 
     def finished(self, job: Obj, outcome: retention.Outcome) -> None:
         """The finalizer's outcome: its Event, and (a warning) its condition on the job, best effort:
@@ -599,7 +671,7 @@ class Actuator:
                 raise
             created, new = self.kube.create_or_get(path("policy/v1", "poddisruptionbudgets", ref.namespace), want)
             if not new:
-                _refuse_foreign(created, "PodDisruptionBudget", ref.uid)
+                _refuse_foreign(created, "PodDisruptionBudget", ref)
 
     # ---------------------------------------------------------------- events
     def post_event(self, job: Obj, type_: str, reason: str, message: str) -> None:

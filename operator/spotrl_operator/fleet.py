@@ -21,17 +21,35 @@ controller judges it:
 - the Node object gone, confirmed by a live GET (:func:`~spotrl_operator.observe.confirm_missing`):
   a pod on a brand-new node may arrive before its Node reaches the cache.
 
-And the brake: when more than ``unhealthy_share`` of the nodes (and at least
-:data:`MIN_UNHEALTHY`) are unhealthy at once, the likelier story is the control plane or
-the network, not the nodes: no node counts as lost by its condition or taint (only
-out-of-service ones and confirmed deletions do), so no controller is force-deleted and no
-job falls back to an older cut. The operator says so (the ``ForceDeletesPaused`` condition
-on each job it holds back, and a metric) and waits. Kubernetes' node lifecycle controller
-stops evicting in the same case (``--unhealthy-zone-threshold``, 0.55).
+And the brake, per zone (``topology.kubernetes.io/zone``, with its region; nodes without
+the label form one zone), by the rule of Kubernetes' node lifecycle controller
+(``ComputeZoneState``, ``handleDisruption``), which counts a node not Ready when its Ready
+condition is anything but True:
+
+- a zone *partially disrupted* (at least :data:`MIN_UNHEALTHY` of its nodes not Ready, and at
+  least ``unhealthy_share`` of them, ``--unhealthy-zone-threshold``, 0.55): the likelier story
+  is the zone's network or the control plane, not the nodes. No node of that zone counts as
+  lost by its condition or taint, so no controller there is force-deleted and no job falls
+  back to an older cut. Kubernetes stops evicting in such a zone of at most 50 nodes
+  (``--large-cluster-size-threshold``) and slows down in a larger one; SpotRL stops in both,
+  since a controller force-deleted on a node that still runs makes two writers of one job;
+- a zone *fully disrupted* (no node Ready) while another zone is not: the zone is gone (a
+  spot reclaim of a whole zone), its nodes are lost after the grace period as usual;
+- every zone fully disrupted: the control plane is the likelier culprit; nothing is lost by
+  its health anywhere. When a zone comes back, the grace period of every node counts from
+  then at the earliest (:attr:`FleetView.resumed_at`), as Kubernetes resets its probe times.
+
+Only out-of-service nodes and confirmed deletions are lost in a held zone. The operator says
+so (the ``ForceDeletesPaused`` condition on each job it holds back, and a metric) and waits.
+
+Grace periods are measured on the API server's clock: the times above come from the node
+lifecycle controller, and the callers pass ``now`` as the API server's
+(:meth:`~spotrl_runtime.kube.ServerClock.now`), not the operator's wall clock.
 """
 
 from __future__ import annotations
 
+import enum
 import fnmatch
 import threading
 import types
@@ -47,7 +65,64 @@ Obj = dict[str, Any]
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 UNREACHABLE = "node.kubernetes.io/unreachable"
 MIN_UNHEALTHY = 3
-"""Fewer unhealthy nodes than this never engage the brake (a small cluster losing two nodes)."""
+"""A zone with fewer nodes not Ready than this is never partially disrupted (Kubernetes' ``> 2``)."""
+ZONE_LABELS = ("topology.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/zone")
+REGION_LABELS = ("topology.kubernetes.io/region", "failure-domain.beta.kubernetes.io/region")
+
+
+class ZoneState(enum.Enum):
+    """A zone's health, as Kubernetes' node lifecycle controller names it."""
+
+    NORMAL = "Normal"
+    PARTIAL = "PartialDisruption"
+    FULL = "FullDisruption"
+
+
+@dataclass(frozen=True)
+class Zone:
+    """How many nodes a zone has, and how many of them are not Ready."""
+
+    nodes: int = 0
+    not_ready: int = 0
+
+    def state(self, threshold: float) -> ZoneState:
+        """Kubernetes' ``ComputeZoneState``: no node Ready is a full disruption; at least
+        :data:`MIN_UNHEALTHY` and ``threshold`` of the nodes not Ready a partial one."""
+        if self.not_ready and self.not_ready >= self.nodes:
+            return ZoneState.FULL
+        if self.not_ready >= MIN_UNHEALTHY and self.not_ready / self.nodes >= threshold:
+            return ZoneState.PARTIAL
+        return ZoneState.NORMAL
+
+
+def held_zones(zones: Mapping[str, Zone], threshold: float) -> frozenset[str]:
+    """The zones where no node counts as lost by its health: the partially disrupted ones, or
+    every zone when all are fully disrupted (Kubernetes' ``handleDisruption``)."""
+    states = {name: zone.state(threshold) for name, zone in zones.items() if zone.nodes}
+    if states and all(state is ZoneState.FULL for state in states.values()):
+        return frozenset(states)
+    return frozenset(name for name, state in states.items() if state is ZoneState.PARTIAL)
+
+
+def all_down(zones: Mapping[str, Zone]) -> bool:
+    """Whether every zone is fully disrupted (whatever the threshold)."""
+    sized = [zone for zone in zones.values() if zone.nodes]
+    return bool(sized) and all(zone.not_ready >= zone.nodes for zone in sized)
+
+
+def zone_of(node: Obj) -> str:
+    """The node's zone key, as Kubernetes' ``GetZoneKey`` makes it: region and zone (the beta
+    labels as a fallback); "" without either."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    zone = next((str(labels[k]) for k in ZONE_LABELS if k in labels), "")
+    region = next((str(labels[k]) for k in REGION_LABELS if k in labels), "")
+    return f"{region}:{zone}" if region else zone
+
+
+def not_ready(node: Obj) -> bool:
+    """Whether the node's Ready condition is anything but True (missing included)."""
+    ready = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"]
+    return not ready or ready[0].get("status") != "True"
 
 
 @dataclass(frozen=True)
@@ -63,19 +138,36 @@ class FleetView:
     out_of_service: frozenset[str] = frozenset()
     clouds: frozenset[str] = frozenset()
     """The clouds the nodes run on (:func:`~spotrl_operator.signals.node_cloud`)."""
+    zone_of: Mapping[str, str] = field(default_factory=dict)
+    """Each node's zone (:func:`zone_of`)."""
+    zones: Mapping[str, Zone] = field(default_factory=dict)
+    """Each zone's node counts."""
+    resumed_at: datetime | None = None
+    """When every zone was last fully disrupted, the moment one came back (None: never seen):
+    no grace period counts from earlier."""
+
+    def held(self, share: float) -> frozenset[str]:
+        """The zones where no node counts as lost by its health (:func:`held_zones`)."""
+        return held_zones(self.zones, share)
 
     def braking(self, share: float) -> bool:
-        """Whether so many nodes are unhealthy at once that none counts as lost by its health."""
-        unhealthy = len(self.unhealthy_since)
-        return unhealthy >= MIN_UNHEALTHY and unhealthy > share * len(self.nodes)
+        """Whether force deletes are paused in some zone."""
+        return bool(self.held(share))
 
     def lost(self, now: datetime, lost_after: float, share: float) -> frozenset[str]:
-        """The nodes lost at ``now`` (missing ones aside: see the module's docstring)."""
-        if self.braking(share):
-            return self.out_of_service
+        """The nodes lost at ``now``, the API server's (missing ones aside: see the module's docstring)."""
+        held = self.held(share)
         grace = timedelta(seconds=lost_after)
-        late = {name for name, since in self.unhealthy_since.items() if now - since >= grace}
+        late = {
+            name
+            for name, since in self.unhealthy_since.items()
+            if self.zone_of.get(name, "") not in held and now - self.since(since) >= grace
+        }
         return self.out_of_service | late
+
+    def since(self, unhealthy_since: datetime) -> datetime:
+        """When a node's grace period began: not before :attr:`resumed_at`."""
+        return max(unhealthy_since, self.resumed_at) if self.resumed_at is not None else unhealthy_since
 
     def unusable_with(self, extra_taint_keys: Iterable[str]) -> frozenset[str]:
         """:attr:`unusable` plus the nodes a job's own taint keys mark (a walk over the nodes,
@@ -132,21 +224,30 @@ class Fleet:
         self._unusable: set[str] = set()
         self._unhealthy: dict[str, datetime] = {}
         self._out_of_service: set[str] = set()
+        self._zone_of: dict[str, str] = {}
+        self._not_ready: set[str] = set()
+        self._zones: dict[str, Zone] = {}
+        self._resumed_at: datetime | None = None
+        self._down_seen = False
+        """A reader saw every zone down (a spell judged between events of one list is none)."""
 
     def update(self, name: str, node: Obj | None, now: datetime) -> bool:
-        """One Node event (``node`` trimmed; None: deleted). Returns whether anything a pass
-        reads changed."""
+        """One Node event (``node`` trimmed; None: deleted) at ``now``, the API server's.
+        Returns whether anything a pass reads changed."""
         with self._lock:
             if self._nodes.get(name) == node and (node is not None or name not in self._nodes):
                 return False
             self._unusable.discard(name)
             self._out_of_service.discard(name)
+            self._count(name, -1)
             before = self._unhealthy.pop(name, None)
             if node is None:
                 self._nodes.pop(name, None)
             else:
                 self._nodes[name] = node
                 self._classify(name, node, before or now)
+            if self._down_seen and not all_down(self._zones):
+                self._down_seen, self._resumed_at = False, now
             self._view = None  # built again by the next reader, once for any number of events
             return True
 
@@ -154,12 +255,16 @@ class Fleet:
         """The nodes now, as an immutable view (built once per change, not once per reader)."""
         with self._lock:
             if self._view is None:
+                self._down_seen = self._down_seen or all_down(self._zones)
                 self._view = FleetView(
                     nodes=types.MappingProxyType(dict(self._nodes)),
                     unusable=frozenset(self._unusable),
                     unhealthy_since=types.MappingProxyType(dict(self._unhealthy)),
                     out_of_service=frozenset(self._out_of_service),
                     clouds=frozenset(c for n in self._nodes.values() if (c := node_cloud(n))),
+                    zone_of=types.MappingProxyType(dict(self._zone_of)),
+                    zones=types.MappingProxyType(dict(self._zones)),
+                    resumed_at=self._resumed_at,
                 )
             return self._view
 
@@ -171,6 +276,26 @@ class Fleet:
             self._unhealthy[name] = since
         if any(t.get("key") == OUT_OF_SERVICE for t in _taints(node)):
             self._out_of_service.add(name)
+        self._zone_of[name] = zone_of(node)
+        if not_ready(node):
+            self._not_ready.add(name)
+        self._count(name, +1)
+
+    def _count(self, name: str, sign: int) -> None:
+        """Adds the node to its zone's counts (``sign`` +1), or takes it out (-1; it then leaves
+        the zone maps too, and an empty zone is forgotten)."""
+        if name not in self._zone_of:
+            return
+        key = self._zone_of[name]
+        zone = self._zones.get(key, Zone())
+        zone = Zone(zone.nodes + sign, zone.not_ready + sign * (name in self._not_ready))
+        if zone.nodes > 0:
+            self._zones[key] = zone
+        else:
+            self._zones.pop(key, None)
+        if sign < 0:
+            del self._zone_of[name]
+            self._not_ready.discard(name)
 
 
 def view_of(nodes: Mapping[str, Obj], now: datetime, extra_taint_keys: Iterable[str] = ()) -> FleetView:

@@ -22,11 +22,12 @@ import asyncio
 import contextlib
 import copy
 import logging
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
@@ -39,18 +40,21 @@ from spotrl_operator.observe import (
     Snapshot,
     confirm_missing,
     fetch,
+    ghosts,
     job_storage,
+    list_pods,
     owner_uid,
     seconds_until_lost,
     trim_node,
     trim_pdb,
     trim_pod,
     trim_workload,
+    without,
     workload_owner,
     world_of,
 )
 from spotrl_operator.reconcile import reconcile
-from spotrl_operator.resources import JOB_LABEL, ROLE_LABEL
+from spotrl_operator.resources import DEFAULT_SECRET_ANNOTATION, JOB_LABEL, ROLE_LABEL, default_secret_to_record
 from spotrl_operator.settings import Settings
 from spotrl_operator.signals import node_signals, pod_signals
 from spotrl_operator.storage_overlap import JobStorage
@@ -78,6 +82,8 @@ class Context:
     metrics: Metrics
     actuator: Actuator = field(init=False)
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(16, "spotrl-io"))
+    handler_executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(16, "spotrl-handlers"))
+    """Kopf's, for the synchronous handlers (create, delete): ours, so that a stop can wait for them."""
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     woken_at: dict[tuple[str, str], float] = field(default_factory=dict)
     fleet: Fleet = field(init=False)
@@ -103,6 +109,18 @@ class Context:
     def _on_action(self, job: Obj, action: object) -> None:
         if isinstance(action, CreateControllerPod):
             self.metrics.controllers_created.inc()
+
+    def drain(self, seconds: float) -> bool:
+        """Waits up to ``seconds`` for the calls still running in the worker threads (Kopf has
+        stopped: a daemon cancelled while its pass runs leaves the pass running); True when none is left."""
+        deadline = time.monotonic() + seconds
+        for pool in (self.executor, self.handler_executor):
+            waiter = threading.Thread(target=pool.shutdown, kwargs={"cancel_futures": True}, daemon=True)
+            waiter.start()
+            waiter.join(max(0.0, deadline - time.monotonic()))
+            if waiter.is_alive():
+                return False
+        return True
 
     async def io(self, fn: Any, *args: Any) -> Any:
         """Runs a blocking call (the Kubernetes client, storage) off the event loop."""
@@ -137,6 +155,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.watching.label_selectors["policy", "v1", "poddisruptionbudgets"] = JOB_LABEL
     for resource in CHILDREN.values():
         settings.watching.label_selectors[resource] = JOB_LABEL
+    settings.execution.executor = ctx.handler_executor
     settings.execution.max_workers = 16
     settings.watching.chunk_size = 500  # the first LIST of 2,000 Nodes, in parts: memory stays bounded
     ctx.beat_task = asyncio.get_running_loop().create_task(_beat(ctx))
@@ -171,7 +190,7 @@ async def nodes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> dict[A
     """Feeds the :class:`~spotrl_operator.fleet.Fleet` (an index, so that Kopf lists every Node
     before any job's first pass); the index itself keeps only the names."""
     ctx = ctx_of(memo)
-    if ctx.fleet.update(name, trim_node(dict(body)), datetime.now(UTC)):
+    if ctx.fleet.update(name, trim_node(dict(body)), ctx.kube.server_clock.now()):
         ctx.changed_nodes.add(name)
     return {name: True}
 
@@ -228,7 +247,7 @@ async def node_changed(type: str, name: str, memo: Any, **kwargs: Any) -> None:
     ctx = ctx_of(memo)
     pods_by_node: kopf.Index[str, tuple[str, str]] = kwargs["pods_by_node"]
     if type == "DELETED":
-        changed = ctx.fleet.update(name, None, datetime.now(UTC))
+        changed = ctx.fleet.update(name, None, ctx.kube.server_clock.now())
     else:
         changed = name in ctx.changed_nodes
         ctx.changed_nodes.discard(name)
@@ -236,6 +255,7 @@ async def node_changed(type: str, name: str, memo: Any, **kwargs: Any) -> None:
         return
     node = ctx.fleet.view().nodes.get(name)
     if node is None:
+        ctx.metrics.signal_gone(name)  # its other sightings go with it; this one ages out (metrics.MEMORY_SECONDS)
         ctx.metrics.signal_seen(name, "node-deleted: the Node object is gone")
     else:
         signals = node_signals(node, ctx.settings.extra_taint_keys)
@@ -339,6 +359,18 @@ def ensure_children(body: kopf.Body, memo: Any, logger: kopf.Logger, **_: Any) -
         log.info("%s/%s: created %s", body["metadata"]["namespace"], body["metadata"]["name"], ", ".join(created))
 
 
+@kopf.on.create(*RLJOBS)
+@kopf.on.resume(*RLJOBS)
+@kopf.on.update(*RLJOBS)
+def record_default_secret(body: kopf.Body, patch: kopf.Patch, memo: Any, **_: Any) -> None:
+    """Records the settings' default credentials Secret on a job that has none recorded (new, or
+    its author took the record off), so that a later default (a helm upgrade) does not reach its
+    pods unchecked (:data:`~spotrl_operator.resources.DEFAULT_SECRET_ANNOTATION`)."""
+    value = default_secret_to_record(body, ctx_of(memo).settings)
+    if value is not None:
+        patch.metadata.annotations[DEFAULT_SECRET_ANNOTATION] = value
+
+
 @kopf.on.update(*RLJOBS, field="spec")
 async def spec_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
     """spec.suspend and friends: the daemon decides; wake it now."""
@@ -368,6 +400,8 @@ async def lifecycle(
     key = (namespace, name)
     wake = ctx.wakeup(namespace, name)
     pending: tuple[str, Obj] | None = None  # (resourceVersion before our write, the job it returned)
+    gone: frozenset[str] = frozenset()  # uids of pods the index holds that the last live list lacked
+    relist_at = time.monotonic() + ctx.settings.reconcile_interval * RELIST_INTERVALS
     try:
         while not stopped and not meta.get("deletionTimestamp"):
             wake.clear()
@@ -379,6 +413,10 @@ async def lifecycle(
                 job = pending[1]  # our own status write has not come back through the watch yet
             fleet = ctx.fleet.view()
             pods = tuple(job_pods.get(key, ()))
+            if time.monotonic() >= relist_at:
+                relist_at = time.monotonic() + ctx.settings.reconcile_interval * RELIST_INTERVALS
+                gone = await _relist(ctx, namespace, name, pods, logger, gone)
+            pods = without(pods, gone)
             snap = Snapshot(
                 job=job,
                 pods=pods,
@@ -389,6 +427,7 @@ async def lifecycle(
                 peers=tuple(storages.get(None, ())),
                 workload=_own_workload(kwargs.get("job_workloads"), namespace, name, meta),
                 flavors=cached_flavors(kwargs.get("flavors_index") or {}),
+                server_offset=timedelta(seconds=ctx.kube.server_clock.offset()),
             )
             started = time.monotonic()
             delay, written = await ctx.io(pass_once, ctx, snap, logger)
@@ -402,7 +441,29 @@ async def lifecycle(
         ctx.wakeups.pop(key, None)
         ctx.woken_at.pop(key, None)
         ctx.actuator.backoffs.forget(str(meta.get("uid", "")))
-        ctx.metrics.job_phase(namespace, name, None)
+        ctx.metrics.job_gone(namespace, name)
+
+
+RELIST_INTERVALS = 10
+"""Each job's pods are listed live every this many reconcile intervals (:func:`_relist`)."""
+
+
+async def _relist(
+    ctx: Context, namespace: str, name: str, indexed: tuple[Obj, ...], logger: kopf.Logger, gone: frozenset[str]
+) -> frozenset[str]:
+    """The uids of the job's pods that the index holds but the API server no longer has
+    (:func:`~spotrl_operator.observe.ghosts`): after a watch gap (410 Gone) Kopf lists again but
+    drops an index entry only on a DELETED event, so a pod deleted in the gap would stay, and
+    the job would wait on a controller that is gone. ``gone``: the last answer, kept if the list fails."""
+    try:
+        listed = await ctx.io(list_pods, ctx.kube, namespace, name)
+    except KubeError as err:
+        logger.warning("listing the job's pods to check the cache: %s", err)
+        return gone
+    found = ghosts(indexed, listed)
+    if found - gone:
+        logger.warning("%d pod(s) in the cache are gone from the API server (a missed watch event)", len(found))
+    return found
 
 
 def _finished(job: Obj) -> bool:
@@ -441,16 +502,18 @@ def _pass(ctx: Context, snap: Snapshot, logger: kopf.Logger) -> tuple[float, Obj
                 return _pass_failed(ctx, snap.job, err, logger), None
             if fresh is None:
                 return interval, None
-            snap = replace(fresh, fleet=snap.fleet)  # the nodes: still the cache's
+            snap = replace(fresh, fleet=snap.fleet, server_offset=snap.server_offset)  # the nodes: the cache's
             continue
-        except SpecError as err:
-            ctx.metrics.reconciles.labels("error").inc()
-            logger.error("the RLJob's spec does not parse (is the CRD older than the operator?): %s", err)
-            return interval * 5, None
+        except SpecError as err:  # a value this version cannot read: said on the job, and retried
+            logger.error("the RLJob's spec does not parse (a CRD newer or older than the operator?): %s", err)
+            unreadable = KubeError("", "", 0, "SpecNotUnderstood", f"this operator cannot read the spec: {err}")
+            return _pass_failed(ctx, snap.job, unreadable, logger), None
         except (KubeError, OSError) as err:
             return _pass_failed(ctx, snap.job, err, logger), None
         ctx.actuator.backoffs.succeeded(uid, PASS_KEY)
         ctx.metrics.reconciles.labels("error" if applied.failed else "ok").inc()
+        for part in sorted({p.split(".", 1)[0] for p in world.skipped_fields}):
+            ctx.metrics.skipped_fields.labels(part).inc()
         _count(ctx, ns, name, world.status, plan)
         requeue = plan.requeue_after if plan.requeue_after is not None else interval
         lost_in = seconds_until_lost(snap, ctx.settings, world.now)
@@ -485,11 +548,11 @@ def _count(ctx: Context, namespace: str, name: str, before: api.RLJobStatus, pla
     for action in plan.actions:
         if isinstance(action, RequestBarrier):
             b = action.barrier
-            m.barrier_requested(b.request_id, b.node, b.reason, action.provider)
+            m.barrier_requested((namespace, name), b.request_id, b.node, b.reason, action.provider)
     after = plan.status or before
     for st in (before, after):
         if st.barrier is not None and st.barrier.state != "Requested":
-            m.barrier_answered(st.barrier.request_id, st.barrier.state)
+            m.barrier_answered((namespace, name), st.barrier.request_id, st.barrier.state)
     m.job_phase(namespace, name, after.phase or "Pending")
     if after.last_recovery is not None and after.last_recovery != before.last_recovery:
         m.recovered(namespace, name, after.last_recovery)
@@ -498,7 +561,13 @@ def _count(ctx: Context, namespace: str, name: str, before: api.RLJobStatus, pla
 # ----------------------------------------------------------------------------- deletion
 
 
-@kopf.on.delete(*RLJOBS)
+FINALIZER_BOUND_SECONDS = 3600.0
+"""Kopf's own bound on the finalizer (``on.delete``'s timeout, from its first try): a backstop
+behind ``--finalizer-seconds``, which the settings keep below it, for a finalizer that fails
+in a way its own deadline does not see."""
+
+
+@kopf.on.delete(*RLJOBS, timeout=FINALIZER_BOUND_SECONDS)
 def finalize(
     body: kopf.Body,
     namespace: str | None,
@@ -518,14 +587,22 @@ def finalize(
     late = retention.past_deadline(job, ctx.settings.finalizer_seconds, datetime.now(UTC))
     try:
         outcome = _finalize_step(ctx, job, late)
-    except KubeError as err:
+    except Exception as err:  # the API server, a spec this version cannot read, a bug: never a stuck namespace
+        what = (
+            f"HTTP {err.status} {err.reason}: {err.message}"
+            if isinstance(err, KubeError)
+            else f"{type(err).__name__}: {err}"
+        )
         if not late:
-            raise kopf.TemporaryError(f"finalizing: {err}", delay=2) from err
-        outcome = retention.gave_up(job, ctx.settings, f"the API server refused: {err}")
+            raise kopf.TemporaryError(f"finalizing: {what}", delay=2) from err
+        outcome = retention.gave_up(job, ctx.settings, f"finalizing failed: {what}")
     if isinstance(outcome, str):
         raise kopf.TemporaryError(f"finalizing: {outcome}", delay=2)
     log.info("%s/%s deleted: %s: %s", namespace or "", name, outcome.reason, outcome.message)
-    ctx.actuator.finished(job, outcome)
+    try:
+        ctx.actuator.finished(job, outcome)
+    except Exception as err:  # its Event and condition are best effort: the RLJob goes next
+        log.warning("%s/%s: the finalizer's outcome not reported: %s", namespace or "", name, err)
 
 
 def _finalize_step(ctx: Context, job: Obj, late: bool) -> retention.Outcome | str:

@@ -71,6 +71,7 @@ class LeaderElector:
         self._last_renewal = -float("inf")
         self._sending_since = 0.0
         self._lost = False
+        self._closed = False
         self.holder = ""
         """The holder seen last."""
 
@@ -136,9 +137,15 @@ class LeaderElector:
         last renewal), at least half a second for Kopf's own stop."""
         return max(0.5, self.lease_seconds * EXIT_SHARE - (self.clock() - self._last_renewal))
 
+    def close(self) -> None:
+        """A clean stop: every write is refused from now on, though the Lease is still renewed
+        (so that no standby leads while the last calls sent are still under way) until released."""
+        self._closed = True
+
     def guard(self, method: str, url: str) -> None:
-        """The operator client's write guard: refuses every write once this replica may not act."""
-        if not self.leads():
+        """The operator client's write guard: refuses every write once this replica may not act,
+        or once it is closed."""
+        if self._closed or not self.leads():
             raise NotLeadingError(
                 method, url, 0, "NotLeading", f"{self.identity} no longer holds the lease {self.name}"
             )

@@ -5,7 +5,9 @@ runs Kopf with the handlers of :mod:`spotrl_operator.handlers`. Every write it s
 fenced by the Lease (:meth:`LeaderElector.guard`). A leader that cannot renew stops Kopf
 (SIGTERM to itself) and exits 1 (its Deployment restarts it as a standby), hard if Kopf has
 not stopped in time, before a standby may take over; one that stops normally releases the
-Lease so a standby takes over at once.
+Lease so a standby takes over at once, in this order (:func:`_shut_down`): Kopf stopped first
+(its own patches do not pass the guard), then the guard closed, then the calls still under way
+in the worker threads waited for (bounded), then the Lease released.
 """
 
 from __future__ import annotations
@@ -48,17 +50,33 @@ def run(settings: Settings) -> int:
             return 0
         metrics.leader.set(1)
         kube = kube.with_guard(elector.guard)
+    stopped: list[Any] = []  # the handlers' Context, once Kopf has stopped
     try:
-        _run_kopf(settings, kube, metrics)
+        _run_kopf(settings, kube, metrics, stopped.append)
     finally:
-        renewing.set()
         metrics.leader.set(0)
-        if elector is not None and not lost.is_set():
-            elector.release()
+        if lost.is_set():
+            renewing.set()
+        else:
+            _shut_down(elector, stopped[0] if stopped else None, renewing, settings.lease_seconds)
     if lost.is_set():
         log.error("exiting: the leader Lease was lost")
         return 1
     return 0
+
+
+def _shut_down(elector: Any, ctx: Any, renewing: threading.Event, drain_seconds: float) -> None:
+    """A clean stop, once Kopf has stopped (no handler starts, Kopf writes no more): close the
+    guard (no write of ours is sent any more), wait up to ``drain_seconds`` for the calls still
+    under way in the worker threads, still renewing the Lease so that no standby leads
+    meanwhile, then stop renewing and release it: a standby leads at once, alone."""
+    if elector is not None:
+        elector.close()
+    if ctx is not None and not ctx.drain(drain_seconds):
+        log.warning("calls to the API server still under way after %.0f s; releasing the lease", drain_seconds)
+    renewing.set()
+    if elector is not None:
+        elector.release()
 
 
 def _configure_logging(settings: Settings) -> None:
@@ -125,8 +143,9 @@ def _exit_hard_in(seconds: float) -> None:
     timer.start()
 
 
-def _run_kopf(settings: Settings, kube: Any, metrics: Any) -> None:
-    """Runs the handlers until Kopf stops (SIGTERM, or the Lease lost)."""
+def _run_kopf(settings: Settings, kube: Any, metrics: Any, stopped: Callable[[Any], None]) -> None:
+    """Runs the handlers until Kopf stops (SIGTERM, or the Lease lost); then hands ``stopped``
+    the handlers' Context."""
     import kopf
 
     import spotrl_operator.handlers as handlers  # registers the handlers with Kopf
@@ -135,7 +154,8 @@ def _run_kopf(settings: Settings, kube: Any, metrics: Any) -> None:
     if settings.kueue:
         handlers.register_kueue()
 
-    memo = kopf.Memo(ctx=handlers.Context(settings=settings, kube=kube, metrics=metrics))
+    ctx = handlers.Context(settings=settings, kube=kube, metrics=metrics)
+    memo = kopf.Memo(ctx=ctx)
     ready = threading.Event()
 
     def say_ready() -> None:
@@ -144,10 +164,13 @@ def _run_kopf(settings: Settings, kube: Any, metrics: Any) -> None:
             log.info("ready: running RLJobs in %s as %s", where, settings.identity)
 
     threading.Thread(target=say_ready, name="ready-log", daemon=True).start()
-    kopf.run(
-        standalone=True,
-        clusterwide=not settings.namespaces,
-        namespaces=settings.namespaces,
-        memo=memo,
-        ready_flag=ready,
-    )
+    try:
+        kopf.run(
+            standalone=True,
+            clusterwide=not settings.namespaces,
+            namespaces=settings.namespaces,
+            memo=memo,
+            ready_flag=ready,
+        )
+    finally:
+        stopped(ctx)

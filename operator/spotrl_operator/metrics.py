@@ -2,13 +2,18 @@
 
 Counters are per process: a restarted or newly elected operator starts from zero, as
 Prometheus expects of counters. The first-seen times behind the signal→barrier latency
-are kept in memory only to measure; nothing decides on them.
+are kept in memory only to measure; nothing decides on them. That memory is bounded, so
+that spot churn does not grow the operator: a node's sightings go with the node (and any
+after :data:`MEMORY_SECONDS`), a job's barriers and recoveries with the job (and all but
+its last :data:`BARRIER_MEMORY` barriers before). No metric has a node, job or barrier label.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -18,12 +23,18 @@ from spotrl_runtime.api.rljob import LastRecovery
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 RECOVERY_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+MEMORY_SECONDS = 600.0
+"""A notice's sighting is forgotten this long after it (past the last latency bucket)."""
+BARRIER_MEMORY = 4
+"""The barriers of a job remembered (counted once each): an older one is never on its status again."""
+JobKey = tuple[str, str]
 
 
 class Metrics:
     """Every metric of one operator process, in its own registry."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self.registry = CollectorRegistry()
         r = self.registry
         self.reconciles = Counter(
@@ -63,6 +74,13 @@ class Metrics:
             buckets=RECOVERY_BUCKETS,
             registry=r,
         )
+        self.skipped_fields = Counter(
+            "spotrl_operator_skipped_fields",
+            "Passes that skipped fields of a stored RLJob this operator does not know (a newer CRD, operator or "
+            "controller wrote them; the job's VersionSkew condition names them), by part (spec, status)",
+            ["part"],
+            registry=r,
+        )
         self.controllers_created = Counter("spotrl_operator_controllers_created", "Controller pods created", registry=r)
         self.jobs = Gauge("spotrl_operator_jobs", "RLJobs by phase", ["phase"], registry=r)
         self.leader = Gauge("spotrl_operator_leader", "1 while this replica holds the lease", registry=r)
@@ -83,17 +101,27 @@ class Metrics:
         )
         self.force_deletes_paused = Gauge(
             "spotrl_operator_force_deletes_paused",
-            "1 while so many nodes are unhealthy at once that no pod is force-deleted",
+            "1 while force deletes are paused in some zone (too many of its nodes not Ready, or every zone down)",
             registry=r,
         )
         self.beat = time.monotonic()
         """When the operator's event loop last showed it runs (:meth:`alive`)."""
         self._lock = threading.Lock()
         self._first_seen: dict[tuple[str, str], float] = {}
+        self._pruned_at = clock()
+        self._barriers: dict[JobKey, OrderedDict[str, set[str]]] = {}
+        """Per job, its last barriers' ids and the states counted for each ("requested" included)."""
         self._requested_at: dict[str, float] = {}
-        self._counted: set[tuple[str, str]] = set()
-        self._phases: dict[tuple[str, str], str] = {}
-        self._recoveries: set[tuple[str, str, int]] = set()
+        self._phases: dict[JobKey, str] = {}
+        self._recovered: dict[JobKey, int] = {}
+        """Per job, the last attempt whose recovery was counted."""
+
+    def state_size(self) -> int:
+        """How many entries the in-memory state holds (a test's measure of it)."""
+        with self._lock:
+            barriers = sum(len(b) for b in self._barriers.values())
+            tables = (self._first_seen, self._barriers, self._requested_at, self._phases, self._recovered)
+            return barriers + sum(len(t) for t in tables)
 
     def serve(self, port: int, address: str) -> Any:
         """Starts the /metrics HTTP server in a thread, with ``/healthz`` for the liveness probe."""
@@ -129,37 +157,54 @@ class Metrics:
     # ---------------------------------------------------------------- signal → barrier
     def signal_seen(self, node: str, reason: str) -> None:
         """A notice on ``node`` was first seen now (later sightings keep the first time)."""
+        now = self.clock()
         with self._lock:
-            self._first_seen.setdefault((node, reason), time.monotonic())
+            self._first_seen.setdefault((node, reason), now)
+            if now - self._pruned_at >= MEMORY_SECONDS / 10:  # a walk over the sightings now and then, not each time
+                self._pruned_at = now
+                for key in [k for k, t in self._first_seen.items() if now - t > MEMORY_SECONDS]:
+                    del self._first_seen[key]
 
     def signal_gone(self, node: str) -> None:
+        """The node has no notice any more, or is gone: its sightings are forgotten."""
         with self._lock:
             for key in [k for k in self._first_seen if k[0] == node]:
                 del self._first_seen[key]
 
-    def barrier_requested(self, request_id: str, node: str | None, reason: str, provider: str) -> None:
-        now = time.monotonic()
+    def _first_count(self, job: JobKey, request_id: str, state: str) -> bool:
+        """Whether ``state`` of the job's barrier ``request_id`` is new (and now remembered)."""
+        barriers = self._barriers.setdefault(job, OrderedDict())
+        states = barriers.setdefault(request_id, set())
+        barriers.move_to_end(request_id)
+        while len(barriers) > BARRIER_MEMORY:
+            old, _ = barriers.popitem(last=False)
+            self._requested_at.pop(old, None)
+        if state in states:
+            return False
+        states.add(state)
+        return True
+
+    def barrier_requested(self, job: JobKey, request_id: str, node: str | None, reason: str, provider: str) -> None:
+        now = self.clock()
         with self._lock:
-            if ("requested", request_id) in self._counted:
+            if not self._first_count(job, request_id, "requested"):
                 return
-            self._counted.add(("requested", request_id))
             self._requested_at[request_id] = now
             seen = self._first_seen.get((node or "", reason))
         self.barriers_requested.labels(provider).inc()
         if seen is not None:
             self.signal_to_barrier.observe(now - seen)
 
-    def barrier_answered(self, request_id: str, state: str) -> None:
-        """The barrier reached ``state`` (Committed, Missed, Failed); counted once per id."""
+    def barrier_answered(self, job: JobKey, request_id: str, state: str) -> None:
+        """The job's barrier reached ``state`` (Committed, Missed, Failed); counted once per id."""
         with self._lock:
-            if (state, request_id) in self._counted:
+            if not self._first_count(job, request_id, state):
                 return
-            self._counted.add((state, request_id))
             requested = self._requested_at.pop(request_id, None)
         if state == "Committed":
             self.barriers_committed.inc()
             if requested is not None:
-                self.barrier_to_commit.observe(time.monotonic() - requested)
+                self.barrier_to_commit.observe(self.clock() - requested)
         elif state == "Missed":
             self.barriers_missed.inc()
         elif state == "Failed":
@@ -167,11 +212,10 @@ class Metrics:
 
     def recovered(self, namespace: str, name: str, rec: LastRecovery) -> None:
         """A recovery was composed: its phases into the histograms, once per attempt."""
-        key = (namespace, name, rec.attempt)
         with self._lock:
-            if key in self._recoveries:
+            if self._recovered.get((namespace, name), -1) >= rec.attempt:
                 return
-            self._recoveries.add(key)
+            self._recovered[(namespace, name)] = rec.attempt
         for label, seconds in phase_seconds(rec):
             self.recovery_phase.labels(label).observe(seconds)
         if rec.total_seconds is not None:
@@ -188,3 +232,11 @@ class Metrics:
             self.jobs.labels(old).dec()
         if phase is not None:
             self.jobs.labels(phase).inc()
+
+    def job_gone(self, namespace: str, name: str) -> None:
+        """The job is deleted (or no longer this replica's): its phase, barriers and recoveries forgotten."""
+        self.job_phase(namespace, name, None)
+        with self._lock:
+            for request_id in self._barriers.pop((namespace, name), {}):
+                self._requested_at.pop(request_id, None)
+            self._recovered.pop((namespace, name), None)

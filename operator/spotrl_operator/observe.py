@@ -28,9 +28,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from spotrl_operator import placement, queueing, storage_overlap
-from spotrl_operator.fleet import FleetView, view_of
+from spotrl_operator.fleet import FleetView, all_down, view_of
 from spotrl_operator.resources import (
     ATTEMPT_LABEL,
+    DEFAULT_SECRET_ANNOTATION,
     INDEX_LABELS,
     JOB_LABEL,
     ROLE_LABEL,
@@ -83,18 +84,29 @@ class Snapshot:
     gone: frozenset[str] | None = None
     """Of the nodes the job's pods name and :attr:`nodes` lacks, those a live GET found gone
     (:func:`confirm_missing`); None: :attr:`nodes` is a fresh LIST, what it lacks is gone."""
+    server_offset: timedelta = timedelta(0)
+    """The API server's clock minus the operator's (:class:`~spotrl_runtime.kube.ServerClock`):
+    a node's grace period is measured on the API server's clock, as its times are."""
 
 
 def job_ref(job: Obj) -> JobRef:
     meta = job["metadata"]
-    return JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", ""))
+    recorded = (meta.get("annotations") or {}).get(DEFAULT_SECRET_ANNOTATION)
+    return JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", ""), default_secret=recorded)
+
+
+def job_spec(job: Obj) -> api.RLJobSpec:
+    """The job's spec as the API server stores it; fields this version does not know are skipped
+    (:func:`~spotrl_runtime.api.rljob.read_stored_spec`; :func:`world_of` reports them). Raises
+    :class:`~spotrl_runtime.api.rljob.SpecError` for a value it cannot read."""
+    return api.read_stored_spec(job.get("spec") or {})[0]
 
 
 def job_storage(job: Obj, settings: Settings) -> JobStorage | None:
     """An RLJob's effective storage (None: its spec does not parse, or it has none: both are
     said on the job itself)."""
     try:
-        spec = api.parse_spec(job.get("spec") or {})
+        spec = job_spec(job)
         uri = storage_uri(job_ref(job), spec, settings)
     except (ValueError, KeyError):
         return None
@@ -146,6 +158,7 @@ def trim_workload(wl: Obj) -> Obj:
             for k in (
                 "name",
                 "namespace",
+                "uid",
                 "annotations",
                 "ownerReferences",
                 "finalizers",
@@ -354,7 +367,9 @@ def _is_gone(snap: Snapshot, name: str) -> bool:
 
 
 def _fleet(snap: Snapshot, settings: Settings, now: datetime) -> FleetView:
-    return snap.fleet if snap.fleet is not None else view_of(snap.nodes, now, settings.extra_taint_keys)
+    if snap.fleet is not None:
+        return snap.fleet
+    return view_of(snap.nodes, now + snap.server_offset, settings.extra_taint_keys)  # the API server's time
 
 
 def _node_sets(
@@ -362,17 +377,29 @@ def _node_sets(
 ) -> tuple[set[str], set[str], str | None]:
     """(the unusable nodes, the lost ones, why force deletes are paused for this job)."""
     unusable = set(fleet.unusable_with(spec.preemption.extra_taint_keys))
-    lost = set(fleet.lost(now, settings.node_lost_seconds, settings.unhealthy_node_share))
-    paused = None
-    if fleet.braking(settings.unhealthy_node_share):
-        held = sorted(n for n in _pod_nodes(snap) if n in fleet.unhealthy_since)
-        if held:
-            paused = (
-                f"{len(fleet.unhealthy_since)} of {len(fleet.nodes)} nodes are unhealthy at once (more than "
-                f"{settings.unhealthy_node_share:.0%}): likelier the control plane or the network than the nodes, "
-                f"so the job's pods on {', '.join(held[:5])} are not force-deleted; waiting for the nodes to answer"
-            )
+    lost = set(fleet.lost(now + snap.server_offset, settings.node_lost_seconds, settings.unhealthy_node_share))
+    held = fleet.held(settings.unhealthy_node_share)
+    waiting = sorted(n for n in _pod_nodes(snap) if n in fleet.unhealthy_since and fleet.zone_of.get(n, "") in held)
+    paused = _paused_why(fleet, held, waiting, settings.unhealthy_node_share) if waiting else None
     return unusable, lost, paused
+
+
+def _paused_why(fleet: FleetView, held: frozenset[str], waiting: list[str], share: float) -> str:
+    """Why the job's pods on ``waiting`` (unhealthy nodes in ``held`` zones) are not force-deleted."""
+    if all_down(fleet.zones):
+        total = sum(z.nodes for z in fleet.zones.values())
+        what = f"no node of the {total} in any zone is Ready"
+    else:
+        zones = sorted({fleet.zone_of.get(n, "") for n in waiting})
+        what = "; ".join(
+            f"{fleet.zones[z].not_ready} of the {fleet.zones[z].nodes} nodes of zone {z or '(unlabelled)'} are not "
+            f"Ready (at least {share:.0%})"
+            for z in zones
+        )
+    return (
+        f"{what}: likelier the control plane or the network than the nodes, so the job's pods on "
+        f"{', '.join(waiting[:5])} are not force-deleted; waiting for the nodes to answer"
+    )
 
 
 def missing_children(snap: Snapshot, pdb: Obj | None, uid: str, settings: Settings) -> tuple[str, ...]:
@@ -389,13 +416,15 @@ def seconds_until_lost(snap: Snapshot, settings: Settings, now: datetime) -> flo
     """Seconds until the first of the job's unhealthy nodes becomes lost (None: none will by the
     clock alone), so that the pass after the grace period comes on time."""
     fleet = snap.fleet
-    if fleet is None or fleet.braking(settings.unhealthy_node_share):
+    if fleet is None:
         return None
+    now = now + snap.server_offset  # the API server's clock, as the nodes' times are
+    held = fleet.held(settings.unhealthy_node_share)
     lost = fleet.lost(now, settings.node_lost_seconds, settings.unhealthy_node_share)
     ends = [
-        (fleet.unhealthy_since[node] - now).total_seconds() + settings.node_lost_seconds
+        (fleet.since(fleet.unhealthy_since[node]) - now).total_seconds() + settings.node_lost_seconds
         for node in _pod_nodes(snap)
-        if node in fleet.unhealthy_since and node not in lost
+        if node in fleet.unhealthy_since and node not in lost and fleet.zone_of.get(node, "") not in held
     ]
     return max(0.0, min(ends)) if ends else None
 
@@ -406,8 +435,8 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
     now = now or datetime.now(UTC)
     job = snap.job
     meta = job.get("metadata") or {}
-    spec = api.parse_spec(job.get("spec") or {})
-    status = read_status(job)
+    spec, skipped = api.read_stored_spec(job.get("spec") or {})
+    status, dropped = status_and_skipped(job)
     extra = (*settings.extra_taint_keys, *spec.preemption.extra_taint_keys)
     uid = str(meta.get("uid") or "")
     snap = replace(snap, pods=tuple(p for p in snap.pods if _owned(p, uid)))
@@ -477,6 +506,7 @@ def world_of(snap: Snapshot, settings: Settings, now: datetime | None = None) ->
         pdb_stale=stale,
         deadline_caps=dict(settings.deadline_caps),
         clouds=fleet.clouds,
+        skipped_fields=(*skipped, *(f"status.{p}" for p in dropped)),
         config_error=config_error,
         storage_conflict=shared,
         queue=queue_view(snap, spec, settings),
@@ -491,15 +521,15 @@ def status_of(job: Obj) -> tuple[api.RLJobStatus, Obj]:
     """The job's status as this version reads it, and the part of the stored status that
     reading kept: what another version wrote and this one does not know is left out of both
     (:mod:`~spotrl_runtime.api.lenient`), so a diff against it never erases it."""
-    status, kept, dropped = read_leniently(api.RLJobStatus, job.get("status") or {})
-    if dropped:
-        meta = job.get("metadata") or {}
-        log.debug("%s/%s: status fields this version cannot read: %s", meta.get("namespace"), meta.get("name"), dropped)
+    status, kept, _ = read_leniently(api.RLJobStatus, job.get("status") or {})
     return status, {k: v for k, v in kept.items() if k in STATUS_FIELDS}
 
 
-def read_status(job: Obj) -> api.RLJobStatus:
-    return status_of(job)[0]
+def status_and_skipped(job: Obj) -> tuple[api.RLJobStatus, list[str]]:
+    """The job's status as :func:`status_of` reads it, and the paths it skipped (Kopf's own
+    ``status.kopf`` is not ours to read, so not among them)."""
+    status, _, dropped = read_leniently(api.RLJobStatus, job.get("status") or {})
+    return status, [p for p in dropped if p.split(".", 1)[0] != "kopf"]
 
 
 # --------------------------------------------------------------------- from the API server
@@ -524,8 +554,7 @@ def fetch(
     job = kube.get_or_none(rljob_path(namespace, name))
     if job is None:
         return None
-    selector = f"{JOB_LABEL}={name},{ROLE_LABEL} in (controller,worker,trainer)"
-    pods = kube.get(path("v1", "pods", namespace), labelSelector=selector).get("items") or []
+    pods = list_pods(kube, namespace, name)
     pdb = kube.get_or_none(path("policy/v1", "poddisruptionbudgets", namespace, names(name)["pdb"]))
     pdb = trim_pdb(pdb) if pdb is not None else None
     if nodes is None:
@@ -538,6 +567,25 @@ def fetch(
             items = kube.get(path(queueing.API_VERSION, "resourceflavors")).get("items") or []
             flavors = {f["metadata"]["name"]: f.get("spec") or {} for f in items}
     return Snapshot(job=job, pods=tuple(pods), nodes=nodes, pdb=pdb, peers=peers, workload=workload, flavors=flavors)
+
+
+def list_pods(kube: Kube, namespace: str, name: str) -> list[Obj]:
+    """The job's pods (controllers, workers, trainers) as the API server has them now."""
+    selector = f"{JOB_LABEL}={name},{ROLE_LABEL} in (controller,worker,trainer)"
+    return list(kube.get(path("v1", "pods", namespace), labelSelector=selector).get("items") or [])
+
+
+def ghosts(indexed: Iterable[Obj], listed: Iterable[Obj]) -> frozenset[str]:
+    """The uids of pods the cache held before a live list (``indexed``) that the list lacks: gone,
+    though the cache never heard (its watch restarted after a gap, and a re-list reports no
+    deletions). A pod created after the list was sent is not in ``indexed``, so never a ghost."""
+    live = {(p.get("metadata") or {}).get("uid") for p in listed}
+    return frozenset(uid for p in indexed if (uid := (p.get("metadata") or {}).get("uid")) and uid not in live)
+
+
+def without(pods: Iterable[Obj], gone: frozenset[str]) -> tuple[Obj, ...]:
+    """The pods but the ``gone`` uids."""
+    return tuple(p for p in pods if (p.get("metadata") or {}).get("uid") not in gone)
 
 
 def confirm_missing(kube: Kube, snap: Snapshot) -> Snapshot:

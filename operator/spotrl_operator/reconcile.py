@@ -125,6 +125,7 @@ def _lifecycle(b: Builder) -> float | None:
     _account_time_lost(b)
     _note_skipped_cuts(b)
     _note_storage_conflict(b)
+    _note_version_skew(b)
     _note_paused_force_deletes(b)
     if world.missing_children:
         b.act(EnsureChildren(world.missing_children))
@@ -221,6 +222,24 @@ def _note_storage_conflict(b: Builder) -> None:
         b.condition("StorageConflict", True, "StorageShared", conflict)
     elif b.has_condition("StorageConflict"):
         b.condition("StorageConflict", False, "OwnStorage", "no other RLJob's storage overlaps this job's")
+
+
+def _note_version_skew(b: Builder) -> None:
+    """Fields of the stored job this version does not know (a newer CRD defaulted them, or a newer
+    operator or controller wrote them) were skipped: the job runs on what this version knows, and
+    ``VersionSkew`` says what was skipped, with a Warning Event once."""
+    skipped = b.world.skipped_fields
+    if skipped:
+        shown = ", ".join(skipped[:10]) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")
+        message = (
+            f"this operator skipped fields it does not know: {shown}; the CRD, another operator or the "
+            "controller is newer: run one version of SpotRL (docs/operations/upgrading.md)"
+        )
+        if not b.has_condition("VersionSkew"):
+            b.event("Warning", "VersionSkew", message)
+        b.condition("VersionSkew", True, "FieldsSkipped", message)
+    elif b.has_condition("VersionSkew"):
+        b.condition("VersionSkew", False, "FieldsKnown", "this operator knows every field of the job")
 
 
 def _held(b: Builder) -> bool:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from spotrl_operator import placement
 from spotrl_operator.settings import Settings, allowed_image_prefixes, image_allowed
 from spotrl_runtime.api import rljob as api
 from spotrl_runtime.api.placement import controller_pod_gpus
+from spotrl_runtime.rewards.isolation import ENV_NAMES_VAR, IMPORT_PREFIXES_VAR, import_refusal
 
 JOB_LABEL = "spotrl.dev/job"
 ROLE_LABEL = "spotrl.dev/role"
@@ -42,6 +43,11 @@ RUNTIME_UID = 10001
 RETENTION_LABEL = "spotrl.dev/retention-of"
 """The deletion pod of retentionPolicy Delete: not one of the job's pods (no JOB_LABEL), so
 stopping the job's pods never stops it."""
+DEFAULT_SECRET_ANNOTATION = "spotrl.dev/default-credentials-secret"
+"""The chart's default credentials Secret when the operator first saw the job ("": none). A job
+that names no Secret keeps mounting this one: its author was checked against it at admission,
+and a later default reaches the job only through an update of the job, which the admission
+policy checks again (it reads this annotation too)."""
 # Where the runtime writes, each an emptyDir under a read-only root filesystem: Ray's session
 # folder and torch's compile caches (/tmp), model and tokenizer caches ($HOME/.cache), and
 # shared memory for Ray's object store and NCCL (/dev/shm, 64 MiB in a container otherwise).
@@ -55,6 +61,8 @@ class JobRef:
     name: str
     namespace: str
     uid: str
+    default_secret: str | None = field(default=None, compare=False)
+    """The job's :data:`DEFAULT_SECRET_ANNOTATION`; None: not recorded yet (the settings' default)."""
 
 
 def names(job: str) -> dict[str, str]:
@@ -144,8 +152,22 @@ def storage_uri(ref: JobRef, spec: api.RLJobSpec, settings: Settings) -> str:
     )
 
 
+def namespace_refused(namespace: str, settings: Settings) -> str | None:
+    """Why the operator runs no job in ``namespace`` and makes nothing there (None: it may)."""
+    if namespace not in settings.refused_namespaces:
+        return None
+    return (
+        f"metadata.namespace: this operator runs no RLJob in namespace {namespace} (kube-system, or the operator's "
+        "own namespace); create the job in another namespace, or ask the cluster's admin for the chart value "
+        "allowSystemNamespaces"
+    )
+
+
 def check_job(ref: JobRef, spec: api.RLJobSpec, settings: Settings) -> None:
     """What the operator refuses to run, beyond the schema. Raises ValueError naming the field."""
+    refused = namespace_refused(ref.namespace, settings)
+    if refused:
+        raise ValueError(refused)
     storage_uri(ref, spec, settings)
     image = spec.scheduling.image
     if image and not image_allowed(image, settings):
@@ -153,6 +175,15 @@ def check_job(ref: JobRef, spec: api.RLJobSpec, settings: Settings) -> None:
             f"spec.scheduling.image {image!r} is not allowed by this operator (allowed: "
             f"{', '.join(allowed_image_prefixes(settings))}); use an allowed image, or ask the cluster's "
             "admin to add it to the chart value imagePolicy.allowedImages"
+        )
+    refusal = spec.reward.import_path and import_refusal(spec.reward.import_path, settings.reward_import_prefixes)
+    if refusal:
+        raise ValueError(refusal)
+    locked = [e.name for e in spec.runtime_env if e.name in settings.locked_env]
+    if locked:
+        raise ValueError(
+            f"spec.runtimeEnv {', '.join(locked)}: locked by the cluster's admin (chart value runtimeEnvLocked), "
+            "whose value applies to every job; remove it from spec.runtimeEnv"
         )
 
 
@@ -358,14 +389,20 @@ def _runtime_env(
     if storage:
         env.append({"name": "SPOTRL_STORAGE", "value": storage_uri(ref, spec, settings)})
     env.append({"name": "PYTHONUNBUFFERED", "value": "1"})
+    # What the reward's process may import, and which of the admin's variables it gets beside the
+    # job's (rewards/isolation.py). SPOTRL_ names are the operator's: no runtimeEnv replaces them.
+    env.append({"name": IMPORT_PREFIXES_VAR, "value": ",".join(settings.reward_import_prefixes)})
+    env.append({"name": ENV_NAMES_VAR, "value": ",".join(sorted(settings.extra_env))})
     endpoint = spec.checkpoint.s3_endpoint or settings.default_s3_endpoint
     if endpoint:
         env.append({"name": "AWS_ENDPOINT_URL", "value": endpoint})
     if spec.checkpoint.s3_region:
         env.append({"name": "AWS_DEFAULT_REGION", "value": spec.checkpoint.s3_region})
     env += [{"name": k, "value": v} for k, v in sorted(settings.extra_env.items())]
-    env += [e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime_env]
-    secret = credentials_secret(spec, settings)
+    # A locked name keeps the settings' value even where the job was not refused (check_job).
+    own = [e for e in spec.runtime_env if e.name not in settings.locked_env]
+    env += [e.model_dump(by_alias=True, exclude_none=True) for e in own]
+    secret = credentials_secret(ref, spec, settings)
     env_from = [{"secretRef": {"name": secret}}] if secret and credentials else []
     return _last_of_each_name(env), env_from
 
@@ -378,10 +415,18 @@ def _last_of_each_name(env: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for i, e in enumerate(env) if last[e["name"]] == i]
 
 
-def credentials_secret(spec: api.RLJobSpec, settings: Settings) -> str | None:
-    """The Secret with the job's S3 keys; None: the pods find credentials themselves (boto3's
-    chain: a cloud identity on the job's ServiceAccount, a node role)."""
-    return spec.checkpoint.credentials_secret or settings.default_credentials_secret
+def credentials_secret(ref: JobRef, spec: api.RLJobSpec, settings: Settings) -> str | None:
+    """The Secret with the job's S3 keys: its own, else the default recorded on it, else the
+    settings'; None: the pods find credentials themselves (boto3's chain: a cloud identity on
+    the job's ServiceAccount, a node role)."""
+    default = settings.default_credentials_secret if ref.default_secret is None else ref.default_secret
+    return spec.checkpoint.credentials_secret or default or None
+
+
+def default_secret_to_record(job: Mapping[str, Any], settings: Settings) -> str | None:
+    """What to record in the job's :data:`DEFAULT_SECRET_ANNOTATION`; None: it is recorded."""
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    return None if DEFAULT_SECRET_ANNOTATION in annotations else settings.default_credentials_secret or ""
 
 
 def _placement(spec: api.RLJobSpec, avoid_nodes: Iterable[str]) -> dict[str, Any]:
@@ -584,11 +629,12 @@ def retention_pod(ref: JobRef, spec: api.RLJobSpec, settings: Settings, uri: str
     Secret for it; the operator never does. No owner reference (the RLJob is going, and a
     foreground deletion would collect the pod at once): the operator deletes it when done."""
     env, env_from = _runtime_env(ref, spec, settings, attempt=0, storage=False)
+    keys = credentials_secret(ref, spec, settings)
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         # Without a Secret the keys come from the job's cloud identity, on its ServiceAccount (held
         # for the pod: retention_service_account).
-        **({} if credentials_secret(spec, settings) else {"serviceAccountName": names(ref.name)["service_account"]}),
+        **({} if keys else {"serviceAccountName": names(ref.name)["service_account"]}),
         "restartPolicy": "Never",
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 10,

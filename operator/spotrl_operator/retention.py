@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from spotrl_operator.observe import job_ref
-from spotrl_operator.resources import JobRef, storage_uri
+from spotrl_operator.observe import job_ref, job_spec
+from spotrl_operator.resources import JobRef, namespace_refused, storage_uri
 from spotrl_operator.settings import Settings
-from spotrl_runtime.api import rljob as api
 from spotrl_runtime.api import times
 from spotrl_runtime.storage.purge import job_prefix_problem
 
@@ -49,8 +48,11 @@ class DeleteCuts:
 
 def decide(job: Obj, settings: Settings) -> Outcome | DeleteCuts:
     """What the job's retention policy asks for: an Outcome at once, or a deletion."""
-    spec = api.parse_spec(job.get("spec") or {})
+    spec = job_spec(job)
     ref = job_ref(job)
+    refused = namespace_refused(ref.namespace, settings)
+    if refused:
+        return Outcome("Warning", "CutsNotDeleted", f"{refused}; no deletion pod runs there, nothing was deleted")
     try:
         uri = storage_uri(ref, spec, settings)
     except ValueError:
@@ -124,9 +126,9 @@ def gave_up(job: Obj, settings: Settings, why: str) -> Outcome:
     """The finalizer stops waiting: the cuts stay, and the Event says where and how to delete them."""
     ref = job_ref(job)
     try:
-        spec = api.parse_spec(job.get("spec") or {})
+        spec = job_spec(job)
         uri = storage_uri(ref, spec, settings)
-    except (ValueError, api.SpecError):
+    except Exception:  # no storage, or a spec this version cannot read: the finalizer must still end
         return Outcome("Warning", "CutsNotDeleted", f"{why}; the job had no storage (or its spec does not parse)")
     if spec.checkpoint.retention_policy == "Retain":
         return Outcome("Warning", "CutsRetained", f"{why}; retentionPolicy Retain: the cuts stay at {uri}")

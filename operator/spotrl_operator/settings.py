@@ -20,10 +20,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from spotrl_runtime.rewards.isolation import DEFAULT_IMPORT_PREFIXES
+
 # Caps on the barrier deadline per notice provider (see signals.Signal.provider): how long the
 # platform's notice leaves the pods, minus a margin. spec.checkpoint.barrierDeadlineSeconds
 # (default 100 s, fitting AWS's 120 s) applies where no cap is set.
 DEFAULT_DEADLINE_CAPS: Mapping[str, int] = {"gke": 20, "aks": 25}
+FINALIZER_SECONDS_MAX = 3000.0
+"""The longest ``--finalizer-seconds``: the finalizer ends by itself before Kopf's own bound on it
+(``handlers.FINALIZER_BOUND_SECONDS``) ends it."""
 # Requests of a runtime pod whose RLJob sets none: enough to keep it out of the BestEffort
 # class, which the kubelet evicts first under node pressure, ignoring the PodDisruptionBudget
 # (a loss with no barrier). A runtime pod's memory limit equals its memory request.
@@ -47,6 +52,9 @@ class Settings:
     """Taint keys (fnmatch patterns) that announce a node's end, besides the well-known ones."""
     extra_env: Mapping[str, str] = field(default_factory=dict)
     """Added to every runtime container (e.g. cache folders)."""
+    locked_env: frozenset[str] = frozenset()
+    """Environment names a job's spec.runtimeEnv may not set (the admin's proxies, offline
+    switches): such a job is refused, and its value never reaches a pod."""
     deadline_caps: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_DEADLINE_CAPS))
     """Barrier deadline caps in seconds, by notice provider (gke, aks, karpenter, cordon ...)."""
     controller_requests: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_CONTROLLER_REQUESTS))
@@ -56,6 +64,9 @@ class Settings:
     allowed_images: tuple[str, ...] = ()
     """Image prefixes an RLJob's spec.scheduling.image may start with; empty: only the runtime
     image's repository (any tag or digest); "*": any image."""
+    reward_import_prefixes: tuple[str, ...] = DEFAULT_IMPORT_PREFIXES
+    """Module prefixes spec.reward.importPath may name (rewards/isolation.py); empty: none,
+    built-in rewards by name only; "*": any module."""
     retention_image: str = "spotrl-operator:0.1.0"
     """Image of the pod that deletes a job's cuts (retentionPolicy Delete): the operator's own."""
     network_policy: bool = True
@@ -82,6 +93,9 @@ class Settings:
 
     namespaces: tuple[str, ...] = ()
     """Namespaces to watch; empty: the whole cluster."""
+    refused_namespaces: tuple[str, ...] = ()
+    """Namespaces where the operator runs no RLJob and makes nothing (the chart: ``kube-system`` and
+    its own, unless ``allowSystemNamespaces``)."""
     reconcile_interval: float = 30.0
     """Seconds between two level-triggered passes over a running job when nothing wakes it
     earlier (every change of the job, its pods and their nodes wakes it; a finished job only then)."""
@@ -93,7 +107,8 @@ class Settings:
     node_lost_seconds: float = 30.0
     """A node Ready Unknown (or tainted unreachable) this long is lost: its pods may be force-deleted."""
     unhealthy_node_share: float = 0.55
-    """Above this share of unhealthy nodes no node counts as lost by its health (:mod:`~spotrl_operator.fleet`)."""
+    """A zone with at least this share of its nodes not Ready (and 3) has no node lost by its
+    health (:mod:`~spotrl_operator.fleet`; Kubernetes' ``--unhealthy-zone-threshold``)."""
 
     leader_election: bool = True
     lease_name: str = "spotrl-operator"
@@ -246,6 +261,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     _add_pairs(g, "--runtime-env", "NAME=VALUE", "environment variable for every runtime container (repeatable)")
     g.add_argument(
+        "--runtime-env-locked",
+        action="append",
+        default=_list(_env("SPOTRL_RUNTIME_ENV_LOCKED")),
+        metavar="NAME",
+        help="environment name a job's spec.runtimeEnv may not set: a job that does is refused, and only "
+        "--runtime-env's value (if any) reaches its pods (repeatable; $SPOTRL_RUNTIME_ENV_LOCKED, comma-separated)",
+    )
+    g.add_argument(
         "--runtime-do-not-disrupt",
         action=argparse.BooleanOptionalAction,
         default=_env_bool("SPOTRL_RUNTIME_DO_NOT_DISRUPT", d.runtime_do_not_disrupt),
@@ -294,6 +317,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PREFIX,...",
         help="image prefixes spec.scheduling.image may start with, e.g. registry.example.com/ml/; "
         "default: only the runtime image's repository; '*': any ($SPOTRL_ALLOWED_IMAGES)",
+    )
+    g.add_argument(
+        "--reward-import-prefixes",
+        default=_env("SPOTRL_REWARD_IMPORT_PREFIXES", ",".join(DEFAULT_IMPORT_PREFIXES)),
+        metavar="PREFIX,...",
+        help="module prefixes spec.reward.importPath may name (a.b allows a.b and a.b.*); empty: none, "
+        "built-in rewards by name only; '*': any (default %(default)s; $SPOTRL_REWARD_IMPORT_PREFIXES)",
     )
     g.add_argument(
         "--retention-image",
@@ -348,6 +378,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="watch only this namespace (repeatable; $SPOTRL_WATCH_NAMESPACES, comma-separated); default: all",
     )
     g.add_argument(
+        "--refused-namespace",
+        action="append",
+        dest="refused_namespaces",
+        default=_list(_env("SPOTRL_REFUSED_NAMESPACES")),
+        metavar="NS",
+        help="run no RLJob in this namespace and make nothing there: a job there fails, saying why (repeatable; "
+        "$SPOTRL_REFUSED_NAMESPACES, comma-separated); default: none",
+    )
+    g.add_argument(
         "--reconcile-interval",
         type=float,
         default=_env_number("SPOTRL_RECONCILE_INTERVAL", d.reconcile_interval, float),
@@ -383,7 +422,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--unhealthy-node-share",
         type=float,
         default=_env_number("SPOTRL_UNHEALTHY_NODE_SHARE", d.unhealthy_node_share, float),
-        help="with more than this share of the nodes unhealthy at once, force deletes pause "
+        help="in a zone with at least this share of its nodes not Ready (and 3), force deletes pause "
         "($SPOTRL_UNHEALTHY_NODE_SHARE; default %(default)s)",
     )
     g.add_argument(
@@ -441,8 +480,11 @@ def from_args(args: argparse.Namespace) -> Settings:
         raise SystemExit("--reconcile-interval must be above 0")
     if args.lease_seconds < 3:
         raise SystemExit("--lease-seconds must be at least 3")
-    if args.finalizer_seconds <= 0:
-        raise SystemExit("--finalizer-seconds must be above 0")
+    if not 0 < args.finalizer_seconds <= FINALIZER_SECONDS_MAX:
+        raise SystemExit(
+            f"--finalizer-seconds must be above 0 and at most {FINALIZER_SECONDS_MAX:.0f} (Kopf's own bound on the "
+            "finalizer, an hour, stays behind it)"
+        )
     if args.kube_qps < 0 or args.kube_burst < 1:
         raise SystemExit("--kube-qps must be 0 or more and --kube-burst at least 1")
     if args.node_lost_seconds < 0:
@@ -457,10 +499,12 @@ def from_args(args: argparse.Namespace) -> Settings:
         default_credentials_secret=args.default_credentials_secret,
         extra_taint_keys=tuple(args.extra_taint_key),
         extra_env=_pairs(args.runtime_env, "--runtime-env"),
+        locked_env=frozenset(args.runtime_env_locked),
         deadline_caps=caps,
         controller_requests=_requests(args.controller_requests, "--controller-requests"),
         worker_requests=_requests(args.worker_requests, "--worker-requests"),
         allowed_images=tuple(_list(args.allowed_images)),
+        reward_import_prefixes=tuple(_list(args.reward_import_prefixes)),
         retention_image=args.retention_image,
         network_policy=args.network_policy,
         metrics_from=_peers(args.metrics_from),
@@ -475,6 +519,7 @@ def from_args(args: argparse.Namespace) -> Settings:
         ),
         kueue=args.kueue,
         namespaces=tuple(args.namespaces),
+        refused_namespaces=tuple(args.refused_namespaces),
         reconcile_interval=args.reconcile_interval,
         finalizer_seconds=args.finalizer_seconds,
         kube_qps=args.kube_qps,

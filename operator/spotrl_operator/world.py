@@ -98,6 +98,9 @@ class World:
     """The clouds the cluster's nodes run on (:func:`~spotrl_operator.signals.node_cloud`):
     a cloud's own notice provider (GKE's, AKS's) can reach the job only where its cloud is
     among them. None: not known, so any may."""
+    skipped_fields: tuple[str, ...] = ()
+    """Dotted paths of the stored job (``spec.…``, ``status.…``) that this version does not know and
+    skipped: a newer CRD, operator or controller wrote them (the ``VersionSkew`` condition)."""
     config_error: str | None = None
     """Why the job cannot run at all as configured (e.g. no storage anywhere); it fails."""
     storage_conflict: str | None = None

@@ -28,11 +28,13 @@ has one: the leader Lease's fencing hook, which raises :class:`NotLeadingError` 
 from __future__ import annotations
 
 import copy
+import email.utils
 import json
 import logging
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -75,6 +77,42 @@ class NotLeadingError(KubeError):
     """A write the client's guard refused (this replica no longer holds the leader Lease);
     nothing was sent. Built as ``NotLeadingError(method, path, 0, "NotLeading", message)``:
     a KubeError, so callers that handle those handle it too."""
+
+
+class ServerClock:
+    """The API server's clock, as the ``Date`` header of its answers shows it: the offset from
+    this process's wall clock, the median of the last :data:`SAMPLES` answers. A Date has whole
+    seconds, so each sample is taken at its middle (+0.5 s); the answer's transit makes it a
+    little early. Before any answer the offset is 0 (the wall clock)."""
+
+    SAMPLES = 15
+
+    def __init__(self, wall: Callable[[], float] = time.time):
+        self.wall = wall
+        self._offsets: list[float] = []
+        self._lock = threading.Lock()
+
+    def observe(self, date: str | None, received: float | None = None) -> None:
+        """An answer's Date header, received at ``received`` (this process's wall clock, now by default)."""
+        try:
+            server = email.utils.parsedate_to_datetime(date).timestamp() + 0.5 if date else None
+        except (TypeError, ValueError):
+            server = None
+        if server is None:
+            return
+        offset = server - (self.wall() if received is None else received)
+        with self._lock:
+            self._offsets = [*self._offsets[-(self.SAMPLES - 1) :], offset]
+
+    def offset(self) -> float:
+        """Seconds the API server's clock is ahead of this process's (negative: behind)."""
+        with self._lock:
+            offsets = sorted(self._offsets)
+        return offsets[len(offsets) // 2] if offsets else 0.0
+
+    def now(self) -> datetime:
+        """The API server's time now."""
+        return datetime.fromtimestamp(self.wall() + self.offset(), UTC)
 
 
 class TokenBucket:
@@ -129,6 +167,13 @@ def _retry_after(headers: Any) -> float | None:
         return None
 
 
+def _header(answer: Any, name: str) -> str | None:
+    """A header of an answer (a urllib3 response or an ApiException), if it has headers."""
+    headers = getattr(answer, "headers", None)
+    value = headers.get(name) if headers is not None else None
+    return str(value) if value else None
+
+
 def path(
     api_version: str, resource: str, namespace: str | None = None, name: str | None = None, sub: str | None = None
 ) -> str:
@@ -159,6 +204,8 @@ class Kube:
         self.guard = guard
         self.retry = True  # False: a "later" answer is raised at once (see for_deadline)
         self.config: Any = None  # the kubernetes.client.Configuration, when connect made it
+        self.server_clock = ServerClock()
+        """The API server's clock, from its answers (shared by the clients derived from this one)."""
 
     @classmethod
     def connect(
@@ -286,7 +333,7 @@ class Kube:
             writes.debug("%s %s", method, url_path)
         headers = {"Accept": "application/json", "Content-Type": content_type}
         try:
-            return self.api_client.call_api(
+            answer = self.api_client.call_api(
                 url_path,
                 method,
                 query_params=list((params or {}).items()),
@@ -297,7 +344,10 @@ class Kube:
                 _return_http_data_only=True,
                 _request_timeout=self.timeout if timeout is None else timeout,
             )
+            self.server_clock.observe(_header(answer, "Date"))
+            return answer
         except ApiException as err:
+            self.server_clock.observe(_header(err, "Date"))
             reason, message = err.reason or "", str(err.body or "")
             try:
                 status_obj = json.loads(err.body or "{}")
@@ -369,15 +419,19 @@ class Kube:
     def patch(self, url_path: str, patch: Any, content_type: str = MERGE) -> Obj:
         return self.request("PATCH", url_path, patch, content_type=content_type)
 
-    def delete(self, url_path: str, grace_seconds: int | None = None) -> bool:
-        """Deletes (in the background); False if it was already gone."""
+    def delete(self, url_path: str, grace_seconds: int | None = None, uid: str | None = None) -> bool:
+        """Deletes (in the background); False if it was already gone. With ``uid``, only the
+        object of that uid (DeleteOptions preconditions): one made under the same name since it
+        was read is someone else's and stays (the API server answers 409, returned as False)."""
         body: Obj = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
+        if uid:
+            body["preconditions"] = {"uid": uid}
         try:
             self.request("DELETE", url_path, body)
         except KubeError as err:
-            if err.status == 404:
+            if err.status == 404 or (err.status == 409 and uid):
                 return False
             raise
         return True

@@ -45,8 +45,10 @@ def start_operator(
     namespace, kubeconfig = operator_identity
     started: list[OperatorProcess] = []
 
-    def start(args: tuple[str, ...] = (), wait: str | None = "lead", name: str = "operator") -> OperatorProcess:
-        op = OperatorProcess(cluster, kubeconfig, namespace, tmp_path, name=name, args=args)
+    def start(
+        args: tuple[str, ...] = (), wait: str | None = "lead", name: str = "operator", source: Path | None = None
+    ) -> OperatorProcess:
+        op = OperatorProcess(cluster, kubeconfig, namespace, tmp_path, name=name, args=args, source=source)
         started.append(op)
         return op.start(wait=wait)
 

@@ -1,9 +1,9 @@
 """The real operator on the test cluster, as the tests run it.
 
 - :func:`install_operator_identity`: the chart's own ServiceAccount and RBAC (rendered by
-  ``helm template``, applied as they are) in a fresh namespace, and a kubeconfig with a
-  token of that ServiceAccount; so every operator test runs with exactly the permissions
-  the chart grants.
+  ``helm template``, applied as they are) in a fresh namespace, its admission policy on the
+  operator's own writes, and a kubeconfig with a token of that ServiceAccount; so every
+  operator test runs with exactly the permissions the chart grants, and none it refuses.
 - :class:`OperatorProcess`: ``python -m spotrl_operator`` as a subprocess of the test
   (its log in a file, killable with any signal), started and waited for until it leads
   (or stands by).
@@ -93,9 +93,12 @@ def service_account_client(cluster: Cluster, namespace: str, service_account: st
 
 def install_operator_identity(cluster: Cluster, namespace: str, workdir: Path, *sets: str) -> Path:
     """The chart's ServiceAccount, its two ClusterRoles (the jobs' namespaces, and Nodes) bound
-    cluster-wide, and the leader Role(Binding) in ``namespace``; returns a kubeconfig that
-    authenticates as that ServiceAccount. ``sets``: chart values (``kueue.enabled=true``)."""
-    docs = render_chart(cluster, namespace, *sets, only=("templates/serviceaccount.yaml", "templates/rbac.yaml"))
+    cluster-wide, the leader Role(Binding) in ``namespace``, and the admission policy that holds
+    the operator's writes to what SpotRL made (cluster-wide, one at a time: each module's
+    replaces the last); returns a kubeconfig that authenticates as that ServiceAccount.
+    ``sets``: chart values (``kueue.enabled=true``)."""
+    only = ("templates/serviceaccount.yaml", "templates/rbac.yaml", "templates/operatorpolicy.yaml")
+    docs = render_chart(cluster, namespace, *sets, only=only)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == [
         "ClusterRole",
@@ -105,9 +108,31 @@ def install_operator_identity(cluster: Cluster, namespace: str, workdir: Path, *
         "Role",
         "RoleBinding",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ], kinds
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    wait_operator_policy(service_account_client(cluster, namespace, RELEASE), namespace)
     return token_kubeconfig(cluster, namespace, RELEASE, workdir / f"operator-{namespace}.kubeconfig")
+
+
+OPERATOR_POLICY_SAYS = "the SpotRL operator writes only objects SpotRL makes for RLJobs"
+
+
+def wait_operator_policy(operator: KubeClient, namespace: str, timeout: float = 30) -> None:
+    """Until the operator's admission policy is in force (the API server loads a policy, and a
+    change of its binding, asynchronously): a ServiceAccount SpotRL did not make, sent by the
+    operator's own client (``operator``) as a dry run, is refused."""
+
+    def refused() -> bool:
+        sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "policy-probe"}}
+        try:
+            operator.create(path("v1", "serviceaccounts", namespace), sa, dryRun="All")
+        except ApiError as err:
+            return err.status == 403 and OPERATOR_POLICY_SAYS in err.message
+        return False
+
+    wait_until(refused, timeout, "the operator's admission policy in force")
 
 
 class OperatorProcess:
@@ -122,7 +147,10 @@ class OperatorProcess:
         name: str = "operator",
         args: tuple[str, ...] = (),
         lease_seconds: float = 4.0,
+        source: Path | None = None,
     ):
+        """``source``: a checkout of another commit whose operator runs instead of this one's
+        (its ``operator/`` and ``runtime/`` come first on the path; the dependencies are this venv's)."""
         self.cluster = cluster
         self.name = f"{name}-{uuid.uuid4().hex[:4]}"
         self.metrics_port = free_port()
@@ -154,7 +182,10 @@ class OperatorProcess:
             "2",
             *args,
         ]
-        self.process = Process(self.name, argv, workdir)
+        env = None
+        if source is not None:
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(source / d) for d in ("operator", "runtime"))}
+        self.process = Process(self.name, argv, workdir, env=env)
 
     def start(self, wait: str | None = "lead", timeout: float = 30) -> OperatorProcess:
         """Starts it; ``wait``: "lead" (until Kopf runs), "standby", or None."""

@@ -9,23 +9,43 @@ import contextlib
 import json
 import shlex
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from operator_harness import CHART, REPO, RLJOBS, JobStorage, apply_crd, helm, tiny_job, wait_until
+from operator_harness import (
+    CHART,
+    NOWHERE,
+    OPERATOR_POLICY_SAYS,
+    REPO,
+    RLJOBS,
+    Jobs,
+    JobStorage,
+    OperatorProcess,
+    apply_crd,
+    helm,
+    service_account_client,
+    tiny_job,
+    token_kubeconfig,
+    wait_operator_policy,
+    wait_until,
+)
 from test_preemption import SPOT, TRAIN_TIMEOUT
 from test_preemption import tiny_job as example_job
 
 from spotrl_e2e.cluster import Cluster
 from spotrl_e2e.docs import command_lines, marked_block
-from spotrl_e2e.kube import path
-from spotrl_operator.settings import add_arguments, from_args
+from spotrl_e2e.kube import ApiError, path
+from spotrl_operator import resources
+from spotrl_operator.resources import JobRef
+from spotrl_operator.settings import Settings, add_arguments, from_args
 
 pytestmark = pytest.mark.cluster
 RELEASE = "spotrl-chart"
 UPGRADE_PAGE = Path("docs/operations/upgrading.md")
+PENDING = {"scheduling": {"nodeSelector": NOWHERE}}
 
 
 def render(cluster: Cluster, namespace: str, *sets: str, release: str = RELEASE) -> list[dict]:
@@ -58,10 +78,10 @@ def test_the_chart_lints_and_its_objects_pass_a_server_side_dry_run(cluster: Clu
         "signals.deadlineCaps.karpenter=60",
         f"watchNamespaces[0]={namespace}",
         "runtimeEnv.HF_HOME=/cache",
+        "runtimeEnvLocked[0]=HF_HOME",
     )
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == [
-        "ClusterRole",
         "ClusterRole",
         "ClusterRoleBinding",
         "CustomResourceDefinition",
@@ -69,27 +89,35 @@ def test_the_chart_lints_and_its_objects_pass_a_server_side_dry_run(cluster: Clu
         "NetworkPolicy",
         "PodDisruptionBudget",
         "Role",
+        "Role",
         "RoleBinding",
         "RoleBinding",
         "Service",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ]
     # The operator never reads a Secret (retentionPolicy Delete runs a pod that does).
     assert "secrets" not in json.dumps([d["rules"] for d in docs if d["kind"] in ("ClusterRole", "Role")])
-    # With watchNamespaces the operator's rights hold in those namespaces only; Nodes alone are
-    # read cluster-wide.
-    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    # With watchNamespaces the operator's rights are a Role in each of those namespaces, and
+    # nothing cluster-wide but reading Nodes.
+    (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
     (cluster_binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
-    assert cluster_binding["roleRef"]["name"].endswith("-nodes")
-    assert roles[cluster_binding["roleRef"]["name"]]["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
-    ]
-    (jobs_binding,) = [d for d in docs if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole"]
-    assert jobs_binding["metadata"]["namespace"] == namespace
-    assert not jobs_binding["roleRef"]["name"].endswith("-nodes")
-    assert "nodes" not in str(roles[jobs_binding["roleRef"]["name"]]["rules"])
+    assert cluster_binding["roleRef"]["name"] == cluster_role["metadata"]["name"] == f"{RELEASE}-nodes"
+    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    roles = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in docs if d["kind"] == "Role"}
+    jobs_role = roles[(namespace, RELEASE)]
+    assert {
+        "apiGroups": [""],
+        "resources": ["serviceaccounts"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+    } in jobs_role["rules"]
+    assert "nodes" not in str(jobs_role["rules"])
+    bindings = {d["metadata"]["name"]: d for d in docs if d["kind"] == "RoleBinding"}
+    assert bindings[RELEASE]["metadata"]["namespace"] == namespace
+    assert bindings[RELEASE]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": RELEASE}
     args = operator_args(docs)
     for flag in (
         "--default-storage=s3://bucket-x/root",
@@ -99,7 +127,10 @@ def test_the_chart_lints_and_its_objects_pass_a_server_side_dry_run(cluster: Clu
         "--deadline-cap=karpenter=60",
         "--deadline-cap=gke=20",
         f"--namespace={namespace}",
+        "--refused-namespace=kube-system",
+        f"--refused-namespace={namespace}",
         "--runtime-env=HF_HOME=/cache",
+        "--runtime-env-locked=HF_HOME",
         f"--lease-name={RELEASE}",
         "--controller-requests=cpu=500m,memory=4Gi",
         "--worker-requests=cpu=500m,memory=2Gi",
@@ -136,11 +167,13 @@ def test_the_chart_lints_and_its_objects_pass_a_server_side_dry_run(cluster: Clu
         "networkPolicy.enabled=false",
         "admissionPolicy.enabled=false",
         "imagePolicy.allowedImages[0]=registry.example.com/ml/",
+        "allowSystemNamespaces=true",
     )
     kinds = {d["kind"] for d in docs}
     assert not kinds & {"PodDisruptionBudget", "NetworkPolicy", "ValidatingAdmissionPolicy"}, kinds
     assert "--no-network-policy" in operator_args(docs)
     assert "--allowed-images=registry.example.com/ml/" in operator_args(docs)
+    assert not [a for a in operator_args(docs) if a.startswith("--refused-namespace")]
     # Every namespace: both roles bound cluster-wide.
     assert sorted(d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding") == [
         f"{RELEASE}",
@@ -261,6 +294,14 @@ def test_the_installed_chart_runs_an_rljob(cluster: Cluster, namespace: str, e2e
         env = {e["name"]: e.get("value") for e in container["env"]}
         root = f"root/{namespace}/tiny"
         assert env["SPOTRL_STORAGE"] == f"s3://{bucket}/{root}", "storage.default reaches the pods"
+        assert container["envFrom"] == [{"secretRef": {"name": "s3"}}]
+        # The operator's record of that default, a write the admission policy lets through.
+        admin.wait_for(
+            f"{jobs_url}/tiny",
+            lambda o: (o or {})["metadata"].get("annotations", {}).get(resources.DEFAULT_SECRET_ANNOTATION) == "s3",
+            30,
+            "the default Secret recorded on the job",
+        )
         assert container["image"] == "spotrl-runtime-cpu:0.1.0", "what `make images` builds"
         done = admin.wait_for(
             f"{jobs_url}/tiny",
@@ -313,103 +354,331 @@ def test_the_installed_chart_runs_an_rljob(cluster: Cluster, namespace: str, e2e
         cluster.delete_namespace(release_ns)
 
 
-def test_the_admission_policy_refuses_a_secret_the_author_cannot_read_and_an_image_not_allowed(
+def _grant(cluster: Cluster, namespace: str, subject: dict[str, str], rules: list[dict[str, Any]]) -> None:
+    """A Role of ``rules`` in ``namespace``, bound to ``subject``."""
+    rbac = "rbac.authorization.k8s.io/v1"
+    admin, name = cluster.admin(), subject["name"]
+    admin.create(
+        path(rbac, "roles", namespace), {"apiVersion": rbac, "kind": "Role", "metadata": {"name": name}, "rules": rules}
+    )
+    binding = {
+        "apiVersion": rbac,
+        "kind": "RoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [subject],
+    }
+    admin.create(path(rbac, "rolebindings", namespace), binding)
+
+
+def test_the_admission_policy_checks_what_a_jobs_pods_would_read_on_every_write(
     cluster: Cluster, namespace: str
 ) -> None:
-    """Whoever can create an RLJob must not borrow the operator's rights: the job's pods would
-    read the Secret it names, and run the image it names. The policy checks the author's own
-    rights (a SubjectAccessReview through CEL's authorizer) at admission."""
+    """Whoever can write an RLJob must not borrow the operator's rights: the job's pods read the
+    Secrets and ConfigMaps it names (the chart's default Secret when it names none), with its
+    reward and its dataset, and run the image it names. The policy checks the writer's own
+    rights (a SubjectAccessReview through CEL's authorizer) on every create and update, the
+    operator's own writes excepted, and refuses a runtimeEnv name the admin locked."""
     apply_crd(cluster)
     # A release name of its own: the installed-chart test's policy (cluster-scoped, same
     # name) may still be in the API server's cache for a moment after its uninstall.
-    docs = render(cluster, namespace, "imagePolicy.allowedImages[0]=registry.example.com/ml/", release="spotrl-vap")
-    policy = [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    release = "spotrl-vap"
+    sets = ("imagePolicy.allowedImages[0]=registry.example.com/ml/", "storage.credentialsSecret=shared")
+    docs = render(cluster, namespace, *sets, "runtimeEnvLocked[0]=HTTPS_PROXY", release=release)
+    policy = [
+        d
+        for d in docs
+        if d["kind"].startswith("ValidatingAdmissionPolicy") and d["metadata"]["name"].endswith("-rljobs")
+    ]
     assert len(policy) == 2
     admin = cluster.admin()
-    for name in ("mine", "theirs"):
+    for name in ("mine", "theirs", "shared"):
         admin.create(
             path("v1", "secrets", namespace),
             {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {"k": "v"}},
         )
-    # alice may write RLJobs in the namespace and read the Secret "mine", nothing more.
-    rbac = "rbac.authorization.k8s.io/v1"
-    admin.create(
-        path(rbac, "roles", namespace),
-        {
-            "apiVersion": rbac,
-            "kind": "Role",
-            "metadata": {"name": "alice"},
-            "rules": [
-                {"apiGroups": ["spotrl.dev"], "resources": ["rljobs"], "verbs": ["get", "create", "update", "patch"]},
-                {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["mine"], "verbs": ["get"]},
-            ],
-        },
-    )
-    admin.create(
-        path(rbac, "rolebindings", namespace),
-        {
-            "apiVersion": rbac,
-            "kind": "RoleBinding",
-            "metadata": {"name": "alice"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "alice"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}],
-        },
-    )
+    writes = ["get", "create", "update", "patch"]
+    user = {"apiGroup": "rbac.authorization.k8s.io", "kind": "User"}
+    # alice may write RLJobs and read the Secret "mine" and the ConfigMap "mine"; bob may write
+    # RLJobs and read the chart's default Secret "shared", and write their status. Neither may
+    # read the other's Secret.
+    jobs_rule = {"apiGroups": ["spotrl.dev"], "resources": ["rljobs"], "verbs": writes}
+    _grant(cluster, namespace, {**user, "name": "alice"}, [
+        jobs_rule,
+        {"apiGroups": [""], "resources": ["secrets", "configmaps"], "resourceNames": ["mine"], "verbs": ["get"]},
+    ])  # fmt: skip
+    _grant(cluster, namespace, {**user, "name": "bob"}, [
+        jobs_rule,
+        {"apiGroups": ["spotrl.dev"], "resources": ["rljobs/status"], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["shared"], "verbs": ["get"]},
+    ])  # fmt: skip
+    # The chart's operator account (this release's), with no right on any Secret.
+    operator = {"kind": "ServiceAccount", "name": release, "namespace": namespace}
+    _grant(cluster, namespace, operator, [{**jobs_rule, "resources": ["rljobs", "rljobs/status"]}])
+    as_operator = f"system:serviceaccount:{namespace}:{release}"
+    jobs = path(RLJOBS, "rljobs", namespace)
+    mine = {"storage": "s3://bucket-x/j", "credentialsSecret": "mine"}
+
+    def run(who: str, *argv: str, input: str | None = None) -> tuple[int, str]:
+        r = cluster.kubectl(*argv, "-n", namespace, f"--as={who}", input=input, check=False)
+        return r.returncode, r.stderr
+
+    def manifest(name: str, recorded: str | None = None, **spec: Any) -> str:
+        job = tiny_job(name, **{"checkpoint": mine, **spec})
+        annotations = {} if recorded is None else {resources.DEFAULT_SECRET_ANNOTATION: recorded}
+        return yaml.safe_dump({**job, "metadata": {"name": name, "namespace": namespace, "annotations": annotations}})
+
+    def create(name: str, who: str = "alice", **spec: Any) -> tuple[int, str]:
+        """``who`` creates the job (by default naming the Secret "mine")."""
+        return run(who, "create", "-f", "-", input=manifest(name, **spec))
+
+    def patch(who: str, name: str, spec: dict[str, Any]) -> tuple[int, str]:
+        return run(who, "patch", "rljob", name, "--type=merge", "-p", json.dumps({"spec": spec}))
+
+    def env(name: str, source: str, ref: str, key: str = "k") -> dict[str, Any]:
+        return {"runtimeEnv": [{"name": name, "valueFrom": {source: {"name": ref, "key": key}}}]}
+
+    theirs = {"storage": "s3://bucket-x/j", "credentialsSecret": "theirs"}
     try:
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(policy))
-
-        def create(name: str, **spec: dict) -> tuple[int, str]:
-            job = {**tiny_job(name, **spec), "metadata": {"name": name, "namespace": namespace}}
-            r = cluster.kubectl("create", "-f", "-", "--as=alice", input=yaml.safe_dump(job), check=False)
-            return r.returncode, r.stderr
-
-        theirs = {"checkpoint": {"storage": "s3://bucket-x/j", "credentialsSecret": "theirs"}}
         # The policy is in force once its first refusal is seen and an image it allows passes:
         # the API server loads policies asynchronously, and drops a deleted one the same way.
         probes = iter(range(1000))
 
         def in_force() -> bool:
-            refused = "credentialsSecret" in create(f"probe-{next(probes)}", **theirs)[1]
+            refused = "credentialsSecret" in create(f"probe-{next(probes)}", checkpoint=theirs)[1]
             allowed = create(f"probe-{next(probes)}", scheduling={"image": "registry.example.com/ml/probe:1"})[0] == 0
             return refused and allowed
 
         wait_until(in_force, 30, "the policy in force")
-        rc, err = create("steal", **theirs)
-        assert rc != 0
-        assert "spec.checkpoint.credentialsSecret" in err, err
-        assert "alice may not get Secret" in err, err
-        assert admin.get_or_none(path(RLJOBS, "rljobs", namespace, "steal")) is None, "half-applied"
 
-        rc, err = create("own", checkpoint={"storage": "s3://bucket-x/j", "credentialsSecret": "mine"})
+        # The Secret a job names.
+        rc, err = create("steal", checkpoint=theirs)
+        assert rc != 0
+        assert "spec.checkpoint.credentialsSecret: alice may not get Secret" in err, err
+        assert admin.get_or_none(f"{jobs}/steal") is None, "half-applied"
+        assert create("own")[0] == 0
+
+        # The chart's default Secret, which the pods of a job that names none read.
+        rc, err = create("defaulted", checkpoint={"storage": "s3://bucket-x/j"})
+        assert rc != 0
+        assert (
+            f"spec.checkpoint.credentialsSecret is not set, so the job's pods would read the cluster's default "
+            f"Secret {namespace}/shared (chart value storage.credentialsSecret, or the one recorded in the job's "
+            f"annotation {resources.DEFAULT_SECRET_ANNOTATION}), and alice may not get it"
+        ) in err, err
+        assert admin.get_or_none(f"{jobs}/defaulted") is None, "half-applied"
+        rc, err = create("bobs", who="bob", checkpoint={"storage": "s3://bucket-x/j"})
+        assert rc == 0, err
+        # The default the operator recorded on a job is the one its pods keep mounting, checked
+        # in place of the chart's; taking the record off is checked against the chart's.
+        recorded = {"checkpoint": {"storage": "s3://bucket-x/j"}}
+        rc, err = run("alice", "create", "-f", "-", input=manifest("recorded", recorded="mine", **recorded))
+        assert rc == 0, err
+        rc, err = run("alice", "create", "-f", "-", input=manifest("recorded-theirs", recorded="theirs", **recorded))
+        assert rc != 0
+        assert f"default Secret {namespace}/theirs" in err, err
+        rc, err = run("alice", "annotate", "rljob", "recorded", f"{resources.DEFAULT_SECRET_ANNOTATION}-")
+        assert rc != 0
+        assert f"default Secret {namespace}/shared" in err, err
+        rc, err = run("bob", "annotate", "rljob", "recorded", f"{resources.DEFAULT_SECRET_ANNOTATION}-")
         assert rc == 0, err
 
-        # A Secret in spec.runtimeEnv reaches the pods' environment just as well.
-        def env_from(secret: str) -> dict:
-            return {"runtimeEnv": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "k"}}}]}
-
-        rc, err = create("env-steal", **env_from("theirs"))
+        # A Secret's or ConfigMap's key in spec.runtimeEnv reaches the pods' environment too.
+        rc, err = create("env-steal", **env("HF_TOKEN", "secretKeyRef", "theirs"))
         assert rc != 0
         assert f"spec.runtimeEnv: alice may not get every Secret it names ({namespace}/theirs)" in err, err
-        assert admin.get_or_none(path(RLJOBS, "rljobs", namespace, "env-steal")) is None, "half-applied"
-        rc, err = create("env-own", **env_from("mine"))
-        assert rc == 0, err
+        assert admin.get_or_none(f"{jobs}/env-steal") is None, "half-applied"
+        assert create("env-own", **env("HF_TOKEN", "secretKeyRef", "mine"))[0] == 0
+        rc, err = create("cm-steal", **env("HF_ENDPOINT", "configMapKeyRef", "theirs"))
+        assert rc != 0
+        assert f"spec.runtimeEnv: alice may not get every ConfigMap it names ({namespace}/theirs)" in err, err
+        assert create("cm-own", **env("HF_ENDPOINT", "configMapKeyRef", "mine"))[0] == 0
+
+        # A name the admin locked, refused naming it; any other name is the job's.
+        rc, err = create("proxy", runtimeEnv=[{"name": "HTTPS_PROXY", "value": "http://mine:8080"}])
+        assert rc != 0
+        assert "spec.runtimeEnv: HTTPS_PROXY locked by the cluster admin (chart value runtimeEnvLocked)" in err, err
+        assert create("cache", runtimeEnv=[{"name": "HF_HOME", "value": "/cache"}])[0] == 0
+
         rc, err = create("image", scheduling={"image": "docker.io/attacker/miner:1"})
         assert rc != 0
         assert "spec.scheduling.image docker.io/attacker/miner:1 is not allowed" in err, err
         assert "imagePolicy.allowedImages" in err
-        rc, err = create("image-ok", scheduling={"image": "registry.example.com/ml/policy:3"})
-        assert rc == 0, err
+        assert create("image-ok", scheduling={"image": "registry.example.com/ml/policy:3"})[0] == 0
 
-        # An update that leaves the Secret as it is passes, whoever writes it: the operator
-        # (which may read no Secret) patches finalizers and annotations of every RLJob.
-        admin.create(path(RLJOBS, "rljobs", namespace), tiny_job("admins", **theirs))
-        r = cluster.kubectl("label", "rljob", "admins", "team=a", "-n", namespace, "--as=alice", check=False)
-        assert r.returncode == 0, r.stderr
-        r = cluster.kubectl(
-            "patch", "rljob", "admins", "-n", namespace, "--as=alice", "--type=merge",
-            "-p", '{"spec": {"scheduling": {"image": "docker.io/attacker/miner:1"}}}', check=False,
-        )  # fmt: skip
-        assert r.returncode != 0
-        assert "is not allowed" in r.stderr, r.stderr
+        # bob may update alice's job but not read her Secret: any change of his is refused (the
+        # key her pods read, the reward and the dataset that run with it, a label), not only
+        # one that names a new Secret. alice's own changes, by kubectl apply, still pass.
+        rc, err = run("alice", "apply", "-f", "-", input=manifest("alices", **env("HF_TOKEN", "secretKeyRef", "mine")))
+        assert rc == 0, err
+        stored = admin.get(f"{jobs}/alices")
+        for spec in (
+            env("HF_TOKEN", "secretKeyRef", "mine", key="other"),
+            {"reward": {"name": None, "importPath": "probe:leaks"}},
+            {"dataset": {"uri": "s3://bucket-x/probe"}},
+        ):
+            rc, err = patch("bob", "alices", spec)
+            assert rc != 0, spec
+            assert f"spec.checkpoint.credentialsSecret: bob may not get Secret {namespace}/mine" in err, err
+        # The same for a Secret in runtimeEnv alone (the job mounts the default, which bob may read).
+        admin.create(
+            jobs, tiny_job("env-only", checkpoint={"storage": "s3://bucket-x/j"}, **env("T", "secretKeyRef", "mine"))
+        )
+        rc, err = patch("bob", "env-only", {"dataset": {"uri": "s3://bucket-x/probe"}})
+        assert rc != 0
+        assert f"spec.runtimeEnv: bob may not get every Secret it names ({namespace}/mine)" in err, err
+        rc, err = run("bob", "label", "rljob", "alices", "team=b")
+        assert rc != 0
+        assert "bob may not get Secret" in err, err
+        assert admin.get(f"{jobs}/alices")["metadata"]["resourceVersion"] == stored["metadata"]["resourceVersion"]
+        changed = manifest(
+            "alices", reward={"name": None, "importPath": "probe:leaks"}, **env("HF_TOKEN", "secretKeyRef", "mine")
+        )
+        rc, err = run("alice", "apply", "-f", "-", input=changed)
+        assert rc == 0, err
+        assert admin.get(f"{jobs}/alices")["spec"]["reward"]["importPath"] == "probe:leaks"
+        # The same both ways: alice may not touch bob's job, which mounts the default Secret.
+        rc, err = run("alice", "label", "rljob", "bobs", "team=a")
+        assert rc != 0
+        assert f"Secret {namespace}/shared" in err, err
+        # A status write is no update of the job (the policy does not see it): the API server
+        # keeps spec and metadata as they were.
+        write = {"metadata": {"labels": {"team": "b"}}, "spec": {"dataset": {"uri": "s3://bucket-x/probe"}}}
+        rc, err = run(
+            "bob", "patch", "rljob", "alices", "--subresource=status", "--type=merge", "-p", json.dumps(write)
+        )
+        assert rc == 0, err
+        after = admin.get(f"{jobs}/alices")
+        assert after["spec"]["dataset"]["uri"] == "builtin:arithmetic"
+        assert "team" not in (after["metadata"].get("labels") or {})
+
+        # The operator, which may read no Secret, writes finalizers, annotations and status.
+        for argv in (
+            ["patch", "rljob", "alices", "--type=merge", "-p", '{"metadata": {"finalizers": ["spotrl.dev/test"]}}'],
+            ["annotate", "rljob", "alices", "kopf.zalando.org/last-handled-configuration=x"],
+            ["patch", "rljob", "alices", "--type=json", "-p", '[{"op": "remove", "path": "/metadata/finalizers"}]'],
+            ["patch", "rljob", "alices", "--subresource=status", "--type=merge", "-p", '{"status": {"step": 1}}'],
+        ):
+            rc, err = run(as_operator, *argv)
+            assert rc == 0, (argv, err)
     finally:
         cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=yaml.safe_dump_all(policy), check=False)
+
+
+def precondition(obj: dict) -> dict:
+    """DeleteOptions that delete ``obj`` only, not another made under its name since."""
+    return {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": obj["metadata"]["uid"]}}
+
+
+def test_the_operators_own_writes_are_held_to_what_spotrl_made(
+    cluster: Cluster, namespace: str, operator_identity: tuple[str, Path]
+) -> None:
+    """RBAC lets the operator write ServiceAccounts (and pods, Roles...) anywhere it is bound; the
+    chart's policy on its own ServiceAccount refuses what SpotRL did not make: a create or an
+    update without SpotRL's labels and an RLJob owner, a change or deletion of someone else's
+    object, anything in kube-system or the operator's namespace. The same writes of SpotRL's
+    own objects pass (the operator's whole lifecycle runs under this policy: install_operator_identity)."""
+    operator_ns, _ = operator_identity
+    operator = service_account_client(cluster, operator_ns, "spotrl")
+    wait_operator_policy(operator, namespace)
+    admin = cluster.admin()
+    job = admin.create(path(RLJOBS, "rljobs", namespace), tiny_job("web"))
+    ref = JobRef("web", namespace, job["metadata"]["uid"])
+    accounts = path("v1", "serviceaccounts", namespace)
+
+    def refused(call: Callable[[], object], says: str) -> None:
+        with pytest.raises(ApiError) as info:
+            call()
+        assert info.value.status == 403, info.value
+        assert says in info.value.message, info.value.message
+
+    theirs = admin.create(accounts, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "web-runtime"}})
+    url = f"{accounts}/web-runtime"
+    changes = "the SpotRL operator changes and deletes only objects SpotRL made, and ServiceAccount"
+    refused(lambda: operator.patch(url, {"metadata": {"ownerReferences": None}}), changes)
+    refused(lambda: operator.delete(url), changes)
+    refused(lambda: operator.delete(url, precondition(theirs)), changes)
+    after = admin.get(url)
+    assert after["metadata"]["resourceVersion"] == theirs["metadata"]["resourceVersion"], "changed"
+    # Labelled as SpotRL's but made by someone else and owned by no RLJob: still not SpotRL's.
+    fake = {"metadata": {"labels": resources.instance_labels("web")}}
+    refused(lambda: operator.patch(url, fake), changes)
+    admin.delete(url)
+
+    writes = OPERATOR_POLICY_SAYS
+    unlabelled = resources.service_account(ref, Settings())
+    unlabelled["metadata"]["labels"] = {}
+    refused(lambda: operator.create(accounts, unlabelled), writes)
+    unowned = resources.service_account(ref, Settings())
+    del unowned["metadata"]["ownerReferences"]
+    refused(lambda: operator.create(accounts, unowned), writes)
+    elsewhere = resources.service_account(JobRef("web", "kube-system", ref.uid), Settings())
+    refused(
+        lambda: operator.create(path("v1", "serviceaccounts", "kube-system"), elsewhere),
+        "the SpotRL operator makes nothing in namespace kube-system",
+    )
+    about_a_pod = resources.event(
+        {"name": "web", "namespace": namespace, "uid": ref.uid}, "Normal", "Probe", "x", "2026-01-01T00:00:00Z", "op"
+    )
+    about_a_pod["involvedObject"] = {"apiVersion": "v1", "kind": "Pod", "name": "web", "namespace": namespace}
+    refused(lambda: operator.create(path("v1", "events", namespace), about_a_pod), writes)
+
+    # SpotRL's own: made, changed as the keyless deletion pod holds it, and deleted (by uid).
+    mine = operator.create(accounts, resources.service_account(ref, Settings()))
+    kept = resources.retention_service_account(ref, Settings())
+    operator.patch(url, {"metadata": {"ownerReferences": None, "labels": kept["metadata"]["labels"]}})
+    assert operator.delete(url, precondition(mine)) is not None
+    operator.create(accounts, kept)  # made again after a foreground deletion took it
+    operator.delete(url)
+    event = resources.event(
+        {"name": "web", "namespace": namespace, "uid": ref.uid}, "Normal", "Probe", "x", "2026-01-01T00:00:00Z", "op"
+    )
+    operator.create(path("v1", "events", namespace), event)
+
+
+def test_with_watch_namespaces_the_operator_runs_jobs_on_roles_and_refuses_its_own_namespace(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """watchNamespaces: the operator holds Roles in those namespaces (no ClusterRole but reading
+    Nodes) and runs a job there on them alone; a job in its own namespace (watched here, so the
+    refusal is the operator's, not RBAC's) fails, says why, and gets nothing made there."""
+    apply_crd(cluster)
+    release, release_ns = "spotrl-watch", cluster.create_namespace("spotrl-watch")
+    sets = ["--set", f"watchNamespaces[0]={namespace}", "--set", f"watchNamespaces[1]={release_ns}"]
+    only = ["--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml"]
+    out = helm(cluster, "template", release, str(CHART), "-n", release_ns, "--kube-version", "1.35.4", *sets, *only)
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    assert [d["metadata"]["name"] for d in docs if d["kind"].startswith("Cluster")] == [f"{release}-nodes"] * 2
+    admin = cluster.admin()
+    jobs, own = Jobs(cluster, namespace), Jobs(cluster, release_ns)
+    op = None
+    try:
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+        kubeconfig = token_kubeconfig(cluster, release_ns, release, tmp_path / "operator.kubeconfig")
+        args = ("--lease-name", release, "--namespace", namespace, "--namespace", release_ns)
+        refused = ("--refused-namespace", "kube-system", "--refused-namespace", release_ns)  # as the chart's
+        op = OperatorProcess(cluster, kubeconfig, release_ns, tmp_path, args=(*args, *refused)).start()
+        jobs.create(tiny_job("tiny", checkpoint={"storage": "s3://bucket-x/tiny"}, **PENDING))
+        jobs.wait("tiny", lambda s: s.get("attempt") == 1, 30, "the job started in a watched namespace")
+        pod = admin.wait_for(path("v1", "pods", namespace, "tiny-controller-1"), lambda o: o is not None, 20, "pod")
+        assert pod is not None
+        assert admin.get_or_none(path("v1", "serviceaccounts", namespace, "tiny-runtime")) is not None
+
+        own.create(tiny_job("mine", checkpoint={"storage": "s3://bucket-x/mine"}, **PENDING))
+        st = own.wait("mine", lambda s: s.get("phase") == "Failed", 30, "the job in the operator's namespace refused")
+        (cond,) = [c for c in st["conditions"] if c["type"] == "Failed"]
+        assert cond["reason"] == "InvalidConfiguration"
+        assert f"runs no RLJob in namespace {release_ns}" in cond["message"], cond
+        assert "allowSystemNamespaces" in cond["message"]
+        assert "Failed" in own.reasons("mine")
+        assert admin.get_or_none(path("v1", "serviceaccounts", release_ns, "mine-runtime")) is None
+        assert own.pods("mine") == []
+        own.delete("mine")
+    finally:
+        jobs.cleanup()
+        own.cleanup()
+        if op is not None:
+            op.stop()
+        cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
+        cluster.delete_namespace(release_ns)

@@ -33,6 +33,7 @@ from spotrl_e2e.cluster import Cluster
 from spotrl_e2e.kube import ApiError, path
 from spotrl_e2e.s3 import S3Bucket
 from spotrl_operator.actuate import Actuator, ConflictError
+from spotrl_operator.resources import DEFAULT_SECRET_ANNOTATION
 from spotrl_operator.settings import Settings
 from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.controller.control import CutInfo
@@ -351,6 +352,32 @@ def test_a_job_without_a_credentials_secret_has_its_cuts_deleted_as_its_own_serv
     assert admin.get(path("v1", "pods", namespace), labelSelector="spotrl.dev/retention-of=tiny")["items"] == []
     # Held for the pod, owned by no one: only the operator deletes it (the collector never would).
     assert admin.get_or_none(sa_url) is None, "the ServiceAccount held for the deletion pod outlived it"
+
+
+def test_a_job_keeps_the_default_secret_it_was_created_with(
+    cluster: Cluster, namespace: str, start_operator: Callable[..., OperatorProcess], jobs: Jobs
+) -> None:
+    """The operator records the default credentials Secret on each job when it first sees it,
+    and the job's pods keep mounting that one after the default changed (a helm upgrade): the
+    admission policy checked the job's author against it, not against the new one. Taking the
+    record off (an update the policy checks against the new default) records the new one."""
+    start_operator(args=("--default-credentials-secret=new",))
+    older = tiny_job("older", checkpoint={"storage": "s3://bucket-x/older"}, **PENDING)
+    older["metadata"]["annotations"] = {DEFAULT_SECRET_ANNOTATION: "old"}  # as an older default left it
+    jobs.create(older)
+    jobs.create(tiny_job("fresh", checkpoint={"storage": "s3://bucket-x/fresh"}, **PENDING))
+    admin = cluster.admin()
+
+    def recorded(name: str) -> str | None:
+        return ((jobs.get(name) or {})["metadata"].get("annotations") or {}).get(DEFAULT_SECRET_ANNOTATION)
+
+    for name, secret in (("older", "old"), ("fresh", "new")):
+        pod = admin.wait_for(path("v1", "pods", namespace, f"{name}-controller-1"), lambda o: o is not None, 20, name)
+        assert pod is not None
+        assert pod["spec"]["containers"][0]["envFrom"] == [{"secretRef": {"name": secret}}], name
+    wait_until(lambda: (recorded("older"), recorded("fresh")) == ("old", "new"), 10, "each job's default recorded")
+    admin.patch(jobs.url("older"), {"metadata": {"annotations": {DEFAULT_SECRET_ANNOTATION: None}}})
+    wait_until(lambda: recorded("older") == "new", 10, "the new default recorded")
 
 
 def test_retention_delete_refuses_a_storage_that_is_not_the_jobs_own_prefix(

@@ -1017,3 +1017,59 @@ def test_with_most_nodes_unknown_at_once_no_controller_is_force_deleted_then_one
     assert paused(st, "False")
     assert "NodeLost" in jobs.reasons("tiny")
     cluster.restore_node(node)
+
+
+ZONE = "topology.kubernetes.io/zone"
+
+
+def zone_nodes(admin: Any, zones: dict[str, str | None]) -> None:
+    """Labels each Node with its zone (None: the label removed)."""
+    for name, zone in zones.items():
+        admin.patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": {ZONE: zone}}})
+
+
+@on_the_test_control_plane
+def test_per_zone_a_partial_zone_holds_its_controller_and_a_zone_wholly_down_loses_it(
+    cluster: Any, jobs: Jobs, e2e_storage: JobStorage, start_operator: Any
+) -> None:
+    """Zone x: the controller's node lost and two bare Nodes (3 of 4 not Ready): partially
+    disrupted, no force delete there. Then x's Ready node moves to zone y: x is wholly down
+    while y answers, so x is gone and the job moves on, though 3 of 5 nodes (60%) are unhealthy
+    fleet-wide, above the share that once paused every force delete."""
+    operator = start_operator()
+    admin = cluster.admin()
+    bare = ["bare-x0", "bare-x1"]
+    admin.create(f"/api/v1/namespaces/{jobs.ns}/secrets", e2e_storage.secret())
+    job = tiny_job("tiny", e2e_storage, SPOT)
+    job["spec"]["training"]["totalSteps"] = 100_000  # still training whatever the test waits for
+    # The lost node's barrier is never answered: a long deadline, so that only a force delete
+    # (the zone wholly down), not a missed barrier, moves the job on within the test.
+    job["spec"]["checkpoint"]["barrierDeadlineSeconds"] = 300
+    jobs.create(job)
+    st = jobs.wait("tiny", lambda s: (s.get("step") or 0) >= 1, TRAIN_TIMEOUT, "the first step")
+    node = st["controllerNode"]
+    mate = "spot-b" if node == "spot-a" else "spot-a"  # the other spot node: the next controller's
+    other = "ondemand-a"
+    try:
+        zone_nodes(admin, {node: "x", mate: "x", other: "y"})
+        for name in bare:
+            admin.create("/api/v1/nodes", {**bare_node(name), "metadata": {"name": name, "labels": {ZONE: "x"}}})
+        wait_until(lambda: all(ready_unknown(cluster, n) for n in bare), 60, "the bare nodes Unknown")
+        cluster.lose_node(node)
+        wait_until(lambda: ready_unknown(cluster, node), 60, f"{node} Unknown")
+        st = jobs.wait("tiny", lambda s: paused(s, "True"), 30, "the operator to pause its force deletes in zone x")
+        (cond,) = [c for c in st["conditions"] if c["type"] == "ForceDeletesPaused"]
+        assert "3 of the 4 nodes of zone x are not Ready" in cond["message"], cond
+        time.sleep(6)  # three times the operator's grace period here: still no force delete
+        assert jobs.status("tiny")["attempt"] == 1
+        assert operator.metrics()["spotrl_operator_force_deletes_paused"] == 1
+        zone_nodes(admin, {mate: "y"})  # zone x: wholly down; zone y: two nodes Ready
+        st = jobs.wait("tiny", lambda s: s.get("attempt", 0) >= 2, 60, "zone x gone: the job moves on")
+        assert paused(st, "False")
+        # The operator posts a pass's Events after its status write: the Event may land a moment later.
+        wait_until(lambda: "NodeLost" in jobs.reasons("tiny"), 10, "the NodeLost Event: a force delete")
+    finally:
+        for name in bare:
+            admin.delete(f"/api/v1/nodes/{name}")
+        zone_nodes(admin, {node: None, mate: None, other: None})
+        cluster.restore_node(node)

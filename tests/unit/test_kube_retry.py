@@ -11,10 +11,12 @@ deadline client and the chunked LIST.
 
 from __future__ import annotations
 
+import email.utils
 import http.server
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +28,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 import spotrl_runtime.kube as kube
-from spotrl_runtime.kube import Kube, KubeError, NotLeadingError, TokenBucket, retry_wait
+from spotrl_runtime.kube import Kube, KubeError, NotLeadingError, ServerClock, TokenBucket, retry_wait
 
 PODS = "/api/v1/namespaces/ns/pods"
 Obj = dict[str, Any]
@@ -57,6 +59,8 @@ class Script:
 
     answers: list[tuple[int, str | None]]
     seen: list[str] = field(default_factory=list)
+    skew: float = 0.0
+    """Seconds the server's Date header is ahead of the real time."""
 
     def next(self, method: str) -> tuple[int, str | None]:
         self.seen.append(method)
@@ -87,6 +91,9 @@ def api(tmp_path: Path) -> Iterator[tuple[Script, str]]:
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def date_time_string(self, timestamp: float | None = None) -> str:
+            return email.utils.formatdate(time.time() + script.skew, usegmt=True)
 
         def do_GET(self) -> None:
             self._answer()
@@ -414,3 +421,32 @@ def test_list_all_raises_a_410_on_its_first_page() -> None:
     with pytest.raises(KubeError):
         Kube(api).list_all(PODS, resourceVersion="1", resourceVersionMatch="NotOlderThan")
     assert len(api.calls) == 1
+
+
+def test_the_api_servers_clock_is_read_from_the_date_of_its_answers(
+    api: tuple[Script, str], waits: list[float]
+) -> None:
+    """The API server's clock runs an hour ahead: its answers' Date says so, refusals' too, and
+    the clients derived from one share what it learned."""
+    script, kubeconfig = api
+    script.skew = 3600.0
+    client = Kube.connect(kubeconfig)
+    assert client.server_clock.offset() == 0.0, "no answer yet: the wall clock"
+    client.get(PODS)
+    assert client.server_clock.offset() == pytest.approx(3600, abs=1.5)
+    script.skew, script.answers = -60.0, [(403, None)]
+    lease_client = client.for_deadline(1.0)
+    for _ in range(ServerClock.SAMPLES):  # the median follows once most recent answers say so
+        with pytest.raises(KubeError):
+            lease_client.get(PODS)
+    assert client.server_clock.offset() == pytest.approx(-60, abs=1.5)
+    assert client.server_clock.now().timestamp() == pytest.approx(time.time() - 60, abs=1.5)
+
+
+def test_the_server_clock_ignores_answers_without_a_date() -> None:
+    clock = ServerClock(wall=lambda: 1000.0)
+    clock.observe(None)
+    clock.observe("not a date")
+    assert clock.offset() == 0.0
+    clock.observe(email.utils.formatdate(1100.0, usegmt=True))
+    assert clock.offset() == 100.5, "a Date's whole second, taken at its middle"

@@ -9,14 +9,17 @@ import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from spotrl_operator import resources
 from spotrl_operator.actuate import STUCK, Actuator, action_key
 from spotrl_operator.observe import Snapshot
+from spotrl_operator.resources import JobRef
 from spotrl_operator.settings import Settings
-from spotrl_operator.world import CloseDisruptionBudget, CreateControllerPod, CreateTrainerPod, Plan
+from spotrl_operator.world import CloseDisruptionBudget, CreateControllerPod, CreateTrainerPod, DeletePod, Plan
 from spotrl_runtime.kube import JSON_PATCH, KubeError
 
 Obj = dict[str, Any]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+REF = JobRef("tiny", "ns", "u1")
 
 
 class FakeKube:
@@ -250,3 +253,98 @@ def test_an_object_of_another_job_uid_is_never_adopted() -> None:
     cond = condition(kube)
     assert cond is not None
     assert cond["reason"] == "OwnedByAnotherJob"
+
+
+class Accounts(RecordingKube):
+    """The job's ServiceAccount as ``account`` (None: there is none); deletes and GETs recorded."""
+
+    def __init__(self, job: Obj, account: Obj | None):
+        super().__init__(job)
+        self.account = account
+        self.deleted: list[tuple[str, str | None]] = []
+
+    def create_or_get(self, url: str, obj: Obj) -> tuple[Obj, bool]:
+        self.sent.append((url, obj, ""))
+        if url.endswith("/serviceaccounts") and self.account is not None:
+            return copy.deepcopy(self.account), False
+        return obj, False
+
+    def get(self, url: str, **params: Any) -> Obj:
+        if url.endswith("/pods"):
+            return {"items": []}
+        return super().get(url, **params)
+
+    def get_or_none(self, url: str) -> Obj | None:
+        return copy.deepcopy(self.account) if "/serviceaccounts/" in url else None
+
+    def delete(self, url: str, grace_seconds: int | None = None, uid: str | None = None) -> bool:
+        self.deleted.append((url, uid))
+        return True
+
+
+def someones_account() -> Obj:
+    return {"metadata": {"name": "tiny-runtime", "namespace": "ns", "uid": "theirs", "resourceVersion": "7"}}
+
+
+def test_an_account_spotrl_did_not_make_is_never_used() -> None:
+    """Someone's ``tiny-runtime`` account (no RLJob owns it): no pod runs as it, and the job
+    says which account and what to do; the account SpotRL keeps for a deletion pod is its own."""
+    kube = Accounts(job(), someones_account())
+    actuator = Actuator(kube, Settings(), clock=Clock())  # type: ignore[arg-type]
+    applied = actuator.apply(Snapshot(job=copy.deepcopy(kube.job)), Plan(actions=[CreateControllerPod(3, frozenset())]))
+    (failure,) = applied.failed
+    assert (failure.error.status, failure.error.reason) == (409, "NotMadeBySpotRL")
+    assert "ServiceAccount tiny-runtime already exists and SpotRL did not make it" in failure.error.message
+    assert "create the job under another name, or delete or rename the ServiceAccount" in failure.error.message
+    assert pod_posts(kube) == 0, "no pod runs as it"
+    cond = condition(kube)
+    assert cond is not None
+    assert cond["reason"] == "NotMadeBySpotRL"
+    (event,) = [e for e in kube.events.values() if e["reason"] == "ReconcileFailed"]
+    assert "ServiceAccount tiny-runtime" in event["message"]
+
+    kept = Accounts(job(), resources.retention_service_account(REF, Settings()))
+    actuator = Actuator(kept, Settings(), clock=Clock())  # type: ignore[arg-type]
+    applied = actuator.apply(Snapshot(job=copy.deepcopy(kept.job)), Plan(actions=[CreateControllerPod(3, frozenset())]))
+    assert applied.failed == []
+    assert pod_posts(kept) == 1
+
+
+def test_a_delete_carries_the_uid_the_pass_saw() -> None:
+    kube = Accounts(job(), None)
+    actuator = Actuator(kube, Settings(), clock=Clock())  # type: ignore[arg-type]
+    pod = {"metadata": {"name": "tiny-controller-2", "uid": "pod-uid"}}
+    snap = Snapshot(job=copy.deepcopy(kube.job), pods=(pod,))
+    applied = actuator.apply(snap, Plan(actions=[DeletePod("tiny-controller-2")]))
+    assert applied.failed == []
+    assert kube.deleted == [("/api/v1/namespaces/ns/pods/tiny-controller-2", "pod-uid")]
+
+
+def test_a_keyless_deletion_pod_never_runs_as_nor_deletes_an_account_spotrl_did_not_make() -> None:
+    doc = job()
+    doc["spec"]["checkpoint"] = {"storage": "s3://bucket/ns/tiny", "retentionPolicy": "Delete"}
+    kube = Accounts(doc, someones_account())
+    actuator = Actuator(kube, Settings(), clock=Clock())  # type: ignore[arg-type]
+    outcome = actuator.delete_cuts(copy.deepcopy(doc), "s3://bucket/ns/tiny")
+    assert outcome is not None
+    assert (outcome.type, outcome.reason) == ("Warning", "CutsNotDeleted")
+    assert "would run as ServiceAccount tiny-runtime, which SpotRL did not make" in outcome.message
+    assert [u for u, _, _ in kube.sent if "/events" not in u] == [], "nothing created or patched"
+    assert kube.deleted == [], "nothing deleted"
+
+    # The job's own account: held (guarded by the version read), and later deleted by its uid.
+    mine = resources.service_account(REF, Settings())
+    mine["metadata"].update(uid="mine", resourceVersion="3")
+    kube = Accounts(doc, mine)
+    actuator = Actuator(kube, Settings(), clock=Clock())  # type: ignore[arg-type]
+    assert actuator.delete_cuts(copy.deepcopy(doc), "s3://bucket/ns/tiny") is None
+    ((url, patch, _), (pods_url, pod, _)) = [s for s in kube.sent if "/events" not in s[0]]
+    assert url.endswith("/serviceaccounts/tiny-runtime")
+    assert patch["metadata"]["ownerReferences"] is None
+    assert patch["metadata"]["resourceVersion"] == "3"
+    assert pods_url.endswith("/pods")
+    assert pod["spec"]["serviceAccountName"] == "tiny-runtime"
+    kube.account = {**resources.retention_service_account(REF, Settings())}
+    kube.account["metadata"] = {**kube.account["metadata"], "uid": "mine"}
+    actuator._let_go_identity(REF)
+    assert kube.deleted == [("/api/v1/namespaces/ns/serviceaccounts/tiny-runtime", "mine")]

@@ -157,3 +157,60 @@ def test_a_leader_that_sees_another_holder_declares_the_loss_at_once() -> None:
     with pytest.raises(NotLeadingError):
         a.guard("POST", "/api/v1/namespaces/ns/pods")
     assert not b.leads()  # b never renewed
+
+
+def test_a_closed_leader_refuses_every_write_yet_keeps_its_lease_until_released() -> None:
+    store, clock = LeaseStore(), Clock()
+    a = elector(FakeKube(store), clock, "a")
+    assert a.try_acquire_or_renew()
+    a.guard("PATCH", "/x")
+    a.close()
+    with pytest.raises(NotLeadingError):
+        a.guard("PATCH", "/x")
+    assert a.leads(), "not lost: the watchdog must not declare a loss (and exit hard) on a clean stop"
+    assert a.try_acquire_or_renew(), "still renewed while the last calls finish"
+    a.release()
+    assert store.lease is not None
+    assert store.lease["spec"]["holderIdentity"] is None
+
+
+def test_a_clean_stop_closes_the_guard_then_waits_for_the_pools_then_releases() -> None:
+    """main._shut_down, after Kopf has stopped: in that order, renewing until the release."""
+    from spotrl_operator.main import _shut_down
+
+    said: list[str] = []
+    renewing = threading.Event()
+
+    class Elector:
+        def close(self) -> None:
+            said.append("close")
+
+        def release(self) -> None:
+            said.append(f"release (renewing stopped: {renewing.is_set()})")
+
+    class Ctx:
+        def drain(self, seconds: float) -> bool:
+            said.append(f"drain {seconds:g} s (renewing stopped: {renewing.is_set()})")
+            return True
+
+    _shut_down(Elector(), Ctx(), renewing, 15.0)
+    assert said == ["close", "drain 15 s (renewing stopped: False)", "release (renewing stopped: True)"]
+
+
+def test_the_pools_are_waited_for_within_the_bound() -> None:
+    """A pass still running in a worker thread after Kopf stopped (a daemon cancelled while its
+    call runs): drain waits for it, but no longer than asked."""
+    from spotrl_operator.handlers import Context
+    from spotrl_operator.metrics import Metrics
+    from spotrl_operator.settings import Settings
+    from spotrl_runtime.kube import Kube
+
+    ctx = Context(settings=Settings(), kube=Kube(api_client=None), metrics=Metrics())
+    done = threading.Event()
+    ctx.executor.submit(done.wait, 10)
+    ctx.handler_executor.submit(time.sleep, 0.2)
+    started = time.monotonic()
+    assert not ctx.drain(0.3), "a call still under way"
+    assert time.monotonic() - started < 2
+    done.set()
+    assert ctx.drain(5)

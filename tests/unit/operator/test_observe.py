@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -96,7 +97,9 @@ def test_ready_unknown_past_the_grace_period_and_deleted_nodes_are_lost_ready_fa
     snap = Snapshot(
         job=job(),
         pods=(pod("j-controller-1", 1, "gone-node"),),
-        nodes=nodes(node("spot-a", ready="Unknown", since=grace + 1), node("spot-b", ready="False", since=999)),
+        nodes=nodes(
+            node("spot-a", ready="Unknown", since=grace + 1), node("spot-b", ready="False", since=999), node("up")
+        ),
     )
     w = world_of(snap, SETTINGS, NOW)
     assert w.lost_nodes == {"spot-a", "gone-node"}
@@ -270,7 +273,8 @@ def test_the_clouds_are_the_schemes_of_the_nodes_provider_ids() -> None:
 
 def test_a_node_unknown_for_less_than_the_grace_period_is_not_lost_yet() -> None:
     grace = SETTINGS.node_lost_seconds
-    snap = Snapshot(job=job(), pods=(pod("j-controller-1", 1),), nodes=nodes(node("spot-a", "Unknown", grace - 5)))
+    up = node("up")  # one node Ready: not every zone is down
+    snap = Snapshot(job=job(), pods=(pod("j-controller-1", 1),), nodes=nodes(node("spot-a", "Unknown", grace - 5), up))
     w = world_of(snap, SETTINGS, NOW)
     assert w.lost_nodes == frozenset()
     assert "spot-a" in w.unusable_nodes  # no new pod goes there meanwhile
@@ -296,6 +300,7 @@ def test_an_unreachable_taint_counts_from_when_it_was_added_and_out_of_service_a
                 taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": just_now}],
             ),
             node("spot-c", taints=[{"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"}]),
+            node("up"),
         ),
     )
     assert world_of(snap, SETTINGS, NOW).lost_nodes == {"spot-a", "spot-c"}
@@ -312,7 +317,7 @@ def test_with_most_nodes_unknown_at_once_none_is_lost_and_the_job_says_why() -> 
     w = world_of(snap, SETTINGS, NOW)
     assert w.lost_nodes == {"gone"}
     assert w.force_deletes_paused is not None
-    assert "6 of 10 nodes are unhealthy" in w.force_deletes_paused
+    assert "6 of the 10 nodes of zone (unlabelled) are not Ready (at least 55%)" in w.force_deletes_paused
     assert "n0" in w.force_deletes_paused
     # One node fewer unhealthy (5 of 10, at most 55%): the brake is off, the grace period decides.
     calmer = Snapshot(job=job(), pods=snap.pods, nodes=nodes(*unknown[:5], *healthy, node("n5"), oos))
@@ -425,8 +430,44 @@ def test_the_pass_after_a_grace_period_comes_on_time() -> None:
     from spotrl_operator.observe import seconds_until_lost
 
     grace = SETTINGS.node_lost_seconds
-    cached = nodes(node("spot-a", "Unknown", since=grace - 12), node("spot-b", "Unknown", since=grace + 1))
+    cached = nodes(node("spot-a", "Unknown", since=grace - 12), node("spot-b", "Unknown", since=grace + 1), node("up"))
     snap = Snapshot(job=job(), pods=(pod("j-controller-1", 1, "spot-a"),), nodes=cached, fleet=view_of(cached, NOW))
     assert seconds_until_lost(snap, SETTINGS, NOW) == pytest.approx(12)
     healthy = Snapshot(job=job(), pods=(pod("j-controller-1", 1, "spot-c"),), nodes=cached, fleet=view_of(cached, NOW))
     assert seconds_until_lost(healthy, SETTINGS, NOW) is None
+
+
+def zoned(name: str, zone: str, ready: str = "True", since: float | None = None) -> dict[str, Any]:
+    n = node(name, ready, since)
+    n["metadata"]["labels"] = {"topology.kubernetes.io/zone": zone}
+    return n
+
+
+def test_per_zone_a_partial_zone_holds_its_pods_and_a_zone_wholly_down_loses_them() -> None:
+    """Zone x: 3 of 5 Unknown (60%): the job's controller there is held, and the job says which
+    zone; zone y wholly Unknown while x has Ready nodes: its nodes are lost, though 6 of 8 nodes
+    are unhealthy fleet-wide."""
+    grace = SETTINGS.node_lost_seconds
+    xs = [zoned(f"x{i}", "x", "Unknown" if i < 3 else "True", grace * 10) for i in range(5)]
+    ys = [zoned(f"y{i}", "y", "Unknown", grace * 10) for i in range(3)]
+    held = world_of(Snapshot(job=job(), pods=(pod("j-controller-1", 1, "x0"),), nodes=nodes(*xs, *ys)), SETTINGS, NOW)
+    assert held.lost_nodes == {"y0", "y1", "y2"}
+    assert held.force_deletes_paused is not None
+    assert "3 of the 5 nodes of zone x are not Ready (at least 55%)" in held.force_deletes_paused
+    gone = world_of(Snapshot(job=job(), pods=(pod("j-controller-1", 1, "y0"),), nodes=nodes(*xs, *ys)), SETTINGS, NOW)
+    assert "y0" in gone.lost_nodes
+    assert gone.force_deletes_paused is None
+
+
+def test_the_grace_period_is_counted_on_the_api_servers_clock() -> None:
+    """Unknown for 10 s by the API server's clock, which runs 10 minutes ahead of the operator's:
+    by the operator's clock the condition is from the future; with the offset it is lost once
+    the grace period has passed on the API server's clock."""
+    grace = SETTINGS.node_lost_seconds
+    ahead = timedelta(minutes=10)
+    cached = nodes(node("spot-a", "Unknown", since=-ahead.total_seconds() + 10), node("up"))  # server's NOW+10min-10s
+    snap = Snapshot(job=job(), pods=(pod("j-controller-1", 1, "spot-a"),), nodes=cached)
+    assert world_of(snap, SETTINGS, NOW + timedelta(seconds=grace)).lost_nodes == frozenset()
+    skewed = replace(snap, server_offset=ahead)
+    assert world_of(skewed, SETTINGS, NOW).lost_nodes == frozenset()
+    assert world_of(skewed, SETTINGS, NOW + timedelta(seconds=grace - 10)).lost_nodes == {"spot-a"}

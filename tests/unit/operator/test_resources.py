@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import pytest
 
 from spotrl_operator import resources
+from spotrl_operator.observe import job_ref
 from spotrl_operator.resources import JobRef
 from spotrl_operator.settings import Settings, add_arguments, from_args
 from spotrl_runtime.api.rljob import RLJobSpec, parse_spec
@@ -392,6 +394,13 @@ def test_spec_scheduling_image_must_be_allowed_by_the_operator(image: str, allow
             resources.check_job(REF, spec, settings)
 
 
+def test_a_job_in_a_refused_namespace_is_refused_naming_the_namespace_and_the_chart_value() -> None:
+    settings = Settings(default_storage="s3://b/x", refused_namespaces=("kube-system", "team-a"))
+    with pytest.raises(ValueError, match=r"metadata\.namespace: .* namespace team-a .* allowSystemNamespaces"):
+        resources.check_job(REF, SPEC, settings)
+    resources.check_job(replace(REF, namespace="team-b"), SPEC, settings)
+
+
 @pytest.mark.parametrize(("quantity", "cpus"), [("500m", 1), ("1", 1), ("1.5", 2), ("2000m", 2), ("3", 3)])
 def test_cpu_requests_round_up_to_whole_ray_cpus(quantity: str, cpus: int) -> None:
     assert resources._ray_cpus(quantity) == cpus
@@ -520,6 +529,71 @@ def test_runtime_env_reaches_every_runtime_container_after_the_operators_own() -
         assert len(names) == len(set(names)), (pod["metadata"]["name"], names)
         assert env[-3:] == ours
         assert {"name": "A", "value": "1"} in env
+
+
+def test_a_job_keeps_the_default_secret_recorded_on_it_when_the_default_changes() -> None:
+    """The default Secret a job's author was checked against at admission is recorded on the job
+    (by the operator, on first sight) and stays the one its pods mount: a later default (a helm
+    upgrade) reaches them only once the author takes the record off, an update the admission
+    policy checks against the new default."""
+    spec = parse_spec({**SPEC.model_dump(by_alias=True), "checkpoint": {"storage": "s3://bkt/p"}})
+    new = Settings(default_credentials_secret="new")
+    job = {"metadata": {"name": "tiny", "namespace": "team-a", "uid": "u"}}
+    assert resources.default_secret_to_record(job, new) == "new"
+    assert resources.default_secret_to_record(job, Settings()) == "", "none is a record too"
+    recorded = {"metadata": {"annotations": {resources.DEFAULT_SECRET_ANNOTATION: ""}}}
+    assert resources.default_secret_to_record(recorded, new) is None, "recorded once, never replaced"
+
+    def mounted(recorded: str | None, job_spec: RLJobSpec = spec) -> list:
+        annotations = {} if recorded is None else {resources.DEFAULT_SECRET_ANNOTATION: recorded}
+        ref = job_ref({"metadata": {**job["metadata"], "annotations": annotations}})
+        pods = [
+            resources.controller_pod(ref, job_spec, new, 1),
+            resources.trainer_pod(ref, job_spec, new, 1, 0, "127.0.1.2:40001"),
+            resources.retention_pod(ref, job_spec, new, "s3://bkt/p", 0),
+        ]  # the pods that get the job's keys
+        return [p["spec"]["containers"][0]["envFrom"] for p in pods]
+
+    assert mounted(None) == [[{"secretRef": {"name": "new"}}]] * 3, "not recorded yet: the settings'"
+    assert mounted("old") == [[{"secretRef": {"name": "old"}}]] * 3
+    assert mounted("") == [[]] * 3, "none when it was created: still none"
+    named = parse_spec(
+        {**SPEC.model_dump(by_alias=True), "checkpoint": {"storage": "s3://bkt/p", "credentialsSecret": "k"}}
+    )
+    assert mounted("old", named) == [[{"secretRef": {"name": "k"}}]] * 3, "the job's own wins"
+
+
+def test_a_locked_runtime_env_name_keeps_the_admins_value_and_refuses_the_job() -> None:
+    """runtimeEnvLocked: a job may not replace the admin's proxy; every other name is the job's,
+    each name once (a Kueue Workload refuses a name twice)."""
+    settings = from_args(
+        _parse(
+            [
+                "--default-storage=s3://bkt/p",
+                "--runtime-env=HTTPS_PROXY=http://proxy:3128",
+                "--runtime-env=A=1",
+                "--runtime-env-locked=HTTPS_PROXY",
+                "--runtime-env-locked=HF_HUB_OFFLINE",
+            ]
+        )
+    )
+    ours = [
+        {"name": "HTTPS_PROXY", "value": "http://mine:8080"},
+        {"name": "A", "value": "2"},
+        {"name": "HF_HUB_OFFLINE", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}},
+    ]
+    spec = parse_spec({**SPEC.model_dump(by_alias=True), "runtimeEnv": ours})
+    with pytest.raises(ValueError, match=r"^spec\.runtimeEnv HTTPS_PROXY, HF_HUB_OFFLINE: locked .* runtimeEnvLocked"):
+        resources.check_job(REF, spec, settings)
+    # Pods made anyway (the retention pod of a refused job) still get the admin's value.
+    for pod in [*_all_runtime_pods(spec, settings), resources.retention_pod(REF, spec, settings, "s3://bkt/p", 0)]:
+        env = pod["spec"]["containers"][0]["env"]
+        names = [e["name"] for e in env]
+        assert len(names) == len(set(names)), (pod["metadata"]["name"], names)
+        assert {"name": "HTTPS_PROXY", "value": "http://proxy:3128"} in env
+        assert {"name": "A", "value": "2"} in env, "an unlocked name is still the job's"
+        assert "HF_HUB_OFFLINE" not in names, "locked and unset by the admin: no job sets it"
+    resources.check_job(REF, parse_spec({**SPEC.model_dump(by_alias=True), "runtimeEnv": ours[1:2]}), settings)
 
 
 @pytest.mark.parametrize(

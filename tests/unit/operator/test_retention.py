@@ -88,6 +88,17 @@ def test_decide_deletes_only_its_own_s3_prefix_and_says_why_not_otherwise() -> N
     assert local.reason == "CutsNotDeleted"
 
 
+def test_a_job_in_a_refused_namespace_gets_no_deletion_pod_there() -> None:
+    settings = Settings(default_storage="s3://bkt/spotrl", refused_namespaces=("kube-system", "team-a"))
+    refused = retention.decide(job(None), settings)
+    assert isinstance(refused, retention.Outcome)
+    assert (refused.type, refused.reason) == ("Warning", "CutsNotDeleted")
+    assert "runs no RLJob in namespace team-a" in refused.message
+    assert retention.decide(job(None), Settings(default_storage="s3://bkt/spotrl")) == retention.DeleteCuts(
+        "s3://bkt/spotrl/team-a/tiny"
+    )
+
+
 def pod(phase: str, state: dict) -> dict:
     return {"status": {"phase": phase, "containerStatuses": [{"name": "delete-cuts", "state": state}]}}
 

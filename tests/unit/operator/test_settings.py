@@ -90,6 +90,7 @@ def test_the_reliability_knobs_and_their_bounds(monkeypatch: pytest.MonkeyPatch)
         ("--unhealthy-node-share=1.5", "--unhealthy-node-share"),
         ("--node-lost-seconds=-1", "--node-lost-seconds"),
         ("--finalizer-seconds=0", "--finalizer-seconds"),
+        ("--finalizer-seconds=3001", "--finalizer-seconds"),  # past Kopf's own bound, less a margin
         ("--kube-burst=0", "--kube-burst"),
     ],
 )
@@ -97,3 +98,12 @@ def test_a_knob_out_of_bounds_is_refused_by_name(flag: str, named: str) -> None:
     with pytest.raises(SystemExit) as refused:
         from_args(parse([flag]))
     assert named in str(refused.value)
+
+
+def test_refused_namespaces_are_none_unless_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart names kube-system and the operator's own; the bare operator refuses none."""
+    assert from_args(parse([])).refused_namespaces == ()
+    s = from_args(parse(["--refused-namespace=kube-system", "--refused-namespace=spotrl-system"]))
+    assert s.refused_namespaces == ("kube-system", "spotrl-system")
+    monkeypatch.setenv("SPOTRL_REFUSED_NAMESPACES", "kube-system,ops")
+    assert from_args(parse([])).refused_namespaces == ("kube-system", "ops")
