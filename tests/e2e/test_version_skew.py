@@ -1,0 +1,149 @@
+"""Version skew on the real API server: an older operator and today's controller bridge under a
+newer CRD (what a ``helm rollback`` of the operator leaves: the CRD stays, the operator goes back).
+
+The older operator is the one of :data:`PREVIOUS_RELEASE`, run from a checkout of that commit.
+The newer CRD is today's with fields no version of SpotRL has yet, defaulted into every stored
+RLJob as a real next CRD would: a spec section, a training knob, a status object, and a field
+inside ``status.barrier`` (which a newer operator would write with every request)."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from operator_harness import CRD, NOWHERE, Jobs, OperatorProcess, apply_crd, condition_of, tiny_job, wait_until
+
+from spotrl_e2e.cluster import Cluster
+from spotrl_runtime.api.times import Deadline
+from spotrl_runtime.controller.control import CutInfo
+
+pytestmark = pytest.mark.cluster
+
+PREVIOUS_RELEASE = "02aa473610d54a8f01946bf2343aaab9fc49b480"
+"""The oldest operator a rollback may go back to: the commit whose operator this test runs (the first
+that reads stored RLJobs leniently; dda6f73's operator, before it, stalls every job of a newer
+CRD). Move it forward to the last commit before a change to what the operator reads or writes."""
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkout of :data:`PREVIOUS_RELEASE`'s ``operator/`` and ``runtime/`` (``git archive``)."""
+    out = tmp_path_factory.mktemp("previous-release")
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", PREVIOUS_RELEASE, "operator", "runtime"], capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
+    return out
+
+
+def newer_crd(tmp: Path) -> Path:
+    crd = yaml.safe_load(CRD.read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    spec, status = schema["spec"]["properties"], schema["status"]["properties"]
+    spec["training"]["properties"]["miniBatches"] = {"type": "integer", "default": 1}
+    spec["sampling"] = {
+        "type": "object",
+        "default": {"dynamic": "off"},
+        "properties": {"dynamic": {"type": "string"}},
+    }
+    status["barrier"]["properties"]["priority"] = {"type": "string", "default": "normal"}
+    status["episodes"] = {"type": "object", "properties": {"turnsResumed": {"type": "integer"}}}
+    out = tmp / "newer-crd.yaml"
+    out.write_text(yaml.safe_dump(crd))
+    return out
+
+
+class HeldCut:
+    """A Controllable whose barrier cut commits at once, once asked."""
+
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+
+    def request_barrier(self, reason: str, deadline: Deadline) -> CutInfo:
+        self.asked.set()
+        return CutInfo("0000000009", 9, "s3://bucket-x/tiny/cuts/0000000009", "barrier", time.time(), 0.1)
+
+
+def test_after_a_rollback_the_older_operator_runs_a_job_of_a_newer_crd_through_a_barrier_and_its_deletion(
+    cluster: Cluster,
+    namespace: str,
+    start_operator: Callable[..., OperatorProcess],
+    jobs: Jobs,
+    tmp_path: Path,
+    previous_release: Path,
+) -> None:
+    from test_operator import runtime_bridge
+
+    cluster.install_crd(newer_crd(tmp_path))
+    try:
+        op = start_operator(source=previous_release)
+        created = jobs.create(
+            tiny_job("tiny", checkpoint={"storage": "s3://bucket-x/tiny"}, scheduling={"nodeSelector": NOWHERE})
+        )
+        assert created["spec"]["sampling"] == {"dynamic": "off"}, "the API server defaulted the new fields"
+        assert created["spec"]["training"]["miniBatches"] == 1
+        jobs.wait("tiny", lambda s: s.get("attempt") == 1, 20, "the first attempt")
+        jobs.patch_status("tiny", {"episodes": {"turnsResumed": 2}})  # a newer controller's status
+
+        def skew() -> dict | None:
+            return condition_of(jobs, "tiny", "VersionSkew")
+
+        wait_until(lambda: (skew() or {}).get("message", "").count("status.episodes") == 1, 20, "VersionSkew")
+        message = (skew() or {})["message"]
+        for field in ("spec.sampling", "spec.training.miniBatches", "status.episodes"):
+            assert field in message
+        assert "VersionSkew" in jobs.said("tiny", {"VersionSkew"})
+        assert op.metrics().get('spotrl_operator_skipped_fields_total{part="spec"}', 0) >= 1
+
+        held = HeldCut()
+        bridge = runtime_bridge(cluster, namespace, "tiny", 1, tmp_path).start(held)
+        try:
+            jobs.patch_spec("tiny", {"suspend": True})
+            assert held.asked.wait(20), "the controller's bridge never answered a barrier carrying a newer field"
+            st = jobs.wait("tiny", lambda s: s.get("phase") == "Suspended", 30, "the suspend after the barrier")
+            assert st["barrier"]["priority"] == "normal", "the request carried the newer field"
+            assert st["barrier"]["state"] == "Committed"
+            assert st["lastCut"]["id"] == "0000000009"
+        finally:
+            bridge.stop()
+        jobs.delete("tiny", timeout=30)
+        assert jobs.get("tiny") is None, "the finalizer let the job go"
+        assert op.running()
+    finally:
+        apply_crd(cluster)
+
+
+def test_a_crd_field_this_operator_cannot_read_is_said_on_the_job_not_only_logged(
+    cluster: Cluster, namespace: str, start_operator: Callable[..., OperatorProcess], jobs: Jobs, tmp_path: Path
+) -> None:
+    """A value, not a key, this version does not know (a newer CRD widened an enum): no guess, and
+    the job says why it is not handled; deleting it still ends within the finalizer's deadline."""
+    crd = yaml.safe_load(CRD.read_text())
+    wider = copy.deepcopy(crd)
+    checkpoint = wider["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "checkpoint"
+    ]["properties"]
+    checkpoint["retentionPolicy"]["enum"] = [*checkpoint["retentionPolicy"]["enum"], "Archive"]
+    path = tmp_path / "wider-crd.yaml"
+    path.write_text(yaml.safe_dump(wider))
+    cluster.install_crd(path)
+    try:
+        start_operator(args=("--finalizer-seconds", "5"))
+        jobs.create(tiny_job("odd", checkpoint={"storage": "s3://bucket-x/odd", "retentionPolicy": "Archive"}))
+
+        def stuck() -> dict | None:
+            return condition_of(jobs, "odd", "ReconcileError")
+
+        wait_until(lambda: "retentionPolicy" in ((stuck() or {}).get("message") or ""), 30, "a condition naming it")
+        assert (stuck() or {})["reason"] == "SpecNotUnderstood"
+        jobs.delete("odd", timeout=40)
+        assert jobs.get("odd") is None
+    finally:
+        apply_crd(cluster)
