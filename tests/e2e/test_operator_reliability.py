@@ -1,6 +1,7 @@
 """The operator's edges, on the test control plane with real operator processes: a leader cut
 off from the API server, a namespace deleted under its jobs, a budget deleted by hand, a job
-made again under its name, and many nodes going Unknown at once."""
+made again under its name, a pod deleted while the operator's watch is in a gap (410 Gone), and
+many nodes going Unknown at once."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from operator_harness import NOWHERE, Jobs, OperatorProcess, tiny_job, wait_unti
 from spotrl_e2e.cluster import Cluster
 from spotrl_e2e.kube import path
 from spotrl_e2e.stallproxy import StallProxy
+from spotrl_e2e.watch_gap_proxy import WatchGapProxy
+from spotrl_runtime.kube import Kube
 
 pytestmark = [pytest.mark.cluster]
 PENDING = {"scheduling": {"nodeSelector": NOWHERE}}
@@ -35,7 +38,7 @@ def stamped(log: str, needle: str) -> list[datetime]:
     return out
 
 
-def through(proxy: StallProxy, kubeconfig: Path, file: Path) -> Path:
+def through(proxy: StallProxy | WatchGapProxy, kubeconfig: Path, file: Path) -> Path:
     """The kubeconfig, its server reached through the proxy."""
     config = yaml.safe_load(kubeconfig.read_text())
     for entry in config["clusters"]:
@@ -183,3 +186,115 @@ def test_a_job_made_again_under_its_name_never_adopts_the_old_ones_objects(
         assert [o["uid"] for o in obj["metadata"]["ownerReferences"]] == [new_uid]
     pdb = admin.get(path("policy/v1", "poddisruptionbudgets", namespace, "tiny-controller"))
     assert [o["uid"] for o in pdb["metadata"]["ownerReferences"]] == [new_uid]
+
+
+def test_an_account_that_spotrl_did_not_make_is_never_used_changed_or_deleted(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
+) -> None:
+    """Someone's ``web-runtime`` ServiceAccount (its RBAC and cloud role bound to that name)
+    exists before a job named ``web``: the job is refused, says which account and what to do,
+    runs no pod as it, and its deletion (retentionPolicy Delete, no keys: the deletion pod would
+    run as the job's account) leaves the account exactly as it was."""
+    admin = cluster.admin()
+    sa_url = path("v1", "serviceaccounts", namespace, "web-runtime")
+    theirs = admin.create(
+        path("v1", "serviceaccounts", namespace),
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "web-runtime", "annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/w"}},
+        },
+    )
+    checkpoint = {"storage": f"s3://bucket-x/jobs/{namespace}/web", "retentionPolicy": "Delete"}
+    jobs.create(tiny_job("web", checkpoint=checkpoint, **PENDING))
+    st = jobs.wait(
+        "web",
+        lambda s: any(c.get("reason") == "NotMadeBySpotRL" for c in s.get("conditions") or []),
+        30,
+        "the job to say the account is not SpotRL's",
+    )
+    (cond,) = [c for c in st["conditions"] if c.get("reason") == "NotMadeBySpotRL"]
+    assert (cond["type"], cond["status"]) == ("ReconcileError", "True")
+    assert "ServiceAccount web-runtime" in cond["message"], cond
+    assert "create the job under another name, or delete or rename the ServiceAccount" in cond["message"], cond
+    failed = [e for e in jobs.events("web") if e["reason"] == "ReconcileFailed"]
+    assert failed, [e["reason"] for e in jobs.events("web")]
+    assert failed[0]["type"] == "Warning"
+    assert "ServiceAccount web-runtime" in failed[0]["message"], failed[0]
+    assert jobs.pods("web") == [], "no pod runs as an account SpotRL did not make"
+
+    jobs.delete("web", timeout=60)
+    after = admin.get(sa_url)
+    assert after["metadata"]["uid"] == theirs["metadata"]["uid"], "deleted (and made again)"
+    assert after["metadata"]["resourceVersion"] == theirs["metadata"]["resourceVersion"], after["metadata"]
+    assert not after["metadata"].get("ownerReferences")
+    events = admin.get(path("v1", "events", namespace), fieldSelector="involvedObject.name=web")["items"]
+    (kept,) = [e for e in events if e["reason"] == "CutsNotDeleted"]
+    assert "would run as ServiceAccount web-runtime, which SpotRL did not make" in kept["message"], kept
+    pods = admin.get(path("v1", "pods", namespace), labelSelector="spotrl.dev/retention-of=web")["items"]
+    assert pods == [], "no deletion pod ran as it"
+
+
+def test_a_delete_by_name_with_the_uid_it_read_never_deletes_an_object_made_since(
+    cluster: Cluster, namespace: str
+) -> None:
+    """The operator's client sends the uid it read as the delete's precondition: an object made
+    under the same name in between (by anyone) is not deleted, and the delete reads as done."""
+    admin, kube = cluster.admin(), Kube(cluster.api_client())
+    accounts = path("v1", "serviceaccounts", namespace)
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "web-runtime"}}
+    read = admin.create(accounts, sa)
+    admin.delete(f"{accounts}/web-runtime")
+    admin.wait_for(f"{accounts}/web-runtime", lambda o: o is None, 10, "the first account gone")
+    theirs = admin.create(accounts, sa)
+    assert kube.delete(f"{accounts}/web-runtime", uid=read["metadata"]["uid"]) is False
+    assert admin.get(f"{accounts}/web-runtime")["metadata"]["uid"] == theirs["metadata"]["uid"], "deleted"
+    assert kube.delete(f"{accounts}/web-runtime", uid=theirs["metadata"]["uid"]) is True
+    assert admin.get_or_none(f"{accounts}/web-runtime") is None
+
+
+def test_a_pod_deleted_in_a_watch_gap_is_found_gone_and_the_job_makes_a_new_controller(
+    cluster: Cluster, namespace: str, operator_identity: tuple[str, Path], jobs: Jobs, tmp_path: Path
+) -> None:
+    """The operator's pod watch breaks and resumes from an expired resourceVersion (410 Gone, from
+    a proxy in front of the API server) while the job's controller pod is deleted: Kopf lists
+    again, never hears of the deletion, and its index keeps the pod. The job's periodic live
+    list (every ``RELIST_INTERVALS`` reconcile intervals: 10 s here) finds it gone, and the
+    job makes a new controller instead of waiting on one that no longer exists."""
+    lease_ns, kubeconfig = operator_identity
+    serving = cluster.controlplane.pki.issue("watch-gap-proxy", "watch-gap-proxy", ips=("127.0.0.1",), server=True)
+    proxy = WatchGapProxy(cluster.server, cluster.ca, serving)
+    gapped = through(proxy, kubeconfig, tmp_path / "watch-gap.kubeconfig")
+    operator = OperatorProcess(cluster, gapped, lease_ns, tmp_path, "watch-gap")
+    try:
+        operator.start()
+        jobs.create(tiny_job("a", checkpoint={"storage": "s3://bucket-x/a"}, **PENDING))
+        jobs.wait("a", lambda s: bool(s.get("controllerPod")), 20, "the operator to see its controller pod")
+        (pod,) = jobs.pods("a")
+        meta = pod["metadata"]
+
+        proxy.open_gap()
+        wait_until(lambda: proxy.gone > 0, 10, "the operator's pod watch to resume into the gap")
+        pod_url = path("v1", "pods", namespace, meta["name"])
+        cluster.admin().delete(pod_url, gracePeriodSeconds=0)
+        cluster.admin().wait_for(pod_url, lambda o: o is None, 10, "the controller pod gone")
+        # Kopf's watch now resumes from a LIST sent after the deletion: the DELETED event is behind it.
+        listed = proxy.lists
+        wait_until(lambda: proxy.lists > listed + 1, 10, "the operator to list the pods after the deletion")
+        proxy.close_gap()
+        assert proxy.cut >= 1, "the pod watch in flight was cut"
+
+        # Within one period of the live list (10 s) and a pass; the rest is room for a busy machine.
+        jobs.wait("a", lambda s: s.get("attempt") == 2, 25, "the job to make a new controller")
+        assert "pod(s) in the cache are gone from the API server" in operator.log(), operator.log()[-3000:]
+        jobs.wait("a", lambda s: s.get("controllerPod") not in (None, meta["name"]), 20, "the new controller seen")
+        uids = [p["metadata"]["uid"] for p in jobs.pods("a")]
+        assert uids, "the new controller pod exists"
+        assert meta["uid"] not in uids, uids
+    finally:
+        proxy.close_gap()
+        try:
+            jobs.cleanup()  # the finalizer is this operator's: it must still run
+        finally:
+            operator.stop()
+            proxy.close()
