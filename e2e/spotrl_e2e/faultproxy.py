@@ -36,11 +36,12 @@ import hmac
 import random
 import socket
 import struct
-import threading
 from collections import Counter
 from dataclasses import dataclass
 from typing import Literal, get_args
 from urllib.parse import unquote, urlsplit
+
+from spotrl_e2e.loopback import ClosedError, Conn, LoopbackServer, header, render
 
 FaultKind = Literal[
     "503",
@@ -94,81 +95,7 @@ class Strip:
     def matches(self, method: str, path: str, headers: list[tuple[str, str]]) -> bool:
         if self.method is not None and method != self.method:
             return False
-        return (self.key is None or self.key in path) and _header(headers, self.name.lower()) is not None
-
-
-class _ClosedError(Exception):
-    """The connection ended (or the proxy is closing)."""
-
-
-class _Conn:
-    """A socket with a read buffer and line/exact reads."""
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self.buf = b""
-
-    def _fill(self) -> None:
-        data = self.sock.recv(256 * 1024)
-        if not data:
-            raise _ClosedError
-        self.buf += data
-
-    def line(self) -> bytes:
-        while b"\r\n" not in self.buf:
-            if len(self.buf) > 64 * 1024:
-                raise _ClosedError
-            self._fill()
-        line, _, self.buf = self.buf.partition(b"\r\n")
-        return line + b"\r\n"
-
-    def exact(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            self._fill()
-        out, self.buf = self.buf[:n], self.buf[n:]
-        return out
-
-    def until_close(self) -> bytes:
-        with contextlib.suppress(_ClosedError, OSError):
-            while True:
-                self._fill()
-        out, self.buf = self.buf, b""
-        return out
-
-    def head(self) -> tuple[bytes, list[tuple[str, str]]]:
-        """The start line and the headers (raw start line, parsed headers)."""
-        start = self.line()
-        while start == b"\r\n":  # tolerate stray blank lines between messages
-            start = self.line()
-        headers: list[tuple[str, str]] = []
-        while (line := self.line()) != b"\r\n":
-            name, _, value = line.decode("latin-1").partition(":")
-            headers.append((name.strip(), value.strip()))
-        return start, headers
-
-    def chunked(self) -> bytes:
-        """A chunked body, raw (sizes, chunks and trailers), ending with its last CRLF."""
-        out = b""
-        while True:
-            size_line = self.line()
-            out += size_line
-            size = int(size_line.split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                while (trailer := self.line()) != b"\r\n":
-                    out += trailer
-                return out + b"\r\n"
-            out += self.exact(size + 2)
-
-
-def _header(headers: list[tuple[str, str]], name: str) -> str | None:
-    for k, v in headers:
-        if k.lower() == name:
-            return v
-    return None
-
-
-def _render(start: bytes, headers: list[tuple[str, str]]) -> bytes:
-    return start + "".join(f"{k}: {v}\r\n" for k, v in headers).encode("latin-1") + b"\r\n"
+        return (self.key is None or self.key in path) and header(headers, self.name.lower()) is not None
 
 
 MIX: dict[FaultKind, float] = {
@@ -206,7 +133,7 @@ def _error(kind: str, close: bool = False) -> bytes:
 def _resign(method: str, target: str, headers: list[tuple[str, str]], secret_key: str) -> list[tuple[str, str]]:
     """``headers`` with the SigV4 ``Authorization`` computed again over the headers it signed
     that are still there; a request signed otherwise (or not at all) is left as it is."""
-    auth = _header(headers, "authorization") or ""
+    auth = header(headers, "authorization") or ""
     scheme = "AWS4-HMAC-SHA256 "
     if not auth.startswith(scheme):
         return headers
@@ -222,12 +149,12 @@ def _resign(method: str, target: str, headers: list[tuple[str, str]], secret_key
             "&".join(f"{k}={v}" for k, v in pairs),
             "".join(f"{h}:{','.join(' '.join(v.split()) for k, v in headers if k.lower() == h)}\n" for h in signed),
             ";".join(signed),
-            _header(headers, "x-amz-content-sha256") or "UNSIGNED-PAYLOAD",
+            header(headers, "x-amz-content-sha256") or "UNSIGNED-PAYLOAD",
         ]
     )
     scope = fields["Credential"].split("/", 1)[1]
     digest = hashlib.sha256(canonical.encode()).hexdigest()
-    to_sign = "\n".join(["AWS4-HMAC-SHA256", _header(headers, "x-amz-date") or "", scope, digest])
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", header(headers, "x-amz-date") or "", scope, digest])
     key = f"AWS4{secret_key}".encode()
     for part in scope.split("/"):
         key = hmac.new(key, part.encode(), hashlib.sha256).digest()
@@ -244,8 +171,10 @@ def _reset(sock: socket.socket) -> None:
         sock.close()
 
 
-class FaultProxy:
+class FaultProxy(LoopbackServer):
     """The proxy, listening on a loopback port in front of ``upstream`` (``http://host:port``)."""
+
+    name = "faultproxy"
 
     def __init__(self, upstream: str, *, seed: int = 0):
         parsed = urlsplit(upstream)
@@ -256,21 +185,9 @@ class FaultProxy:
         self.faults: Counter[str] = Counter()
         self.log: list[tuple[str, str, str | None]] = []
         self._rng = random.Random(seed)
-        self._lock = threading.Lock()
-        self._closing = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._socks: set[socket.socket] = set()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.1)
-        self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
-        self._acceptor = threading.Thread(target=self._accept, name="faultproxy-accept")
-        self._acceptor.start()
-
-    def __enter__(self) -> FaultProxy:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().__init__()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._start()
 
     # ------------------------------------------------------------ rules
 
@@ -337,45 +254,16 @@ class FaultProxy:
             headers = _resign(method, target, headers, strip.secret_key)
         return headers
 
-    def _track(self, sock: socket.socket) -> bool:
-        with self._lock:
-            if self._closing.is_set():
-                return False
-            self._socks.add(sock)
-            return True
-
-    def _untrack(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._socks.discard(sock)
-
-    def _accept(self) -> None:
-        while not self._closing.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            client.settimeout(None)
-            if not self._track(client):
-                client.close()
-                return
-            t = threading.Thread(target=self._serve, args=(client,), name="faultproxy-conn")
-            with self._lock:
-                self._threads = [x for x in self._threads if x.is_alive()]
-                self._threads.append(t)
-            t.start()
-
     def _serve(self, client_sock: socket.socket) -> None:
-        client = _Conn(client_sock)
-        upstream: _Conn | None = None
+        client = Conn(client_sock)
+        upstream: Conn | None = None
         try:
             while not self._closing.is_set():
                 start, headers = client.head()
                 method, target, _ = start.decode("latin-1").split(" ", 2)
                 rule = self._choose(method, unquote(target))
                 kind = rule.kind if rule else None
-                if _header(headers, "expect") == "100-continue":
+                if header(headers, "expect") == "100-continue":
                     headers = [(k, v) for k, v in headers if k.lower() != "expect"]
                     if kind in _ANSWERED:
                         # As a server does: refuse at once, without the body, and close.
@@ -383,7 +271,7 @@ class FaultProxy:
                         return
                     client_sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
                 if kind == "reset_request":
-                    length = int(_header(headers, "content-length") or 0)
+                    length = int(header(headers, "content-length") or 0)
                     client.exact(length // 2)
                     _reset(client_sock)
                     return
@@ -400,7 +288,7 @@ class FaultProxy:
                 upstream = upstream or self._connect()
                 try:
                     answer = self._forward(upstream, method, start, headers, body)
-                except (_ClosedError, OSError):
+                except (ClosedError, OSError):
                     # A kept-alive upstream connection the server closed: once more on a new one.
                     self._drop(upstream)
                     upstream = self._connect()
@@ -425,9 +313,9 @@ class FaultProxy:
                 if kind == "reset_after":
                     _reset(client_sock)
                     return
-                if (_header(headers, "connection") or "").lower() == "close" or upstream_closes:
+                if (header(headers, "connection") or "").lower() == "close" or upstream_closes:
                     return
-        except (_ClosedError, OSError, ValueError):
+        except (ClosedError, OSError, ValueError):
             return
         finally:
             self._untrack(client_sock)
@@ -440,64 +328,45 @@ class FaultProxy:
         """Holds ``seconds`` (None: until the proxy closes); True when the proxy is closing."""
         return self._closing.wait(seconds) or seconds is None
 
-    def _body(self, conn: _Conn, headers: list[tuple[str, str]]) -> bytes:
-        if (_header(headers, "transfer-encoding") or "").lower() == "chunked":
+    def _body(self, conn: Conn, headers: list[tuple[str, str]]) -> bytes:
+        if (header(headers, "transfer-encoding") or "").lower() == "chunked":
             return conn.chunked()
-        return conn.exact(int(_header(headers, "content-length") or 0))
+        return conn.exact(int(header(headers, "content-length") or 0))
 
-    def _connect(self) -> _Conn:
+    def _connect(self) -> Conn:
         sock = socket.create_connection(self.upstream, timeout=60)
         if not self._track(sock):
             sock.close()
-            raise _ClosedError
-        return _Conn(sock)
+            raise ClosedError
+        return Conn(sock)
 
-    def _drop(self, conn: _Conn) -> None:
+    def _drop(self, conn: Conn) -> None:
         self._untrack(conn.sock)
         with contextlib.suppress(OSError):
             conn.sock.close()
 
     def _forward(
-        self, upstream: _Conn, method: str, start: bytes, headers: list[tuple[str, str]], body: bytes
+        self, upstream: Conn, method: str, start: bytes, headers: list[tuple[str, str]], body: bytes
     ) -> tuple[bytes, bool]:
         """Sends the request upstream; the raw answer and whether the server closes after it."""
-        upstream.sock.sendall(_render(start, headers) + body)
+        upstream.sock.sendall(render(start, headers) + body)
         while True:
             status_line, resp_headers = upstream.head()
             status = int(status_line.split()[1])
             if 100 <= status < 200:
                 continue  # interim answers are the proxy's business, not the client's
             break
-        closes = (_header(resp_headers, "connection") or "").lower() == "close"
+        closes = (header(resp_headers, "connection") or "").lower() == "close"
         if method == "HEAD" or status in (204, 304):
             resp_body = b""
-        elif (_header(resp_headers, "transfer-encoding") or "").lower() == "chunked":
+        elif (header(resp_headers, "transfer-encoding") or "").lower() == "chunked":
             resp_body = upstream.chunked()
-        elif (length := _header(resp_headers, "content-length")) is not None:
+        elif (length := header(resp_headers, "content-length")) is not None:
             resp_body = upstream.exact(int(length))
         else:
             resp_body = upstream.until_close()
             closes = True
-        return _render(status_line, resp_headers) + resp_body, closes
-
-    def close(self) -> None:
-        """Stops accepting, ends every connection (stalls included) and joins the threads."""
-        self._closing.set()
-        self._acceptor.join(10)
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        with self._lock:
-            socks = list(self._socks)
-        for sock in socks:  # their threads close them
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-        with self._lock:
-            threads = list(self._threads)
-        for t in threads:
-            t.join(10)
-        leftover = [t.name for t in [self._acceptor, *threads] if t.is_alive()]
-        if leftover:
-            raise RuntimeError(f"fault proxy threads still running after close: {leftover}")
+        return render(status_line, resp_headers) + resp_body, closes
 
     def summary(self) -> dict[str, object]:
         """The counters, for reports: requests seen and faults by kind."""

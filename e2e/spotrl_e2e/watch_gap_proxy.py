@@ -23,11 +23,10 @@ import contextlib
 import json
 import socket
 import ssl
-import threading
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from spotrl_e2e.faultproxy import _ClosedError, _Conn, _header, _render
+from spotrl_e2e.loopback import ClosedError, Conn, LoopbackServer, header, render
 from spotrl_e2e.pki import KeyPair
 
 EXPIRED = {
@@ -54,10 +53,12 @@ def _cut(sock: socket.socket) -> None:
         socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
-class WatchGapProxy:
+class WatchGapProxy(LoopbackServer):
     """Listens on 127.0.0.1 (:attr:`server`) in front of ``upstream`` (the API server's URL);
     ``ca``: the cluster's CA certificate, ``serving``: a certificate it signed for 127.0.0.1;
     ``collection``: the path whose watches a gap breaks."""
+
+    name = "watchgap"
 
     def __init__(self, upstream: str, ca: Path, serving: KeyPair, collection: str = "/api/v1/pods"):
         parsed = urlsplit(upstream)
@@ -72,22 +73,9 @@ class WatchGapProxy:
         self._to_server.set_alpn_protocols(["http/1.1"])
         self._to_client = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self._to_client.load_cert_chain(str(serving.cert), str(serving.key))
-        self._lock = threading.Lock()
-        self._closing = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._socks: set[socket.socket] = set()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.1)
-        self.port = self._listener.getsockname()[1]
+        super().__init__()
         self.server = f"https://127.0.0.1:{self.port}"
-        self._acceptor = threading.Thread(target=self._accept, name="watchgap-accept")
-        self._acceptor.start()
-
-    def __enter__(self) -> WatchGapProxy:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._start()
 
     # ------------------------------------------------------------ the gap
 
@@ -118,52 +106,20 @@ class WatchGapProxy:
 
     # ------------------------------------------------------------ serving
 
-    def _track(self, sock: socket.socket) -> bool:
-        with self._lock:
-            if self._closing.is_set():
-                return False
-            self._socks.add(sock)
-            return True
-
-    def _untrack(self, *socks: socket.socket) -> None:
-        with self._lock:
-            for sock in socks:
-                self._socks.discard(sock)
-                with contextlib.suppress(OSError):
-                    sock.close()
-
-    def _accept(self) -> None:
-        while not self._closing.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            client.settimeout(None)
-            if not self._track(client):
-                client.close()
-                return
-            t = threading.Thread(target=self._serve, args=(client,), name="watchgap-conn")
-            with self._lock:
-                self._threads = [x for x in self._threads if x.is_alive()]
-                self._threads.append(t)
-            t.start()
-
     def _serve(self, raw: socket.socket) -> None:
         client_sock: socket.socket = raw
-        upstream: _Conn | None = None
+        upstream: Conn | None = None
         try:
             client_sock = self._to_client.wrap_socket(raw, server_side=True)
             self._track(client_sock)
-            client = _Conn(client_sock)
+            client = Conn(client_sock)
             while not self._closing.is_set():
                 start, headers = client.head()
                 method, target, _ = start.decode("latin-1").split(" ", 2)
-                if (_header(headers, "transfer-encoding") or "").lower() == "chunked":
+                if (header(headers, "transfer-encoding") or "").lower() == "chunked":
                     body = client.chunked()
                 else:
-                    body = client.exact(int(_header(headers, "content-length") or 0))
+                    body = client.exact(int(header(headers, "content-length") or 0))
                 kind = self._classify(method, target)
                 upstream = upstream or self._connect()
                 if kind == "watch" and not self._start_watch(client_sock, upstream.sock):
@@ -172,23 +128,23 @@ class WatchGapProxy:
                 try:
                     try:
                         answer = self._ask(upstream, start, headers, body)
-                    except (_ClosedError, OSError):
+                    except (ClosedError, OSError):
                         if kind == "watch":
                             raise  # cut by a gap: never sent again
                         # A kept-alive connection the server closed meanwhile: once more on a new one.
-                        self._untrack(upstream.sock)
+                        self._untrack(upstream.sock, close=True)
                         upstream = self._connect()
                         answer = self._ask(upstream, start, headers, body)
                     closes = self._relay(upstream, client_sock, method, *answer)
                 finally:
                     with self._lock:
                         self._watches.discard((client_sock, upstream.sock))
-                if closes or (_header(headers, "connection") or "").lower() == "close":
+                if closes or (header(headers, "connection") or "").lower() == "close":
                     return
-        except (_ClosedError, OSError, ValueError):
+        except (ClosedError, OSError, ValueError):
             return
         finally:
-            self._untrack(raw, client_sock, *((upstream.sock,) if upstream else ()))
+            self._untrack(raw, client_sock, *((upstream.sock,) if upstream else ()), close=True)
 
     def _start_watch(self, client: socket.socket, upstream: socket.socket) -> bool:
         """Registers a watch to cut at the next gap; False (and counted) when a gap is open."""
@@ -199,37 +155,37 @@ class WatchGapProxy:
             self._watches.add((client, upstream))
             return True
 
-    def _connect(self) -> _Conn:
+    def _connect(self) -> Conn:
         raw = socket.create_connection(self.upstream, timeout=60)
         sock = self._to_server.wrap_socket(raw, server_hostname=self.upstream[0])
         sock.settimeout(None)  # a watch waits as long as the server keeps it open
         if not self._track(sock):
             sock.close()
-            raise _ClosedError
-        return _Conn(sock)
+            raise ClosedError
+        return Conn(sock)
 
     @staticmethod
     def _ask(
-        upstream: _Conn, start: bytes, headers: list[tuple[str, str]], body: bytes
+        upstream: Conn, start: bytes, headers: list[tuple[str, str]], body: bytes
     ) -> tuple[bytes, list[tuple[str, str]]]:
         """Sends the request upstream; the answer's status line and headers."""
-        upstream.sock.sendall(_render(start, headers) + body)
+        upstream.sock.sendall(render(start, headers) + body)
         status_line, resp_headers = upstream.head()
         while 100 <= int(status_line.split()[1]) < 200:
             status_line, resp_headers = upstream.head()  # interim answers are the proxy's business
         return status_line, resp_headers
 
     def _relay(
-        self, upstream: _Conn, client: socket.socket, method: str, status_line: bytes, headers: list[tuple[str, str]]
+        self, upstream: Conn, client: socket.socket, method: str, status_line: bytes, headers: list[tuple[str, str]]
     ) -> bool:
         """Relays the answer as it comes; whether the server closes the connection after it."""
-        client.sendall(_render(status_line, headers))
-        closes = (_header(headers, "connection") or "").lower() == "close"
+        client.sendall(render(status_line, headers))
+        closes = (header(headers, "connection") or "").lower() == "close"
         if method == "HEAD" or int(status_line.split()[1]) in (204, 304):
             return closes
-        if (_header(headers, "transfer-encoding") or "").lower() == "chunked":
+        if (header(headers, "transfer-encoding") or "").lower() == "chunked":
             self._relay_chunks(upstream, client)
-        elif (length := _header(headers, "content-length")) is not None:
+        elif (length := header(headers, "content-length")) is not None:
             client.sendall(upstream.exact(int(length)))
         else:
             client.sendall(upstream.until_close())
@@ -237,7 +193,7 @@ class WatchGapProxy:
         return closes
 
     @staticmethod
-    def _relay_chunks(upstream: _Conn, client: socket.socket) -> None:
+    def _relay_chunks(upstream: Conn, client: socket.socket) -> None:
         """A chunked body, each chunk passed on as it arrives (a watch's events, one by one)."""
         while True:
             size_line = upstream.line()
@@ -249,21 +205,3 @@ class WatchGapProxy:
                 client.sendall(b"\r\n")
                 return
             client.sendall(upstream.exact(size + 2))
-
-    def close(self) -> None:
-        """Stops accepting, ends every connection (watches included) and joins the threads."""
-        self._closing.set()
-        self._acceptor.join(10)
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        with self._lock:
-            socks = list(self._socks)
-        for sock in socks:  # their threads close them
-            _cut(sock)
-        with self._lock:
-            threads = list(self._threads)
-        for t in threads:
-            t.join(10)
-        leftover = [t.name for t in [self._acceptor, *threads] if t.is_alive()]
-        if leftover:
-            raise RuntimeError(f"watch gap proxy threads still running after close: {leftover}")

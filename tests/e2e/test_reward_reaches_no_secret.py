@@ -16,6 +16,7 @@ import pytest
 from operator_harness import NOWHERE, TARGET, Jobs, JobStorage, OperatorProcess, render_chart, tiny_job
 
 from spotrl_e2e.cluster import Cluster
+from spotrl_e2e.reward_probe import RAISED, RETURNED, write_probe
 from spotrl_operator.settings import add_arguments, from_args
 
 pytestmark = [
@@ -24,31 +25,7 @@ pytestmark = [
     pytest.mark.skipif(TARGET == "kind", reason="the reward module lives on the test machine, not in an image"),
 ]
 
-RETURNED = "a-file-the-reward-returned-61a7"
-RAISED = "a-file-the-reward-raised-with-93c2"
 GROUP = 4
-PROBE = '''
-import os
-
-def score(prompt, completion):
-    """Returns the storage's key if it can find one; else, on some rows, what it read."""
-    with open("/proc/self/environ", "rb") as f:
-        environ = f.read()
-    seen = os.environ.get("AWS_SECRET_ACCESS_KEY")
-    out = os.path.join(os.environ["PROBE_OUT"], f"{os.getpid()}.environ")
-    if not os.path.exists(out):
-        with open(out, "wb") as f:
-            f.write(environ)
-    if seen or b"AWS_" in environ:
-        return seen or environ.decode()
-    if prompt.idx % 4 == 1:
-        with open(os.environ["PROBE_FILES"] + "/returned") as f:
-            return f.read()
-    if prompt.idx % 4 == 2:
-        with open(os.environ["PROBE_FILES"] + "/raised") as f:
-            raise PermissionError("cannot use " + f.read())
-    return 1.0 if completion.strip() == prompt.answer.strip() else 0.0
-'''
 
 
 def _reward_job(name: str, import_path: str, storage: JobStorage, **spec: object) -> dict:
@@ -79,11 +56,8 @@ def test_the_reward_finds_no_key_of_the_charts_default_secret_and_leaks_nothing_
     code, seen, files = tmp_path / "code", tmp_path / "seen", tmp_path / "files"
     (code / "spotrl_rewards").mkdir(parents=True)
     (code / "spotrl_rewards" / "__init__.py").write_text("")
-    (code / "spotrl_rewards" / "probe.py").write_text(PROBE)  # under the chart's default prefixes
+    write_probe(code / "spotrl_rewards" / "probe.py", files)  # under the chart's default prefixes
     seen.mkdir()
-    files.mkdir()
-    (files / "returned").write_text(RETURNED)
-    (files / "raised").write_text(RAISED)
     keys = [e2e_storage.access_key, e2e_storage.secret_key]
     cluster.admin().create(f"/api/v1/namespaces/{namespace}/secrets", e2e_storage.secret("shared-s3"))
     operator = start_operator(args=("--default-credentials-secret", "shared-s3"))

@@ -11,40 +11,17 @@ from pathlib import Path
 
 from controller_runs import Runs
 
+from spotrl_e2e.reward_probe import RAISED, RETURNED, write_probe
+
 KEYS = {
     "AWS_ACCESS_KEY_ID": "AKIA-key-id-7f3b91",
     "AWS_SECRET_ACCESS_KEY": "storage-secret-0c9e4a",
     "AWS_SESSION_TOKEN": "session-token-5d21",
 }
-RETURNED = "a-file-the-reward-returned-61a7"
-RAISED = "a-file-the-reward-raised-with-93c2"
 ALLOWED = {
     *("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH", "PYTHONUNBUFFERED"),
     *("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"),
 }
-
-PROBE = '''
-import os
-
-def score(prompt, completion):
-    """Returns the storage's key if it can find one; else, on some rows, what it read."""
-    with open("/proc/self/environ", "rb") as f:
-        environ = f.read()
-    seen = os.environ.get("AWS_SECRET_ACCESS_KEY")
-    out = os.path.join(os.environ["PROBE_OUT"], f"{os.getpid()}.environ")
-    if not os.path.exists(out):
-        with open(out, "wb") as f:
-            f.write(environ)
-    if seen or b"AWS_" in environ:
-        return seen or environ.decode()
-    if prompt.idx % 4 == 1:
-        with open(os.environ["PROBE_FILES"] + "/returned") as f:
-            return f.read()
-    if prompt.idx % 4 == 2:
-        with open(os.environ["PROBE_FILES"] + "/raised") as f:
-            raise PermissionError("cannot use " + f.read())
-    return 1.0 if completion.strip() == prompt.answer.strip() else 0.0
-'''
 
 
 def _files_text(root: Path) -> str:
@@ -55,9 +32,7 @@ def test_the_reward_scores_without_the_storage_keys_and_leaks_nothing_it_read(ru
     code, seen, files = tmp_path / "code", tmp_path / "seen", tmp_path / "files"
     for d in (code, seen, files):
         d.mkdir()
-    (code / "probe_reward.py").write_text(PROBE)
-    (files / "returned").write_text(RETURNED)
-    (files / "raised").write_text(RAISED)
+    write_probe(code / "probe_reward.py", files)
     job = runs.job(
         {
             "reward": {"importPath": "probe_reward:score"},
