@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from spotrl_e2e.kube import Credentials, KubeClient
 from spotrl_e2e.pki import SERVICE_CIDR, ClusterPKI, write_kubeconfig
@@ -64,6 +65,28 @@ ADMISSION_PLUGINS = (
 )
 
 
+# What the API server's audit log records (``ControlPlane.audit_log``): every write by a
+# ServiceAccount outside kube-system (the operator, Kopf's own client included, and the jobs'
+# runtime accounts), at Metadata level (who, what, when; never a body), one event per request.
+# The controllers' accounts (kube-system) and everything else are not recorded: the log stays
+# small on the session's cluster, and a test reads it to see who wrote what, and when.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [
+        {"level": "None", "userGroups": ["system:serviceaccounts:kube-system"]},
+        {
+            "level": "Metadata",
+            "userGroups": ["system:serviceaccounts"],
+            "verbs": ["create", "update", "patch", "delete", "deletecollection"],
+        },
+        {"level": "None"},
+    ],
+}
+AUDIT_LOG_MAX_MB = 50  # then rotated once: at most twice this on disk, whatever the session runs
+
+
 @dataclass
 class Timings:
     """How fast the control plane notices trouble. Real clusters: 40-50 s and 300 s."""
@@ -102,11 +125,27 @@ class ControlPlane:
         self.ports = Endpoints()
         self.processes: list[Process] = []
         self.admin_kubeconfig = self.workdir / "kubeconfig"
+        self.audit_dir = self.workdir / "audit"
         self.startup_seconds: dict[str, float] = {}
 
     @property
     def server(self) -> str:
         return self.ports.server
+
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log (JSON lines; see :data:`AUDIT_POLICY`); rotated files are
+        ``audit-<time>.log`` beside it."""
+        return self.audit_dir / "audit.log"
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        """Every event of the audit log, the rotated files' included, in no particular order (a
+        line the API server is still writing, not yet ended, is left out)."""
+        events = []
+        for log in sorted(self.audit_dir.glob("audit*.log")):
+            whole, _, _ = log.read_text().rpartition("\n")
+            events += [json.loads(line) for line in whole.splitlines() if line.strip()]
+        return events
 
     def admin_credentials(self) -> Credentials:
         return Credentials(self.server, self.pki.ca.cert, client=self.pki.admin())
@@ -166,6 +205,9 @@ class ControlPlane:
         serving, kubelet_client = pki.apiserver(), pki.apiserver_kubelet_client()
         self.ports.apiserver = free_port()
         t = self.timings
+        self.audit_dir.mkdir(parents=True, exist_ok=True)
+        policy = self.audit_dir / "policy.json"
+        policy.write_text(json.dumps(AUDIT_POLICY, indent=1))
         argv = [
             self.tools.kube_apiserver,
             f"--etcd-servers=http://127.0.0.1:{self.ports.etcd}",
@@ -193,6 +235,11 @@ class ControlPlane:
             "--profiling=false",
             "--event-ttl=1h",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            f"--audit-log-maxsize={AUDIT_LOG_MAX_MB}",
+            "--audit-log-maxbackup=1",
         ]
         proc = Process("kube-apiserver", argv, self.workdir).start(detached)
         self.processes.append(proc)

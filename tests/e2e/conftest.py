@@ -41,14 +41,21 @@ def start_operator(
     cluster: Cluster, operator_identity: tuple[str, Path], tmp_path: Path
 ) -> Iterator[Callable[..., OperatorProcess]]:
     """Starts operators (``start_operator(args=(...), wait="lead"|"standby")``); all are
-    stopped at the end of the test."""
-    namespace, kubeconfig = operator_identity
+    stopped at the end of the test. ``kubeconfig``: another token of the chart's ServiceAccount
+    (one per operator, so the API server's audit log tells them apart); ``env``: variables added."""
+    namespace, module_kubeconfig = operator_identity
     started: list[OperatorProcess] = []
 
     def start(
-        args: tuple[str, ...] = (), wait: str | None = "lead", name: str = "operator", source: Path | None = None
+        args: tuple[str, ...] = (),
+        wait: str | None = "lead",
+        name: str = "operator",
+        source: Path | None = None,
+        kubeconfig: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> OperatorProcess:
-        op = OperatorProcess(cluster, kubeconfig, namespace, tmp_path, name=name, args=args, source=source)
+        config = kubeconfig or module_kubeconfig
+        op = OperatorProcess(cluster, config, namespace, tmp_path, name=name, args=args, source=source, env=env)
         started.append(op)
         return op.start(wait=wait)
 

@@ -148,9 +148,11 @@ class OperatorProcess:
         args: tuple[str, ...] = (),
         lease_seconds: float = 4.0,
         source: Path | None = None,
+        env: dict[str, str] | None = None,
     ):
         """``source``: a checkout of another commit whose operator runs instead of this one's
-        (its ``operator/`` and ``runtime/`` come first on the path; the dependencies are this venv's)."""
+        (its ``operator/`` and ``runtime/`` come first on the path; the dependencies are this venv's).
+        ``env``: variables added to the process's environment."""
         self.cluster = cluster
         self.name = f"{name}-{uuid.uuid4().hex[:4]}"
         self.metrics_port = free_port()
@@ -182,10 +184,10 @@ class OperatorProcess:
             "2",
             *args,
         ]
-        env = None
+        added = dict(env or {})
         if source is not None:
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(source / d) for d in ("operator", "runtime"))}
-        self.process = Process(self.name, argv, workdir, env=env)
+            added["PYTHONPATH"] = os.pathsep.join(str(source / d) for d in ("operator", "runtime"))
+        self.process = Process(self.name, argv, workdir, env={**os.environ, **added} if added else None)
 
     def start(self, wait: str | None = "lead", timeout: float = 30) -> OperatorProcess:
         """Starts it; ``wait``: "lead" (until Kopf runs), "standby", or None."""

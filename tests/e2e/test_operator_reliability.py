@@ -1,20 +1,26 @@
 """The operator's edges, on the test control plane with real operator processes: a leader cut
 off from the API server, a namespace deleted under its jobs, a budget deleted by hand, a job
-made again under its name, a pod deleted while the operator's watch is in a gap (410 Gone), and
-many nodes going Unknown at once."""
+made again under its name, a pod deleted while the operator's watch is in a gap (410 Gone),
+many nodes going Unknown at once, and a rolling update of the operator in the middle of a barrier
+(the API server's audit log shows who wrote when)."""
 
 from __future__ import annotations
 
+import base64
+import json
+import os
 import re
+import signal
 from collections.abc import Callable
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from operator_harness import NOWHERE, Jobs, OperatorProcess, tiny_job, wait_until
+from operator_harness import NOWHERE, RELEASE, Jobs, OperatorProcess, tiny_job, token_kubeconfig, wait_until
 
 from spotrl_e2e.cluster import Cluster
 from spotrl_e2e.kube import path
@@ -298,3 +304,132 @@ def test_a_pod_deleted_in_a_watch_gap_is_found_gone_and_the_job_makes_a_new_cont
         finally:
             operator.stop()
             proxy.close()
+
+
+HOLD_WRITE = Path(__file__).parent / "hold_write"
+"""A ``sitecustomize`` that holds an operator's next write once the test says so (see there)."""
+
+
+def token_id(kubeconfig: Path) -> str:
+    """The ``jti`` of the kubeconfig's ServiceAccount token: the API server names it in each
+    request's audit event (``user.extra["authentication.kubernetes.io/credential-id"]``), so two
+    replicas of one ServiceAccount, each with its own token, are told apart there."""
+    token = yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]["token"]
+    claims = token.split(".")[1]
+    return str(json.loads(base64.urlsafe_b64decode(claims + "=" * (-len(claims) % 4)))["jti"])
+
+
+@dataclass(frozen=True)
+class Write:
+    """One write request as the API server's audit log has it, on the API server's clock."""
+
+    received: datetime
+    completed: datetime
+    verb: str
+    resource: str
+    name: str
+    client: str
+    """The User-Agent's product: ``kopf`` (Kopf's own client), ``OpenAPI-Generator`` (SpotRL's)."""
+    who: str
+
+    def __str__(self) -> str:
+        when = f"{self.received:%H:%M:%S.%f}-{self.completed:%H:%M:%S.%f}"
+        return f"{when} {self.who} {self.client} {self.verb} {self.resource}/{self.name}"
+
+
+def writes_by(cluster: Cluster, token: str, who: str) -> list[Write]:
+    """Every write request sent with the token, in the order received; ``who`` names the sender."""
+    credential = [f"JTI={token}"]
+    out = []
+    for event in cluster.controlplane.audit_events():
+        if (event["user"].get("extra") or {}).get("authentication.kubernetes.io/credential-id") != credential:
+            continue
+        ref = event.get("objectRef") or {}
+        resource = "/".join(filter(None, (ref.get("resource"), ref.get("subresource"))))
+        out.append(
+            Write(
+                datetime.fromisoformat(event["requestReceivedTimestamp"]),
+                datetime.fromisoformat(event["stageTimestamp"]),
+                event["verb"],
+                resource,
+                ref.get("name") or "",
+                (event.get("userAgent") or "").split("/")[0],
+                who,
+            )
+        )
+    return sorted(out, key=lambda w: w.received)
+
+
+def test_a_rolling_update_mid_barrier_writes_from_one_operator_at_every_instant(
+    cluster: Cluster,
+    namespace: str,
+    operator_identity: tuple[str, Path],
+    start_operator: Callable[..., OperatorProcess],
+    jobs: Jobs,
+    tmp_path: Path,
+) -> None:
+    """The old replica is stopped (SIGTERM, as a rolling update does) while a barrier is requested
+    and one of its writes is in flight (held 2.5 s by ``hold_write``, under a 4 s lease). The
+    API server's audit log must show every write of the old replica, Kopf's own included, ended
+    before the new one's first write (its take-over of the Lease) arrived; and the barrier commits
+    under the new one. Each replica has its own token of the chart's ServiceAccount: one user
+    name, told apart by the token's id in the audit log."""
+    from test_operator import HeldCut, runtime_bridge
+
+    lease_ns = operator_identity[0]
+    configs = {who: token_kubeconfig(cluster, lease_ns, RELEASE, tmp_path / f"{who}.kubeconfig") for who in "ab"}
+    arm = tmp_path / "hold-write"
+    hook = {
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(HOLD_WRITE), os.environ.get("PYTHONPATH")))),
+        "SPOTRL_HOLD_WRITE": str(arm),
+        "SPOTRL_HOLD_WRITE_SECONDS": "2.5",
+    }
+    old = start_operator(name="old", kubeconfig=configs["a"], env=hook)
+    new = start_operator(name="new", wait="standby", kubeconfig=configs["b"])
+    jobs.create(
+        tiny_job("tiny", checkpoint={"storage": "s3://bucket-x/tiny", "barrierDeadlineSeconds": 120}, **PENDING)
+    )
+    jobs.wait("tiny", lambda s: s.get("attempt") == 1, 20, "started")
+    held = HeldCut()
+    bridge = runtime_bridge(cluster, namespace, "tiny", 1, tmp_path).start(held)
+    try:
+        jobs.patch_spec("tiny", {"suspend": True})
+        assert held.asked.wait(20), "the bridge never saw the barrier request"
+        request = jobs.status("tiny")["barrier"]
+        assert request["state"] == "Requested"
+
+        # A second job: the old leader's next write (its children, or its status) is held in flight.
+        arm.touch()
+        jobs.create(tiny_job("other", checkpoint={"storage": "s3://bucket-x/other"}, **PENDING))
+        wait_until(lambda: arm.with_name("hold-write.held").exists(), 15, "a write of the old leader in flight")
+        stopped_at = datetime.now(UTC)
+        old.kill(signal.SIGTERM)
+        assert old.process.exit_code() == 0, old.log()[-3000:]
+        assert "released the lease" in old.log()
+        wait_until(lambda: "ready: running RLJobs" in new.log(), 20, "the new replica to lead")
+
+        held.release.set()
+        st = jobs.wait("tiny", lambda s: s.get("phase") == "Suspended", 30, "the new leader finishes the suspend")
+        assert st["barrier"]["requestId"] == request["requestId"], "the same barrier, not a new one"
+        assert st["barrier"]["state"] == "Committed"
+        assert held.calls == ["suspend"], "the controller was asked once"
+        jobs.delete("other")  # the new leader's Kopf lets it go: its finalizer
+    finally:
+        held.release.set()
+        bridge.stop()
+
+    by_old = writes_by(cluster, token_id(configs["a"]), "old")
+    by_new = writes_by(cluster, token_id(configs["b"]), "new")
+    said = "\n".join(map(str, sorted(by_old + by_new, key=lambda w: w.received)))
+    # Both clients of each replica are in the log (Kopf's own: finalizers, its annotations), and
+    # the old one's held write went out after it was told to stop: the window was there.
+    assert {w.client for w in by_old} == {"kopf", "OpenAPI-Generator"}, f"the old leader's clients:\n{said}"
+    assert {w.client for w in by_new} == {"kopf", "OpenAPI-Generator"}, f"the new leader's clients:\n{said}"
+    assert [w for w in by_old if w.received > stopped_at and w.resource != "leases"], f"no write in flight:\n{said}"
+    # One operator at every instant: each write of the old one (from its arrival to its answer)
+    # ended before the new one's first arrived. That first is the take-over of the Lease (a
+    # standby only reads it), and the old one's last is its release: every other write of the
+    # old one, Kopf's included, came before the release.
+    assert max(w.completed for w in by_old) < by_new[0].received, f"two operators wrote at once:\n{said}"
+    assert (by_old[-1].verb, by_old[-1].resource) == ("update", "leases"), f"not last, the release:\n{said}"
+    assert (by_new[0].verb, by_new[0].resource) == ("update", "leases"), f"not first, the take-over:\n{said}"
