@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import socket
 import threading
@@ -87,7 +88,7 @@ def render(start: bytes, headers: list[tuple[str, str]]) -> bytes:
     return start + "".join(f"{k}: {v}\r\n" for k, v in headers).encode("latin-1") + b"\r\n"
 
 
-class LoopbackServer:
+class LoopbackServer(abc.ABC):
     """Listens on 127.0.0.1 (:attr:`port`) and serves each connection in a thread of its own
     (:meth:`_serve`, the subclass's). A subclass sets itself up, then calls :meth:`_start`."""
 
@@ -113,8 +114,9 @@ class LoopbackServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @abc.abstractmethod
     def _serve(self, sock: socket.socket) -> None:
-        raise NotImplementedError
+        """Serves one accepted connection until it ends (in its own thread)."""
 
     def _track(self, sock: socket.socket) -> bool:
         """Remembers a connection to end at :meth:`close`; False once closing (then close it)."""

@@ -85,10 +85,15 @@ class Zone:
     nodes: int = 0
     not_ready: int = 0
 
+    @property
+    def down(self) -> bool:
+        """No node of the zone is Ready (a full disruption)."""
+        return bool(self.not_ready) and self.not_ready >= self.nodes
+
     def state(self, threshold: float) -> ZoneState:
         """Kubernetes' ``ComputeZoneState``: no node Ready is a full disruption; at least
         :data:`MIN_UNHEALTHY` and ``threshold`` of the nodes not Ready a partial one."""
-        if self.not_ready and self.not_ready >= self.nodes:
+        if self.down:
             return ZoneState.FULL
         if self.not_ready >= MIN_UNHEALTHY and self.not_ready / self.nodes >= threshold:
             return ZoneState.PARTIAL
@@ -98,16 +103,15 @@ class Zone:
 def held_zones(zones: Mapping[str, Zone], threshold: float) -> frozenset[str]:
     """The zones where no node counts as lost by its health: the partially disrupted ones, or
     every zone when all are fully disrupted (Kubernetes' ``handleDisruption``)."""
-    states = {name: zone.state(threshold) for name, zone in zones.items() if zone.nodes}
-    if states and all(state is ZoneState.FULL for state in states.values()):
-        return frozenset(states)
-    return frozenset(name for name, state in states.items() if state is ZoneState.PARTIAL)
+    if all_down(zones):
+        return frozenset(name for name, zone in zones.items() if zone.nodes)
+    return frozenset(name for name, zone in zones.items() if zone.nodes and zone.state(threshold) is ZoneState.PARTIAL)
 
 
 def all_down(zones: Mapping[str, Zone]) -> bool:
     """Whether every zone is fully disrupted (whatever the threshold)."""
     sized = [zone for zone in zones.values() if zone.nodes]
-    return bool(sized) and all(zone.not_ready >= zone.nodes for zone in sized)
+    return bool(sized) and all(zone.down for zone in sized)
 
 
 def zone_of(node: Obj) -> str:

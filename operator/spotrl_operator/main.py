@@ -50,15 +50,17 @@ def run(settings: Settings) -> int:
             return 0
         metrics.leader.set(1)
         kube = kube.with_guard(elector.guard)
-    stopped: list[Any] = []  # the handlers' Context, once Kopf has stopped
+    import spotrl_operator.handlers as handlers  # registers the handlers with Kopf
+
+    ctx = handlers.Context(settings=settings, kube=kube, metrics=metrics)
     try:
-        _run_kopf(settings, kube, metrics, stopped.append)
+        _run_kopf(settings, ctx)
     finally:
         metrics.leader.set(0)
         if lost.is_set():
             renewing.set()
         else:
-            _shut_down(elector, stopped[0] if stopped else None, renewing, settings.lease_seconds)
+            _shut_down(elector, ctx, renewing, settings.lease_seconds)
     if lost.is_set():
         log.error("exiting: the leader Lease was lost")
         return 1
@@ -143,18 +145,17 @@ def _exit_hard_in(seconds: float) -> None:
     timer.start()
 
 
-def _run_kopf(settings: Settings, kube: Any, metrics: Any, stopped: Callable[[Any], None]) -> None:
-    """Runs the handlers until Kopf stops (SIGTERM, or the Lease lost); then hands ``stopped``
-    the handlers' Context."""
+def _run_kopf(settings: Settings, ctx: Any) -> None:
+    """Runs the handlers, with ``ctx`` (the handlers' Context), until Kopf stops (SIGTERM, or
+    the Lease lost)."""
     import kopf
 
-    import spotrl_operator.handlers as handlers  # registers the handlers with Kopf
+    import spotrl_operator.handlers as handlers
 
     handlers.register_children(settings)
     if settings.kueue:
         handlers.register_kueue()
 
-    ctx = handlers.Context(settings=settings, kube=kube, metrics=metrics)
     memo = kopf.Memo(ctx=ctx)
     ready = threading.Event()
 
@@ -164,13 +165,10 @@ def _run_kopf(settings: Settings, kube: Any, metrics: Any, stopped: Callable[[An
             log.info("ready: running RLJobs in %s as %s", where, settings.identity)
 
     threading.Thread(target=say_ready, name="ready-log", daemon=True).start()
-    try:
-        kopf.run(
-            standalone=True,
-            clusterwide=not settings.namespaces,
-            namespaces=settings.namespaces,
-            memo=memo,
-            ready_flag=ready,
-        )
-    finally:
-        stopped(ctx)
+    kopf.run(
+        standalone=True,
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        memo=memo,
+        ready_flag=ready,
+    )

@@ -458,21 +458,35 @@ def runtime_bridge(cluster: Cluster, namespace: str, job: str, attempt: int, tmp
     return KubeBridge(job, namespace, attempt, api_client=config.new_client_from_config(config_file=str(kubeconfig)))
 
 
-def test_an_operator_killed_in_the_middle_of_a_barrier_is_finished_by_the_next(
-    cluster: Cluster, namespace: str, start_operator: Callable[..., OperatorProcess], jobs: Jobs, tmp_path: Path
-) -> None:
-    first = start_operator(name="first")
+def suspended_mid_barrier(
+    cluster: Cluster, namespace: str, jobs: Jobs, tmp_path: Path, held: HeldCut
+) -> tuple[KubeBridge, dict]:
+    """The job ``tiny`` (its controller pod Pending) suspended, its barrier requested and seen by
+    the real bridge, whose cut ``held`` holds: (the running bridge, to stop; the request)."""
     jobs.create(
         tiny_job("tiny", checkpoint={"storage": "s3://bucket-x/tiny", "barrierDeadlineSeconds": 120}, **PENDING)
     )
     jobs.wait("tiny", lambda s: s.get("attempt") == 1, 20, "started")
-    held = HeldCut()
     bridge = runtime_bridge(cluster, namespace, "tiny", 1, tmp_path).start(held)
     try:
         jobs.patch_spec("tiny", {"suspend": True})
         assert held.asked.wait(20), "the bridge never saw the barrier request"
         request = jobs.status("tiny")["barrier"]
         assert request["state"] == "Requested"
+    except BaseException:
+        held.release.set()
+        bridge.stop()
+        raise
+    return bridge, request
+
+
+def test_an_operator_killed_in_the_middle_of_a_barrier_is_finished_by_the_next(
+    cluster: Cluster, namespace: str, start_operator: Callable[..., OperatorProcess], jobs: Jobs, tmp_path: Path
+) -> None:
+    first = start_operator(name="first")
+    held = HeldCut()
+    bridge, request = suspended_mid_barrier(cluster, namespace, jobs, tmp_path, held)
+    try:
         wait_until(lambda: "BarrierRequested" in jobs.reasons("tiny"), 10, "the request's Event")
 
         first.kill(signal.SIGKILL)  # mid-barrier: requested, not yet committed

@@ -374,7 +374,7 @@ def test_a_rolling_update_mid_barrier_writes_from_one_operator_at_every_instant(
     before the new one's first write (its take-over of the Lease) arrived; and the barrier commits
     under the new one. Each replica has its own token of the chart's ServiceAccount: one user
     name, told apart by the token's id in the audit log."""
-    from test_operator import HeldCut, runtime_bridge
+    from test_operator import HeldCut, suspended_mid_barrier
 
     lease_ns = operator_identity[0]
     configs = {who: token_kubeconfig(cluster, lease_ns, RELEASE, tmp_path / f"{who}.kubeconfig") for who in "ab"}
@@ -386,18 +386,9 @@ def test_a_rolling_update_mid_barrier_writes_from_one_operator_at_every_instant(
     }
     old = start_operator(name="old", kubeconfig=configs["a"], env=hook)
     new = start_operator(name="new", wait="standby", kubeconfig=configs["b"])
-    jobs.create(
-        tiny_job("tiny", checkpoint={"storage": "s3://bucket-x/tiny", "barrierDeadlineSeconds": 120}, **PENDING)
-    )
-    jobs.wait("tiny", lambda s: s.get("attempt") == 1, 20, "started")
     held = HeldCut()
-    bridge = runtime_bridge(cluster, namespace, "tiny", 1, tmp_path).start(held)
+    bridge, request = suspended_mid_barrier(cluster, namespace, jobs, tmp_path, held)
     try:
-        jobs.patch_spec("tiny", {"suspend": True})
-        assert held.asked.wait(20), "the bridge never saw the barrier request"
-        request = jobs.status("tiny")["barrier"]
-        assert request["state"] == "Requested"
-
         # A second job: the old leader's next write (its children, or its status) is held in flight.
         arm.touch()
         jobs.create(tiny_job("other", checkpoint={"storage": "s3://bucket-x/other"}, **PENDING))
