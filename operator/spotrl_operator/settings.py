@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spotrl_runtime.rewards.isolation import DEFAULT_IMPORT_PREFIXES
+from spotrl_runtime.rewards.isolation import DEFAULT_IMPORT_PREFIXES, IMPORT_PREFIXES_VAR
 
 # Caps on the barrier deadline per notice provider (see signals.Signal.provider): how long the
 # platform's notice leaves the pods, minus a margin. spec.checkpoint.barrierDeadlineSeconds
@@ -320,7 +320,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--reward-import-prefixes",
-        default=_env("SPOTRL_REWARD_IMPORT_PREFIXES", ",".join(DEFAULT_IMPORT_PREFIXES)),
+        default=_env(IMPORT_PREFIXES_VAR, ",".join(DEFAULT_IMPORT_PREFIXES)),
         metavar="PREFIX,...",
         help="module prefixes spec.reward.importPath may name (a.b allows a.b and a.b.*); empty: none, "
         "built-in rewards by name only; '*': any (default %(default)s; $SPOTRL_REWARD_IMPORT_PREFIXES)",

@@ -24,8 +24,9 @@ once per rollout in a child process of the controller, under ``spec.reward.timeo
 (:mod:`~spotrl_runtime.rewards.runner`), so keep it fast and free of side effects.
 """
 
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+_DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+_MODULE = re.compile(_DOTTED)
+_IMPORT_PATH = re.compile(rf"{_DOTTED}:[A-Za-z_][A-Za-z0-9_]*")
 
 
 class RewardError(ValueError):
