@@ -13,6 +13,12 @@ A test's seconds are pytest's "total": its setup, call and teardown, so a sessio
 (a control plane, an S3 server, a baseline run) counts where it is first set up. Runs side by
 side add up to more seconds than the wall time; the second line gives each run's wall time
 (its report's ``testsuite`` time).
+
+Each suite has a budget (:data:`SUITE_BUDGETS`, seconds summed over its tests), and the kind
+subset one (:data:`KIND_BUDGET`): together what fits CI's 30 minutes warm on the CI machine
+(docs/benchmarks.md, "CI and test-suite durations"). The report prints each suite's seconds
+against its budget, and its counts of tests and skips, so a suite that grew, or lost tests to a
+skip, is seen on the run that did it. New work fits its suite's budget or moves one.
 """
 
 from __future__ import annotations
@@ -24,9 +30,27 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+SUITE_BUDGETS: dict[str, float] = {
+    "tests/integration/controller": 1150,
+    "tests/e2e": 800,
+    "tests/integration/generation": 150,
+    "tests/integration/checkpoint": 140,
+    "tests/unit": 80,
+    "tests/cluster": 70,
+    "tests/integration/training": 60,
+    "tests/security": 60,
+    "tests/integration/storage": 40,
+}
+"""Seconds of test time per suite (setup, call and teardown, summed). Two lanes share the CI
+machine's 2 cores, so the sum (2,550 s) is about twice the lanes' wall time (1,300 s), which
+with the kind subset, lint and the tests run alone fits 30 minutes."""
+KIND_BUDGET = 400.0
+"""Seconds of the kind subset, cluster to teardown."""
+
 
 @dataclass(frozen=True)
 class TestTime:
+    __test__ = False  # a record, not a pytest test class
     module: str
     """The test file, as a path: ``tests/e2e/test_preemption.py``."""
     name: str
@@ -89,10 +113,12 @@ def report(
     for t in tests:
         by_suite[t.suite].append(t)
         by_module[t.module].append(t)
-    lines += ["", f"{'suite':<34} {'tests':>6} {'seconds':>9} {'share':>6}"]
+    lines += ["", f"{'suite':<34} {'tests':>6} {'skipped':>7} {'seconds':>9} {'share':>6} {'budget':>7}"]
     for suite, ts in sorted(by_suite.items(), key=lambda kv: -sum(t.seconds for t in kv[1])):
         secs = sum(t.seconds for t in ts)
-        lines.append(f"{suite:<34} {len(ts):>6} {secs:>9.1f} {secs / (total or 1):>6.1%}")
+        skipped = sum(t.outcome == "skipped" for t in ts)
+        share = secs / (total or 1)
+        lines.append(f"{suite:<34} {len(ts):>6} {skipped:>7} {secs:>9.1f} {share:>6.1%} {_budget(secs, suite)}")
     lines += ["", f"{'module':<62} {'tests':>6} {'seconds':>9}"]
     modules = sorted(by_module.items(), key=lambda kv: -sum(t.seconds for t in kv[1]))
     for module, ts in modules[:top]:
@@ -101,9 +127,19 @@ def report(
     for t in sorted(tests, key=lambda t: -t.seconds)[:top]:
         lines.append(f"{t.seconds:>8.1f} s  {t.outcome:<7} {t.module}::{t.name}")
     if phases:
-        lines += ["", f"kind subset: {sum(s for _, s in phases):.0f} s"]
+        kind = sum(s for _, s in phases)
+        lines += ["", f"kind subset: {kind:.0f} s, budget {KIND_BUDGET:.0f} s{' OVER' if kind > KIND_BUDGET else ''}"]
         lines += [f"  {name:<20} {secs:>7.0f} s" for name, secs in phases]
     return "\n".join(lines)
+
+
+def _budget(seconds: float, suite: str) -> str:
+    """``1150``, or ``1150 OVER by 12%``; ``none`` for a suite with no budget (give it one)."""
+    budget = SUITE_BUDGETS.get(suite)
+    if budget is None:
+        return "   none: give this suite a budget in SUITE_BUDGETS"
+    over = f" OVER by {seconds / budget - 1:.0%}" if seconds > budget else ""
+    return f"{budget:>7.0f}{over}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from spotrl_e2e.durations import main, read_junit, read_phases, report
+from spotrl_e2e.durations import KIND_BUDGET, SUITE_BUDGETS, TestTime, main, read_junit, read_phases, report
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="5">
@@ -39,7 +39,7 @@ def test_tests_are_grouped_by_suite_and_module() -> None:
     slowest = lines[lines.index("the 2 slowest tests:") + 1 :][:2]
     assert slowest[0].split()[:3] == ["120.5", "s", "passed"]
     assert "failed  tests/e2e/test_preemption.py::test_loss" in slowest[1]
-    assert "kind subset: 328 s" in lines
+    assert f"kind subset: 328 s, budget {KIND_BUDGET:.0f} s" in lines
     assert any(line.split() == ["load", "325", "s"] for line in lines)
 
 
@@ -60,3 +60,36 @@ def test_the_command_reads_the_files_and_says_what_is_missing(
     assert second == "wall time: pytest-1 200 s, pytest-alone 10 s"
     assert main([str(xml), str(tmp_path / "missing.xml")]) == 1
     assert "missing.xml" in capsys.readouterr().err
+
+
+def test_each_suite_is_shown_against_its_budget_with_its_skips() -> None:
+    e2e = SUITE_BUDGETS["tests/e2e"]
+    tests = [
+        TestTime("tests/e2e/test_a.py", "t1", e2e * 0.75, "passed"),
+        TestTime("tests/e2e/test_a.py", "t2", e2e * 0.5, "skipped"),
+        TestTime("tests/unit/test_b.py", "t3", 1.0, "passed"),
+        TestTime("tests/newsuite/test_c.py", "t4", 1.0, "passed"),
+    ]
+    rows = {line.split()[0]: line.split() for line in report(tests, [("tests", KIND_BUDGET + 1)]).splitlines() if line}
+    assert rows["tests/e2e"][1:3] == ["2", "1"], "two tests, one skipped"
+    assert rows["tests/e2e"][5:] == [f"{e2e:.0f}", "OVER", "by", "25%"]
+    assert rows["tests/unit"][1:3] == ["1", "0"]
+    assert "OVER" not in rows["tests/unit"]
+    assert "none:" in rows["tests/newsuite"], "a suite with no budget says so"
+    assert any(
+        line.endswith("OVER") and line.startswith("kind subset")
+        for line in report(tests, [("t", KIND_BUDGET + 1)]).splitlines()
+    )
+
+
+def test_the_budgets_fit_thirty_minutes_of_ci_and_every_suite_has_one() -> None:
+    """Two lanes on 2 cores: the lanes' wall time is about half the summed seconds; with the kind
+    subset, lint (about 60 s) and the tests run alone (about 20 s), 30 minutes at most."""
+    assert sum(SUITE_BUDGETS.values()) / 2 + KIND_BUDGET + 60 + 20 <= 30 * 60
+    tests = Path(__file__).parents[1]
+    suites = {
+        TestTime(str(f.relative_to(tests.parent)), "t", 0, "passed").suite
+        for f in tests.rglob("test_*.py")
+        if "mutations" not in f.parts
+    }
+    assert suites == set(SUITE_BUDGETS), "every suite has a budget, and every budget a suite"
