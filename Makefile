@@ -11,7 +11,7 @@ VLLM_EXTRA ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu)
 EXTRAS  ?= operator,runtime,dev,$(VLLM_EXTRA)
 PYTEST_ARGS ?=
 
-.PHONY: help install lock generate lint typecheck test test-changed test-fast test-count toolchain scan bench demo docs docs-serve cluster-up cluster-down test-cluster test-e2e e2e-kind e2e-kind-ci images clean
+.PHONY: help install lock generate lint typecheck test test-changed test-fast test-count toolchain scan bench demo docs docs-serve cluster-up cluster-down test-cluster test-e2e mutations e2e-kind e2e-kind-ci images clean
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -79,7 +79,7 @@ images: ## build spotrl-operator and spotrl-runtime-cpu, tagged the chart's appV
 e2e-kind: install toolchain ## every end-to-end test on a kind cluster built here (root, Docker); KEEP_CLUSTER=1 keeps it
 	e2e/kind/run.sh $(PYTEST_ARGS)
 
-e2e-kind-ci: install toolchain ## the kind subset CI runs (tests marked kind_ci): a drain after a notice, an abrupt node loss, retention Delete, Kueue quota and preemption
+e2e-kind-ci: install toolchain ## the kind subset CI runs: the README's first hour, then the tests marked kind_ci (a drain after a notice, the leader's pod killed mid-barrier, an abrupt node loss, retention Delete, Kueue quota and preemption)
 	SPOTRL_KIND_SUBSET=ci e2e/kind/run.sh $(PYTEST_ARGS)
 
 REPORT ?= .out/test-report
@@ -97,6 +97,9 @@ test: lint toolchain ## everything CI runs: lint, types, every pytest suite, the
 
 bench: install ## run every benchmark in bench/ (each prints a small table; S3 ones start their own versitygw)
 	@set -e; for f in bench/bench_*.py; do echo "== $$f"; PYTHONPATH=e2e $(PY) $$f; done
+
+mutations: install toolchain ## each tests/mutations/*.patch applied to a scratch copy: its named tests must fail (PATCHES="..." runs some; not in CI: slow)
+	PYTHONPATH=e2e $(PY) -m spotrl_e2e.mutations $(PATCHES)
 
 test-changed: install ## the tests a change touches (against origin/main, else HEAD; BASE=<ref> picks another)
 	@paths=$$(PYTHONPATH=e2e $(PY) -m spotrl_e2e.changed $(if $(BASE),--base $(BASE))); \

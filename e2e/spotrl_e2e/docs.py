@@ -3,8 +3,9 @@
 
 A YAML block is checked by what it is (tests/unit/test_docs.py, tests/cluster/test_docs_manifests.py):
 an RLJob by the model (``spotrl validate``), any other Kubernetes object by a server-side dry
-run, a block after ``<!-- helm-values -->`` by ``helm template``; a block after
-``<!-- fragment -->`` only has to parse.
+run, a block after ``<!-- helm-values -->`` by the chart's values.schema.json
+(spotrl_e2e.chart_values) and ``helm template``; a block after ``<!-- fragment -->`` only has to
+parse.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ side add up to more seconds than the wall time; the second line gives each run's
 (its report's ``testsuite`` time).
 
 Each suite has a budget (:data:`SUITE_BUDGETS`, seconds summed over its tests), and the kind
-subset one (:data:`KIND_BUDGET`): together what fits CI's 30 minutes warm on the CI machine
+subset one (:data:`KIND_BUDGET`): together what fits CI's time goal on the CI machine
 (docs/benchmarks.md, "CI and test-suite durations"). The report prints each suite's seconds
 against its budget, and its counts of tests and skips, so a suite that grew, or lost tests to a
 skip, is seen on the run that did it. New work fits its suite's budget or moves one.

@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import json
 import shlex
+import subprocess
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,7 @@ from test_preemption import tiny_job as example_job
 from spotrl_e2e.cluster import Cluster
 from spotrl_e2e.docs import command_lines, marked_block
 from spotrl_e2e.kube import ApiError, path
+from spotrl_e2e.tools import find_tools
 from spotrl_operator import resources
 from spotrl_operator.resources import JobRef
 from spotrl_operator.settings import Settings, add_arguments, from_args
@@ -62,6 +64,37 @@ def operator_args(docs: list[dict]) -> list[str]:
     # Service links would set SPOTRL_METRICS_PORT=tcp://... from the chart's own Service.
     assert deploy["spec"]["template"]["spec"]["enableServiceLinks"] is False
     return list(container["args"])
+
+
+def test_helm_refuses_a_value_the_chart_does_not_have_or_of_the_wrong_type(tmp_path: Path) -> None:
+    """values.schema.json as the pinned helm applies it (no cluster needed): template and lint
+    refuse a misspelt nested key and a mistyped value, naming where. Every level and every
+    value: tests/unit/test_chart_values_schema.py."""
+    tools = find_tools()
+    tools.require("helm")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+        return subprocess.run(
+            [str(tools.helm), *args], env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+
+    template = ["template", RELEASE, str(CHART), "--kube-version", "1.35.4"]
+    assert run(*template, "--set", "leaderElection.leaseSeconds=5").returncode == 0
+    refused = {
+        "leaderElection.leaseSecs=5": ("/leaderElection", "'leaseSecs' not allowed"),
+        "signals.deadlineCaps.karpentr=60": ("/signals/deadlineCaps", "'karpentr' not allowed"),
+        "replicas=two": ("/replicas", "got string, want integer"),
+        "storage=s3://bucket": ("/storage", "got string, want object"),
+    }
+    for value, (where, says) in refused.items():
+        out = run(*template, "--set", value)
+        assert out.returncode != 0, f"helm template --set {value} passed"
+        assert f"at '{where}'" in out.stderr, (value, out.stderr)
+        assert says in out.stderr, (value, out.stderr)
+    lint = run("lint", str(CHART), "--strict", "--set", "leaderElection.leaseSecs=5")
+    assert lint.returncode != 0, lint.stdout
+    assert "at '/leaderElection': additional properties 'leaseSecs' not allowed" in lint.stdout, lint.stdout
 
 
 def test_the_chart_lints_and_its_objects_pass_a_server_side_dry_run(cluster: Cluster, namespace: str) -> None:

@@ -657,6 +657,7 @@ def test_an_abrupt_node_loss_costs_at_most_the_step_in_progress(
     assert_same_stream(reference, e2e_storage, "tiny")
 
 
+@pytest.mark.kind_ci  # the chart's two replicas as pods: a real leader killed by its kubelet
 def test_the_leading_operator_pod_killed_mid_barrier_is_finished_by_the_standby(
     e2e_cluster: Any, e2e_jobs: Jobs, e2e_storage: JobStorage, reference: dict[int, Any]
 ) -> None:

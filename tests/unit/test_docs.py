@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from spotrl_e2e import chart_values
 from spotrl_e2e.docs import (
     BENCHMARKS_PAGE,
     FRAGMENT,
@@ -56,8 +57,8 @@ def test_the_docs_have_examples_to_check() -> None:
 
 def test_every_yaml_block_is_a_whole_valid_object_or_marked() -> None:
     """An RLJob passes the model (what `spotrl validate` runs); any other block is a Kubernetes
-    object (dry-run by the cluster test), Helm values of the chart, or marked a fragment."""
-    values = yaml.safe_load((REPO_ROOT / "charts/spotrl/values.yaml").read_text())
+    object (dry-run by the cluster test), Helm values the chart's values.schema.json accepts (at
+    every level: a misspelt nested key fails), or marked a fragment."""
     problems = []
     for block in yaml_blocks():
         try:
@@ -68,9 +69,7 @@ def test_every_yaml_block_is_a_whole_valid_object_or_marked() -> None:
         if block.marker == FRAGMENT:
             continue
         if block.marker == HELM_VALUES:
-            unknown = [k for d in docs for k in d if k not in values]
-            if unknown:
-                problems.append(f"{block.where()}: Helm values the chart does not have: {unknown}")
+            problems += [f"{block.where()}: Helm values {err}" for d in docs for err in chart_values.errors(d)]
             continue
         for doc in docs:
             if not isinstance(doc, dict) or not {"apiVersion", "kind"} <= doc.keys():
@@ -121,6 +120,27 @@ def test_every_spotrl_command_and_flag_the_docs_name_exists() -> None:
             flag = word.split("=", 1)[0]
             if flag.startswith("--") and flag not in parser._option_string_actions:
                 problems.append(f"{where}: `{parser.prog}` has no flag {flag}")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_helm_set_the_docs_show_is_a_value_of_the_chart() -> None:
+    """``--set KEY=VALUE`` in the pages' commands and inline code (a command of another chart,
+    Karpenter's, left out), each checked against values.schema.json as Helm types it."""
+    found, problems = [], []
+    for path in doc_files():
+        text = (REPO_ROOT / path).read_text()
+        shell = [block for block in blocks(text, path) if block.lang in SHELL_LANGS]
+        lines = [(block.where(), line) for block in shell for line in command_lines(block)]
+        lines += [(str(path), code) for code in INLINE_CODE.findall(text)]
+        for where, line in lines:
+            if "helm " in line and "charts/spotrl" not in line:
+                continue
+            for key, value in chart_values.set_flags(line):
+                found.append(key)
+                problems += [
+                    f"{where}: --set {key}: {e}" for e in chart_values.errors(chart_values.set_values(key, value))
+                ]
+    assert {"image.repository", "storage.default", "kueue.enabled"} <= set(found), found
     assert not problems, "\n".join(problems)
 
 

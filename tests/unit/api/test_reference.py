@@ -71,7 +71,9 @@ def test_the_operator_page_has_every_flag_and_every_value_of_the_chart() -> None
                 assert f"`{flag}`" in page, flag
     for path, _, _ in reference.helm_values((REPO / reference.VALUES_FILE).read_text()):
         assert f"| `{path}` |" in page, path
-    assert "| `runtimePods.doNotDisrupt` | `true` |" in page
+    assert "| `runtimePods.doNotDisrupt` | `true` | boolean |" in page, "with the type values.schema.json gives it"
+    assert "| `metrics.port` | `9400` | integer (≥ 1, ≤ 65535) |" in page
+    assert "| `resources.requests.cpu` | `100m` | Kubernetes quantity |" in page
 
 
 def test_the_metrics_page_has_every_metric_of_the_controller_and_the_operator() -> None:
