@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import dataclasses
 import fnmatch
+import hashlib
 import json
 import os
 import subprocess
@@ -35,6 +37,8 @@ import yaml
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 ALLOWLIST = HERE / "allowlist.yaml"
+CACHE = Path(os.environ.get("SPOTRL_SCAN_CACHE") or Path.home() / ".cache" / "spotrl" / "scan")
+"""Scanner outputs by their inputs (:func:`_json_of`); ``SPOTRL_SCAN_CACHE`` moves it."""
 SCANNERS = ("checkov", "kube-score")
 KUBE_VERSION = "v1.35"
 KUBE_SCORE_GRADES = {1: "critical", 5: "warning"}
@@ -159,13 +163,36 @@ def objects_by_line(manifest: Path) -> list[tuple[int, int, str]]:
     return out
 
 
-def _json_of(args: list[str], what: str) -> Any:
-    """What a scanner run writes to stdout, as JSON; its stderr in the error when it is not."""
+def _json_of(args: list[str], what: str, manifest: Path) -> Any:
+    """What a scanner run writes to stdout, as JSON; its stderr in the error when it is not.
+
+    Kept in :data:`CACHE` under a key of everything the output depends on (the scanner's
+    executable, by its versioned path, size and time; its arguments; the manifest's bytes), so
+    an unchanged chart and operator are not scanned again (checkov takes most of a minute)."""
+    cached = CACHE / f"{_cache_key(args, manifest)}.json"
+    with contextlib.suppress(OSError, json.JSONDecodeError):
+        return json.loads(cached.read_text())
     proc = subprocess.run(args, capture_output=True, text=True)
     try:
-        return json.loads(proc.stdout)
+        found = json.loads(proc.stdout)
     except json.JSONDecodeError:
         raise ScanError(f"{what} (exit {proc.returncode}) wrote no JSON: {proc.stderr[-2000:]}") from None
+    with contextlib.suppress(OSError):  # a cache that cannot be written only costs the next run time
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(proc.stdout)
+        partial.replace(cached)
+    return found
+
+
+def _cache_key(args: list[str], manifest: Path) -> str:
+    tool = Path(args[0]).resolve()
+    stat = tool.stat()
+    parts = [str(tool), str(stat.st_size), str(stat.st_mtime_ns)]
+    parts += ["<manifest>" if a == str(manifest) else a for a in args[1:]]
+    digest = hashlib.sha256(json.dumps(parts).encode())
+    digest.update(manifest.read_bytes())
+    return digest.hexdigest()
 
 
 def run_checkov(checkov: str, set_name: str, manifest: Path) -> list[Finding]:
@@ -174,7 +201,7 @@ def run_checkov(checkov: str, set_name: str, manifest: Path) -> list[Finding]:
     checkov makes up from the template's labels."""
     args = [checkov, "-f", str(manifest), "--framework", "kubernetes", "-o", "json"]
     args += ["--skip-download", "--compact", "--quiet"]
-    report = _json_of(args, f"checkov on {set_name}")
+    report = _json_of(args, f"checkov on {set_name}", manifest)
     reports = report if isinstance(report, list) else [report]
     documents = objects_by_line(manifest)
     out = []
@@ -195,7 +222,7 @@ def run_checkov(checkov: str, set_name: str, manifest: Path) -> list[Finding]:
 def run_kube_score(kube_score: str, set_name: str, manifest: Path) -> list[Finding]:
     args = [kube_score, "score", "-o", "json", "--kubernetes-version", KUBE_VERSION]
     args += ["--disable-ignore-checks-annotations", str(manifest)]
-    objects = _json_of(args, f"kube-score on {set_name}")
+    objects = _json_of(args, f"kube-score on {set_name}", manifest)
     out = []
     for obj in objects:
         name = _kind_name(obj["type_meta"]["kind"], obj["object_meta"]["name"])
