@@ -1,7 +1,9 @@
-"""Version skew on the real API server: an older operator and today's controller bridge under a
-newer CRD (what a ``helm rollback`` of the operator leaves: the CRD stays, the operator goes back).
+"""Version skew on the real API server, both ways: an older operator and today's controller bridge
+under a newer CRD (what a ``helm rollback`` of the operator leaves: the CRD stays, the operator goes
+back), and an older controller's bridge under today's operator (a running job's controller keeps
+its runtime image until its pod is made again).
 
-The older operator is the one of :data:`PREVIOUS_RELEASE`, run from a checkout of that commit.
+The older operator and controller are those of :data:`PREVIOUS_RELEASE`, run from a checkout of that commit.
 The newer CRD is today's with fields no version of SpotRL has yet, defaulted into every stored
 RLJob as a real next CRD would: a spec section, a training knob, a status object, and a field
 inside ``status.barrier`` (which a newer operator would write with every request)."""
@@ -9,7 +11,9 @@ inside ``status.barrier`` (which a newer operator would write with every request
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -17,9 +21,20 @@ from pathlib import Path
 
 import pytest
 import yaml
-from operator_harness import CRD, NOWHERE, Jobs, OperatorProcess, apply_crd, condition_of, tiny_job, wait_until
+from operator_harness import (
+    CRD,
+    NOWHERE,
+    Jobs,
+    OperatorProcess,
+    apply_crd,
+    condition_of,
+    tiny_job,
+    token_kubeconfig,
+    wait_until,
+)
 
 from spotrl_e2e.cluster import Cluster
+from spotrl_e2e.procs import Process
 from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.controller.control import CutInfo
 
@@ -28,8 +43,10 @@ pytestmark = pytest.mark.cluster
 PREVIOUS_RELEASE = "02aa473610d54a8f01946bf2343aaab9fc49b480"
 """The oldest operator a rollback may go back to: the commit whose operator this test runs (the first
 that reads stored RLJobs leniently; dda6f73's operator, before it, stalls every job of a newer
-CRD). Move it forward to the last commit before a change to what the operator reads or writes."""
+CRD). Its controller is the oldest a newer operator must still serve. Move it forward to the last
+commit before a change to what the operator or the controller reads or writes."""
 REPO = Path(__file__).resolve().parents[2]
+PREVIOUS_BRIDGE = Path(__file__).with_name("previous_bridge.py")
 
 
 @pytest.fixture(scope="module")
@@ -145,5 +162,50 @@ def test_a_crd_field_this_operator_cannot_read_is_said_on_the_job_not_only_logge
         assert (stuck() or {})["reason"] == "SpecNotUnderstood"
         jobs.delete("odd", timeout=40)
         assert jobs.get("odd") is None
+    finally:
+        apply_crd(cluster)
+
+
+def test_an_older_controller_under_a_newer_operator_commits_its_barrier(
+    cluster: Cluster,
+    namespace: str,
+    start_operator: Callable[..., OperatorProcess],
+    jobs: Jobs,
+    tmp_path: Path,
+    previous_release: Path,
+) -> None:
+    """The other way round: today's operator asks a barrier of a controller that still runs the
+    previous release's bridge (its own process, from the checkout), and each request carries a
+    field that bridge does not know (the newer CRD defaults ``status.barrier.priority`` into it,
+    as a newer operator would write it). The old bridge's cut is the one the job suspends on."""
+    cluster.install_crd(newer_crd(tmp_path))
+    try:
+        start_operator()
+        jobs.create(
+            tiny_job("tiny", checkpoint={"storage": "s3://bucket-x/tiny"}, scheduling={"nodeSelector": NOWHERE})
+        )
+        jobs.wait("tiny", lambda s: s.get("attempt") == 1, 20, "the first attempt")
+        kubeconfig = token_kubeconfig(cluster, namespace, "tiny-runtime", tmp_path / "tiny-runtime.kubeconfig")
+        old = Process(
+            "previous-bridge",
+            [sys.executable, PREVIOUS_BRIDGE, kubeconfig, namespace, "tiny", 1, "0000000007"],
+            tmp_path,
+            env={**os.environ, "PYTHONPATH": str(previous_release / "runtime")},
+        ).start()
+        try:
+
+            def said(line: str) -> bool:
+                return line in old.log.read_text(errors="replace")
+
+            old.wait_ready(lambda: said("bridge "), 20, "watching its RLJob")
+            assert said(f"bridge {previous_release / 'runtime'}"), "the bridge that runs is the previous release's"
+            jobs.patch_spec("tiny", {"suspend": True})
+            old.wait_ready(lambda: said("asked suspend"), 20, "asked for a barrier carrying a field it does not know")
+            st = jobs.wait("tiny", lambda s: s.get("phase") == "Suspended", 30, "the suspend after the barrier")
+            assert st["barrier"]["priority"] == "normal", "the request carried the newer field"
+            assert st["barrier"]["state"] == "Committed"
+            assert st["barrier"]["cutId"] == st["lastCut"]["id"] == "0000000007", "the old bridge's cut"
+        finally:
+            old.stop()
     finally:
         apply_crd(cluster)
