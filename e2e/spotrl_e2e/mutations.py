@@ -15,7 +15,8 @@ not the ignored ones), never to the tree itself, and its tests run there with a 
     python -m spotrl_e2e.mutations [PATCH ...] [--keep]
 
 Prints a table (patch, tests, verdict, seconds) and exits 1 when a mutation survived, a patch
-no longer applies, or its tests were not collected. It is a developer's tool, not part of CI's
+no longer applies, or its tests did not fail in their own bodies (a fixture that errored proves
+nothing). Each patch's pytest output: ``.out/mutations/<patch>.log``. It is a developer's tool, not part of CI's
 time: each patch runs its (often slow) tests once."""
 
 from __future__ import annotations
@@ -28,15 +29,15 @@ import sys
 import sysconfig
 import tempfile
 import time
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MUTATIONS = ROOT / "tests" / "mutations"
 SOURCE_DIRS = ("runtime", "operator", "e2e")
-PYTEST_FAILED = 1
-"""pytest's exit code when tests ran and some failed; 2 (interrupted), 4 (usage) and 5 (nothing
-collected) mean the patch broke the run itself, which proves nothing about the test."""
+LOGS = ROOT / ".out" / "mutations"
+"""Each patch's pytest output and JUnit report: ``<patch>.log``, ``<patch>.xml``."""
 
 
 class PatchError(ValueError):
@@ -74,12 +75,18 @@ def parse(path: Path, text: str) -> Mutation:
     return Mutation(path, tuple(tests), claim)
 
 
-def verdict(code: int) -> str:
-    """How a patch's run ended, from pytest's exit code."""
-    if code == PYTEST_FAILED:
-        return "killed"
+def verdict(code: int, junit: str | None) -> str:
+    """How a patch's run ended: killed only when a named test failed in its own body. A run that
+    passed let the mutation survive; one whose tests errored in a fixture (a fixture that
+    could not start, a missing tool), were not collected or did not run proves nothing."""
     if code == 0:
         return "SURVIVED"
+    cases = list(ET.fromstring(junit).iter("testcase")) if junit else []
+    failed = sum(case.find("failure") is not None for case in cases)
+    if failed:
+        return "killed" if failed == len(cases) else f"killed by {failed} of {len(cases)}"
+    if any(case.find("error") is not None for case in cases):
+        return "no verdict (a fixture errored: read its log)"
     return f"no verdict (pytest exit {code})"
 
 
@@ -95,6 +102,19 @@ def copy_tree(into: Path) -> None:
         if source.is_file():
             (into / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, into / name)
+
+
+def share_history(tree: Path) -> None:
+    """A git repository in ``tree`` that reads the work tree's objects (nothing is copied), for
+    tests that read history (``git archive`` of an older release)."""
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    objects = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--path-format=absolute", "--git-common-dir"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (tree / ".git" / "objects" / "info" / "alternates").write_text(f"{objects}/objects\n")
 
 
 def scratch_python(tree: Path) -> Path:
@@ -121,12 +141,17 @@ def run_one(mutation: Mutation, keep: bool) -> tuple[str, float]:
         applied = subprocess.run(["git", "apply", str(mutation.path)], cwd=tree, capture_output=True, text=True)
         if applied.returncode:
             return f"does not apply: {applied.stderr.strip().splitlines()[0]}", time.monotonic() - started
+        share_history(tree)
         python = scratch_python(tree)
         env = {**os.environ, "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
         env.pop("PYTHONPATH", None)
-        args = [str(python), "-m", "pytest", *mutation.tests, "-x", "-q", "-p", "no:cacheprovider"]
-        code = subprocess.run(args, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
-        return verdict(code), time.monotonic() - started
+        LOGS.mkdir(parents=True, exist_ok=True)
+        junit = LOGS / f"{mutation.path.stem}.xml"
+        junit.unlink(missing_ok=True)
+        args = [str(python), "-m", "pytest", *mutation.tests, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
+        with open(LOGS / f"{mutation.path.stem}.log", "w") as log:
+            code = subprocess.run(args, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        return verdict(code, junit.read_text() if junit.exists() else None), time.monotonic() - started
     finally:
         if keep:
             print(f"kept {tree}", file=sys.stderr)
@@ -145,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'patch':<40} {'verdict':<24} {'seconds':>7}  tests")
     for m in mutations:
         said, seconds = run_one(m, args.keep)
-        failed += said != "killed"
+        failed += not said.startswith("killed")
         print(f"{m.path.name:<40} {said:<24} {seconds:7.0f}  {' '.join(m.tests)}", flush=True)
     print(f"{len(mutations) - failed} of {len(mutations)} mutations killed by their tests")
     return 1 if failed else 0

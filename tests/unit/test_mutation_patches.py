@@ -31,7 +31,8 @@ def test_each_patch_applies_to_the_tree_and_names_tests_that_exist(patch: Path) 
             f"{patch.name}: no test {function} in {file}"
         )
     touched = re.findall(r"^\+\+\+ b/(\S+)", patch.read_text(), flags=re.M)
-    assert touched and not [t for t in touched if t.startswith("tests/")], (
+    assert touched, f"{patch.name} changes no file"
+    assert not [t for t in touched if t.startswith("tests/")], (
         f"{patch.name}: a mutation breaks the code under test, not a test ({touched})"
     )
 
@@ -45,11 +46,19 @@ def test_a_header_must_name_its_tests_and_its_claim() -> None:
     with pytest.raises(PatchError, match="not a node id under tests/"):
         parse(Path("p.patch"), "# test: a.py::t\n# claim: c\n" + diff)
     m = parse(Path("p.patch"), "# test: tests/a.py::t\n# test: tests/b.py::u[x]\n# claim: c\n" + diff)
-    assert m.tests == ("tests/a.py::t", "tests/b.py::u[x]") and m.claim == "c"
+    assert m.tests == ("tests/a.py::t", "tests/b.py::u[x]")
+    assert m.claim == "c"
 
 
-def test_only_failed_tests_kill_a_mutation() -> None:
-    assert verdict(1) == "killed"
-    assert verdict(0) == "SURVIVED"
+def junit(*outcomes: str) -> str:
+    cases = "".join(f'<testcase name="t{i}">{f"<{o}/>" if o else ""}</testcase>' for i, o in enumerate(outcomes))
+    return f"<testsuites><testsuite>{cases}</testsuite></testsuites>"
+
+
+def test_only_tests_that_fail_in_their_bodies_kill_a_mutation() -> None:
+    assert verdict(1, junit("failure", "failure")) == "killed"
+    assert verdict(1, junit("failure", "")) == "killed by 1 of 2"
+    assert verdict(0, junit("", "")) == "SURVIVED"
+    assert verdict(1, junit("error", "")).startswith("no verdict (a fixture errored"), "a fixture that broke"
     for broken_run in (2, 4, 5):
-        assert verdict(broken_run).startswith("no verdict")
+        assert verdict(broken_run, None).startswith("no verdict")
