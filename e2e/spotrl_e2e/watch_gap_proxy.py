@@ -7,12 +7,12 @@ on the client connection's own TLS connection to the API server, and relays each
 arrives: a watch is one long chunked answer. It speaks just enough HTTP/1.1 for the API
 server's clients (the request and answer framing of :mod:`spotrl_e2e.faultproxy`).
 
-:meth:`WatchGapProxy.open_gap` opens a gap on one collection (``/api/v1/pods``, as a
-cluster-wide client watches it): its watches in flight are cut, and every new watch of it is
-answered as the API server answers a watch from a resourceVersion it no longer has (one
-``ERROR`` event, a 410 ``Expired`` Status), until :meth:`WatchGapProxy.close_gap`. Its LISTs go
+:meth:`WatchGapProxy.open_gap` opens a gap on its collections (``/api/v1/pods`` by default,
+as a cluster-wide client watches it): their watches in flight are cut, and every new watch of
+them is answered as the API server answers a watch from a resourceVersion it no longer has (one
+``ERROR`` event, a 410 ``Expired`` Status), until :meth:`WatchGapProxy.close_gap`. Their LISTs go
 through. A client such as Kopf then lists again and watches from the new list, so it never
-hears of an object deleted in the gap. :attr:`WatchGapProxy.lists` counts the collection's
+hears of an object deleted in the gap. :attr:`WatchGapProxy.lists` counts each collection's
 LISTs, :attr:`WatchGapProxy.gone` the watches answered 410, :attr:`WatchGapProxy.cut` the
 watches cut. :meth:`WatchGapProxy.close` ends every connection and joins every thread.
 """
@@ -23,6 +23,7 @@ import contextlib
 import json
 import socket
 import ssl
+from collections import Counter
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -56,15 +57,17 @@ def _cut(sock: socket.socket) -> None:
 class WatchGapProxy(LoopbackServer):
     """Listens on 127.0.0.1 (:attr:`server`) in front of ``upstream`` (the API server's URL);
     ``ca``: the cluster's CA certificate, ``serving``: a certificate it signed for 127.0.0.1;
-    ``collection``: the path whose watches a gap breaks."""
+    ``collections``: the paths whose watches a gap breaks."""
 
     name = "watchgap"
 
-    def __init__(self, upstream: str, ca: Path, serving: KeyPair, collection: str = "/api/v1/pods"):
+    def __init__(
+        self, upstream: str, ca: Path, serving: KeyPair, collections: tuple[str, ...] = ("/api/v1/pods",)
+    ) -> None:
         parsed = urlsplit(upstream)
         self.upstream = (parsed.hostname or "127.0.0.1", parsed.port or 443)
-        self.collection = collection
-        self.lists = 0
+        self.collections = collections
+        self.lists: Counter[str] = Counter()
         self.gone = 0
         self.cut = 0
         self._gap = False
@@ -80,7 +83,7 @@ class WatchGapProxy(LoopbackServer):
     # ------------------------------------------------------------ the gap
 
     def open_gap(self) -> None:
-        """Cuts the collection's watches in flight; new ones are answered 410 until :meth:`close_gap`."""
+        """Cuts the collections' watches in flight; new ones are answered 410 until :meth:`close_gap`."""
         with self._lock:
             self._gap = True
             watches, self._watches = self._watches, set()
@@ -94,14 +97,14 @@ class WatchGapProxy(LoopbackServer):
             self._gap = False
 
     def _classify(self, method: str, target: str) -> str | None:
-        """ "watch" or "list" for a GET of the collection (counted), else None."""
+        """ "watch" or "list" for a GET of a collection (counted), else None."""
         url = urlsplit(target)
-        if method != "GET" or url.path != self.collection:
+        if method != "GET" or url.path not in self.collections:
             return None
         watch = parse_qs(url.query).get("watch", [""])[0].lower() in ("true", "1")
         with self._lock:
             if not watch:
-                self.lists += 1
+                self.lists[url.path] += 1
         return "watch" if watch else "list"
 
     # ------------------------------------------------------------ serving

@@ -53,7 +53,7 @@ import enum
 import fnmatch
 import threading
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -239,21 +239,34 @@ class Fleet:
         """One Node event (``node`` trimmed; None: deleted) at ``now``, the API server's.
         Returns whether anything a pass reads changed."""
         with self._lock:
-            if self._nodes.get(name) == node and (node is not None or name not in self._nodes):
-                return False
-            self._unusable.discard(name)
-            self._out_of_service.discard(name)
-            self._count(name, -1)
-            before = self._unhealthy.pop(name, None)
-            if node is None:
-                self._nodes.pop(name, None)
-            else:
-                self._nodes[name] = node
-                self._classify(name, node, before or now)
-            if self._down_seen and not all_down(self._zones):
-                self._down_seen, self._resumed_at = False, now
-            self._view = None  # built again by the next reader, once for any number of events
-            return True
+            return self._update(name, node, now)
+
+    def forget(self, uids: Collection[str], now: datetime) -> list[str]:
+        """Takes out the nodes whose uid is one of ``uids`` (gone from the API server, though
+        their DELETED event never came: :mod:`~spotrl_operator.relist`); returns their names.
+        A node made again under the same name has another uid: it stays."""
+        with self._lock:
+            names = [n for n, node in self._nodes.items() if (node.get("metadata") or {}).get("uid") in uids]
+            for name in names:
+                self._update(name, None, now)
+            return names
+
+    def _update(self, name: str, node: Obj | None, now: datetime) -> bool:
+        if self._nodes.get(name) == node and (node is not None or name not in self._nodes):
+            return False
+        self._unusable.discard(name)
+        self._out_of_service.discard(name)
+        self._count(name, -1)
+        before = self._unhealthy.pop(name, None)
+        if node is None:
+            self._nodes.pop(name, None)
+        else:
+            self._nodes[name] = node
+            self._classify(name, node, before or now)
+        if self._down_seen and not all_down(self._zones):
+            self._down_seen, self._resumed_at = False, now
+        self._view = None  # built again by the next reader, once for any number of events
+        return True
 
     def view(self) -> FleetView:
         """The nodes now, as an immutable view (built once per change, not once per reader)."""

@@ -6,7 +6,8 @@
   request within one pass, not one period).
 - **Indexes** (Kopf's watch caches) hold the job's pods (controllers, generation workers
   and trainers), its PDB, every Node, trimmed, and every RLJob's effective storage; a pass
-  reads them and sends no request unless it has something to write.
+  reads them and sends no request unless it has something to write. A live list of each
+  kind now and then finds what a watch gap left in them (:mod:`~spotrl_operator.relist`).
 - **create/resume** make the job's ServiceAccount, Role, RoleBinding, Service and PDB
   (retried with :class:`kopf.TemporaryError`); **delete** (a finalizer) stops the pods and
   applies ``spec.checkpoint.retentionPolicy``.
@@ -40,20 +41,18 @@ from spotrl_operator.observe import (
     Snapshot,
     confirm_missing,
     fetch,
-    ghosts,
     job_storage,
-    list_pods,
-    owner_uid,
     seconds_until_lost,
+    trim_child,
     trim_node,
     trim_pdb,
     trim_pod,
     trim_workload,
-    without,
     workload_owner,
     world_of,
 )
 from spotrl_operator.reconcile import reconcile
+from spotrl_operator.relist import RELIST_INTERVALS, Kind, cached_uids, find, told, without
 from spotrl_operator.resources import DEFAULT_SECRET_ANNOTATION, JOB_LABEL, ROLE_LABEL, default_secret_to_record
 from spotrl_operator.settings import Settings
 from spotrl_operator.signals import node_signals, pod_signals
@@ -88,8 +87,12 @@ class Context:
     woken_at: dict[tuple[str, str], float] = field(default_factory=dict)
     fleet: Fleet = field(init=False)
     changed_nodes: set[str] = field(default_factory=set)
-    beat_task: asyncio.Task[None] | None = None
     """Nodes whose last event changed what passes read (set by the index, taken by the event handler)."""
+    beat_task: asyncio.Task[None] | None = None
+    relist_task: asyncio.Task[None] | None = None
+    ghosts: frozenset[str] = frozenset()
+    """The uids of the cache entries the last live lists found gone (:mod:`~spotrl_operator.relist`):
+    every reader passes over them."""
 
     def __post_init__(self) -> None:
         self.actuator = Actuator(self.kube, self.settings, on_action=self._on_action)
@@ -97,6 +100,10 @@ class Context:
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())
+
+    def wake_all(self) -> None:
+        for event in self.wakeups.values():
+            event.set()
 
     def wake(self, namespace: str | None, name: str) -> None:
         """Runs the job's next pass now instead of at its next period."""
@@ -136,10 +143,11 @@ def ctx_of(memo: Any) -> Context:
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> None:
     """Kopf keeps its own bookkeeping in annotations (never in status, which is ours and the
     controller's), posts only warnings as Events (ours are the user's), watches only the
-    pods and PDBs that carry the job label, and needs no CRD/namespace scanning."""
+    pods and PDBs that carry the job label, and needs no CRD/namespace scanning. ``kwargs``
+    holds Kopf's indexes (filled once the watches list), for the live lists that check them."""
     ctx = ctx_of(memo)
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.spotrl.dev")
@@ -159,17 +167,19 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.execution.max_workers = 16
     settings.watching.chunk_size = 500  # the first LIST of 2,000 Nodes, in parts: memory stays bounded
     ctx.beat_task = asyncio.get_running_loop().create_task(_beat(ctx))
+    ctx.relist_task = asyncio.get_running_loop().create_task(_relisting(ctx, kwargs))
 
 
 @kopf.on.cleanup()
 async def stop_beating(memo: Any, **_: Any) -> None:
-    """Ends the beat with Kopf: a task left running would hold the event loop's shutdown, and
-    the process would be killed instead of releasing the Lease."""
-    task = ctx_of(memo).beat_task
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    """Ends the beat and the live lists with Kopf: a task left running would hold the event
+    loop's shutdown, and the process would be killed instead of releasing the Lease."""
+    ctx = ctx_of(memo)
+    for task in (ctx.beat_task, ctx.relist_task):
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 async def _beat(ctx: Context) -> None:
@@ -221,11 +231,13 @@ async def job_pdbs(namespace: str | None, labels: kopf.Labels, body: kopf.Body, 
     return {(namespace, labels[JOB_LABEL]): trim_pdb(dict(body))}
 
 
-def _own_workload(index: Mapping[Any, Iterable[Obj]] | None, namespace: str, name: str, meta: kopf.Meta) -> Obj | None:
+def _own_workload(
+    index: Mapping[Any, Iterable[Obj]] | None, namespace: str, name: str, meta: kopf.Meta, ghosts: frozenset[str]
+) -> Obj | None:
     """The Workload the operator made for this RLJob (by its deterministic name: an older one
-    of a job deleted and made again under the same name is not it)."""
+    of a job deleted and made again under the same name is not it), the ``ghosts`` passed over."""
     want = queueing.workload_name(name, str(meta.get("uid", "")))
-    found = [w for w in (index or {}).get((namespace, name), ()) if w["metadata"].get("name") == want]
+    found = [w for w in without((index or {}).get((namespace, name), ()), ghosts) if w["metadata"].get("name") == want]
     return found[0] if found else None
 
 
@@ -255,8 +267,7 @@ async def node_changed(type: str, name: str, memo: Any, **kwargs: Any) -> None:
         return
     node = ctx.fleet.view().nodes.get(name)
     if node is None:
-        ctx.metrics.signal_gone(name)  # its other sightings go with it; this one ages out (metrics.MEMORY_SECONDS)
-        ctx.metrics.signal_seen(name, "node-deleted: the Node object is gone")
+        _node_gone(ctx, name)
     else:
         signals = node_signals(node, ctx.settings.extra_taint_keys)
         for sig in signals:
@@ -265,6 +276,11 @@ async def node_changed(type: str, name: str, memo: Any, **kwargs: Any) -> None:
             ctx.metrics.signal_gone(name)
     for namespace, job in set(pods_by_node.get(name, [])):
         ctx.wake(namespace, job)
+
+
+def _node_gone(ctx: Context, name: str) -> None:
+    ctx.metrics.signal_gone(name)  # its other sightings go with it; this one ages out (metrics.MEMORY_SECONDS)
+    ctx.metrics.signal_seen(name, "node-deleted: the Node object is gone")
 
 
 @kopf.on.event("v1", "pods", labels={JOB_LABEL: kopf.PRESENT})
@@ -280,8 +296,7 @@ async def rljob_changed(type: str, namespace: str | None, name: str, memo: Any, 
     ctx = ctx_of(memo)
     ctx.wake(namespace, name)
     if type == "DELETED":  # a job held by this one's storage (StorageConflict) may start now
-        for event in ctx.wakeups.values():
-            event.set()
+        ctx.wake_all()
 
 
 # ----------------------------------------------------------------------------- Kueue
@@ -325,24 +340,30 @@ CHILDREN: dict[str, tuple[str, str] | tuple[str, str, str]] = {
 
 def _child_index(kind: str) -> Any:
     async def index(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-        return {(namespace, labels[JOB_LABEL]): (kind, owner_uid(dict(body)) or "")}
+        return {(namespace, labels[JOB_LABEL]): trim_child(kind, dict(body))}
 
     return index
 
 
+def watched_children(settings: Settings) -> dict[str, tuple[str, ...]]:
+    """The kinds of :data:`CHILDREN` the settings make (a NetworkPolicy only with ``network_policy``)."""
+    return {k: r for k, r in CHILDREN.items() if k != "NetworkPolicy" or settings.network_policy}
+
+
 def register_children(settings: Settings) -> None:
     """Watches the job's objects (by the job label) into one index per kind."""
-    for kind, resource in CHILDREN.items():
-        if kind == "NetworkPolicy" and not settings.network_policy:
-            continue
+    for kind, resource in watched_children(settings).items():
         kopf.index(*resource, labels={JOB_LABEL: kopf.PRESENT}, id=f"children_{resource[-1]}")(_child_index(kind))
 
 
-def job_children(indexes: Mapping[str, Any], key: tuple[str, str]) -> frozenset[tuple[str, str]]:
+def job_children(
+    indexes: Mapping[str, Any], key: tuple[str, str], ghosts: frozenset[str] = frozenset()
+) -> frozenset[tuple[str, str]]:
+    """The job's objects as (kind, owner uid), the ``ghosts`` passed over."""
     return frozenset(
-        entry
+        (entry["kind"], entry["metadata"]["owner"] or "")
         for resource in CHILDREN.values()
-        for entry in (indexes.get(f"children_{resource[-1]}") or {}).get(key, ())
+        for entry in without((indexes.get(f"children_{resource[-1]}") or {}).get(key, ()), ghosts)
     )
 
 
@@ -377,6 +398,55 @@ async def spec_changed(namespace: str | None, name: str, memo: Any, **_: Any) ->
     ctx_of(memo).wake(namespace, name)
 
 
+# ----------------------------------------------------------------------------- live lists
+
+
+def watched_kinds(settings: Settings) -> tuple[Kind, ...]:
+    """Every kind a pass reads from a cache, with the index that caches it and its watch's labels."""
+    kinds = [
+        Kind("Pod", ("v1", "pods"), "job_pods", f"{JOB_LABEL},{ROLE_LABEL}"),
+        Kind("PodDisruptionBudget", ("policy", "v1", "poddisruptionbudgets"), "job_pdbs", JOB_LABEL),
+        *(Kind(kind, res, f"children_{res[-1]}", JOB_LABEL) for kind, res in watched_children(settings).items()),
+        Kind(api.KIND, RLJOBS, "job_storages"),
+        Kind("Node", ("v1", "nodes"), "", namespaced=False),
+    ]
+    if settings.kueue:
+        kinds.append(Kind("Workload", (queueing.GROUP, queueing.VERSION, "workloads"), "job_workloads"))
+    return tuple(kinds)
+
+
+def _cached(ctx: Context, kind: Kind, indexes: Mapping[str, Any]) -> frozenset[str]:
+    """The uids a kind's cache holds now."""
+    if not kind.index:
+        return cached_uids(ctx.fleet.view().nodes.values())
+    index = indexes.get(kind.index) or {}
+    return cached_uids(entry for entries in index.values() for entry in entries)
+
+
+async def _relisting(ctx: Context, indexes: Mapping[str, Any]) -> None:
+    """Every ``RELIST_INTERVALS`` reconcile intervals, :func:`relist` (one live list per kind)."""
+    while True:
+        await asyncio.sleep(ctx.settings.reconcile_interval * RELIST_INTERVALS)
+        try:
+            await relist(ctx, indexes)
+        except Exception:  # a bug here must not end the checks for good
+            log.exception("checking the caches against the API server")
+
+
+async def relist(ctx: Context, indexes: Mapping[str, Any]) -> None:
+    """Lists each cached kind from the API server; the entries the caches hold that it lacks
+    (a watch gap's) are passed over from now on (:attr:`Context.ghosts`), the Fleet forgets
+    its gone nodes, and, if any is new, every job's next pass runs now."""
+    cached = {kind: _cached(ctx, kind, indexes) for kind in watched_kinds(ctx.settings)}  # before any list
+    found = await ctx.io(find, ctx.kube, cached, ctx.settings.namespaces, ctx.ghosts)
+    new, ctx.ghosts = told(found, ctx.ghosts), frozenset().union(*found.values())
+    for name in ctx.fleet.forget(ctx.ghosts, ctx.kube.server_clock.now()):
+        _node_gone(ctx, name)
+    if new:
+        log.warning("the caches held %s that the API server no longer has (a missed watch event)", new)
+        ctx.wake_all()
+
+
 # ----------------------------------------------------------------------------- lifecycle
 
 
@@ -400,8 +470,6 @@ async def lifecycle(
     key = (namespace, name)
     wake = ctx.wakeup(namespace, name)
     pending: tuple[str, Obj] | None = None  # (resourceVersion before our write, the job it returned)
-    gone: frozenset[str] = frozenset()  # uids of pods the index holds that the last live list lacked
-    relist_at = time.monotonic() + ctx.settings.reconcile_interval * RELIST_INTERVALS
     try:
         while not stopped and not meta.get("deletionTimestamp"):
             wake.clear()
@@ -412,20 +480,17 @@ async def lifecycle(
             if pending is not None and job["metadata"].get("resourceVersion") == pending[0]:
                 job = pending[1]  # our own status write has not come back through the watch yet
             fleet = ctx.fleet.view()
-            pods = tuple(job_pods.get(key, ()))
-            if time.monotonic() >= relist_at:
-                relist_at = time.monotonic() + ctx.settings.reconcile_interval * RELIST_INTERVALS
-                gone = await _relist(ctx, namespace, name, pods, logger, gone)
-            pods = without(pods, gone)
+            ghosts = ctx.ghosts  # what a watch gap left in the caches (relist): passed over
+            pods = without(job_pods.get(key, ()), ghosts)
             snap = Snapshot(
                 job=job,
                 pods=pods,
                 nodes=fleet.nodes,
                 fleet=fleet,
-                children=job_children(kwargs, key),
-                pdb=_first(job_pdbs.get(key)),
-                peers=tuple(storages.get(None, ())),
-                workload=_own_workload(kwargs.get("job_workloads"), namespace, name, meta),
+                children=job_children(kwargs, key, ghosts),
+                pdb=_first(without(job_pdbs.get(key, ()), ghosts)),
+                peers=without(storages.get(None, ()), ghosts),
+                workload=_own_workload(kwargs.get("job_workloads"), namespace, name, meta, ghosts),
                 flavors=cached_flavors(kwargs.get("flavors_index") or {}),
                 server_offset=timedelta(seconds=ctx.kube.server_clock.offset()),
             )
@@ -442,28 +507,6 @@ async def lifecycle(
         ctx.woken_at.pop(key, None)
         ctx.actuator.backoffs.forget(str(meta.get("uid", "")))
         ctx.metrics.job_gone(namespace, name)
-
-
-RELIST_INTERVALS = 10
-"""Each job's pods are listed live every this many reconcile intervals (:func:`_relist`)."""
-
-
-async def _relist(
-    ctx: Context, namespace: str, name: str, indexed: tuple[Obj, ...], logger: kopf.Logger, gone: frozenset[str]
-) -> frozenset[str]:
-    """The uids of the job's pods that the index holds but the API server no longer has
-    (:func:`~spotrl_operator.observe.ghosts`): after a watch gap (410 Gone) Kopf lists again but
-    drops an index entry only on a DELETED event, so a pod deleted in the gap would stay, and
-    the job would wait on a controller that is gone. ``gone``: the last answer, kept if the list fails."""
-    try:
-        listed = await ctx.io(list_pods, ctx.kube, namespace, name)
-    except KubeError as err:
-        logger.warning("listing the job's pods to check the cache: %s", err)
-        return gone
-    found = ghosts(indexed, listed)
-    if found - gone:
-        logger.warning("%d pod(s) in the cache are gone from the API server (a missed watch event)", len(found))
-    return found
 
 
 def _finished(job: Obj) -> bool:

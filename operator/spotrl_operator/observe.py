@@ -114,7 +114,8 @@ def job_storage(job: Obj, settings: Settings) -> JobStorage | None:
     endpoint = spec.checkpoint.s3_endpoint or settings.default_s3_endpoint or ""
     finished = (job.get("status") or {}).get("phase") in ("Succeeded", "Failed")  # writes no more
     created = str(meta.get("creationTimestamp") or "")
-    return JobStorage(meta["namespace"], meta["name"], created, uri, endpoint, finished=finished)
+    uid = str(meta.get("uid") or "")
+    return JobStorage(meta["namespace"], meta["name"], created, uri, endpoint, finished=finished, uid=uid)
 
 
 # --------------------------------------------------------------------- trimming (for caches)
@@ -127,6 +128,7 @@ def trim_node(node: Obj) -> Obj:
     return {
         "metadata": {
             "name": meta.get("name"),
+            "uid": meta.get("uid"),
             "labels": dict(meta.get("labels") or {}),
             "deletionTimestamp": meta.get("deletionTimestamp"),
         },
@@ -222,9 +224,14 @@ def trim_pdb(pdb: Obj) -> Obj:
     """The parts of the job's PodDisruptionBudget the lifecycle reads; what the PDB cache keeps."""
     spec = pdb.get("spec") or {}
     return {
-        "metadata": {"owner": owner_uid(pdb)},
+        "metadata": {"uid": (pdb.get("metadata") or {}).get("uid"), "owner": owner_uid(pdb)},
         "spec": {"minAvailable": spec.get("minAvailable", 1), "selector": spec.get("selector")},
     }
+
+
+def trim_child(kind: str, obj: Obj) -> Obj:
+    """What the cache keeps of one of the job's other objects (a ServiceAccount, a Service ...)."""
+    return {"kind": kind, "metadata": {"uid": (obj.get("metadata") or {}).get("uid"), "owner": owner_uid(obj)}}
 
 
 def owner_uid(obj: Obj) -> str | None:
@@ -573,19 +580,6 @@ def list_pods(kube: Kube, namespace: str, name: str) -> list[Obj]:
     """The job's pods (controllers, workers, trainers) as the API server has them now."""
     selector = f"{JOB_LABEL}={name},{ROLE_LABEL} in (controller,worker,trainer)"
     return list(kube.get(path("v1", "pods", namespace), labelSelector=selector).get("items") or [])
-
-
-def ghosts(indexed: Iterable[Obj], listed: Iterable[Obj]) -> frozenset[str]:
-    """The uids of pods the cache held before a live list (``indexed``) that the list lacks: gone,
-    though the cache never heard (its watch restarted after a gap, and a re-list reports no
-    deletions). A pod created after the list was sent is not in ``indexed``, so never a ghost."""
-    live = {(p.get("metadata") or {}).get("uid") for p in listed}
-    return frozenset(uid for p in indexed if (uid := (p.get("metadata") or {}).get("uid")) and uid not in live)
-
-
-def without(pods: Iterable[Obj], gone: frozenset[str]) -> tuple[Obj, ...]:
-    """The pods but the ``gone`` uids."""
-    return tuple(p for p in pods if (p.get("metadata") or {}).get("uid") not in gone)
 
 
 def confirm_missing(kube: Kube, snap: Snapshot) -> Snapshot:

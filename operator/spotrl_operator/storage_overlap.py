@@ -43,6 +43,8 @@ class JobStorage:
     """The S3 endpoint ("": the default, AWS's)."""
     finished: bool = False
     """The job is over (status.phase Succeeded or Failed): it holds no other job back."""
+    uid: str = ""
+    """The RLJob's metadata.uid: which cache entry this is (:mod:`~spotrl_operator.relist`)."""
 
     @property
     def age_key(self) -> tuple[str, str, str]:

@@ -27,6 +27,7 @@ from spotrl_e2e.docs import command_lines, marked_block
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.kind_ci,  # CI's kind subset runs the first hour before the chart goes in for the rest
     pytest.mark.skipif(
         TARGET != "kind",
         reason="the README's commands need a real cluster (kubelets, the images, helm install); make e2e-kind runs it",

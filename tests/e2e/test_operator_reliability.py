@@ -1,8 +1,8 @@
 """The operator's edges, on the test control plane with real operator processes: a leader cut
 off from the API server, a namespace deleted under its jobs, a budget deleted by hand, a job
-made again under its name, a pod deleted while the operator's watch is in a gap (410 Gone),
-many nodes going Unknown at once, and a rolling update of the operator in the middle of a barrier
-(the API server's audit log shows who wrote when)."""
+made again under its name, a budget and a pod deleted while the operator's watches are in a
+gap (410 Gone), many nodes going Unknown at once, and a rolling update of the operator in the
+middle of a barrier (the API server's audit log shows who wrote when)."""
 
 from __future__ import annotations
 
@@ -259,40 +259,60 @@ def test_a_delete_by_name_with_the_uid_it_read_never_deletes_an_object_made_sinc
     assert admin.get_or_none(f"{accounts}/web-runtime") is None
 
 
-def test_a_pod_deleted_in_a_watch_gap_is_found_gone_and_the_job_makes_a_new_controller(
+def test_a_budget_then_a_pod_deleted_in_a_watch_gap_are_found_gone_and_made_again(
     cluster: Cluster, namespace: str, operator_identity: tuple[str, Path], jobs: Jobs, tmp_path: Path
 ) -> None:
-    """The operator's pod watch breaks and resumes from an expired resourceVersion (410 Gone, from
-    a proxy in front of the API server) while the job's controller pod is deleted: Kopf lists
-    again, never hears of the deletion, and its index keeps the pod. The job's periodic live
-    list (every ``RELIST_INTERVALS`` reconcile intervals: 10 s here) finds it gone, and the
-    job makes a new controller instead of waiting on one that no longer exists."""
+    """The operator's pod and PodDisruptionBudget watches break and resume from an expired
+    resourceVersion (410 Gone, from a proxy in front of the API server) while the job's budget is
+    deleted, and in a second gap its controller pod: Kopf lists again, never hears of the
+    deletions, and its indexes keep them. The live lists (one per kind every ``RELIST_INTERVALS``
+    reconcile intervals: 3 s here) find them gone: the job makes its budget again instead of
+    believing it has one (a drain would evict its controller with no barrier), and a new controller
+    instead of waiting on one that no longer exists. The budget goes first, alone: a new controller
+    makes the job's missing objects again on its way, whatever the budget's cache says."""
+    pods, budgets = "/api/v1/pods", "/apis/policy/v1/poddisruptionbudgets"
     lease_ns, kubeconfig = operator_identity
     serving = cluster.controlplane.pki.issue("watch-gap-proxy", "watch-gap-proxy", ips=("127.0.0.1",), server=True)
-    proxy = WatchGapProxy(cluster.server, cluster.ca, serving)
+    proxy = WatchGapProxy(cluster.server, cluster.ca, serving, collections=(pods, budgets))
     gapped = through(proxy, kubeconfig, tmp_path / "watch-gap.kubeconfig")
-    operator = OperatorProcess(cluster, gapped, lease_ns, tmp_path, "watch-gap")
+    operator = OperatorProcess(cluster, gapped, lease_ns, tmp_path, "watch-gap", ("--reconcile-interval", "0.3"))
+    admin = cluster.admin()
+
+    def deleted_in_a_gap(url: str) -> None:
+        """Deletes ``url`` while the operator's watches are in a gap, until they have listed again after it."""
+        gone = proxy.gone
+        proxy.open_gap()
+        wait_until(lambda: proxy.gone > gone, 10, "the operator's watches to resume into the gap")
+        admin.delete(url, gracePeriodSeconds=0)
+        admin.wait_for(url, lambda o: o is None, 10, f"{url} gone")
+        # Kopf's watches now resume from LISTs sent after the deletion: the DELETED event is behind them.
+        listed = dict(proxy.lists)
+        wait_until(lambda: all(proxy.lists[c] > listed.get(c, 0) + 1 for c in (pods, budgets)), 10, "lists after it")
+        proxy.close_gap()
+
     try:
         operator.start()
         jobs.create(tiny_job("a", checkpoint={"storage": "s3://bucket-x/a"}, **PENDING))
+        # The budget is made before the pod: once the operator has seen its pod, it has seen the budget.
         jobs.wait("a", lambda s: bool(s.get("controllerPod")), 20, "the operator to see its controller pod")
         (pod,) = jobs.pods("a")
         meta = pod["metadata"]
+        pdb_url = path("policy/v1", "poddisruptionbudgets", namespace, "a-controller")
+        budget = admin.get(pdb_url)
 
-        proxy.open_gap()
-        wait_until(lambda: proxy.gone > 0, 10, "the operator's pod watch to resume into the gap")
-        pod_url = path("v1", "pods", namespace, meta["name"])
-        cluster.admin().delete(pod_url, gracePeriodSeconds=0)
-        cluster.admin().wait_for(pod_url, lambda o: o is None, 10, "the controller pod gone")
-        # Kopf's watch now resumes from a LIST sent after the deletion: the DELETED event is behind it.
-        listed = proxy.lists
-        wait_until(lambda: proxy.lists > listed + 1, 10, "the operator to list the pods after the deletion")
-        proxy.close_gap()
-        assert proxy.cut >= 1, "the pod watch in flight was cut"
+        deleted_in_a_gap(pdb_url)
+        assert proxy.cut >= 2, "the pod and budget watches in flight were cut"
+        # Within one period of the live lists (3 s) and a pass; the rest is room for a busy machine.
+        again = admin.wait_for(pdb_url, lambda o: o is not None, 15, "the job to make its budget again")
+        assert again is not None
+        assert again["metadata"]["uid"] != budget["metadata"]["uid"]
+        assert again["spec"]["minAvailable"] == 1, "made again closed: a drain waits for the barrier"
+        assert "the caches held 1 PodDisruptionBudget that" in operator.log(), operator.log()[-3000:]
+        assert [p["metadata"]["uid"] for p in jobs.pods("a")] == [meta["uid"]], "no new controller made it"
 
-        # Within one period of the live list (10 s) and a pass; the rest is room for a busy machine.
-        jobs.wait("a", lambda s: s.get("attempt") == 2, 25, "the job to make a new controller")
-        assert "pod(s) in the cache are gone from the API server" in operator.log(), operator.log()[-3000:]
+        deleted_in_a_gap(path("v1", "pods", namespace, meta["name"]))
+        jobs.wait("a", lambda s: s.get("attempt") == 2, 15, "the job to make a new controller")
+        assert "the caches held 1 Pod that" in operator.log(), operator.log()[-3000:]
         jobs.wait("a", lambda s: s.get("controllerPod") not in (None, meta["name"]), 20, "the new controller seen")
         uids = [p["metadata"]["uid"] for p in jobs.pods("a")]
         assert uids, "the new controller pod exists"
