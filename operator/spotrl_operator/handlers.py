@@ -85,6 +85,12 @@ class Context:
     """Kopf's, for the synchronous handlers (create, delete): ours, so that a stop can wait for them."""
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     woken_at: dict[tuple[str, str], float] = field(default_factory=dict)
+    backing_off: dict[tuple[str, str], str] = field(default_factory=dict)
+    """The resourceVersion a failed pass's own status write gave the job: its watch event is not
+    a change to act on, and must not cut the pass's backoff short (:func:`_wait`)."""
+    woken_by: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    """What woke each job since its last pass: the job's resourceVersion for a change of the job,
+    "" for anything else (a pod, a node, a relist)."""
     fleet: Fleet = field(init=False)
     changed_nodes: set[str] = field(default_factory=set)
     """Nodes whose last event changed what passes read (set by the index, taken by the event handler)."""
@@ -105,12 +111,14 @@ class Context:
         for event in self.wakeups.values():
             event.set()
 
-    def wake(self, namespace: str | None, name: str) -> None:
-        """Runs the job's next pass now instead of at its next period."""
+    def wake(self, namespace: str | None, name: str, version: str = "") -> None:
+        """Runs the job's next pass now instead of at its next period (``version``: the job's
+        resourceVersion when a change of the job itself wakes it)."""
         key = (namespace or "", name)
         event = self.wakeups.get(key)
         if event is not None:
             self.woken_at.setdefault(key, time.monotonic())
+            self.woken_by.setdefault(key, set()).add(version)
             event.set()
 
     def _on_action(self, job: Obj, action: object) -> None:
@@ -292,9 +300,9 @@ async def pod_changed(namespace: str | None, labels: kopf.Labels, body: kopf.Bod
 
 
 @kopf.on.event(*RLJOBS)
-async def rljob_changed(type: str, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+async def rljob_changed(type: str, namespace: str | None, name: str, meta: kopf.Meta, memo: Any, **_: Any) -> None:
     ctx = ctx_of(memo)
-    ctx.wake(namespace, name)
+    ctx.wake(namespace, name, str(meta.get("resourceVersion") or ""))
     if type == "DELETED":  # a job held by this one's storage (StorageConflict) may start now
         ctx.wake_all()
 
@@ -473,6 +481,7 @@ async def lifecycle(
     try:
         while not stopped and not meta.get("deletionTimestamp"):
             wake.clear()
+            ctx.woken_by.pop(key, None)
             woken = ctx.woken_at.pop(key, None)
             if woken is not None:
                 ctx.metrics.pass_lag.observe(time.monotonic() - woken)
@@ -500,13 +509,33 @@ async def lifecycle(
             pending = (job["metadata"].get("resourceVersion", ""), written) if written is not None else None
             if _finished(written or job) and not pods:
                 delay = None  # nothing left to do: only a change of the job (or a pod of it) wakes it
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout=delay)
+            await _wait(ctx, key, wake, delay)
     finally:
         ctx.wakeups.pop(key, None)
         ctx.woken_at.pop(key, None)
+        ctx.backing_off.pop(key, None)
+        ctx.woken_by.pop(key, None)
         ctx.actuator.backoffs.forget(str(meta.get("uid", "")))
         ctx.metrics.job_gone(namespace, name)
+
+
+async def _wait(ctx: Context, key: tuple[str, str], wake: asyncio.Event, delay: float | None) -> None:
+    """Until the job's next pass is due (``delay`` seconds; None: until woken) or something wakes
+    it, but for the condition its own failed pass wrote coming back through the watch: that
+    would run the next failing pass at once, each writing the next, with no backoff at all."""
+    deadline = None if delay is None else time.monotonic() + delay
+    while True:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            await asyncio.wait_for(wake.wait(), timeout=timeout)
+        except TimeoutError:
+            return
+        own = ctx.backing_off.get(key)
+        if own is None or ctx.woken_by.get(key, set()) - {own}:
+            return
+        wake.clear()
+        ctx.woken_by.pop(key, None)
+        ctx.woken_at.pop(key, None)
 
 
 def _finished(job: Obj) -> bool:
@@ -554,6 +583,7 @@ def _pass(ctx: Context, snap: Snapshot, logger: kopf.Logger) -> tuple[float, Obj
         except (KubeError, OSError) as err:
             return _pass_failed(ctx, snap.job, err, logger), None
         ctx.actuator.backoffs.succeeded(uid, PASS_KEY)
+        ctx.backing_off.pop((ns, name), None)
         ctx.metrics.reconciles.labels("error" if applied.failed else "ok").inc()
         for part in sorted({p.split(".", 1)[0] for p in world.skipped_fields}):
             ctx.metrics.skipped_fields.labels(part).inc()
@@ -579,9 +609,13 @@ def _pass_failed(ctx: Context, job: Obj, err: Exception, logger: kopf.Logger) ->
     failure = ctx.actuator.backoffs.failed(uid, PASS_KEY, "reconciling", kerr, failure_budget(job), now)
     logger.warning("reconcile (try %d): %s", failure.tries, err)
     try:
-        ctx.actuator.report(job)
+        written = ctx.actuator.report(job)
     except KubeError as report_err:
         logger.warning("reporting the failure: %s", report_err)
+    else:
+        if written is not None:
+            meta = job["metadata"]
+            ctx.backing_off[(meta.get("namespace") or "", meta["name"])] = written["metadata"]["resourceVersion"]
     return max(0.05, (failure.not_before - now).total_seconds())
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -160,6 +161,11 @@ def test_a_crd_field_this_operator_cannot_read_is_said_on_the_job_not_only_logge
 
         wait_until(lambda: "retentionPolicy" in ((stuck() or {}).get("message") or ""), 30, "a condition naming it")
         assert (stuck() or {})["reason"] == "SpecNotUnderstood"
+        # Its passes keep their backoff (at least a second, doubling): the condition they write
+        # is an event on the job, which must not wake it for another pass at once.
+        time.sleep(4)
+        tries = int(re.search(r"failed (\d+) time", (stuck() or {})["message"]).group(1))  # type: ignore[union-attr]
+        assert tries <= 4, f"{tries} passes in about 5 s: the job's own condition woke it each time"
         jobs.delete("odd", timeout=40)
         assert jobs.get("odd") is None
     finally:
