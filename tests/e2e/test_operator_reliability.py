@@ -152,6 +152,10 @@ def test_a_budget_deleted_by_hand_is_made_again_closed(
     assert made is not None
 
 
+def owner_uids(obj: dict) -> list[str]:
+    return [o["uid"] for o in obj["metadata"].get("ownerReferences") or []]
+
+
 def test_a_job_made_again_under_its_name_never_adopts_the_old_ones_objects(
     cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
 ) -> None:
@@ -165,6 +169,12 @@ def test_a_job_made_again_under_its_name_never_adopts_the_old_ones_objects(
     # The attempt is written before the pod and its objects are made: wait for the Service.
     admin.wait_for(service, lambda o: o is not None, 20, "the first job's Service")
     admin.patch(service, {"metadata": {"finalizers": ["test.spotrl.dev/hold"]}})
+    rbac = "rbac.authorization.k8s.io/v1"
+    names = [("v1", "serviceaccounts", "tiny-runtime"), ("v1", "services", "tiny"), (rbac, "roles", "tiny-runtime")]
+    names += [(rbac, "rolebindings", "tiny-runtime"), ("policy/v1", "poddisruptionbudgets", "tiny-controller")]
+    objects = {path(g, kind, namespace, name): "" for g, kind, name in names}
+    for url in objects:  # the first job's, by uid
+        objects[url] = admin.wait_for(url, lambda o: o is not None, 20, url)["metadata"]["uid"]  # type: ignore[index]
     try:
         jobs.delete("tiny")
         held = admin.get(service)
@@ -179,19 +189,20 @@ def test_a_job_made_again_under_its_name_never_adopts_the_old_ones_objects(
             "the new job to say the old Service is not its own",
         )
         assert st.get("attempt", 0) <= 1
-        assert [p["metadata"]["name"] for p in jobs.pods("tiny")] == [], "no pod before its objects are its own"
+        # The old job's pod may still be stopping (its garbage collection is not instant): only
+        # the new job's own pods count.
+        made = [p["metadata"]["name"] for p in jobs.pods("tiny") if new_uid in owner_uids(p)]
+        assert made == [], "no pod before its objects are its own"
     finally:
         admin.patch(service, {"metadata": {"finalizers": None}})
-    jobs.wait("tiny", lambda s: s.get("attempt") == 1, 30, "the new job started once the old Service went")
-    for kind, name in (("serviceaccounts", "tiny-runtime"), ("services", "tiny")):
-        obj = admin.wait_for(path("v1", kind, namespace, name), lambda o: o is not None, 20, name)
+    # Made again, not adopted: each object of the job's names is a new one (another uid) that the
+    # new job owns, once the garbage collector has taken the old job's (the attempt is written
+    # before the objects are made, so it says nothing here).
+    for url in objects:
+        obj = admin.wait_for(url, lambda o: o is not None and owner_uids(o) == [new_uid], 30, f"the new job's {url}")
         assert obj is not None
-        assert [o["uid"] for o in obj["metadata"]["ownerReferences"]] == [new_uid]
-    for kind, name in (("roles", "tiny-runtime"), ("rolebindings", "tiny-runtime")):
-        obj = admin.get(path("rbac.authorization.k8s.io/v1", kind, namespace, name))
-        assert [o["uid"] for o in obj["metadata"]["ownerReferences"]] == [new_uid]
-    pdb = admin.get(path("policy/v1", "poddisruptionbudgets", namespace, "tiny-controller"))
-    assert [o["uid"] for o in pdb["metadata"]["ownerReferences"]] == [new_uid]
+        assert obj["metadata"]["uid"] != objects[url], f"{url} was adopted, not made again"
+    wait_until(lambda: any(new_uid in owner_uids(p) for p in jobs.pods("tiny")), 30, "the new job's controller pod")
 
 
 def test_an_account_that_spotrl_did_not_make_is_never_used_changed_or_deleted(
