@@ -3,7 +3,7 @@ way the pool fed it before (8 groups per call, each call waiting for its longest
 the next began), on the same worker code, model and requests, in one run.
 
     python bench/bench_continuous_batching.py [--models tiny,100m] [--backends transformers,vllm]
-        [--groups 64] [--group-size 8] [--max-new-tokens 32]
+        [--groups 64] [--group-size 8] [--max-new-tokens 32] [--check]
 
 The step is the GPU example's: 64 prompts × 8 samples. Per row: completion tokens per second,
 and the groups the backend held unfinished per step (the most, and the mean over its steps).
@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from _targets import Targets, add_check
 from bench_generation import MODELS, make_requests
 from spotrl_runtime.generation import BackendSpec, GenerationRequest, GroupGenerated, build_backend
 from spotrl_runtime.generation.worker import GenerationWorker
@@ -104,6 +105,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2, help="the worker's torch threads")
+    add_check(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows = merged([r for m in args.models.split(",") for b in args.backends.split(",") for r in bench(m, b, args)])
@@ -122,14 +124,21 @@ def main() -> None:
             f" {r.peak:>5} {r.mean:>6.1f}"
         )
     by = {(r.model, r.backend, r.feed): r for r in rows}
+    targets = Targets()
     for model in args.models.split(","):
         vllm_now, vllm_before = by.get((model, "vllm", "now")), by.get((model, "vllm", "before"))
         base = by.get((model, "transformers", "now"))
         if vllm_now and vllm_before:
+            targets.at_least(
+                f"{model}: vLLM tokens/s, all at once / {BEFORE_GROUPS_PER_CALL} groups a call",
+                vllm_now.tokens_per_s / vllm_before.tokens_per_s,
+                1.5,
+            )
             print(f"{model}: vLLM now / before: {vllm_now.tokens_per_s / vllm_before.tokens_per_s:.2f}x", end="")
             if base:
                 print(f"; vLLM / transformers now: {vllm_now.tokens_per_s / base.tokens_per_s:.2f}x", end="")
             print()
+    targets.report(args.check)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@
    12 bytes a parameter over the bandwidth plus the fixed part measured here, against a delta's
    measured bytes per redo step; which of a 30 s (GCE, Azure) and a 120 s (AWS) notice each fits.
 
-    python bench/bench_delta.py [--policies 100m,1b] [--repeat 3] [--redo-steps 4]
+    python bench/bench_delta.py [--policies 100m,1b] [--repeat 3] [--redo-steps 4] [--check]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from _targets import Targets, add_check
 from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.checkpoint.restore import restore_cut
 from spotrl_runtime.checkpoint.resume import load_trainer, redo
@@ -85,7 +86,7 @@ def run_steps(o: Owners, steps: int, completion: int, train: Any = None, prompt:
     bench writes the rows, it does not redo them)."""
     for _ in range(steps):
         while not o.step_ready():
-            for d in o.pump(weight_version=o.trainer_step):
+            for d in o.pump():
                 rows = [
                     Rollout(
                         group_id=d.group_id,
@@ -200,6 +201,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--redo-steps", type=int, default=4)
     ap.add_argument("--resume-steps", type=int, default=2, help="steps the resume bench trains, then redoes")
+    add_check(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory(prefix="bench-delta-", dir="/var/tmp") as tmp:
@@ -238,6 +240,11 @@ def main(argv: list[str]) -> int:
                 for n in NOTICES
             )
             print(f"{label:<6} {gbps:>5} {full_s:>8.1f} {delta_s:>8.2f}  {fits}")
+    targets = Targets()
+    for r in rows:
+        targets.at_most(f"{r['policy']}: delta barrier cut / full barrier cut", r["delta_s"] / r["full_s"], 0.05)
+        targets.at_most(f"{r['policy']}: delta barrier cut s", r["delta_s"], 1.0)
+    targets.report(args.check)
     return 0
 
 

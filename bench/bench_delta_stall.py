@@ -1,6 +1,6 @@
 """What a delta cut after every step costs the trainer: the chat example with and without them.
 
-    PYTHONPATH=e2e python bench/bench_delta_stall.py [--steps 30]
+    PYTHONPATH=e2e python bench/bench_delta_stall.py [--steps 30] [--check]
 
 The same job (``examples/cpu-chat-gsm8k.yaml``, ``--steps`` steps), in one run of this file:
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -32,6 +33,7 @@ from typing import Any
 
 from _chat_job import chat_job
 from _recovery_state import table
+from _targets import Targets, add_check
 from spotrl_e2e.faultproxy import FaultProxy
 from spotrl_e2e.s3 import S3Server
 from spotrl_runtime.checkpoint.layout import list_cut_folders, manifest_key
@@ -67,15 +69,26 @@ def run(job: Path, uri: str, log: Path, env: dict[str, str]) -> float:
 
 
 def measure(
-    name: str, uri: str, job: Path, log: Path, env: dict[str, str], base_wall: float | None, store: Any = None
+    name: str,
+    uri: str,
+    job: Path,
+    log: Path,
+    env: dict[str, str],
+    base_wall: float | None,
+    targets: Targets | None,
+    store: Any = None,
 ) -> tuple[Any, ...]:
-    """One setting's row; ``store``: how this process reads the run's storage (default: ``uri``)."""
+    """One setting's row; its target goes to ``targets`` (None: the baseline, which cuts no
+    deltas); ``store``: how this process reads the run's storage (default: ``uri``)."""
     wall = run(job, uri, log, env)
     docs = AuditStore(store or open_storage(uri)).documents()
     at = sorted(d["at"] for d in docs)
     period = statistics.median(b - a for a, b in itertools.pairwise(at))
     captures = delta_captures(store or open_storage(uri))
     stall = statistics.median(captures) if captures else 0.0
+    if targets is not None:
+        # A setting that should cut deltas and committed none has missed its goal, not met it.
+        targets.at_most(f"{name}: stall per delta / step period", stall / period if captures else math.nan, 0.10)
     return (
         name,
         f"{period:.3f}",
@@ -91,8 +104,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--stall", type=float, default=0.1, help="seconds each PUT through the proxy is held")
+    add_check(ap)
     args = ap.parse_args()
     rows = []
+    targets = Targets()
     with tempfile.TemporaryDirectory(prefix="bench-delta-stall-") as tmp:
         folder = Path(tmp)
         base = measure(
@@ -102,11 +117,14 @@ def main() -> None:
             folder / "off.log",
             {},
             None,
+            None,
         )
         rows.append(base)
         base_wall = float(base[5])
         on = job_file(folder, 1, args.steps)
-        rows.append(measure("local, deltaEverySteps 1", str(folder / "on"), on, folder / "on.log", {}, base_wall))
+        rows.append(
+            measure("local, deltaEverySteps 1", str(folder / "on"), on, folder / "on.log", {}, base_wall, targets)
+        )
         server = S3Server(folder / "s3").start()
         try:
             bucket = server.create_bucket()
@@ -115,7 +133,7 @@ def main() -> None:
                 env = {**bucket.env(), "AWS_ENDPOINT_URL_S3": proxy.endpoint}
                 name = f"S3 via the proxy, PUTs +{args.stall:g} s, deltaEverySteps 1"
                 uri = f"s3://{bucket.bucket}/job"
-                rows.append(measure(name, uri, on, folder / "s3.log", env, base_wall, bucket.storage("job")))
+                rows.append(measure(name, uri, on, folder / "s3.log", env, base_wall, targets, bucket.storage("job")))
         finally:
             server.stop()
     table(
@@ -123,6 +141,7 @@ def main() -> None:
         ("setting", "step period s", "stall per delta ms", "stall / step", "deltas / steps", "wall s", "wall / base"),
         rows,
     )
+    targets.report(args.check)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """LoRA (policy.lora) against full fine-tuning, in one run (issue 48).
 
-    PYTHONPATH=e2e python bench/bench_lora.py [--only cut,step,chat,projection] [--rank 16]
+    PYTHONPATH=e2e python bench/bench_lora.py [--only cut,step,chat,projection] [--rank 16] [--check]
 
 **cut**: ``builtin:random-0.5b`` (Qwen2.5-0.5B's shape) in bf16, after one training step: a
 barrier cut of the trainer's state through the cut writer into a local store (bytes, seconds,
@@ -14,6 +14,7 @@ memory (the base frozen in bf16 against float32 masters, gradients and AdamW sta
 **chat**: the CPU chat example (``examples/cpu-chat-gsm8k.yaml``, 60 steps) trained by full
 fine-tuning at its learning rate and by ``examples/cpu-chat-gsm8k-lora.yaml`` at its (10x),
 then each run's last cut exported and scored greedily on the held-out split, against the base.
+Goal: LoRA's gain in accuracy at least 0.8x full fine-tuning's.
 
 **projection**: adapter, cut and sync bytes for an 8B base (Llama-3.1-8B's shape, built on the
 meta device: the exact parameter counts) at rank 16 and 32, against full fine-tuning.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -37,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _recovery_state import table  # noqa: E402
+from _targets import Targets, add_check  # noqa: E402
 from bench_numerics import step_groups  # noqa: E402
 from spotrl_runtime.api.rljob import Lora, Policy  # noqa: E402
 from spotrl_runtime.generation.weights import unique_tensors  # noqa: E402
@@ -175,7 +178,7 @@ def steps(rank: int) -> list[tuple[Any, ...]]:
 # ----------------------------------------------------------------------------- chat
 
 
-def chat() -> list[tuple[Any, ...]]:
+def chat(targets: Targets) -> list[tuple[Any, ...]]:
     """Both chat examples trained 60 steps, each exported and scored, and the base scored."""
     test = ROOT / "examples" / "data" / "word-problems" / "test.parquet"
     rows = []
@@ -193,6 +196,9 @@ def chat() -> list[tuple[Any, ...]]:
             rows.append((name, f"{seconds:.0f}", f"{base_acc:.3f}", f"{acc:.3f}", f"{acc - base_acc:+.3f}"))
             print(rows[-1], flush=True)
     gains = [float(r[4]) for r in rows]
+    targets.at_least(
+        "the chat example's held-out gain, LoRA / full fine-tuning", gains[1] / gains[0] if gains[0] else math.nan, 0.8
+    )
     rows.append(("lora gain / full gain", "", "", "", f"{gains[1] / gains[0]:.2f}" if gains[0] else "n/a"))
     return rows
 
@@ -255,12 +261,14 @@ def main() -> None:
     ap.add_argument("--only", default="projection,cut,step,chat")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--one-step", help=argparse.SUPPRESS)
+    add_check(ap)
     args = ap.parse_args()
     if args.one_step:
         torch.set_num_threads(2)
         print(json.dumps(one_step(args.one_step, args.rank)))
         return
     only = args.only.split(",")
+    targets = Targets()
     if "projection" in only:
         table(
             "An 8B base (Llama-3.1-8B's shape)",
@@ -283,8 +291,9 @@ def main() -> None:
         table(
             "The CPU chat example, 60 steps: held-out greedy accuracy",
             ("job", "run s", "base", "after", "gain"),
-            chat(),
+            chat(targets),
         )
+    targets.report(args.check)
 
 
 if __name__ == "__main__":

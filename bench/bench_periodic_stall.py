@@ -1,6 +1,6 @@
 """What a cut costs the trainer, for the ~100M policy (weights + AdamW moments, ~1.2 GB).
 
-    PYTHONPATH=e2e python bench/bench_periodic_stall.py [--repeat 3]
+    PYTHONPATH=e2e python bench/bench_periodic_stall.py [--repeat 3] [--check]
 
 One process, real torch, a local store, everything measured in the same run:
 
@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from _recovery_state import table
+from _targets import Targets, add_check
 from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.checkpoint import CutRequest, CutWriter
 from spotrl_runtime.core.owners import Owners, RecoveryConfig
@@ -65,6 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=256, help="tokens in the step between two cuts")
+    add_check(parser)
     args = parser.parse_args()
 
     model, _ = load_policy("builtin:random-100m")
@@ -182,6 +184,11 @@ def main() -> None:
             )
         ],
     )
+    # The goals are the code's as it is (the "after" rows); the "before" rows show what it replaced.
+    targets = Targets()
+    targets.at_most("periodic cut: the trainer's stall / a synchronous cut", m["stall background"] / m["sync"], 0.10)
+    targets.at_most("barrier cut / torch.save + fsync of the same state", m["barrier after"] / m["save"], 1.5)
+    targets.report(args.check)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """`spotrl run --resume auto` from a barrier cut to its first trained step (issue 15, target 2).
 
-    PYTHONPATH=e2e python bench/bench_resume.py [--repeat 5]
+    PYTHONPATH=e2e python bench/bench_resume.py [--repeat 5] [--check]
 
 Each round, in a temporary folder: `spotrl run -f examples/tiny-cpu.yaml` trains until a few
 more steps are done, gets SIGTERM (a barrier cut commits, exit 143), and the same command is
@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from _recovery_state import table
+from _targets import Targets, add_check
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = REPO / "examples" / "tiny-cpu.yaml"
@@ -46,6 +47,7 @@ def wait_for_line(log: Path, pattern: str, proc: subprocess.Popen[bytes], timeou
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=5)
+    add_check(parser)
     args = parser.parse_args()
     firsts, resumed, after = [], [], []
     with tempfile.TemporaryDirectory(prefix="bench-resume-") as tmp:
@@ -87,6 +89,9 @@ def main() -> None:
             )
         ],
     )
+    targets = Targets()
+    targets.at_most("launch -> first step after a barrier cut, median s", statistics.median(firsts), 10.0)
+    targets.report(args.check)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The trainer group (FSDP2 ranks on CPU, gloo): sharded cut time against rank count, and step time.
 
-    PYTHONPATH=e2e python bench/bench_trainer_group.py [--ranks 1,2,4] [--repeat 3] [--model 100m]
+    PYTHONPATH=e2e python bench/bench_trainer_group.py [--ranks 1,2,4] [--repeat 3] [--model 100m] [--check]
 
 For a ~100M-parameter policy (``builtin:random-100m``) after one AdamW step (so the cut holds
 weights and both Adam moments, ~1.2 GB), in one run, per rank count N:
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from _recovery_state import table
+from _targets import Targets, add_check
 from bench_train_step import MODELS, synthetic_groups
 from spotrl_runtime.storage import LocalStorage
 from spotrl_runtime.training import TrainerConfig
@@ -79,6 +80,7 @@ def main() -> None:
     parser.add_argument("--ranks", default="1,2,4")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--model", default="100m", choices=sorted(MODELS))
+    add_check(parser)
     args = parser.parse_args()
     import ray
 
@@ -96,6 +98,7 @@ def main() -> None:
     rows: list[tuple[Any, ...]] = []
     step_rows: list[tuple[Any, ...]] = []
     single_step: float | None = None
+    targets = Targets()
     try:
         for n in [int(r) for r in args.ranks.split(",")]:
             group = TrainerGroup(
@@ -127,6 +130,7 @@ def main() -> None:
                         plains.append(plain_parallel_write(Path(tmp), data))
                         saves.append(torch_save_fsync(Path(tmp), sum(data)))
                 cut, plain, save = statistics.median(cuts), statistics.median(plains), statistics.median(saves)
+                targets.at_most(f"{n} ranks: sharded cut / plain parallel write of the same bytes", cut / plain, 1.2)
                 rows.append(
                     (
                         n,
@@ -162,6 +166,7 @@ def main() -> None:
         ("ranks", "step", "ratio to 1 rank"),
         step_rows,
     )
+    targets.report(args.check)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What a weight sync costs: the trainer sends a Qwen-shaped policy to its generation workers.
 
-    PYTHONPATH=e2e python bench/bench_weight_sync.py [--model builtin:random-0.5b] [--syncs 3]
+    PYTHONPATH=e2e python bench/bench_weight_sync.py [--model builtin:random-0.5b] [--syncs 3] [--check]
 
 In one run of this file, on this machine, for each dtype (float32, bfloat16), backend
 (transformers, vLLM's CPU build) and number of workers (2, then 1):
@@ -9,7 +9,8 @@ In one run of this file, on this machine, for each dtype (float32, bfloat16), ba
   ``WeightSender``): buckets of ``generation.weightBucketMiB`` straight from the trainer's live
   weights over gloo, each worker loading each bucket as it arrives;
 - **broadcast**: the baseline, a plain gloo broadcast of the same bytes as one flat tensor to as
-  many receivers (Ray actors that only receive): what the wire allows;
+  many receivers (Ray actors that only receive): what the wire allows. Goal: the channel
+  within 1.5x the broadcast;
 - **object store**: the path the channel replaced, rebuilt here: a CPU copy of the state dict in
   the policy's dtype, ``ray.put`` in 64 MB parts, every receiver pulling all of them and copying
   them into its own buffer.
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 
 from _recovery_state import table
+from _targets import Targets, add_check
 from spotrl_runtime.generation import BackendSpec
 from spotrl_runtime.generation.pool import GenerationPool
 from spotrl_runtime.generation.weights import ChannelHost, WeightSender, open_group
@@ -163,7 +165,13 @@ def channel_path(
 
 
 def single_process(
-    model_name: str, dtypes: list[str], backends: list[str], syncs: int, bucket_mib: int, rows: list[tuple[Any, ...]]
+    model_name: str,
+    dtypes: list[str],
+    backends: list[str],
+    syncs: int,
+    bucket_mib: int,
+    rows: list[tuple[Any, ...]],
+    targets: Targets,
 ) -> None:
     import ray
 
@@ -206,6 +214,9 @@ def single_process(
                     old_s, old_bytes, old_growth = object_store_path(model, dtype, receivers, syncs)
                     for r in receivers:
                         ray.kill(r)
+                    targets.at_most(
+                        f"{dtype_name}, {backend}, {n} workers: channel / gloo broadcast", seconds / base, 1.5
+                    )
                     rows.append(
                         (
                             dtype_name,
@@ -286,14 +297,16 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--fsdp", action="store_true", help="also the trainer group of two ranks")
     parser.add_argument("--bucket-mib", type=int, default=512, help="generation.weightBucketMiB")
+    add_check(parser)
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     rows: list[tuple[Any, ...]] = []
+    targets = Targets()
     try:
         dtypes = args.dtypes.split(",")
         single_process(
-            args.model, dtypes, [b for b in args.backends.split(",") if b], args.syncs, args.bucket_mib, rows
+            args.model, dtypes, [b for b in args.backends.split(",") if b], args.syncs, args.bucket_mib, rows, targets
         )
         table(
             f"Weight sync of {args.model}: the trainer's process sends, {args.bucket_mib} MiB buckets "
@@ -332,6 +345,7 @@ def main() -> None:
             )
     finally:
         ray.shutdown()
+    targets.report(args.check)
 
 
 if __name__ == "__main__":
