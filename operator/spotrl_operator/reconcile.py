@@ -100,7 +100,9 @@ def _lifecycle(b: Builder) -> float | None:
     :func:`~spotrl_operator.trainers.tend_trainers`).
     Returns when to look again (seconds; None: at the next period)."""
     world = b.world
-    b.held = queueing.tend(b)
+    # A job failed for its configuration is no job for Kueue: no Workload (in a namespace the
+    # operator may be refused), and the next pass, Failed, finishes one it had.
+    b.held = queueing.tend(b) if not world.config_error else None
     if b.st.phase in ("Succeeded", "Failed"):
         return None
 

@@ -200,6 +200,15 @@ def test_a_missed_barrier_still_gives_the_quota_back_once_the_pods_are_gone() ->
     assert p3.status.queue.last_eviction.cut_id is None
 
 
+def test_a_job_the_operator_refuses_gets_no_workload() -> None:
+    """A configuration the operator refuses (a refused namespace, a missing storage) fails the job
+    before Kueue hears of it: no Workload to queue, in a namespace the operator may not write."""
+    plan = reconcile(world(None, config_error="namespace kube-system is refused for jobs"))
+    assert of(plan, CreateWorkload) == []
+    assert plan.status is not None
+    assert plan.status.phase == "Failed"
+
+
 def test_changed_pod_sets_make_the_workload_again_once_no_pod_is_left() -> None:
     old = replace(ADMITTED, pod_sets="old")
     st = RLJobStatus(phase="Running", attempt=1)
