@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import os
 import random
 import socket
 import struct
@@ -169,6 +170,18 @@ def _reset(sock: socket.socket) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     with contextlib.suppress(OSError):
         sock.close()
+
+
+SEED_VAR = "SPOTRL_FAULT_SEED"
+
+
+def fault_seed() -> int:
+    """A test's seed for the proxy's RNG: ``SPOTRL_FAULT_SEED`` replays a failed run's faults;
+    else a fresh one each run (printed, so a failure's captured output names it), so that runs
+    go through other orders of faults than one fixed seed's."""
+    seed = int(os.environ.get(SEED_VAR) or random.SystemRandom().randrange(1 << 30))
+    print(f"{SEED_VAR}={seed}")
+    return seed
 
 
 class FaultProxy(LoopbackServer):

@@ -34,7 +34,9 @@ from test_preemption import (
     training,
 )
 
+from spotrl_e2e.checks import assert_adapter_alone
 from spotrl_e2e.procs import ray_processes_on
+from spotrl_runtime.core.validation import INDEX_ROLE, SHARD_ROLE
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 NAME = "fsdp"
@@ -128,15 +130,16 @@ def assert_an_adapter_cut(storage: JobStorage, cut: str) -> None:
     """The barrier cut is a full cut of the adapter's shards (every rank's), with its identity."""
     client = storage.client()
 
-    def read(key: str) -> Any:
-        return json.loads(client.get_object(Bucket=storage.bucket, Key=f"{NAME}/cuts/{cut}/{key}")["Body"].read())
+    def read(key: str) -> bytes:
+        return bytes(client.get_object(Bucket=storage.bucket, Key=f"{NAME}/cuts/{cut}/{key}")["Body"].read())
 
-    manifest = read("manifest.json")
+    manifest = json.loads(read("manifest.json"))
     assert (manifest["form"], manifest["trainer_format"]) == ("full", "dcp/v1"), manifest
-    meta = read(next(f["path"] for f in manifest["files"] if f["role"] == "trainer_meta"))
+    meta = json.loads(read(next(f["path"] for f in manifest["files"] if f["role"] == "trainer_meta")))
     assert meta["adapter"]["rank"] == 8, meta
-    shards = [f for f in manifest["files"] if "/trainer/dcp/" in f["path"]]
-    assert 0 < sum(f["size"] for f in shards) < 1 << 20, "the adapter and its optimizer, not the base"
+    index = read(next(f["path"] for f in manifest["files"] if f["role"] == INDEX_ROLE))
+    shards = [f for f in manifest["files"] if f["role"] == SHARD_ROLE]
+    assert_adapter_alone(index, sum(f["size"] for f in shards), "builtin:tiny-arith", 8)
 
 
 def check_trainer_pods(

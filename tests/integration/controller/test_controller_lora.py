@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from controller_runs import (
+    TINY_JOB,
     Runs,
     assert_same_weights,
     audit,
@@ -30,8 +31,10 @@ from controller_runs import (
     wait_for,
 )
 
+from spotrl_e2e.checks import assert_adapter_alone
 from spotrl_e2e.forgery import CutSurgery
 from spotrl_runtime.api.rljob import EXIT_REFUSED
+from spotrl_runtime.core.validation import INDEX_ROLE, SHARD_ROLE
 from spotrl_runtime.vllm_build import vllm_build
 
 pytestmark = pytest.mark.slow
@@ -165,8 +168,9 @@ def test_a_lora_run_resharded_2_to_3_ranks_trains_the_uninterrupted_prompts(
         assert cut.m["trainer_format"] == "dcp/v1"
         meta = json.loads(cut.path("trainer_meta").read_bytes())
         assert meta["adapter"]["rank"] == 8
-        shard_bytes = sum(f["size"] for f in cut.m["files"] if "/trainer/dcp/" in f["path"])
-        assert 0 < shard_bytes < 1 << 20, "the adapter and its optimizer: the base is not in the cut"
+        shards = [f for f in cut.m["files"] if f["role"] == SHARD_ROLE]
+        index = cut.path(INDEX_ROLE).read_bytes()
+        assert_adapter_alone(index, sum(f["size"] for f in shards), TINY_JOB["spec"]["policy"]["model"], 8)
     assert stream(storage) == baseline[:steps]
 
 

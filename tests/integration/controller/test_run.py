@@ -9,7 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from controller_runs import Runs, audit, newest_cut, stop, wait_for
+from controller_runs import TINY_JOB, Runs, audit, newest_cut, stop, wait_for
 
 from spotrl_e2e.procs import process_state
 
@@ -122,7 +122,9 @@ def test_a_reward_that_raises_scores_the_completion_error_score_and_trains_the_r
     assert sum(r["reward_errors"] for r in records) > 0
     trained = [i for r in records for i in r["idxs"]]
     assert [i for i in trained if i % 4 == 1], "the groups the reward failed on were trained"
-    assert min(r["reward"] for r in records) < 0.5, "scored -1"
+    for r in records:  # every rollout scored 1, 0 or errorScore (-1): each step's mean says which
+        rollouts = len(r["idxs"]) * TINY_JOB["spec"]["generation"]["groupSize"]
+        assert r["reward"] == pytest.approx(r["accuracy"] - r["reward_errors"] / rollouts, abs=1e-5), r
     assert "the reward failed on" in runs.log_of(proc)
 
 

@@ -40,6 +40,14 @@ def _places_anything(path: Path) -> bool:
 
 EXAMPLES = sorted(p.name for p in (REPO / "examples").glob("*.yaml") if _places_anything(p))
 
+POD_GPUS = {
+    # example: (the controller pod's nvidia.com/gpu, of them the GPUs its Ray hands actors),
+    # read off each file by hand, not from the code under test.
+    "gpu-qwen-7b-lora.yaml": (2, 1),  # the trainer's 1 + 1 vLLM worker x 1; the trainer's kept from Ray
+    "gpu-qwen-fsdp.yaml": (0, 0),  # 4 ranks and 4 workers, each in a pod of its own with 1
+    "gpu-qwen-gsm8k.yaml": (3, 2),  # the trainer's 1 + 2 vLLM workers x 1; the trainer's kept from Ray
+}
+
 
 def example(name: str) -> RLJobSpec:
     return parse_spec(yaml.safe_load((REPO / "examples" / name).read_text())["spec"])
@@ -105,17 +113,25 @@ def place(spec: RLJobSpec, device: str, timeout: float = 60.0) -> tuple[int, int
     return ranks_placed, len(placed)
 
 
+def test_every_example_that_places_anything_has_its_gpus_written_down() -> None:
+    assert sorted(POD_GPUS) == EXAMPLES, "a new example's GPUs: add its row to POD_GPUS"
+
+
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_every_examples_actors_place_on_the_gpus_its_pods_request(ray_cluster: Cluster, name: str) -> None:
     spec = example(name)
-    device = build(ray_cluster, spec, controller_pod_gpus(spec))
+    pod, offered = POD_GPUS[name]
+    assert controller_pod_gpus(spec) == pod, "the controller pod's request"
+    device = build(ray_cluster, spec, pod)
     ranks, workers = place(spec, device)
-    par = spec.training.parallelism
+    par, gen = spec.training.parallelism, spec.generation
     assert ranks == (par.ranks if par.strategy == "fsdp" else 0)
-    assert workers == spec.generation.workers
-    if device == "cuda" and par.strategy == "single":
-        # The trainer's GPU stays out of Ray: no worker can be handed it.
-        assert ray.cluster_resources().get("GPU", 0) == controller_pod_gpus(spec) - spec.training.resources.gpu
+    assert workers == gen.workers
+    # The head's GPUs, and a GPU per pod of its own: the trainer's GPU is never Ray's to hand a worker.
+    pods = (gen.workers * gen.resources.gpu if gen.worker_pods else 0) + (
+        par.ranks * par.resources.gpu if par.trainer_pods else 0
+    )
+    assert ray.cluster_resources().get("GPU", 0) == offered + pods
 
 
 def test_the_gpu_example_did_not_place_with_the_pod_it_used_to_request(ray_cluster: Cluster) -> None:

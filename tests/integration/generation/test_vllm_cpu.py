@@ -252,26 +252,42 @@ def _collect(worker: GenerationWorker, count: int, timeout: float = 300.0) -> li
 
 
 def test_every_submitted_group_generates_at_once_and_streams_back(
-    engine: VLLMBackend, reference: tuple[Any, Any]
+    engine: VLLMBackend, reference: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, tok = reference
     requests = _streamed(tok, 24)
     expected = {r.group_id: r.samples for r in engine.generate(requests)}
+    length = {g: max(len(s.completion_token_ids) for s in samples) for g, samples in expected.items()}
+    # The worker's thread holds after the engine's third step: the groups done in two tokens
+    # (the short ones) are finished, those that run four or more (s1 and s2 at least) are not.
+    assert max(length.values()) >= 4, length
+    monkeypatch.setenv("SPOTRL_FAILPOINTS", "worker.stepped@3=60")
+    monkeypatch.setenv("SPOTRL_FAILPOINT_DIR", str(tmp_path))
+    monkeypatch.setattr(failpoints, "_spec", None)
     worker = GenerationWorker(BackendSpec(kind="vllm", model="builtin:tiny-arith"), "w0", backend=engine)
     try:
         assert worker.submit(0, requests[:12]) == 12
         assert worker.submit(1, requests[12:]) == 12
-        outcomes = _collect(worker, 24)
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "worker.stepped").exists():
+            assert time.monotonic() < deadline, "the worker never stepped"
+            time.sleep(0.05)
+        # Streamed: what finished is back while the rest is still in the engine (a worker that
+        # answers a batch at a time, in the order submitted, has nothing to give yet).
+        early = worker.collect(timeout=2.0)
+        unfinished = engine.unfinished()
+        (tmp_path / "worker.stepped.release").touch()
+        outcomes = early + _collect(worker, 24 - len(early))
     finally:
+        (tmp_path / "worker.stepped.release").touch()
         worker.stop()
+    assert early, "nothing came back before every group had finished"
+    assert unfinished > 0
+    assert max(length[o.group_id] for o in early) <= 2, [(o.group_id, length[o.group_id]) for o in early]
     # All 24 were in the engine together (two submits, one batch), not 8 at a time.
     assert worker.peak_generating == 24
     assert all(isinstance(o, GroupGenerated) and o.worker == "w0" for o in outcomes)
     assert {o.group_id: o.samples for o in outcomes if isinstance(o, GroupGenerated)} == expected
-    # Each came back as it finished: the short groups before the last long one.
-    order = [o.group_id for o in outcomes]
-    short = [f"s{i}" for i in range(0, 24, 3)]
-    assert max(order.index(g) for g in short) < order.index(next(g for g in reversed(order) if g not in short))
 
 
 def test_an_abort_leaves_no_group_behind_and_redispatched_groups_generate_as_before(

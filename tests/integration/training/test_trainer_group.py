@@ -83,12 +83,15 @@ def test_two_bf16_fsdp_ranks_train_as_one_bf16_process(ray_session: Any) -> None
     """bf16 compute over float32 masters: FSDP2's mixed-precision policy on the ranks, autocast in
     one process. The two cast different tensors (FSDP every parameter, autocast the matrix
     products' inputs), so they agree to bf16's resolution, not bit for bit: the log-probs'
-    statistics within 5% (one bf16 process's entropy drifts 2.5% from fp32's in these 5 steps),
-    the loss absolutely (a sum of advantages that nearly cancel), and the weights' difference
-    small against how far the steps moved them. Both recompute each block in the backward pass
-    (activation checkpointing), which changes no gradient."""
+    statistics within 4% (2.6% for the entropy, 3.2% for the importance weight, measured), the
+    loss absolutely (a sum of advantages that nearly cancel), and the weights' difference small
+    against how far the steps moved them. And the ranks compute in bf16: their entropy is at
+    least 0.5% off one float32 process's (2.2% measured), where ranks computing in float32 agree
+    with it to 1e-4. Both recompute each block in the backward pass (activation checkpointing),
+    which changes no gradient."""
     cfg = config(compute_dtype="bfloat16", activation_checkpointing="on")  # and AC under FSDP2
     single_metrics, single_weights = run_single(cfg)
+    fp32_metrics, _ = run_single(config(activation_checkpointing="on"))
     group = TrainerGroup(POLICY, cfg, ranks=2, cpus_per_rank=0.5)
     try:
         group.start(timeout=120)
@@ -100,9 +103,12 @@ def test_two_bf16_fsdp_ranks_train_as_one_bf16_process(ray_session: Any) -> None
         gaps = [k for k in one if k.startswith("rollout_probs_diff") and k.endswith("_mean")]
         assert gaps
         for key in ("entropy", "is_weight_mean", *gaps):
-            assert two[key] == pytest.approx(one[key], rel=5e-2), (key, one, two)
+            assert two[key] == pytest.approx(one[key], rel=4e-2), (key, one, two)
         assert two["loss"] == pytest.approx(one["loss"], abs=5e-3), (one, two)
         assert two["tokens"] == one["tokens"]
+    pairs = zip(group_metrics, fp32_metrics, strict=True)
+    drift = max(abs(two["entropy"] - fp32["entropy"]) / fp32["entropy"] for two, fp32 in pairs)
+    assert drift > 5e-3, f"the bf16 ranks' entropy is float32's to {drift:.1e}: they compute in float32"
     assert {w.dtype for w in weights.values()} == {w.dtype for w in single_weights.values()} == {torch.bfloat16}
     initial, _ = load_policy(POLICY)
     moved = diff = 0.0
