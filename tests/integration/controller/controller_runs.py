@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from spotrl_runtime.checkpoint.layout import newest_committed
-from spotrl_runtime.storage import open_storage
+from spotrl_runtime.storage import Storage, open_storage
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -220,30 +220,64 @@ def newest_cut(storage: Path) -> tuple[str, str, int]:
     return cut_id, manifest["kind"], manifest["trainer_step"]
 
 
-def final_weights(store: Path) -> dict[str, Any]:
-    """The weights of the store's newest cut (a finished run's final, full cut)."""
+def final_weights(store: Path | Storage, *, optimizer: bool = False) -> dict[str, Any]:
+    """The weights of the store's newest cut (a finished run's final, full cut), a local folder or
+    any store (S3). With ``optimizer``, its optimizer's state too, flattened under ``optimizer/``
+    (each parameter's moments and step count, the param groups): the trainer state a resume
+    must restore besides the weights, for :func:`assert_same_weights`."""
+    import io
+
     import torch
 
-    from spotrl_e2e.forgery import CutSurgery
+    storage = open_storage(str(store)) if isinstance(store, Path) else store
+    cut_id = newest_committed(storage)
+    assert cut_id is not None
+    manifest = json.loads(storage.get_bytes(f"cuts/{cut_id}/manifest.json"))
+    assert manifest["form"] == "full", manifest
 
-    cuts = sorted(p for p in (store / "cuts").iterdir() if (p / "manifest.json").exists())
-    cut = CutSurgery(cuts[-1])
-    assert cut.m["form"] == "full", cut.m
+    def load(path: str) -> Any:
+        data = io.BytesIO(storage.get_bytes(f"cuts/{cut_id}/{path}"))
+        return torch.load(data, map_location="cpu", weights_only=True)
+
     weights: dict[str, Any] = {}
-    for f in sorted(cut.m["files"], key=lambda f: f["path"]):
+    for f in sorted(manifest["files"], key=lambda f: f["path"]):
         if f["role"] == "weights":
-            weights.update(torch.load(cut.cut / f["path"], map_location="cpu", weights_only=True))
+            weights.update(load(f["path"]))
     assert weights
+    if optimizer:
+        (path,) = [f["path"] for f in manifest["files"] if f["role"] == "optimizer"]
+        weights.update(_flat(load(path), "optimizer"))
     return weights
 
 
+def _flat(value: Any, key: str) -> dict[str, Any]:
+    """A nested state dict's leaves by their path (``optimizer/state/0/exp_avg``)."""
+    if isinstance(value, dict):
+        return {k: v for name, item in value.items() for k, v in _flat(item, f"{key}/{name}").items()}
+    if isinstance(value, (list, tuple)):
+        return {k: v for i, item in enumerate(value) for k, v in _flat(item, f"{key}/{i}").items()}
+    return {key: value}
+
+
 def assert_same_weights(got: dict[str, Any], want: dict[str, Any]) -> None:
-    """Bit for bit (one CPU process each)."""
+    """Bit for bit (one CPU process each); values that are not tensors (an optimizer's learning
+    rate, its step counts) equal."""
     import torch
 
     assert got.keys() == want.keys()
-    differ = [k for k in want if not torch.equal(got[k], want[k])]
+
+    def same(a: Any, b: Any) -> bool:
+        return torch.equal(a, b) if isinstance(b, torch.Tensor) else bool(a == b)
+
+    differ = [k for k in want if not same(got[k], want[k])]
     assert not differ, f"{len(differ)} of {len(want)} tensors differ from the uninterrupted run's: {differ[:5]}"
+
+
+def assert_same_trainer_state(store: Path | Storage, baseline: Path) -> None:
+    """The final cut of ``store`` holds the weights and optimizer state of the uninterrupted
+    run's (in ``baseline``), bit for bit: a resume restored the trainer state it cut, as the
+    stream alone (which does not depend on the weights) cannot tell."""
+    assert_same_weights(final_weights(store, optimizer=True), final_weights(baseline, optimizer=True))
 
 
 def assert_admission_versions(storage: Path) -> None:

@@ -1,11 +1,12 @@
 """The controller stopped at many points, then resumed: it trains on exactly the prompts it
-would have trained on had it never been stopped. Real torch, real Ray, real cuts on disk."""
+would have trained on had it never been stopped, and ends with the same weights and optimizer
+state. Real torch, real Ray, real cuts on disk."""
 
 from __future__ import annotations
 
 import json
-import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -16,9 +17,9 @@ import pytest
 from controller_runs import (
     Runs,
     assert_admission_versions,
-    assert_same_weights,
+    assert_same_trainer_state,
     audit,
-    final_weights,
+    kill_rng,
     newest_cut,
     stop,
     stream,
@@ -72,74 +73,134 @@ def test_sigterm_takes_a_barrier_cut_and_resume_trains_the_same_prompts(
     retrained = [d["step"] for d in everything if d["attempt"] > 0 and d["step"] < cut_step]
     assert retrained == [], "a graceful preemption retrains nothing"
     assert stream(storage) == baseline
+    assert_same_trainer_state(storage, runs.base / "baseline")
 
 
 KILL_POINTS = {
-    "inside a step": "train.step",
-    "while a cut's files are written": "cut.files_written",
-    "while older cuts are deleted": "cut.retention",
-    "while a worker loads new weights": "worker.load_weights",
+    "train.step": "inside a step",
+    "cut.files_written": "while a cut's files are written",
+    "cut.retention": "while older cuts are deleted",
+    "worker.load_weights": "while a worker loads new weights",
 }
-"""Where a SIGKILL lands (a failpoint holds the run there; its step: the trainer step, the cut's,
-or the weights' version)."""
+"""Where a failpoint holds the run for a SIGKILL (its step: the trainer step, the cut's, or the
+weights' version)."""
+
+FAILPOINT_KILLS, RANDOM_KILLS = 2, 2
+"""Kills held at points of :data:`KILL_POINTS` (which, drawn per run) and kills at random moments
+with no failpoint: with the last, uninterrupted run, five runs in the chain, as when it killed at
+the four points alone."""
 
 
-def newest_cut_after_a_kill(point: str, target: int, trained: int) -> tuple[int, int]:
-    """The (lowest, highest) trainer step the newest committed cut may be at. A delta cut after
-    every step: at most the step in progress is lost, and the one whose delta was still being
-    written. While the cut writer is held, the trainer goes on (its cuts wait in line): a store
-    that stalls costs the steps trained meanwhile."""
+def newest_cut_after_a_kill(point: str | None, target: int, trained: int) -> tuple[int, int]:
+    """The (lowest, highest) trainer step the newest committed cut may be at after a kill that
+    found ``trained`` steps trained; the steps lost, trained again, are ``trained`` less it. A
+    delta cut follows every step; the full cut of every 4th step is captured once the next
+    step's groups are ready. One writer writes them in turn while the trainer goes on.
+    ``point``: a failpoint of :data:`KILL_POINTS` holding step ``target``; None: a random moment."""
+    if point == "train.step":
+        # At most one step lost: the one whose cut (the delta of step target-1, or the full cut
+        # of step target, captured as its groups became ready) may still be being written.
+        return trained - 1, trained
+    if point == "worker.load_weights":
+        # At most two: the trainer waits for the held load after step target; a 4th step's full
+        # cut waits for the next step's groups, which wait for the load, and on a loaded machine
+        # the delta of the step before may still be in the writer's line.
+        return trained - 2, trained
     if point == "cut.files_written":
+        # A bound on the cut, not on the loss: the held cut never commits, the one before it
+        # stands. The steps the trainer trained while the writer was held are lost with it.
         return target - 1, target - 1
     if point == "cut.retention":
+        # The held cut committed before its retention: a half-done deletion loses nothing of it.
         return target, target
-    if point == "worker.load_weights":
-        # No step in progress: the trainer trained on while the load was held, and the delta of
-        # its last step, and on a loaded machine the one before, may still have been written.
-        return trained - 2, trained
-    return trained - 1, trained
+    # At most two at a random moment: the step whose cut was in the writer's line, and the one
+    # trained while it was written (a full cut, captured as the next step starts, can take
+    # longer than a short step).
+    return trained - 2, trained
 
 
-def test_sigkill_at_random_points_costs_at_most_one_step_each_and_ends_with_the_uninterrupted_weights(
+STEP_LINE = re.compile(r"^\[\s*([\d.]+)s\] step\s+\d+/", re.M)
+"""A trained step's progress line, and its seconds since the run started."""
+
+
+def killed_at_a_random_moment(
+    runs: Runs, job: Path, storage: Path, rng: random.Random, why: str
+) -> subprocess.Popen[str]:
+    """A run SIGKILLed at a random moment, no failpoint: after its second step line, a delay
+    drawn uniformly over the time between its first two (their lines' clock), so that the kill
+    lands anywhere in a step's cycle (generating, training, writing a cut, sending weights) and
+    the run keeps steps for the kills after it."""
+    proc = runs.start(job, storage)
+    stamps: list[float] = []
+
+    def two_steps() -> bool:
+        stamps[:] = [float(t) for t in STEP_LINE.findall(runs.log_of(proc))]
+        return len(stamps) >= 2
+
+    wait_for(two_steps, 300, f"two steps ({why})", proc)
+    time.sleep(rng.uniform(0, stamps[1] - stamps[0]))
+    assert stop(proc, signal.SIGKILL) == -signal.SIGKILL
+    return proc
+
+
+def test_sigkill_at_points_and_random_moments_loses_what_each_allows_and_ends_with_the_uninterrupted_weights(
     runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path
 ) -> None:
-    """Four kills without notice, one at each kind of point, at random steps in a random order
-    (the seed is drawn per run and printed; SPOTRL_KILL_SEED replays it). Each resume starts from
-    the newest per-step delta (or full) cut."""
-    seed = int(os.environ.get("SPOTRL_KILL_SEED") or random.SystemRandom().randrange(1 << 30))
-    print(f"SPOTRL_KILL_SEED={seed}")
-    rng = random.Random(seed)
+    """Kills without notice, at failpoints of :data:`KILL_POINTS` (held 30 s, killed 0-0.3 s in) and
+    at random moments without one (:data:`FAILPOINT_KILLS`, :data:`RANDOM_KILLS`), in a random
+    order, each a step or two past the cut the run resumed from (the seed is drawn per run and
+    printed; SPOTRL_KILL_SEED replays it). Each loses at most what
+    :func:`newest_cut_after_a_kill` says (one step inside a step, two at a random moment or a
+    held weight load; at a cut-writer point, the steps the trainer trained while the writer was
+    held), and the next run resumes from the newest committed cut. The last run ends with the
+    uninterrupted run's stream, weights and optimizer state."""
+    seed, rng = kill_rng()
     storage = tmp_path / "cuts"
     job = runs.job()
-    points = rng.sample(sorted(KILL_POINTS.items()), len(KILL_POINTS))
-    targets = sorted(rng.sample(range(2, 14), len(points)))
-    kills, lost = 0, 0
-    for i, ((where, point), target) in enumerate(zip(points, targets, strict=True)):
-        marks = tmp_path / f"marks-{i}"
-        marks.mkdir()
-        hold = f"{point}@{target}=30"
-        proc = runs.start(job, storage, SPOTRL_FAILPOINTS=hold, SPOTRL_FAILPOINT_DIR=str(marks))
-        wait_for(lambda m=marks, p=point: (m / p).exists(), 300, f"{where} at step {target} (seed {seed})", proc)  # type: ignore[misc]
-        time.sleep(rng.uniform(0, 0.3))
-        assert stop(proc, signal.SIGKILL) == -signal.SIGKILL
+    kinds: list[str | None] = [*rng.sample(sorted(KILL_POINTS), FAILPOINT_KILLS), *[None] * RANDOM_KILLS]
+    rng.shuffle(kinds)
+    kills, lost, resumed_at, cut_id = 0, 0, 0, None
+    audited: set[tuple[int, int]] = set()  # (step, attempt)
+    for i, point in enumerate(kinds):
+        target = min(max(2, resumed_at + rng.randint(1, 2)), 14)
+        where = f"{KILL_POINTS[point]} at step {target}" if point else "at a random moment"
+        why = f"kill {i}, {where} (seed {seed})"
+        assert target > resumed_at, f"no step left for {why}"
+        if point is None:
+            proc = killed_at_a_random_moment(runs, job, storage, rng, why)
+        else:
+            marks = tmp_path / f"marks-{i}"
+            marks.mkdir()
+            hold = f"{point}@{target}=30"
+            proc = runs.start(job, storage, SPOTRL_FAILPOINTS=hold, SPOTRL_FAILPOINT_DIR=str(marks))
+            wait_for(lambda m=marks, p=point: (m / p).exists(), 300, why, proc)  # type: ignore[misc]
+            time.sleep(rng.uniform(0, 0.3))
+            assert stop(proc, signal.SIGKILL) == -signal.SIGKILL
         kills += 1
         # Ray's processes, in sessions of their own, still die with the controller.
         runs.assert_nothing_left(proc)
-        _, kind, cut_step = newest_cut(storage)
+        if cut_id is not None:
+            assert f"resumed from cut {cut_id} " in runs.log_of(proc), f"{why}: not from the newest cut"
+        cut_id, kind, cut_step = newest_cut(storage)
         assert kind == "periodic"
-        # What this attempt (the i-th) trained: the steps it audited at or past the cut the next
-        # one resumes from are trained again, once each.
-        mine = [d["step"] for d in audit(storage, "--all") if d["attempt"] == i]
-        trained = max(mine) + 1 if mine else cut_step
+        # What this attempt trained: the steps it audited at or past the cut the next one
+        # resumes from are trained again, once each.
+        before, audited = audited, {(d["step"], d["attempt"]) for d in audit(storage, "--all")}
+        mine = [step for step, _ in audited - before]
+        trained = max(mine) + 1 if mine else resumed_at
+        if point == "train.step":
+            assert trained == target, why
         low, high = newest_cut_after_a_kill(point, target, trained)
-        why = f"killed {where} at step {target}: newest cut at step {cut_step}, {trained} trained (seed {seed})"
-        assert low <= cut_step <= high, why
+        print(f"{why}: newest cut at step {cut_step}, {trained} trained")
+        assert low <= cut_step <= high, f"{why}: newest cut at step {cut_step}, {trained} trained"
         lost += sum(1 for step in mine if step >= cut_step)
+        resumed_at = cut_step
     rc, log = runs.run(job, storage)
     assert rc == 0, log
+    assert f"resumed from cut {cut_id} " in log, log
     assert stream(storage) == baseline
     assert_admission_versions(storage)
-    assert_same_weights(final_weights(storage), final_weights(runs.base / "baseline"))
+    assert_same_trainer_state(storage, runs.base / "baseline")
     everything = audit(storage, "--all")
     attempts = {d["attempt"] for d in everything}
     assert attempts <= set(range(kills + 1)), attempts
@@ -229,6 +290,10 @@ def test_a_dead_generation_worker_is_replaced_without_a_restore(
 
     counted = sum(d["version_mismatches"] for d in AuditStore(open_storage(str(storage))).documents())
     assert counted == s["stats"]["version_mismatches"] <= s["stats"]["groups_lost_redispatched"], s["stats"]
+    if counted == 0:
+        # Every group by its admission weights: the trainer ends where the uninterrupted run did
+        # (a group generated by newer weights trains other tokens, rightly).
+        assert_same_trainer_state(storage, runs.base / "baseline")
 
 
 def _is_descendant(pid: int, ancestor: int) -> bool:

@@ -11,9 +11,9 @@ import time
 from typing import Any
 
 import pytest
-from controller_runs import Runs, stop, wait_for
+from controller_runs import Runs, assert_same_trainer_state, stop, wait_for
 
-from spotrl_e2e.faultproxy import FaultProxy
+from spotrl_e2e.faultproxy import SEED_VAR, FaultProxy, fault_seed
 from spotrl_runtime.checkpoint.layout import list_cut_folders, newest_committed
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.storage.s3 import S3Storage
@@ -52,7 +52,8 @@ def test_a_run_preempted_and_resumed_under_heavy_faults_trains_the_baseline(
     runs: Runs, baseline: list[tuple[int, list[int]]], s3_bucket: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     job, uri = runs.job(), f"s3://{s3_bucket.bucket}/job"
-    with FaultProxy(s3_bucket.endpoint, seed=11) as proxy:
+    seed = fault_seed()  # SPOTRL_FAULT_SEED replays a failed run's
+    with FaultProxy(s3_bucket.endpoint, seed=seed) as proxy:
         proxy.add_mix()
         env = _env(s3_bucket, proxy)
         first = runs.start(job, uri, **env)
@@ -72,12 +73,16 @@ def test_a_run_preempted_and_resumed_under_heavy_faults_trains_the_baseline(
         requests, faults = proxy.requests, dict(proxy.faults)
     cuts = len([f for f in list_cut_folders(_store(s3_bucket)) if f.committed])
     with capsys.disabled():
-        print(f"\nfault figures (controller, SIGTERM + resume): requests {requests}, faults {faults}, cuts kept {cuts}")
+        print(
+            f"\nfault figures (controller, SIGTERM + resume, {SEED_VAR}={seed}): requests {requests}, "
+            f"faults {faults}, cuts kept {cuts}"
+        )
     assert sum(faults.values()) > requests // 5, "the mix really failed many requests"
     # The resume started at the cut: no step was trained twice. (Not the restore count: the
     # restore record is a report its attempt may fail to write under this fault mix.)
     assert AuditStore(_store(s3_bucket)).accounting().steps_retrained == 0
     assert _stream(s3_bucket) == [(s, idxs) for s, idxs in baseline]
+    assert_same_trainer_state(_store(s3_bucket), runs.base / "baseline")
 
 
 def test_a_barrier_whose_manifest_put_stalls_exits_143_within_its_deadline(
@@ -106,3 +111,4 @@ def test_a_barrier_whose_manifest_put_stalls_exits_143_within_its_deadline(
     rc, log = runs.run(job, uri, **s3_bucket.env())
     assert rc == 0, log
     assert _stream(s3_bucket) == [(s, idxs) for s, idxs in baseline]
+    assert_same_trainer_state(_store(s3_bucket), runs.base / "baseline")

@@ -22,9 +22,8 @@ import pytest
 from controller_runs import (
     Runs,
     assert_admission_versions,
-    assert_same_weights,
+    assert_same_trainer_state,
     audit,
-    final_weights,
     newest_cut,
     stop,
     stream,
@@ -130,7 +129,7 @@ def test_killed_then_stopped_during_the_redo_the_resume_ends_with_the_uninterrup
     assert stream(root) == baseline
     # The redone steps are no new training: no attempt after the first audits steps 4 and 5 again.
     assert min(d["step"] for d in audit(root, "--all") if d["attempt"] > 0) == 6
-    assert_same_weights(final_weights(root), final_weights(runs.base / "baseline"))
+    assert_same_trainer_state(root, runs.base / "baseline")
     assert_admission_versions(root)
 
 
@@ -230,6 +229,7 @@ def test_auto_cuts_a_delta_when_a_full_cut_would_not_fit_the_notice(
     assert rc == 0, log
     assert f"of delta cut {cut_id}" in log, log
     assert stream_of(store) == baseline
+    assert_same_trainer_state(store, runs.base / "baseline")
 
 
 def test_cuts_by_the_clock_full_ones_at_a_step_boundary_and_deltas_while_a_step_waits(
@@ -262,4 +262,4 @@ def test_cuts_by_the_clock_full_ones_at_a_step_boundary_and_deltas_while_a_step_
     assert waiting, f"deltas while the trainer waits for step 5: {made}"
     assert all(reason == "every 1 s, delta" for _, _, reason in waiting), made
     assert stream(store) == baseline
-    assert_same_weights(final_weights(store), final_weights(runs.base / "baseline"))
+    assert_same_trainer_state(store, runs.base / "baseline")

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from controller_runs import Runs, audit, stream, wait_for
+from controller_runs import Runs, assert_same_trainer_state, audit, stream, wait_for
 
 from spotrl_runtime.checkpoint.fence import claimed_attempts
 from spotrl_runtime.checkpoint.layout import list_cut_folders, manifest_key
@@ -62,6 +62,7 @@ def test_a_fenced_controller_stops_and_writes_nothing_more(
     assert all(m["trainer_step"] <= 5 for m in manifests if m["attempt"] == 0), "the fenced one cut nothing more"
     assert any(m["attempt"] == 1 for m in manifests)
     assert stream(storage) == baseline
+    assert_same_trainer_state(storage, runs.base / "baseline")
 
 
 def test_a_job_pointed_at_another_jobs_store_is_refused_and_fences_nobody(

@@ -17,8 +17,7 @@ import pytest
 from controller_runs import (
     Runs,
     assert_admission_versions,
-    assert_same_weights,
-    final_weights,
+    assert_same_trainer_state,
     newest_cut,
     stop,
     stream,
@@ -40,7 +39,7 @@ def test_a_held_weight_load_changes_no_groups_version(
     assert rc == 0, log
     assert stream(store) == baseline
     assert_admission_versions(store)
-    assert_same_weights(final_weights(store), final_weights(runs.base / "baseline"))
+    assert_same_trainer_state(store, runs.base / "baseline")
 
 
 def test_killed_while_a_load_is_held_the_resume_ends_with_the_uninterrupted_weights(
@@ -69,7 +68,7 @@ def test_killed_while_a_load_is_held_the_resume_ends_with_the_uninterrupted_weig
     assert f"resumed from cut {cut_id}" in log, log
     assert stream(store) == baseline
     assert_admission_versions(store)
-    assert_same_weights(final_weights(store), final_weights(runs.base / "baseline"))
+    assert_same_trainer_state(store, runs.base / "baseline")
 
 
 def test_a_barrier_during_a_weight_sync_cancels_it_and_does_not_wait_for_the_worker(
@@ -96,3 +95,4 @@ def test_a_barrier_during_a_weight_sync_cancels_it_and_does_not_wait_for_the_wor
     assert f"resumed from cut {cut_id}" in log, log
     assert stream(store) == baseline
     assert_admission_versions(store)
+    assert_same_trainer_state(store, runs.base / "baseline")
