@@ -445,6 +445,10 @@ def _start(b: Builder) -> float | None:
     )
     if not (first or crash or resumed_from_suspend or refused):
         b.interrupted()  # it vanished: evicted, drained, moved by us, or its node was lost
+        for gone in (p for p in world.pods if p.attempt == st.attempt and p.node in world.lost_nodes):
+            # Evicted by the taint manager before the node counted as lost (force deletes were
+            # paused in its zone, say): the loss is the same as the one _running reports.
+            b.event("Warning", "NodeLost", f"node {gone.node} stopped answering; no barrier is possible")
         b.update(preemptions=st.preemptions + 1)
         marks = b.st.recovering or RecoveryMarks(attempt=st.attempt)
         if marks.pod_deleted_at is None:

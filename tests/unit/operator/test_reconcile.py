@@ -244,6 +244,19 @@ def test_an_abrupt_node_loss_gets_no_barrier_and_a_forced_delete() -> None:
     assert DeletePod("j-controller-1", force=True) in of(later, DeletePod)
 
 
+def test_a_controller_evicted_before_its_node_counts_as_lost_is_reported_lost() -> None:
+    """The taint manager evicts the controller while its zone pauses force deletes; when the
+    node counts as lost, the next attempt starts and the Event says why, as for a force delete."""
+    st = RLJobStatus(phase="Running", attempt=1, controller_pod="j-controller-1", controller_node="spot-a")
+    evicted = replace(running(), deleting_since=T0)
+    paused = reconcile(world(now=T0 + timedelta(seconds=6), status=st, pods=(evicted,)))
+    assert "NodeLost" not in events(paused)
+    lost = reconcile(world(now=T0 + timedelta(seconds=6), status=st, pods=(evicted,), lost_nodes=frozenset({"spot-a"})))
+    assert of(lost, CreateControllerPod) == [CreateControllerPod(2, frozenset())]
+    assert DeletePod("j-controller-1", force=True) in of(lost, DeletePod)
+    assert "NodeLost" in events(lost)
+
+
 def test_time_lost_counts_from_the_newest_safe_progress_and_never_twice() -> None:
     """An abrupt loss loses the steps after the newest periodic cut: secondsLost counts from that
     cut's commit, or from when the controller resumed if it has cut nothing since."""
