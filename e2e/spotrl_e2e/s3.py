@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import botocore.exceptions
 
 from spotrl_e2e.procs import Process, free_port
 from spotrl_e2e.tools import Tools, find_tools
@@ -115,17 +118,31 @@ class S3Server:
         bucket.client().create_bucket(Bucket=bucket.bucket)
         return bucket
 
-    def delete_bucket(self, bucket: S3Bucket) -> None:
-        """Deletes every object, unfinished multipart upload and the bucket."""
+    def delete_bucket(self, bucket: S3Bucket, tries: int = 5) -> None:
+        """Deletes every object, unfinished multipart upload and the bucket. An upload still in
+        flight (a pod's process killed as its test ends) holds the bucket for a moment: the
+        server counts its temporary file, so the bucket is emptied again, ``tries`` times."""
         s3 = bucket.client()
-        with contextlib.suppress(s3.exceptions.NoSuchBucket):
-            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket.bucket):
-                keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-                if keys:
-                    s3.delete_objects(Bucket=bucket.bucket, Delete={"Objects": keys, "Quiet": True})
-            for up in s3.list_multipart_uploads(Bucket=bucket.bucket).get("Uploads", []):
-                s3.abort_multipart_upload(Bucket=bucket.bucket, Key=up["Key"], UploadId=up["UploadId"])
-            s3.delete_bucket(Bucket=bucket.bucket)
+        for attempt in range(1, tries + 1):
+            with contextlib.suppress(s3.exceptions.NoSuchBucket):
+                self._empty(s3, bucket.bucket)
+                try:
+                    s3.delete_bucket(Bucket=bucket.bucket)
+                except botocore.exceptions.ClientError as err:
+                    if err.response.get("Error", {}).get("Code") != "BucketNotEmpty" or attempt == tries:
+                        raise
+                    time.sleep(1.0)
+                    continue
+            return
+
+    @staticmethod
+    def _empty(s3: Any, name: str) -> None:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                s3.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
+        for up in s3.list_multipart_uploads(Bucket=name).get("Uploads", []):
+            s3.abort_multipart_upload(Bucket=name, Key=up["Key"], UploadId=up["UploadId"])
 
     def stop(self) -> None:
         if self.process is not None:
