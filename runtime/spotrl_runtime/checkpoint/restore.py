@@ -19,7 +19,7 @@ from pathlib import Path
 
 from spotrl_runtime.checkpoint.layout import cut_dir, newest_committed
 from spotrl_runtime.checkpoint.reader import StorageCutSource
-from spotrl_runtime.checkpoint.sharded import DCP_FORMAT, ShardedCut
+from spotrl_runtime.checkpoint.sharded_cut import ShardedCut
 from spotrl_runtime.checkpoint.trainer_state import TorchSaveFormat, TrainerSnapshot, TrainerStateFormat
 from spotrl_runtime.core.cut_format import Manifest, to_snapshot
 from spotrl_runtime.core.owners import Owners, PromptSource, RecoveryConfig
@@ -27,6 +27,7 @@ from spotrl_runtime.core.redo import DeltaBase, RedoStep
 from spotrl_runtime.core.types import Prompt
 from spotrl_runtime.core.validation import (
     CHECKS,
+    DCP_FORMAT,
     Expectations,
     LoaderPositionError,
     TrainerStateError,

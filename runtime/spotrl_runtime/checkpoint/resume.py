@@ -23,7 +23,7 @@ from spotrl_runtime.checkpoint.layout import list_cut_folders, manifest_key
 from spotrl_runtime.checkpoint.ownership import prove_ownership
 from spotrl_runtime.checkpoint.precheck import ResumeError, refuse_never
 from spotrl_runtime.checkpoint.restore import RestoredRun, restore_cut
-from spotrl_runtime.checkpoint.sharded import ShardedCut, ShardError
+from spotrl_runtime.checkpoint.sharded_cut import ShardedCut, ShardError
 from spotrl_runtime.checkpoint.trainer_state import TrainerSnapshot, restore_rng
 from spotrl_runtime.core.identity import JobIdentity
 from spotrl_runtime.core.owners import Owners, PromptSource, RecoveryConfig

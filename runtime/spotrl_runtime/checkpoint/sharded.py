@@ -33,7 +33,6 @@ import threading
 import warnings
 from collections.abc import Generator, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -46,6 +45,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from spotrl_runtime.api.times import Deadline
+from spotrl_runtime.checkpoint.sharded_cut import ShardedCut, ShardError
 from spotrl_runtime.checkpoint.trainer_state import HashingWriter, ShardFile
 from spotrl_runtime.core.validation import DCP_FORMAT, DCP_INDEX, INDEX_ROLE, SHARD_ROLE
 from spotrl_runtime.storage import (
@@ -78,33 +78,6 @@ DCP_DIR = "trainer/dcp"
 """Where a sharded cut's files go inside the cut's data folder."""
 
 _HASH_CHUNK = 8 * 1024 * 1024
-
-
-class ShardError(ValueError):
-    """A file of a sharded cut is not what the manifest says (not listed, missing, another size
-    or digest), or matches it and still does not load. ``file`` names it, relative to the cut's
-    data folder (``trainer/dcp/__0_0.distcp``), or is None."""
-
-    def __init__(self, message: str, file: str | None = None):
-        super().__init__(message)
-        self.file = file
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Crosses processes intact (DCP gathers the ranks' failures; Ray returns a rank's).
-        return (type(self), (str(self), self.file))
-
-
-@dataclass(frozen=True)
-class ShardedCut:
-    """A ``dcp/v1`` cut's trainer state, as restore hands it to the trainer (not loaded yet)."""
-
-    storage_uri: str
-    folder: str
-    """``cuts/<id>/<data_dir>``, relative to the job's storage root."""
-    files: Mapping[str, tuple[int, str]]
-    """Every trainer file the manifest lists: name (relative to ``folder``) -> (size, sha256)."""
-    meta: Mapping[str, Any]
-    """``trainer/meta.json``: ``trainer_step``, ``world_size`` ..."""
 
 
 # ------------------------------------------------------------------ state dicts
