@@ -35,7 +35,7 @@ def test_the_reward_scores_without_the_storage_keys_and_leaks_nothing_it_read(ru
     write_probe(code / "probe_reward.py", files)
     job = runs.job(
         {
-            "reward": {"importPath": "probe_reward:score"},
+            "reward": {"importPath": "probe_reward:score", "workers": 2},  # every process of a pool alike
             "training.totalSteps": 2,
             "runtimeEnv": [{"name": "PROBE_OUT", "value": "set in the shell of a local run"}],
         }
@@ -55,7 +55,7 @@ def test_the_reward_scores_without_the_storage_keys_and_leaks_nothing_it_read(ru
     assert rc == 0, log
 
     environs = [p.read_bytes() for p in seen.glob("*.environ")]
-    assert environs, "the reward ran"
+    assert len(environs) >= 2, "the reward ran, in both processes of its pool"
     for raw in environs:
         names = {kv.split(b"=", 1)[0].decode() for kv in raw.split(b"\0") if kv}
         assert {"PATH", "PYTHONPATH", "PROBE_OUT", "PROBE_FILES"} <= names

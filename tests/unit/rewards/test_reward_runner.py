@@ -29,11 +29,20 @@ def _prompt(answer: str) -> Prompt:
     return Prompt(idx=0, task_name="math", text="...", answer=answer)
 
 
-def Runner(reward: Reward, *, timeout: float, batched: bool = False, **isolation: Any) -> RewardRunner:  # noqa: N802
+def Runner(  # noqa: N802
+    reward: Reward, *, timeout: float, batched: bool = False, workers: int | None = 1, **isolation: Any
+) -> RewardRunner:
     """A runner as a controller with this process's environment makes it (``isolation``:
-    :meth:`RewardIsolation.of`'s ``runtime_env_names``, or the whole ``isolation``)."""
+    :meth:`RewardIsolation.of`'s ``runtime_env_names``, or the whole ``isolation``); one
+    process unless ``workers`` says otherwise."""
     made = isolation.get("isolation") or RewardIsolation.of(os.environ, isolation.get("runtime_env_names", ()))
-    return RewardRunner(reward, timeout=timeout, batched=batched, isolation=made)
+    return RewardRunner(reward, timeout=timeout, batched=batched, isolation=made, workers=workers)
+
+
+@pytest.fixture(params=[1, 2], ids=["1-worker", "2-workers"])
+def workers(request: pytest.FixtureRequest) -> int:
+    """The isolation tests hold for every process of a pool as for the one."""
+    return int(request.param)
 
 
 @pytest.fixture
@@ -110,7 +119,7 @@ def test_math_verify_reads_boxed_latex_and_plain_answers(runners: list[RewardRun
 def test_a_pathological_answer_times_out_and_the_next_call_is_scored(runners: list[RewardRunner]) -> None:
     runner = Runner(Reward(name="math_verify"), timeout=2)
     runners.append(runner)
-    first = runner._proc
+    (first,) = runner.processes
     t0 = time.monotonic()
     scores = runner.score(_prompt("1"), [r"\boxed{9^{9^{9^{9^{9}}}}}", r"\boxed{1}"])
     assert time.monotonic() - t0 < 60
@@ -168,18 +177,21 @@ def test_a_reward_that_cannot_load_fails_the_start_not_the_first_step(module: st
 def test_close_leaves_no_process(module: str) -> None:
     runner = Runner(Reward(import_path=f"{module}:raises"), timeout=5)
     assert runner.score(_prompt("1"), ["ok"]) == [1.0]
-    proc = runner._proc
+    (proc,) = runner.processes
     runner.close()
     assert proc.poll() is not None
-    assert runner._proc is None
+    assert runner.processes == []
 
 
-def test_the_reward_process_is_not_in_the_controllers_process_group(module: str, runners: list[RewardRunner]) -> None:
+def test_the_reward_process_is_not_in_the_controllers_process_group(
+    module: str, runners: list[RewardRunner], workers: int
+) -> None:
     """A Ctrl-C or SIGTERM to the controller's group is the controller's (it takes a barrier cut)."""
-    runner = Runner(Reward(import_path=f"{module}:raises"), timeout=5)
+    runner = Runner(Reward(import_path=f"{module}:raises"), timeout=5, workers=workers)
     runners.append(runner)
-    runner.score(_prompt("1"), ["ok"])
-    assert os.getpgid(runner._proc.pid) != os.getpgid(0)
+    runner.score(_prompt("1"), ["ok"] * 4)
+    assert len(runner.processes) == workers
+    assert all(os.getpgid(p.pid) != os.getpgid(0) for p in runner.processes)
 
 
 ALLOWED_ENV = {
@@ -201,31 +213,39 @@ def _environ_of(pid: int) -> dict[str, str]:
 
 
 def test_the_reward_process_holds_the_jobs_runtime_env_and_no_storage_keys(
-    module: str, runners: list[RewardRunner], monkeypatch: pytest.MonkeyPatch
+    module: str, runners: list[RewardRunner], monkeypatch: pytest.MonkeyPatch, workers: int
 ) -> None:
     """The controller holds the credentials Secret (envFrom); its reward's process starts with
     the allow-list and the job's runtimeEnv names only: the reward scores without the keys."""
     for name, value in {**STORAGE_ENV, "HF_TOKEN": "hf-of-the-job", "NOT_THE_JOBS": "x"}.items():
         monkeypatch.setenv(name, value)
     runner = Runner(
-        Reward(import_path=f"{module}:scores_unless_it_sees_keys"), timeout=20, runtime_env_names=["HF_TOKEN"]
+        Reward(import_path=f"{module}:scores_unless_it_sees_keys"),
+        timeout=20,
+        runtime_env_names=["HF_TOKEN"],
+        workers=workers,
     )
     runners.append(runner)
-    assert runner.score(_prompt("1"), ["x"]) == [1.0], "it saw no AWS_ variable, in os.environ or /proc/self/environ"
-    assert runner._proc is not None
-    env = _environ_of(runner._proc.pid)
-    assert env["HF_TOKEN"] == "hf-of-the-job"
-    assert env["PYTHONPATH"] == os.environ["PYTHONPATH"]
-    assert {n for n in env if not n.startswith("LC_")} <= ALLOWED_ENV | {"HF_TOKEN"}, sorted(env)
-    assert not {n for n in env if n.startswith(("AWS_", "SPOTRL_", "KUBERNETES_"))}
+    assert runner.score(_prompt("1"), ["x"] * 4) == [1.0] * 4, "no AWS_ variable, in os.environ or /proc/self/environ"
+    assert len(runner.processes) == workers
+    for proc in runner.processes:
+        env = _environ_of(proc.pid)
+        assert env["HF_TOKEN"] == "hf-of-the-job"
+        assert env["PYTHONPATH"] == os.environ["PYTHONPATH"]
+        assert {n for n in env if not n.startswith("LC_")} <= ALLOWED_ENV | {"HF_TOKEN"}, sorted(env)
+        assert not {n for n in env if n.startswith(("AWS_", "SPOTRL_", "KUBERNETES_"))}
 
 
 def test_what_a_reward_returns_or_raises_is_named_by_type_its_message_only_on_its_own_stderr(
-    module: str, runners: list[RewardRunner], monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    module: str,
+    runners: list[RewardRunner],
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    workers: int,
 ) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", STORAGE_ENV["AWS_SECRET_ACCESS_KEY"])
-    leaks = Runner(Reward(import_path=f"{module}:leaks"), timeout=20)
-    raises = Runner(Reward(import_path=f"{module}:raises_what_it_read"), timeout=20)
+    leaks = Runner(Reward(import_path=f"{module}:leaks"), timeout=20, workers=workers)
+    raises = Runner(Reward(import_path=f"{module}:raises_what_it_read"), timeout=20, workers=workers)
     runners += [leaks, raises]
     assert leaks.score(_prompt("1"), ["x"]) == [
         RewardFailure(f"reward '{module}:leaks' returned a str, not a number; it must return a float")
@@ -241,11 +261,11 @@ def test_what_a_reward_returns_or_raises_is_named_by_type_its_message_only_on_it
     ), "not the message: a crash now would make the log's last line the pod's termination message"
 
 
-def test_the_controller_never_imports_the_reward(module: str, runners: list[RewardRunner]) -> None:
-    runner = Runner(Reward(import_path=f"{module}:raises"), timeout=20)
+def test_the_controller_never_imports_the_reward(module: str, runners: list[RewardRunner], workers: int) -> None:
+    runner = Runner(Reward(import_path=f"{module}:raises"), timeout=20, workers=workers)
     runners.append(runner)
     runner.ready()
-    assert runner.score(_prompt("1"), ["ok"]) == [1.0]
+    assert runner.score(_prompt("1"), ["ok"] * 4) == [1.0] * 4
     assert module not in sys.modules, "only the reward's process imported it"
 
 
