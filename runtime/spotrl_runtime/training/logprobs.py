@@ -10,6 +10,13 @@ padding positions. In a backward pass each chunk's logits are recomputed from it
 (a checkpoint around the head), so what a step keeps is ``[tokens, hidden]``, not
 ``[tokens, vocab]``.
 
+The log-probs are those of the distribution generation samples from
+(:func:`~spotrl_runtime.generation.sampling.sampling_logprobs`, the one definition of it): the
+logits divided by the temperature and, with ``generation.topP < 1``, restricted to the trainer's
+own top-p nucleus of them and renormalised. A sampled token outside that nucleus (the trainer's
+and the generator's numerics differ, and so may their nuclei at the edge) gets -inf; the loss
+leaves such tokens out and counts them (:func:`~spotrl_runtime.training.losses.token_loss_terms`).
+
 Models whose causal-LM head does more than ``lm_head(hidden)`` (a logit scale or soft-capping)
 would get wrong log-probs from this path, and are refused (:func:`check_plain_head`); Llama,
 Qwen2/2.5/3, Mistral and their kin are plain heads.
@@ -24,9 +31,12 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from spotrl_runtime.generation.sampling import sampling_logprobs
+
 LOGITS_CHUNK_ELEMENTS = 2**26
 """Logit entries one chunk of the head computes at once: 256 MB in fp32, ~440 positions of a
-151,936-entry vocabulary."""
+151,936-entry vocabulary. With top-p, half as many: the nucleus' sort (values and int64 indices)
+and the renormalised copy about double what a chunk holds at its peak."""
 
 METHOD = "spotrl_token_logprobs"
 """The name under which :func:`attach` puts :func:`token_logprobs` on a model, so that FSDP2 runs
@@ -79,19 +89,26 @@ def token_batch(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id
     )
 
 
-def token_logprobs(model: Any, batch: TokenBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    model: Any, batch: TokenBatch, temperature: float, top_p: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs [tokens] in fp32, entropies [tokens] in nats, no gradient) of ``batch``'s trained
-    tokens under ``log_softmax(logits / temperature)``. Differentiable in the log-probs when
-    gradients are enabled. Call it through :func:`call` (FSDP2 needs its hooks around it)."""
+    tokens under the sampling distribution: ``sampling_logprobs(logits, temperature, top_p)``,
+    the tempered softmax restricted to its top-p nucleus and renormalised. A token outside the
+    nucleus gets -inf. The entropy is that distribution's too (the nucleus', renormalised; the
+    tempered softmax's at ``top_p == 1``): the entropy of what the policy samples. Differentiable
+    in the log-probs when gradients are enabled. Call it through :func:`call` (FSDP2 needs its
+    hooks around it)."""
     decoder = model.get_decoder()
     hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention, use_cache=False).last_hidden_state
     picked = hidden[batch.rows, batch.positions]
     head = model.get_output_embeddings()
-    chunk = max(1, LOGITS_CHUNK_ELEMENTS // head.weight.shape[0])
+    elements = LOGITS_CHUNK_ELEMENTS if top_p >= 1 else LOGITS_CHUNK_ELEMENTS // 2
+    chunk = max(1, elements // head.weight.shape[0])
     keep_graph = torch.is_grad_enabled() and picked.requires_grad
     logps, entropies = [], []
     for start in range(0, picked.shape[0], chunk):
-        args = (head, picked[start : start + chunk], batch.targets[start : start + chunk], temperature)
+        args = (head, picked[start : start + chunk], batch.targets[start : start + chunk], temperature, top_p)
         if keep_graph:
             logp, entropy = checkpoint(_head_logprobs, *args, use_reentrant=False)
         else:
@@ -105,11 +122,12 @@ def token_logprobs(model: Any, batch: TokenBatch, temperature: float) -> tuple[t
 
 
 def _head_logprobs(
-    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, top_p: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    logp = torch.log_softmax(head(hidden).float() / temperature, dim=-1)
+    logp = sampling_logprobs(head(hidden), temperature, top_p)
     with torch.no_grad():
-        entropy = -(logp.exp() * logp).sum(-1)
+        # Tokens outside the nucleus have p = 0: 0 * (a finite floor) adds nothing, 0 * -inf would be NaN.
+        entropy = -(logp.exp() * logp.clamp(min=torch.finfo(logp.dtype).min)).sum(-1)
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
 
 
@@ -142,14 +160,15 @@ def attach(model: Any) -> Any:
     return model
 
 
-def call(model: Any, batch: TokenBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def call(model: Any, batch: TokenBatch, temperature: float, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`token_logprobs` through the model's own method (attached on first use)."""
-    return getattr(attach(model), METHOD)(batch, temperature)
+    return getattr(attach(model), METHOD)(batch, temperature, top_p)
 
 
-def full_softmax_logprobs(model: Any, batch: TokenBatch, temperature: float) -> torch.Tensor:
-    """The same log-probs the plain way: the model's whole ``[rows, seq, vocab]`` logits, one fp32
-    log-softmax. Only for tests and benchmarks: it is what the chunked path must equal."""
+def full_softmax_logprobs(model: Any, batch: TokenBatch, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """The same log-probs the plain way: the model's whole ``[rows, seq, vocab]`` logits, the
+    sampling distribution over all of them at once. Only for tests and benchmarks: it is what
+    the chunked path must equal."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention).logits
-    logp = torch.log_softmax(logits[batch.rows, batch.positions].float() / temperature, dim=-1)
+    logp = sampling_logprobs(logits[batch.rows, batch.positions], temperature, top_p)
     return logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)

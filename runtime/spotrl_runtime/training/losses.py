@@ -15,6 +15,15 @@ update per batch the ratio is 1 and the clip never fires), weighted per token by
 importance weight ``min(p_proximal / p_behaviour, cap)`` (detached): the correction for stale
 weights and for the generator's numerics, applied to every row, stale or not.
 
+With ``generation.topP < 1`` every log-prob here is under the top-p nucleus, renormalised
+(:mod:`~spotrl_runtime.training.logprobs`), and a generated token may lie outside the trainer's
+nucleus (-inf): the trainer's policy gives it probability 0, so its importance weight is 0. Such
+a token is left out of the loss (no policy term, no KL term, no gradient: not even a NaN one)
+and counted (``outside_nucleus``); it still counts in the step's token count, as any token whose
+weight is 0, and the gap check compares it as it is (``p_trainer = 0``: a difference of the
+generator's whole probability of it). A token outside only the reference's nucleus is left out
+of the KL term alone (its k3 is infinite).
+
 A new term is a function of these tensors and one line in :func:`token_loss_terms`.
 """
 
@@ -82,6 +91,8 @@ class LossTerms:
     stale_diff_tokens: int = 0
     entropy_sum: float = 0.0
     """The policy's entropy at each trained position, summed (nats; no gradient)."""
+    outside_nucleus: int = 0
+    """Tokens outside the trainer's top-p nucleus, left out of the loss."""
 
 
 def importance_weight(proximal: torch.Tensor, behaviour: torch.Tensor, cap: float | None) -> torch.Tensor:
@@ -121,15 +132,29 @@ def probability_gap(logprobs: torch.Tensor, behaviour: torch.Tensor, where: torc
     return (logprobs.detach().exp() - behaviour.exp()).abs()[where]
 
 
+def inside(*logprobs: torch.Tensor) -> torch.Tensor:
+    """bool: the tokens every one of ``logprobs`` gives a probability (inside each one's nucleus)."""
+    finite = torch.ones_like(logprobs[0], dtype=torch.bool)
+    for values in logprobs:
+        finite &= torch.isfinite(values.detach())
+    return finite
+
+
 def token_loss_terms(tokens: Tokens, config: LossConfig) -> LossTerms:
-    """The micro-batch's loss sum and its metrics' sums."""
-    weight = importance_weight(tokens.proximal, tokens.behaviour, config.is_cap)
-    policy, ratio, clipped = clipped_policy_loss(tokens.logprobs, tokens.proximal, tokens.advantages, config)
+    """The micro-batch's loss sum and its metrics' sums. Tokens outside the trainer's nucleus
+    (-inf log-probs) weigh 0: replaced by 0 before any arithmetic, since a NaN in the forward
+    pass of a masked-out term is a NaN gradient in its backward pass."""
+    kept = inside(tokens.logprobs, tokens.proximal)
+    logprobs = torch.where(kept, tokens.logprobs, 0.0)
+    proximal = torch.where(kept, tokens.proximal, 0.0)
+    weight = importance_weight(proximal, tokens.behaviour, config.is_cap) * kept
+    policy, ratio, clipped = clipped_policy_loss(logprobs, proximal, tokens.advantages, config)
     policy = policy * weight
     loss = policy.sum()
     kl_sum = 0.0
     if tokens.reference is not None and config.kl_coef > 0:
-        kl = k3_kl(tokens.logprobs, tokens.reference)
+        both = kept & inside(tokens.reference)
+        kl = k3_kl(torch.where(both, logprobs, 0.0), torch.where(both, tokens.reference, 0.0))
         loss = loss + config.kl_coef * kl.sum()
         kl_sum = float(kl.detach().sum())
     fresh = probability_gap(tokens.proximal, tokens.behaviour, tokens.fresh)
@@ -151,6 +176,7 @@ def token_loss_terms(tokens: Tokens, config: LossConfig) -> LossTerms:
         stale_diff_sum=float(stale.sum()),
         stale_diff_max=_max(stale),
         stale_diff_tokens=int(stale.numel()),
+        outside_nucleus=int((~kept).sum()),
     )
 
 

@@ -145,6 +145,8 @@ class LossSums:
     stale_diff_max: float = 0.0
     stale_diff_tokens: int = 0
     entropy: float = 0.0
+    outside_nucleus: int = 0
+    """Trained tokens outside the trainer's top-p nucleus, left out of the loss."""
     padded_tokens: int = 0
     """Positions the micro-batches computed (rows times their padded width)."""
     real_tokens: int = 0
@@ -170,6 +172,7 @@ class LossSums:
                 stale_diff_max=terms.stale_diff_max,
                 stale_diff_tokens=terms.stale_diff_tokens,
                 entropy=terms.entropy_sum,
+                outside_nucleus=terms.outside_nucleus,
                 padded_tokens=padded_tokens,
                 real_tokens=real_tokens,
             )
@@ -208,6 +211,9 @@ def step_metrics(step: StepRows, sums: LossSums) -> dict[str, float]:
     ``rollout_probs_diff_stale_*`` are the same over rows generated with older weights.
     ``is_weight_mean``/``_max`` and ``is_capped_fraction`` describe the importance weight
     (:func:`~spotrl_runtime.training.losses.importance_weight`) over every trained token;
+    ``outside_nucleus_fraction`` is the share of trained tokens outside the trainer's top-p
+    nucleus, which the loss leaves out (0 at ``topP: 1``; a share far above the numerics' edge
+    cases is what ``rollout_probs_diff_*`` shows too, as the generator's probability of them);
     ``padding_share`` is the share of the positions computed that were padding."""
     tokens = step.tokens
     denom = max(tokens, 1)
@@ -234,5 +240,6 @@ def step_metrics(step: StepRows, sums: LossSums) -> dict[str, float]:
         "is_weight_mean": sums.is_weight / denom if tokens else 1.0,
         "is_weight_max": sums.is_weight_max,
         "is_capped_fraction": sums.is_capped / denom,
+        "outside_nucleus_fraction": sums.outside_nucleus / denom,
         "padding_share": 1.0 - sums.real_tokens / sums.padded_tokens if sums.padded_tokens else 0.0,
     }

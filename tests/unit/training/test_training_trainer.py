@@ -222,12 +222,12 @@ def test_config_from_the_rljob_spec() -> None:
             "dataset": {"uri": "builtin:arithmetic"},
             "reward": {"name": "arithmetic_exact"},
             "training": {"totalSteps": 5, "learningRate": 3e-4, "microBatchSize": 4, "klCoef": 0.05, "seed": 9},
-            "generation": {"temperature": 0.9},
+            "generation": {"temperature": 0.9, "topP": 0.85},
         }
     )
     config = TrainerConfig.from_rljob(spec)
     assert (config.learning_rate, config.micro_batch_size, config.kl_coef, config.seed) == (3e-4, 4, 0.05, 9)
-    assert config.temperature == 0.9
+    assert (config.temperature, config.top_p) == (0.9, 0.85)
     assert config.clip_epsilon == 0.2
     namespace = SimpleNamespace(training=spec.training, generation=spec.generation, policy=spec.policy)
     assert TrainerConfig.from_rljob(namespace) == config
