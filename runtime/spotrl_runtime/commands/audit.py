@@ -6,10 +6,11 @@ trained on the same prompts exactly when their effective streams are equal.
 
 ``--summary`` prints the run's exactly-once accounting instead (what the RLJob shows as
 ``status.accounting``), from the audit and the restore records alone: prompts trained, dropped,
-lost and trained twice (both must be 0), steps missing and retrained, groups redispatched and
-sibling rollouts reused by restores, and the seconds each resume lost (from the cut it resumed
-from to its first trained step). ``--json`` prints it as one JSON object. Exit code 2 when a
-prompt was lost or trained twice, or a step is missing.
+filtered at admission (e.g. too long for maxModelLen), lost and trained twice (both must be
+0), steps missing and retrained, groups redispatched and sibling rollouts reused by restores,
+and the seconds each resume lost (from the cut it resumed from to its first trained step).
+``--json`` prints it as one JSON object. Exit code 2 when a prompt was lost or trained twice, or
+a step is missing.
 """
 
 from __future__ import annotations
@@ -57,7 +58,15 @@ def run(args: argparse.Namespace) -> int:
             "weight_version": d["weight_version"],
             "reward": d.get("reward"),
         }
-        if d.get("dropped"):
-            line["dropped"] = [x["idx"] for x in d["dropped"]]
+        for key in ("version_mismatches", "generation_idle_share", "generation_idle_share_max"):
+            if key in d:  # the workers' idle share beside the groups generated off their version
+                line[key] = d[key]
+        left = d.get("dropped") or []
+        dropped = [x["idx"] for x in left if x.get("state", "dropped") == "dropped"]
+        filtered = [{"idx": x["idx"], "reason": x["reason"]} for x in left if x.get("state") == "filtered"]
+        if dropped:
+            line["dropped"] = dropped
+        if filtered:
+            line["filtered"] = filtered
         print(json.dumps(line))
     return 0

@@ -10,7 +10,7 @@ Computed from two kinds of records in the job's storage, never estimated:
 Prompts are counted by ``group_id``, unique within a run (a group keeps its id across a
 restore; a prompt seen again in a later epoch gets a new one). A prompt is *lost* when an
 attempt trained it in a step that a later attempt trained again without it, and no step of
-the effective stream trained or dropped it. *Trained twice* counts the extra appearances of a
+the effective stream trained, dropped or filtered it. *Trained twice* counts the extra appearances of a
 group id in the effective stream. Both must be 0.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from spotrl_runtime.core.audit import AuditRecord, effective_stream
+from spotrl_runtime.core.audit import FILTERED, AuditRecord, effective_stream
 from spotrl_runtime.core.fields import RecordFormatError
 
 SECONDS_KEPT = 64
@@ -70,6 +70,8 @@ class RunAccounting:
 
     prompts_trained: int = 0
     prompts_dropped: int = 0
+    prompts_filtered: int = 0
+    """Prompts a filter refused at admission, each with its reason (e.g. ``prompt_too_long``)."""
     prompts_lost: int = 0
     prompts_trained_twice: int = 0
     steps_missing: int = 0
@@ -97,7 +99,9 @@ def summarize(docs: Iterable[Mapping[str, Any]], restores: Iterable[RestoreRecor
     trained = Counter(g for r in chosen.values() for g in r.group_ids)
     dropped = {d.group_id for r in chosen.values() for d in r.dropped}
     out.prompts_trained = sum(len(r.group_ids) for r in chosen.values())
-    out.prompts_dropped = sum(len(r.dropped) for r in chosen.values())
+    left = [d for r in chosen.values() for d in r.dropped]
+    out.prompts_filtered = sum(d.state == FILTERED for d in left)
+    out.prompts_dropped = len(left) - out.prompts_filtered
     out.prompts_trained_twice = sum(n - 1 for n in trained.values() if n > 1)
     kept = {(r.step, r.attempt) for r in chosen.values()}
     superseded = {g for r in records if (r.step, r.attempt) not in kept for g in r.group_ids}
@@ -162,6 +166,7 @@ def format_summary(acc: RunAccounting, gap: RolloutGap | None = None) -> str:
     names = {
         "prompts_trained": "promptsTrained",
         "prompts_dropped": "promptsDropped",
+        "prompts_filtered": "promptsFiltered",
         "prompts_lost": "promptsLost",
         "prompts_trained_twice": "promptsTrainedTwice",
         "steps_missing": "stepsMissing",

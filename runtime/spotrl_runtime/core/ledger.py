@@ -8,6 +8,14 @@ rebuilds it from ``dataset[idx]``. Two phases:
 - ``RESERVED``: taken from the loader, waiting at the lookahead gate (no stamp yet);
 - ``ADMITTED``: stamped with ``target_step`` and dispatched; maybe partly generated.
 
+A group leaves the ledger finished (into the replay buffer, then trained), or untrained in
+one of two end states, each kept in its step's audit record with its reason
+(:class:`~spotrl_runtime.core.audit.DroppedPrompt`): ``dropped``, given up on after a failure
+(generation, reward), or ``filtered``, refused for a reason about the prompt itself (the
+admission filter of :mod:`spotrl_runtime.core.admission`: too long for ``maxModelLen``).
+Either way ``onDroppedPrompt`` fills its place. A filter that judges a group after generation
+(dynamic sampling) or an agent's restarted episode ends the same way, with its own reason.
+
 This module is data and bookkeeping only; the moves between owners, and their lock, are
 in :mod:`spotrl_runtime.core.owners`.
 """

@@ -18,6 +18,9 @@ the waiting calls. From an asyncio loop, call the short methods directly and run
                            source=loader, expect_job=job)
     owners = run if isinstance(run, Owners) else run.owners   # run.trainer: weights,
                                                               #   optimizer, RNG to load
+    limit = owners.config.prompt_limit                        # the cut's after a restore
+    if limit is not None:                                     # prompts too long for it are
+        owners.set_admission_filter(limit.filter(tokens_of))  #   filtered when admitted
     writer = CutWriter(storage, job=job, dataset=describe_dataset(spec.dataset, dataset),
                        keep=spec.checkpoint.keep)
 
@@ -61,7 +64,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from spotrl_runtime.core.audit import AuditLog, AuditRecord, DroppedPrompt
+from spotrl_runtime.core.admission import MAX_MODEL_LEN, PROMPT_TOO_LONG, AdmissionFilter, PromptLimit, prompt_limit
+from spotrl_runtime.core.audit import DROPPED, FILTERED, AuditLog, AuditRecord, DroppedPrompt
 from spotrl_runtime.core.ledger import Ledger, LedgerRecord, Phase
 from spotrl_runtime.core.orders import OrderSet
 from spotrl_runtime.core.redo import RedoLog, RedoStep, StepFingerprint
@@ -122,6 +126,12 @@ class RecoveryConfig:
     spare_pool_batches: int = 0
     audit_tail: int = 1024
     """Audit records kept in memory and written into each cut."""
+    max_model_len: int | None = None
+    """The context a prompt and ``max_new_tokens`` must fit (:class:`PromptLimit`); None: no
+    prompt is filtered for its length. Kept in the cut, so a resume filters as its run did."""
+    max_new_tokens: int = 0
+    max_model_len_source: str = MAX_MODEL_LEN
+    """Where ``max_model_len`` came from, for the filter's reason."""
 
     def __post_init__(self) -> None:
         if self.group_size < 1 or self.prompts_per_step < 1 or self.lookahead < 0:
@@ -132,16 +142,29 @@ class RecoveryConfig:
             raise ValueError(f"min_step_fraction must be in (0, 1], got {self.min_step_fraction}")
 
     @classmethod
-    def from_spec(cls, spec: RLJobSpec) -> RecoveryConfig:
-        """The config an RLJob spec asks for."""
+    def from_spec(cls, spec: RLJobSpec, *, model_positions: int | None = None) -> RecoveryConfig:
+        """The config an RLJob spec asks for; ``model_positions``: the policy's
+        ``max_position_embeddings``, the prompt limit where ``maxModelLen`` is unset."""
+        gen = spec.generation
+        limit = prompt_limit(gen.max_model_len, gen.max_new_tokens, model_positions)
         return cls(
-            group_size=spec.generation.group_size,
-            prompts_per_step=spec.generation.prompts_per_step,
-            lookahead=spec.generation.lookahead,
+            group_size=gen.group_size,
+            prompts_per_step=gen.prompts_per_step,
+            lookahead=gen.lookahead,
             on_dropped_prompt=spec.preemption.on_dropped_prompt,
             min_step_fraction=spec.preemption.min_step_fraction,
             spare_pool_batches=spec.preemption.spare_pool_batches,
+            max_model_len=limit.max_model_len if limit else None,
+            max_new_tokens=limit.max_new_tokens if limit else 0,
+            max_model_len_source=limit.source if limit else MAX_MODEL_LEN,
         )
+
+    @property
+    def prompt_limit(self) -> PromptLimit | None:
+        """The length prompts are filtered by at admission, or None."""
+        if self.max_model_len is None:
+            return None
+        return PromptLimit(self.max_model_len, self.max_new_tokens, self.max_model_len_source)
 
     @property
     def min_groups_per_step(self) -> int:
@@ -157,11 +180,35 @@ class RecoveryConfig:
             "min_step_fraction": self.min_step_fraction,
             "spare_pool_batches": self.spare_pool_batches,
             "audit_tail": self.audit_tail,
-        }
+        } | (
+            # Only where set: the cuts of runs without a limit stay byte for byte what they were.
+            {
+                "max_model_len": self.max_model_len,
+                "max_new_tokens": self.max_new_tokens,
+                "max_model_len_source": self.max_model_len_source,
+            }
+            if self.max_model_len is not None
+            else {}
+        )
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RecoveryConfig:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass
+class _Fill:
+    """How the places of ``places`` prompts given up on are filled (:meth:`Owners._fill_plan`):
+    the spares that take them, and the spares filtered on the way (group id -> reason)."""
+
+    places: int
+    take: list[Spare] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def short(self) -> int:
+        """Places no spare fills: the step shrinks by as many."""
+        return self.places - len(self.take)
 
 
 class PromptSource(Protocol):
@@ -207,6 +254,8 @@ class RecoveryCounters:
     rollouts_reused: int = 0
     """Finished sibling rollouts of restored ADMITTED groups that were kept, not regenerated."""
     prompts_dropped: int = 0
+    prompts_filtered: int = 0
+    """Prompts the admission filter refused (:mod:`spotrl_runtime.core.admission`)."""
     borrows: int = 0
     replace_fallbacks: int = 0
     """Drops under 'replace' that found the spare pool empty and shrank the step instead."""
@@ -252,8 +301,17 @@ class OwnersSnapshot:
 class Owners:
     """All owners of a run's prompts and the moves between them, under one lock."""
 
-    def __init__(self, config: RecoveryConfig, source: PromptSource, *, attempt: int = 0):
+    def __init__(
+        self,
+        config: RecoveryConfig,
+        source: PromptSource,
+        *,
+        attempt: int = 0,
+        admission_filter: AdmissionFilter | None = None,
+    ):
+        """``admission_filter``: see :meth:`set_admission_filter`."""
         self.config = config
+        self._filter = admission_filter
         self.attempt = attempt
         self._source = source
         self._cond = threading.Condition(threading.Lock())
@@ -320,9 +378,10 @@ class Owners:
         """Everything that may be dispatched now, in the order it must go.
 
         First (once, after a restore) the groups that were ADMITTED at the cut, with their
-        saved ``group_id`` and ``target_step``. Then, while the gate is open: admit the
-        oldest RESERVED batch, top up the spare pool, take the next batch. One batch is
-        always left RESERVED at the gate, so the next admission needs no loader read.
+        saved ``group_id`` and ``target_step``. Then, while the gate is open: top up the spare
+        pool, admit the oldest RESERVED batch (its prompts the admission filter refuses are
+        filtered, their places filled as ``onDroppedPrompt`` says), take the next batch. One
+        batch is always left RESERVED at the gate, so the next admission needs no loader read.
         """
         with self._cond:
             out: list[Dispatch] = []
@@ -336,11 +395,13 @@ class Owners:
             while True:
                 if not self._ledger.has_reserved():
                     self._take_batch()
-                admitted = self._admit_next()
-                if not admitted:
+                batch = self._admissible()
+                if batch is None:
                     return out
-                out.extend(admitted)
+                # The pool is topped up before the admission (the same loader reads, in the same
+                # order, as after it): the batch's filtered prompts may need spares.
                 self._top_up_spares()
+                out.extend(self._admit(batch))
 
     def versions_wanted(self) -> set[int]:
         """The weight versions older than the trainer's that the next groups dispatched will ask
@@ -393,10 +454,11 @@ class Owners:
             taken += 1
         return taken
 
-    def _admit_next(self) -> list[Dispatch]:
+    def _admissible(self) -> list[LedgerRecord] | None:
+        """The oldest RESERVED batch if the gate lets it through now, else None."""
         batch = self._ledger.oldest_reserved()
         if batch is None or not self._sampler.gate_open(self._trainer_step):
-            return []
+            return None
         step = self._sampler.next_stamp
         if self._buffer.count(step) or self._ledger.count_stamped(step) or self._shortfall.get(step):
             # The cursor is below stamps already given out: admitting would mix two batches
@@ -407,20 +469,132 @@ class Owners:
                 f"the sampler cursor ({self._sampler.dispatch_index}) is behind the stamps; this is a bug, "
                 "not a recoverable state"
             )
-        self._sampler.stamp()
+        return batch
+
+    def _admit(self, batch: list[LedgerRecord]) -> list[Dispatch]:
+        """Stamps ``batch`` with the next step: the prompts the filter refuses are filtered and
+        their places filled (spares) or given up (shrink); the rest are dispatched."""
+        step = self._sampler.next_stamp
         # The weights a step's groups are generated with are a function of the step alone, never
         # of timing: the version the gate opened at (lookahead L: step t is generated by the
         # weights of step t - L). The pool holds a group until that version reaches it.
         version = self._sampler.admission_version(step)
+        refused = {r.group_id: why for r in batch if (why := self._refusal(self._ledger.prompt(r.group_id)))}
+        fill = self._fill_plan(len(refused))
+        if fill.short:
+            first = next(r for r in batch if r.group_id in refused)
+            self._check_room(step, fill.short, first, refused[first.group_id], FILTERED)
+        self._sampler.stamp()  # nothing below raises
         out = []
         for rec in batch:
+            restored = rec.group_id in self._restored_reserved
+            self._restored_reserved.discard(rec.group_id)
+            if rec.group_id in refused:
+                self._leave(rec, step, refused[rec.group_id], FILTERED)
+                continue
             admitted = rec.admitted(step, version)
             self._ledger.restamp(admitted)
             out.append(self._dispatch(admitted))
-            if rec.group_id in self._restored_reserved:
-                self._restored_reserved.discard(rec.group_id)
-                self.counters.groups_relaunched += 1
+            self.counters.groups_relaunched += restored
+        out += self._take_spares(fill, step, step, version)
+        if fill.short:
+            self._shortfall[step] = self._shortfall.get(step, 0) + fill.short
         return out
+
+    def set_admission_filter(self, admission_filter: AdmissionFilter | None) -> None:
+        """The filter every prompt passes when admitted (:mod:`~spotrl_runtime.core.admission`):
+        the controller builds it from ``config.prompt_limit`` (this run's, or the cut's after a
+        restore) and the encoder generation uses."""
+        with self._cond:
+            self._filter = admission_filter
+
+    def _refusal(self, prompt: Prompt) -> str | None:
+        if self._filter is None:
+            if self.config.max_model_len is not None:
+                raise OwnershipError(
+                    f"the run filters prompts longer than {self.config.max_model_len} - {self.config.max_new_tokens} "
+                    "tokens, but no admission filter was set (Owners.set_admission_filter); this is a bug"
+                )
+            return None
+        return self._filter(prompt)
+
+    def _fill_plan(self, places: int) -> _Fill:
+        """Which spares fill ``places`` places under ``replace``: the oldest that the filter
+        admits, and those it refuses on the way (filtered in turn). Changes nothing."""
+        fill = _Fill(places)
+        if self.config.on_dropped_prompt != "replace":
+            return fill
+        for spare, prompt in self._spares.items():
+            if len(fill.take) == places:
+                break
+            why = self._refusal(prompt)
+            if why is None:
+                fill.take.append(spare)
+            else:
+                fill.refused[spare.group_id] = why
+        return fill
+
+    def _take_spares(self, fill: _Fill, filtered_at: int, stamp: int, version: int) -> list[Dispatch]:
+        """Carries out ``fill``: pops the spares it looked at, oldest first; each refused one is
+        filtered at step ``filtered_at``, each taken one is admitted with ``stamp`` and ``version``."""
+        out = []
+        for _ in range(len(fill.take) + len(fill.refused)):
+            spare, prompt = self._spares.pop()
+            why = fill.refused.get(spare.group_id)
+            if why is not None:
+                self._retired.add(spare.order)
+                left = DroppedPrompt(spare.group_id, spare.idx, spare.task_name, why, FILTERED)
+                self._dropped.setdefault(filtered_at, []).append(left)
+                self.counters.prompts_filtered += 1
+                continue
+            record = LedgerRecord(
+                group_id=spare.group_id,
+                admission_id=self._new_admission_id(),
+                order=spare.order,
+                idx=spare.idx,
+                task_name=spare.task_name,
+                phase=Phase.ADMITTED,
+                target_step=stamp,
+                expected_generations=self.config.group_size,
+                weight_version=version,
+                fingerprint=spare.fingerprint,
+            )
+            self._ledger.put(record, prompt)
+            out.append(self._dispatch(record))
+        return out
+
+    def _leave(self, rec: LedgerRecord, step: int, reason: str, state: str) -> None:
+        """``rec`` leaves the ledger untrained (dropped or filtered) at ``step``, its reason kept."""
+        self._ledger.remove(rec.group_id)
+        self._retired.add(rec.order)
+        self._dropped.setdefault(step, []).append(DroppedPrompt(rec.group_id, rec.idx, rec.task_name, reason, state))
+        if state == FILTERED:
+            self.counters.prompts_filtered += 1
+        else:
+            self.counters.prompts_dropped += 1
+
+    def _check_room(self, step: int, short: int, rec: LedgerRecord, reason: str, state: str) -> None:
+        """Raises :class:`StepTooSmallError` if ``short`` more places given up would leave
+        ``step`` below ``minStepFraction``."""
+        remaining = self.config.prompts_per_step - self._shortfall.get(step, 0) - short
+        if remaining >= self.config.min_groups_per_step:
+            return
+        if state == FILTERED:
+            fix = "lower spec.preemption.minStepFraction" + (
+                ", raise spec.generation.maxModelLen or lower maxNewTokens, or take such prompts out of the dataset"
+                if reason.startswith(PROMPT_TOO_LONG)
+                else ""
+            )
+        else:
+            fix = "fix generation or lower spec.preemption.minStepFraction"
+        verb = "filtering" if state == FILTERED else "dropping"
+        raise StepTooSmallError(
+            f"{verb} group {rec.group_id} (idx {rec.idx}, {reason})"
+            + (f" and {short - 1} more" if short > 1 else "")
+            + f" would leave step {step} with {remaining} of {self.config.prompts_per_step} groups, below "
+            f"minStepFraction {self.config.min_step_fraction}; {fix}"
+            + ("; the spare pool is empty" if self.config.on_dropped_prompt == "replace" else "")
+        )
 
     # --------------------------------------------------------- generation side
 
@@ -479,73 +653,53 @@ class Owners:
 
         ``shrink``: the step trains on one group fewer; the shortfall is kept (and cut) per
         step; below ``minStepFraction`` this raises :class:`StepTooSmallError` instead.
-        ``replace``: the oldest spare replaces it. If a later step holds a finished group,
-        the furthest such step lends its first group to the short step (re-stamped) and the
+        ``replace``: the oldest spare the admission filter admits replaces it (older spares
+        it refuses are filtered on the way). If a later step holds a finished group, the
+        furthest such step lends its first group to the short step (re-stamped) and the
         spare is dispatched with the lender's stamp, so no step waits on new generation;
         otherwise the spare takes the dropped group's stamp. Borrow, spare reservation and
-        ledger change are one mutation. Returns the spare's dispatch (if any).
+        ledger change are one mutation. Returns the spare's dispatch (if any); with no spare
+        left, ``replace`` shrinks the step.
         """
+        return self._give_up(group_id, reason, DROPPED)
+
+    def filter_group(self, group_id: str, reason: str) -> list[Dispatch]:
+        """Filters an ADMITTED group for ``reason`` (about the prompt, not a failure: e.g. a
+        dynamic-sampling filter after its rollouts): as :meth:`drop_group`, but it ends
+        ``filtered`` in the audit and in ``promptsFiltered``."""
+        return self._give_up(group_id, reason, FILTERED)
+
+    def _give_up(self, group_id: str, reason: str, state: str) -> list[Dispatch]:
         with self._cond:
             rec = self._ledger.get(group_id)
             if rec is None or rec.phase is not Phase.ADMITTED or rec.target_step is None:
-                raise UnknownGroupError(f"cannot drop group {group_id}: it is not an ADMITTED ledger group")
+                verb = "filter" if state == FILTERED else "drop"
+                raise UnknownGroupError(f"cannot {verb} group {group_id}: it is not an ADMITTED ledger group")
             step = rec.target_step
-            dropped = DroppedPrompt(group_id, rec.idx, rec.task_name, reason)
-            if self.config.on_dropped_prompt == "replace" and len(self._spares) > 0:
-                return [self._replace_dropped(rec, step, dropped)]
-            self._shrink_dropped(rec, step, dropped)
-            return []
+            fill = self._fill_plan(1)
+            if fill.short:
+                self._check_room(step, 1, rec, reason, state)
+            # Nothing below raises.
+            self._leave(rec, step, reason, state)
+            out = self._replace_dropped(step, fill) if fill.take else self._take_spares(fill, step, step, 0)
+            if fill.short:
+                self._shortfall[step] = self._shortfall.get(step, 0) + 1
+                if self.config.on_dropped_prompt == "replace":
+                    self.counters.replace_fallbacks += 1
+            self._cond.notify_all()
+            return out
 
-    def _shrink_dropped(self, rec: LedgerRecord, step: int, dropped: DroppedPrompt) -> None:
-        """``shrink`` (or ``replace`` with no spare left): the step trains on one group fewer."""
-        remaining = self.config.prompts_per_step - self._shortfall.get(step, 0) - 1
-        if remaining < self.config.min_groups_per_step:
-            raise StepTooSmallError(
-                f"dropping group {rec.group_id} (idx {rec.idx}, {dropped.reason}) would leave step {step} with "
-                f"{remaining} of {self.config.prompts_per_step} groups, below minStepFraction "
-                f"{self.config.min_step_fraction}; fix generation or lower spec.preemption.minStepFraction"
-                + ("; the spare pool is empty" if self.config.on_dropped_prompt == "replace" else "")
-            )
-        self._ledger.remove(rec.group_id)
-        self._retired.add(rec.order)
-        self._shortfall[step] = self._shortfall.get(step, 0) + 1
-        self._dropped.setdefault(step, []).append(dropped)
-        self.counters.prompts_dropped += 1
-        if self.config.on_dropped_prompt == "replace":
-            self.counters.replace_fallbacks += 1
-        self._cond.notify_all()
-
-    def _replace_dropped(self, rec: LedgerRecord, step: int, dropped: DroppedPrompt) -> Dispatch:
-        """``replace``: the oldest spare takes the dropped group's place, after the furthest
-        later step lends the short step a finished group if one can. Everything is decided
-        before anything changes."""
+    def _replace_dropped(self, step: int, fill: _Fill) -> list[Dispatch]:
+        """``replace``: the spare ``fill`` takes fills the dropped group's place, after the
+        furthest later step lends the short step a finished group if one can."""
         lenders = [s for s in self._buffer.steps() if s > step]
         lender_step = lenders[-1] if lenders else None
         borrowed = self._buffer.groups(lender_step)[0] if lender_step is not None else None
-        spare_step = lender_step if lender_step is not None else step
-        spare, prompt = self._spares.pop()
-        self._ledger.remove(rec.group_id)
-        self._retired.add(rec.order)
         if borrowed is not None:
             self._buffer.restamp(borrowed.group_id, step)
             self.counters.borrows += 1
-        record = LedgerRecord(
-            group_id=spare.group_id,
-            admission_id=self._new_admission_id(),
-            order=spare.order,
-            idx=spare.idx,
-            task_name=spare.task_name,
-            phase=Phase.ADMITTED,
-            target_step=spare_step,
-            expected_generations=self.config.group_size,
-            weight_version=self._trainer_step,
-            fingerprint=spare.fingerprint,
-        )
-        self._ledger.put(record, prompt)
-        self._dropped.setdefault(step, []).append(dropped)
-        self.counters.prompts_dropped += 1
-        self._cond.notify_all()
-        return self._dispatch(record)
+        spare_step = lender_step if lender_step is not None else step
+        return self._take_spares(fill, step, spare_step, self._trainer_step)
 
     # ------------------------------------------------------------ trainer side
 

@@ -29,6 +29,10 @@ class GenerationRequest:
     """The weights to generate it with: the version the group was admitted with. The pool sends
     it to a worker before that version's successor and holds it until that version is given to
     the pool. None: whatever weights the pool holds when it reaches a worker."""
+    yields: bool = False
+    """Work no weight load waits for (a validation pass): a worker holding such a group when
+    the next version is sent is left out of that sync, finishes its groups on the weights they
+    ask for, then gets the newest version as a joiner."""
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -154,6 +154,8 @@ class VLLMBackend(GenerationBackend):
         self.weight_version = 0
         self._running: dict[str, tuple[GenerationRequest, int, float]] = {}
         """Groups in the engine: their request, weight version and start."""
+        self._refused: list[GroupFailed] = []
+        """Groups the engine refused in ``add_request``, each failed alone at the next :meth:`step`."""
         self._lora = lora
         self._adapters = AdapterVersions(model_dir, lora, max_loras) if lora is not None else None
 
@@ -192,7 +194,7 @@ class VLLMBackend(GenerationBackend):
             raise RuntimeError("generate() while streamed groups are unfinished: use start()/step() alone")
         self.start(requests)
         done: dict[str, GroupGenerated] = {}
-        while self._running:
+        while self.unfinished():
             for outcome in self.step():
                 if isinstance(outcome, GroupFailed):
                     self.abort()
@@ -202,55 +204,72 @@ class VLLMBackend(GenerationBackend):
 
     def start(self, requests: Iterable[GenerationRequest]) -> None:
         """Adds each group to the engine as one request with ``n`` samples: the engine schedules
-        its sequences beside every other unfinished one (vLLM's continuous batching)."""
-        engine = self.llm.llm_engine
+        its sequences beside every other unfinished one (vLLM's continuous batching). A request
+        the engine refuses (vLLM validates it in ``add_request``: e.g. a prompt that leaves no
+        room in ``max_model_len``) fails alone, at the next :meth:`step`; the others go on."""
         for request in requests:
-            if request.group_id in self._running:
+            if request.group_id in self._running or any(f.group_id == request.group_id for f in self._refused):
                 raise ValueError(f"group {request.group_id} is already generating")
-            params = self._vllm.SamplingParams(
-                n=request.n,
-                max_tokens=request.max_new_tokens,
-                temperature=request.temperature,
-                top_p=request.top_p,
-                seed=request.seed,
-                logprobs=0,  # only the sampled token's log-prob
-                detokenize=False,  # we decode with the same tokenizer as the trainer
-                output_kind=self._final_only,
-            )
-            adapter = self._adapters.current if self._adapters is not None else None
-            with self._eager():
-                engine.add_request(
-                    request.group_id,
-                    {"prompt_token_ids": list(request.prompt_token_ids)},
-                    params,
-                    lora_request=adapter,
-                )
+            try:
+                self._add(request)
+            except Exception as err:
+                reason = f"vLLM refused the request: {type(err).__name__}: {err}"
+                self._refused.append(GroupFailed(request.group_id, reason[:2000]))
+                continue
             self._running[request.group_id] = (request, self.weight_version, time.monotonic())
 
+    def _add(self, request: GenerationRequest) -> None:
+        """One group into the engine (``LLMEngine.add_request``)."""
+        params = self._vllm.SamplingParams(
+            n=request.n,
+            max_tokens=request.max_new_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+            logprobs=0,  # only the sampled token's log-prob
+            detokenize=False,  # we decode with the same tokenizer as the trainer
+            output_kind=self._final_only,
+        )
+        adapter = self._adapters.current if self._adapters is not None else None
+        with self._eager():
+            self.llm.llm_engine.add_request(
+                request.group_id,
+                {"prompt_token_ids": list(request.prompt_token_ids)},
+                params,
+                lora_request=adapter,
+            )
+
     def step(self) -> list[GroupGenerated | GroupFailed]:
-        """One engine step; the groups whose every sample finished in it."""
+        """One engine step; the groups whose every sample finished in it, and those refused since
+        the last step (each failed alone). A group whose output cannot be read fails alone too."""
+        finished: list[GroupGenerated | GroupFailed] = list(self._refused)
+        self._refused.clear()
         if not self._running:
-            return []
+            return finished
         with self._eager():
             outputs = self.llm.llm_engine.step()
-        finished: list[GroupGenerated | GroupFailed] = []
         for output in outputs:
             if not output.finished or output.request_id not in self._running:
                 continue
             request, version, started = self._running.pop(output.request_id)
-            finished.append(self._group(request, output, version, time.monotonic() - started))
+            try:
+                finished.append(self._group(request, output, version, time.monotonic() - started))
+            except Exception as err:
+                finished.append(GroupFailed(request.group_id, f"{type(err).__name__}: {err}"[:2000]))
         return finished
 
     def unfinished(self) -> int:
-        return len(self._running)
+        return len(self._running) + len(self._refused)
 
     def abort(self) -> list[str]:
         """Aborts every unfinished group in the engine (``LLMEngine.abort_request``): their KV
-        blocks are freed at once."""
+        blocks are freed at once. Refused groups not yet reported are aborted with them."""
         ids = list(self._running)
         if ids:
             self.llm.llm_engine.abort_request(ids)
             self._running.clear()
+        ids += [f.group_id for f in self._refused]
+        self._refused.clear()
         return ids
 
     def _group(self, request: GenerationRequest, output: Any, version: int, seconds: float) -> GroupGenerated:

@@ -153,6 +153,24 @@ def load_tokenizer(model_ref: str, where: Path | str | None = None) -> PreTraine
     return tokenizer
 
 
+def max_positions(model_ref: str) -> int | None:
+    """The policy's context as its config states it (``max_position_embeddings``, or GPT-2's
+    ``n_positions``; a multimodal model's text config), or None where it states none or cannot be
+    read (the prompt filter then filters nothing for length; vLLM reads the same key)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_dir(model_ref))
+    except (OSError, ValueError, PolicyError):
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(text, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def _unloadable(model_ref: str, err: Exception) -> PolicyError:
     return PolicyError(
         f"policy.model: cannot load {model_ref!r} ({err}); give a local folder, an s3:// URI or builtin:<name> "

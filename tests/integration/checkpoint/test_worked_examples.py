@@ -71,6 +71,7 @@ def check_example_a(storage: Storage, uri: str, env: dict[str, str] | None = Non
         "groups_discarded": 0,
         "rollouts_reused": 2,
         "prompts_dropped": 0,
+        "prompts_filtered": 0,
         "borrows": 0,
         "replace_fallbacks": 0,
     }
