@@ -9,7 +9,8 @@ request is what the actors ask for.
 - A generation worker with ``generation.resources.gpu`` GPUs gets that many of its own, in
   the controller pod or in its worker pod. A vLLM worker runs on exactly its
   ``tensorParallelSize`` GPUs. Without GPUs of its own in a GPU pod, a transformers worker
-  shares the trainer's GPU (half of it, split between the workers).
+  shares the trainer's GPU (half of it, split between the workers); the weights then reach it
+  over gloo through host memory (:mod:`~spotrl_runtime.generation.transport`).
 - The single trainer's GPUs are kept out of the controller's Ray when workers in the pod have
   GPUs of their own: Ray hands its GPUs to actors, and would give the trainer's to a worker.
 """

@@ -244,6 +244,20 @@ def trainer_device(spec: RLJobSpec, device: str) -> str:
     return f"cuda:{kept}" if kept is not None else device
 
 
+def weight_transport(spec: RLJobSpec, device: str, remote_workers: bool) -> str:
+    """The weight channel's transport for the places ``spec`` gives the trainer and the workers
+    (:func:`~spotrl_runtime.generation.transport.spec_transport`); raises
+    :class:`~spotrl_runtime.generation.transport.TransportError` for a placement that cannot sync."""
+    from spotrl_runtime.generation.transport import spec_transport
+
+    visible = 0
+    if device.startswith("cuda"):
+        import torch
+
+        visible = torch.cuda.device_count()
+    return spec_transport(spec, device, visible, remote_workers)
+
+
 def generation_pool(spec: RLJobSpec, device: str, remote_workers: bool) -> GenerationPool:
     """The pool of ``spec.generation.workers`` worker actors, placed as the module docstring says."""
     backend, actor_options, max_restarts = worker_placement(spec, device, remote_workers)

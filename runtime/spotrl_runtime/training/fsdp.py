@@ -219,13 +219,13 @@ class TrainerRank:
 
     # ------------------------------------------------------------------ weights to the workers
 
-    def open_channel(self, bucket_bytes: int, timeout: float) -> tuple[Any, dict[str, Any]]:
-        """Rank 0 serves the weight channel (:mod:`~spotrl_runtime.generation.weights`): returns
-        its endpoint and the plan of every sync (the policy's tensors in the compute dtype)."""
+    def open_channel(self, bucket_bytes: int, timeout: float, transport: str = "gloo") -> tuple[Any, dict[str, Any]]:
+        """Rank 0 serves the weight channel (:mod:`~spotrl_runtime.generation.weights`) over
+        ``transport`` (what the workers' places need: :mod:`~spotrl_runtime.generation.transport`):
+        returns its endpoint and the plan of every sync (the policy's tensors in the compute dtype)."""
         from spotrl_runtime.generation.weights import ChannelHost, channel_host_address, policy_plan, unique_tensors
 
-        backend = "nccl" if self.device.startswith("cuda") else "gloo"
-        self._channel = ChannelHost(channel_host_address(), backend=backend, timeout=timeout)
+        self._channel = ChannelHost(channel_host_address(), backend=transport, timeout=timeout)
         dtype = str(self.trainer.compute_dtype).removeprefix("torch.")
         self._plan = policy_plan(unique_tensors(self.trainer.trained_state(keep_vars=True)), dtype, bucket_bytes)
         self._cancel = threading.Event()
@@ -241,6 +241,7 @@ class TrainerRank:
         import torch
         import torch.distributed as dist
 
+        from spotrl_runtime.generation.transport import buffer_device
         from spotrl_runtime.generation.weights import SyncPlan, WeightSyncError, send
 
         sync_plan = SyncPlan.from_dict(plan)
@@ -275,7 +276,7 @@ class TrainerRank:
                     sync_plan,
                     version,
                     buckets,
-                    device=device,
+                    device=buffer_device(self._channel.backend, device),  # gloo: CPU buffers beside a GPU rank
                     timeout=self._channel.timeout,
                     cancelled=self._cancel.is_set,
                 )

@@ -224,9 +224,10 @@ class TrainerGroup:
         group's steps are redone within :data:`~spotrl_runtime.core.redo.RELATIVE_TOLERANCE`."""
         return StepFingerprint(float(metrics["loss"]), float(metrics["grad_norm"]), "", f"{self.device}/{self.world}")
 
-    def weight_sender(self, bucket_bytes: int, timeout: float) -> GroupSender:
-        """The weight channel's sender: rank 0 serves it and sends, out of the ranks' shards."""
-        endpoint, plan = self._get([self._actors[0].open_channel.remote(bucket_bytes, timeout)])[0]
+    def weight_sender(self, bucket_bytes: int, timeout: float, transport: str = "gloo") -> GroupSender:
+        """The weight channel's sender: rank 0 serves it over ``transport`` and sends, out of the
+        ranks' shards."""
+        endpoint, plan = self._get([self._actors[0].open_channel.remote(bucket_bytes, timeout, transport)])[0]
         return GroupSender(self, endpoint, plan)
 
     def policy_state_dict(self) -> dict[str, Any]:
