@@ -20,16 +20,28 @@ sending process's resident memory during the sync (peak over before, sampled eve
 sender here is the process that trains, as in a single-process run, where it is the controller.
 A second table does the same with a trainer group of two FSDP ranks (``--fsdp``): rank 0 sends,
 and the controller sends nothing; its memory and rank 0's are both sampled.
+
+A third (``--kill``, on by default; ``--only-kill`` runs it alone): a member SIGKILLed mid-sync on
+gloo. Two transformers workers; worker 0's process holds after its first bucket (a failpoint)
+and is SIGKILLed there. Measured: the seconds from the kill to the failed sync's return (the
+sender's send ends, the epoch is aborted) and to the next successful sync (the survivor in a new
+epoch), against ``generation.weightSyncTimeoutSeconds`` (``--kill-timeout``). Target: the next
+successful sync within the timeout, the sender alive and the channel's groups destroyed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
+import signal
 import statistics
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,7 +50,7 @@ from _recovery_state import table
 from _targets import Targets, add_check
 from spotrl_runtime.generation import BackendSpec
 from spotrl_runtime.generation.pool import GenerationPool
-from spotrl_runtime.generation.weights import ChannelHost, WeightSender, open_group
+from spotrl_runtime.generation.weights import ChannelHost, WeightSender, live_links, open_group
 from spotrl_runtime.models import load_policy
 
 PUT_BYTES = 64 << 20
@@ -282,6 +294,72 @@ def fsdp_group(model_name: str, dtypes: list[str], syncs: int, bucket_mib: int, 
             group.shutdown()
 
 
+def killed_mid_sync(
+    model_name: str, dtype_name: str, timeout: float, bucket_mib: int, rows: list[tuple[Any, ...]], targets: Targets
+) -> None:
+    """A member SIGKILLed after its first bucket: kill → failed sync, kill → next successful sync."""
+
+    marks = Path(tempfile.mkdtemp(prefix="bench-kill-"))
+    env = {"SPOTRL_FAILPOINTS": "weights.received@1=600", "SPOTRL_FAILPOINT_DIR": str(marks), "OMP_NUM_THREADS": "1"}
+    model, _ = load_policy(model_name, "cpu", dtype="float32")
+    host = ChannelHost("127.0.0.1", timeout=timeout)
+    sender = WeightSender(lambda: model.state_dict(keep_vars=True), dtype_name, host, bucket_mib * MIB)
+    spec = BackendSpec(kind="transformers", model=model_name, dtype=dtype_name, torch_threads=1)
+    options = {"num_cpus": 0.5, "runtime_env": {"env_vars": env}}
+    pool = GenerationPool(spec, num_workers=2, max_restarts=1, actor_options=options)
+    try:
+        pool.wait_ready(timeout=900)
+        pid = pool.workers()[0]["pid"]
+        pool.give(1)
+        out: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: out.update(result=pool.sync(1, sender)), daemon=True)
+        thread.start()
+        while not (marks / "weights.received").exists():
+            if not thread.is_alive():
+                raise SystemExit(f"the sync ended before worker 0 held after its first bucket: {out}")
+            time.sleep(0.01)
+        assert json.loads((marks / "weights.received").read_text())["pid"] == pid
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        (marks / "weights.received.release").touch()  # the replacement passes the point
+        thread.join(timeout * 2)
+        failed_after = time.monotonic() - killed
+        if thread.is_alive() or not out.get("result") or not out["result"].failed:
+            raise SystemExit(f"the sync with a killed member did not fail within {2 * timeout:.0f} s: {out}")
+        next_ok = float("nan")
+        while time.monotonic() - killed < 2 * timeout:
+            result = pool.sync_joiners(sender, 1)
+            if result is not None and not result.failed:
+                next_ok = time.monotonic() - killed
+                break
+            pool.poll(timeout=0.1)
+        host.close()
+        deadline = time.monotonic() + timeout
+        while live_links() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # The sender is this process: it sent the next sync itself, so it is alive and not hung.
+        alive = math.isfinite(next_ok)
+        name = f"killed member ({dtype_name})"
+        targets.at_most(f"{name}: kill → next successful sync / weightSyncTimeoutSeconds", next_ok / timeout, 1.0)
+        targets.at_most(f"{name}: the sender's channel groups left", live_links(), 0)
+        rows.append(
+            (
+                model_name,
+                dtype_name,
+                f"{sender.plan.nbytes / MIB:.0f}",
+                f"{timeout:g}",
+                f"{failed_after:.2f}",
+                f"{next_ok:.2f}",
+                f"{next_ok / timeout:.3f}",
+                "yes" if alive else "no",
+                str(live_links()),
+            )
+        )
+        print(rows[-1], flush=True)
+    finally:
+        pool.shutdown()
+
+
 def main() -> None:
     import faulthandler
     import signal
@@ -297,6 +375,11 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--fsdp", action="store_true", help="also the trainer group of two ranks")
     parser.add_argument("--bucket-mib", type=int, default=512, help="generation.weightBucketMiB")
+    parser.add_argument("--kill", action=argparse.BooleanOptionalAction, default=True, help="the killed-member run")
+    parser.add_argument("--only-kill", action="store_true", help="the killed-member run alone")
+    parser.add_argument("--kill-model", default="builtin:random-100m", help="the killed-member run's policy")
+    parser.add_argument("--kill-timeout", type=float, default=120.0, help="generation.weightSyncTimeoutSeconds")
+    parser.add_argument("--kill-bucket-mib", type=int, default=64, help="its buckets: several, so it dies mid-sync")
     add_check(parser)
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -305,44 +388,65 @@ def main() -> None:
     targets = Targets()
     try:
         dtypes = args.dtypes.split(",")
-        single_process(
-            args.model, dtypes, [b for b in args.backends.split(",") if b], args.syncs, args.bucket_mib, rows, targets
-        )
-        table(
-            f"Weight sync of {args.model}: the trainer's process sends, {args.bucket_mib} MiB buckets "
-            f"(median of {args.syncs})",
-            (
-                "dtype",
-                "backend",
-                "workers",
-                "channel s",
-                "gloo broadcast s",
-                "channel / broadcast",
-                "MiB sent",
-                "sender RSS growth MiB",
-                "object store s (before)",
-                "MiB moved (before)",
-                "sender RSS growth MiB (before)",
-            ),
-            rows,
-        )
-        if args.fsdp:
-            group_rows: list[tuple[Any, ...]] = []
-            fsdp_group(args.model, dtypes, args.syncs, args.bucket_mib, group_rows)
+        if args.kill or args.only_kill:
+            kill_rows: list[tuple[Any, ...]] = []
+            for dtype_name in dtypes:
+                killed_mid_sync(
+                    args.kill_model, dtype_name, args.kill_timeout, args.kill_bucket_mib, kill_rows, targets
+                )
             table(
-                f"Weight sync of {args.model} from 2 FSDP ranks to 2 transformers workers (median of {args.syncs})",
+                f"A member SIGKILLed mid-sync on gloo ({args.kill_bucket_mib} MiB buckets, 2 transformers workers)",
+                (
+                    "model",
+                    "dtype",
+                    "MiB a sync",
+                    "timeout s",
+                    "kill → failed sync s",
+                    "kill → next successful sync s",
+                    "/ timeout",
+                    "sender alive",
+                    "channel groups left",
+                ),
+                kill_rows,
+            )
+        if not args.only_kill:
+            backends = [b for b in args.backends.split(",") if b]
+            single_process(args.model, dtypes, backends, args.syncs, args.bucket_mib, rows, targets)
+            table(
+                f"Weight sync of {args.model}: the trainer's process sends, {args.bucket_mib} MiB buckets "
+                f"(median of {args.syncs})",
                 (
                     "dtype",
+                    "backend",
+                    "workers",
                     "channel s",
+                    "gloo broadcast s",
+                    "channel / broadcast",
                     "MiB sent",
-                    "controller RSS growth MiB",
-                    "rank 0 RSS growth MiB",
+                    "sender RSS growth MiB",
                     "object store s (before)",
-                    "controller RSS growth MiB (before)",
-                    "rank 0 RSS growth MiB (before)",
+                    "MiB moved (before)",
+                    "sender RSS growth MiB (before)",
                 ),
-                group_rows,
+                rows,
             )
+            if args.fsdp:
+                group_rows: list[tuple[Any, ...]] = []
+                fsdp_group(args.model, dtypes, args.syncs, args.bucket_mib, group_rows)
+                table(
+                    f"Weight sync of {args.model} from 2 FSDP ranks to 2 transformers workers (median of {args.syncs})",
+                    (
+                        "dtype",
+                        "channel s",
+                        "MiB sent",
+                        "controller RSS growth MiB",
+                        "rank 0 RSS growth MiB",
+                        "object store s (before)",
+                        "controller RSS growth MiB (before)",
+                        "rank 0 RSS growth MiB (before)",
+                    ),
+                    group_rows,
+                )
     finally:
         ray.shutdown()
     targets.report(args.check)

@@ -20,6 +20,10 @@ about to redo step N), and in a generation worker
 the worker holds), ``worker.stepped`` (the worker's backend just ran its Nth step, and its
 groups not finished in it are in the engine) and ``worker.load_weights`` (new weights received, not yet loaded into the
 backend; its step is their version). A worker reads the variables from its Ray node's environment.
+The weight sync's lifecycle (:mod:`~spotrl_runtime.generation.sync_lifecycle`): at a member,
+``weights.announce`` (drained, about to announce it is ready) and ``weights.received`` (its first
+bucket loaded, the rest on the wire), each with the member's channel rank as its step; at the
+sender, ``weights.send`` (bucket N posted; its step is N).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import torch
 from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation.backend import BackendSpec, GenerationBackend
 from spotrl_runtime.generation.types import GenerationRequest, GroupFailed, GroupGenerated, GroupLost
-from spotrl_runtime.generation.weights import ChannelAddress, SyncPlan
+from spotrl_runtime.generation.weights import ChannelAddress, SyncPlan, live_links
 
 
 def build_backend(spec: BackendSpec) -> GenerationBackend:
@@ -156,8 +156,9 @@ class GenerationWorker:
         return self.backend.weight_version
 
     def info(self) -> dict[str, Any]:
-        """Where the worker runs, for logs and metrics (also a cheap readiness probe), and what
-        its engine holds (``kv_cache_tokens``, vLLM only)."""
+        """Where the worker runs, for logs and metrics (also a cheap readiness probe), what its
+        engine holds (``kv_cache_tokens``, vLLM only), and the weight channel's process groups
+        alive in it (``channel_groups``: one at most once each retired one was destroyed)."""
         kv_tokens = getattr(self.backend, "kv_cache_tokens", None)
         return {
             "worker": self.worker_id,
@@ -167,6 +168,7 @@ class GenerationWorker:
             "pid": os.getpid(),
             "weight_version": self.backend.weight_version,
             "kv_cache_tokens": kv_tokens() if callable(kv_tokens) else None,
+            "channel_groups": live_links(),
             "peak_generating": self.peak_generating,
             "mean_generating": self._generating_sum / self.steps if self.steps else 0.0,
         }

@@ -94,7 +94,7 @@ def test_a_receive_waits_for_the_groups_submitted_before_it(
     new = {k: v + 0.5 for k, v in model.state_dict().items()}
     channel = ChannelHost("127.0.0.1", timeout=30)
     sender = WeightSender(lambda: new, "float32", channel, 1 << 20)
-    send = threading.Thread(target=sender.send, args=(1, 2, 7), daemon=True)
+    send = threading.Thread(target=sender.sync, args=(1, 2, 7), daemon=True)
     send.start()
     receive = threading.Thread(
         target=worker.receive_weights, args=(1, channel.address(1, 2, 1).to_dict(), sender.plan.to_dict(), 7)

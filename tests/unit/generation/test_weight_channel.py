@@ -3,7 +3,9 @@ buckets, dtype, version checks on arrival, a cancelled sync, a lost member."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from spotrl_runtime.generation.weights import (
     WeightSender,
     WeightSyncCancelledError,
     WeightSyncError,
+    live_links,
     plan_buckets,
     send,
     unique_tensors,
@@ -80,7 +83,7 @@ def test_two_members_receive_every_tensor_in_the_policy_dtype(dtype: str) -> Non
     assert len(sender.plan.buckets) > 2, "several buckets, so that double buffering is exercised"
     out: list[Any] = []
     threads = _members(host, 2, 1, sender.plan, 7, out)
-    sent = sender.send(1, 3, 7)
+    sent = sender.sync(1, 3, 7)
     for t in threads:
         t.join(30)
     assert sent == sender.plan.nbytes
@@ -98,8 +101,9 @@ def test_a_receiver_refuses_a_version_or_bucket_it_did_not_expect() -> None:
     sender = WeightSender(lambda: state, "float32", host, bucket_bytes=2048)
     out: list[Any] = []
     threads = _members(host, 1, 1, sender.plan, version=8, out=out)  # expects 8
+    host.ready(1, 8, 2)  # both ready for 8 ...
     with pytest.raises(WeightSyncError):
-        sender.send(1, 2, 7)  # sends 7: the member stops at the first header
+        sender.send(1, 2, 7)  # ... and 7 is sent: the member stops at the first header
     for t in threads:
         t.join(30)
     assert isinstance(out[0], WeightSyncError), out
@@ -113,6 +117,7 @@ def test_a_cancelled_sync_tells_its_members_and_does_not_wait_for_them() -> None
     out: list[Any] = []
     threads = _members(host, 1, 1, sender.plan, 3, out)
     calls = iter(range(1000))
+    host.ready(1, 3, 2)
     with pytest.raises(WeightSyncCancelledError):
         sender.send(1, 2, 3, cancelled=lambda: next(calls) >= 2)
     for t in threads:
@@ -120,12 +125,12 @@ def test_a_cancelled_sync_tells_its_members_and_does_not_wait_for_them() -> None
     assert isinstance(out[0], WeightSyncCancelledError), out
 
 
-def test_a_member_that_never_joins_fails_the_sync_within_the_timeout() -> None:
+def test_a_member_that_never_announces_fails_the_sync_within_the_timeout() -> None:
     state = _state()
     host = ChannelHost("127.0.0.1", timeout=2)
     sender = WeightSender(lambda: state, "float32", host, bucket_bytes=2048)
-    with pytest.raises(WeightSyncError, match="did not join"):
-        sender.send(1, 2, 1)
+    with pytest.raises(WeightSyncError, match="did not announce it was ready for version 1 within 2 s"):
+        sender.sync(1, 2, 1)
 
 
 def test_a_skipped_bucket_is_refused_on_arrival() -> None:
@@ -137,9 +142,11 @@ def test_a_skipped_bucket_is_refused_on_arrival() -> None:
     out: list[Any] = []
     threads = _members(host, 1, 1, sender.plan, 5, out)
     torn = SyncPlan((sender.plan.buckets[0], *sender.plan.buckets[2:]))
+    host.ready(1, 5, 2)
     group = host.group(1, 2)
+    buckets = ({t.name: state[t.name] for t in b.tensors} for b in torn.buckets)
     with pytest.raises(WeightSyncError):
-        send(group, torn, 5, ({t.name: state[t.name] for t in b.tensors} for b in torn.buckets), timeout=5)
+        send(group, torn, 5, buckets, timeout=5, cancelled=host.ended(1))  # the member ends the epoch
     for t in threads:
         t.join(30)
     assert isinstance(out[0], WeightSyncError), out
@@ -156,6 +163,7 @@ def test_vllms_trainer_entry_sends_what_the_members_receive() -> None:
     plan = WeightSender(lambda: state, "bfloat16", host, bucket_bytes=1024).plan
     out: list[Any] = []
     threads = _members(host, 1, 1, plan, 4, out)
+    host.ready(1, 4, 2)
     _engine_class().trainer_send_weights(iter(state.items()), {"group": host.group(1, 2), "plan": plan, "version": 4})
     for t in threads:
         t.join(30)
@@ -163,3 +171,75 @@ def test_vllms_trainer_entry_sends_what_the_members_receive() -> None:
     assert set(out[0]) == set(state) - {"lm_head.weight"}
     for name, tensor in out[0].items():
         assert torch.equal(tensor, state[name].to(torch.bfloat16))
+
+
+def _threads() -> int:
+    """This process's OS threads (gloo's are not Python's)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def _settle(baseline: int, timeout: float = 30.0) -> int:
+    """Waits (bounded) for the reaper to destroy what was retired; the live groups then."""
+    deadline = time.monotonic() + timeout
+    while live_links() > baseline and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return live_links()
+
+
+def test_every_epochs_group_is_destroyed_as_membership_churns() -> None:
+    """24 epochs, members coming and going (1 to 3), every fourth epoch failed by a member whose
+    load raises mid-send: each epoch's group is destroyed at both ends, so the live groups and
+    the OS threads stay flat. A leak (a group not destroyed) grows both by each epoch's."""
+    state = _state()
+    host = ChannelHost("127.0.0.1", timeout=3)
+    sender = WeightSender(lambda: state, "float32", host, bucket_bytes=1024)
+    assert len(sender.plan.buckets) >= 3
+    members = [ChannelMember() for _ in range(3)]
+    links, threads = live_links(), _threads()
+    peak = 0
+    for epoch in range(1, 25):
+        if epoch == 2:  # torch's, the stores' and the members' own threads are up now: the baseline
+            links, threads = live_links(), _threads()
+        n = 1 + epoch % 3
+        broken = epoch % 4 == 0
+        out: list[Any] = []
+
+        def run(rank: int, epoch: int = epoch, n: int = n, broken: bool = broken, out: list[Any] = out) -> None:
+            def load(pairs: list[tuple[str, torch.Tensor]]) -> None:
+                if broken and rank == n and pairs[0][0] != "embed.weight":
+                    raise RuntimeError("the engine refused a bucket")
+
+            try:
+                members[rank - 1].join(host.address(epoch, n + 1, rank))
+                out.append(members[rank - 1].receive(sender.plan, epoch, load))
+            except Exception as err:
+                out.append(err)
+
+        workers = [threading.Thread(target=run, args=(r,)) for r in range(1, n + 1)]
+        for t in workers:
+            t.start()
+        if broken:
+            with pytest.raises(WeightSyncError):
+                sender.sync(epoch, n + 1, epoch)
+        else:
+            assert sender.sync(epoch, n + 1, epoch) == sender.plan.nbytes
+        for t in workers:
+            t.join(30)
+        assert len(out) == n
+        if broken:  # the others may have had every bucket before the epoch ended
+            assert any(isinstance(o, WeightSyncError) and "refused a bucket" in str(o) for o in out), out
+        else:
+            assert out == [sender.plan.nbytes] * n, out
+        peak = max(peak, live_links() - links)
+    host.close()
+    for member in members:
+        member.close()
+    assert _settle(links) <= links, f"{live_links() - links} of the channel's groups were never destroyed"
+    # A healthy epoch's groups are destroyed at once; a failed one's once its pending collective
+    # ends (within the timeout): never more than the current epoch's and the failed ones'.
+    failed_links = sum(1 + (1 + e % 3) for e in range(1, 25) if e % 4 == 0)
+    assert peak <= 4 + failed_links, f"{peak} groups alive at once: more than the current and the failed epochs'"
+    deadline = time.monotonic() + 10  # gloo's threads end as their group is destroyed
+    while _threads() > threads and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _threads() <= threads, f"{_threads() - threads} more OS threads after 24 epochs than after the first"
