@@ -67,12 +67,18 @@ STEP_GAUGES = {
     "is_weight_mean": "Mean importance weight min(p_trainer / p_generator, cap) per trained token",
     "is_weight_max": "Largest importance weight of a trained token",
     "is_capped_fraction": "Fraction of trained tokens whose importance weight hit the cap",
+    "outside_nucleus_fraction": "Fraction of trained tokens outside the trainer's top-p nucleus, left out of the loss",
     "padding_share": "Fraction of the positions the trainer computed that were padding",
     "grad_norm": "Gradient norm before clipping",
     "learning_rate": "Learning rate",
     "generation_tokens_per_second": "Tokens generated per second since the step before",
     "weight_sync_seconds": "Seconds the sync of the weights this step started from took (trainer to workers)",
     "weight_sync_bytes": "Bytes the trainer sent the workers in that sync (0: no worker needed them)",
+    "generation_idle_share": (
+        "Share of the step's wall time the generation workers were not generating, mean over the workers"
+        " (waiting for work, for a weight load, or restarting)"
+    ),
+    "generation_idle_share_max": "Share of the step's wall time the idlest generation worker was not generating",
 }
 
 

@@ -37,7 +37,8 @@ class TerminalProgress:
         self._say(
             f"step {step:>4}/{self.total}  reward {metrics['reward']:.3f}  acc {metrics.get('accuracy', 0.0):.2f}  "
             f"len {metrics.get('response_length_mean', 0.0):.1f}  loss {metrics['loss']:+.4f}  "
-            f"grad {metrics.get('grad_norm', 0.0):.2f}  {metrics['seconds']:.2f} s  (attempt {metrics['attempt']})"
+            f"grad {metrics.get('grad_norm', 0.0):.2f}  {metrics['seconds']:.2f} s  "
+            f"idle {metrics.get('generation_idle_share', 0.0):.2f}  (attempt {metrics['attempt']})"
             + (f"  probs diff {metrics['rollout_probs_diff_max']:.1e}" if "rollout_probs_diff_max" in metrics else "")
         )
 

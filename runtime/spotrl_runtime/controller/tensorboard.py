@@ -51,10 +51,13 @@ TAGS = {
     "is_weight_mean": "rollout/is_weight_mean",
     "is_weight_max": "rollout/is_weight_max",
     "is_capped_fraction": "rollout/is_capped_fraction",
+    "outside_nucleus_fraction": "rollout/outside_nucleus_fraction",
     "padding_share": "perf/padding_share",
     "seconds": "perf/step_seconds",
     "train_tokens_per_second": "perf/train_tokens_per_second",
     "generation_tokens_per_second": "perf/generation_tokens_per_second",
+    "generation_idle_share": "perf/generation_idle_share",
+    "generation_idle_share_max": "perf/generation_idle_share_max",
     "weight_sync_seconds": "perf/weight_sync_seconds",
     "weight_sync_bytes": "perf/weight_sync_bytes",
 }

@@ -2,9 +2,12 @@
 generation workers, with the job's prompt format and reward, on the weights of every Nth step.
 
 A pass is generation work like any other for the pool (each request asks for the version it
-scores, so it is generated with exactly those weights), but it belongs to no ledger: the
-recovery state never sees a validation group, a cut never holds one, and a barrier abandons a
-pass in flight instead of waiting for it. The next version due is scored after a resume.
+scores, so it is generated with exactly those weights), except that its requests yield: the pool
+runs a pass on one worker and, where another worker can load the next version, leaves that one
+out of the sync until the pass is done (it is given the version after), so a pass does not delay
+a sync. It belongs to no ledger: the recovery state never sees a validation group, a cut never
+holds one, and a barrier abandons a pass in flight instead of waiting for it. The next version
+due is scored after a resume.
 
 Everything here runs on the dispatcher thread (which also scores the training groups); a
 finished pass is handed to the trainer thread for the next step's record.
@@ -73,7 +76,9 @@ class Validator:
             temperature=self.spec.generation.temperature,
             prefix=f"{PREFIX}{version}",
         )
-        requests = [replace(r, weight_version=version) for r in made]
+        # Yielding: where another worker can load the next version, the one running the pass
+        # is left out of that sync and finishes it on ``version``'s weights (the pool's "behind").
+        requests = [replace(r, weight_version=version, yields=True) for r in made]
         self._pass = _Pass(
             version,
             {r.group_id: r for r in requests},

@@ -12,13 +12,20 @@ flat names (an audit record is one JSON object, a Prometheus metric one name):
 - ``frac_reward_zero_std`` (TRL's name): the fraction of groups whose rewards are all equal,
   which teach nothing (a group's advantages are its rewards against each other). At 1.0 the
   step trains nothing; :class:`LearningSignal` says so when it lasts.
+
+And what the generation workers did meanwhile: ``generation_idle_share`` (the mean over the
+workers) and ``generation_idle_share_max`` (the idlest worker), the share of the step's wall
+time a worker was not generating: waiting for work (the lookahead gate closed), for a weight
+load (its sender not there yet, or its bytes on the way), or dead and restarting. A
+:class:`BusyClock` per worker records when it generated; :func:`idle_shares` reads them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 from spotrl_runtime.core.types import FinishedGroup
 
@@ -73,3 +80,45 @@ class LearningSignal:
     @property
     def lost(self) -> bool:
         return self.streak >= self.patience
+
+
+@dataclass
+class BusyClock:
+    """When one worker generated, from the times its pool saw it start and stop (the caller
+    passes the clock: pure logic). Spans older than the oldest window still to be read are
+    forgotten by :meth:`busy_seconds`, so a long run keeps a few spans per worker."""
+
+    since: float | None = None
+    """Busy since this time (None: idle now)."""
+    spans: deque[tuple[float, float]] = field(default_factory=deque)
+    """Finished busy spans ``(start, end)``, oldest first."""
+
+    def mark(self, busy: bool, now: float) -> None:
+        """The worker is (``busy``) or is not generating from ``now`` on."""
+        if busy and self.since is None:
+            self.since = now
+        elif not busy and self.since is not None:
+            if now > self.since:
+                self.spans.append((self.since, now))
+            self.since = None
+
+    def busy_seconds(self, start: float, end: float) -> float:
+        """Seconds it generated within ``[start, end]``; forgets what ended before ``start``."""
+        while self.spans and self.spans[0][1] <= start:
+            self.spans.popleft()
+        spans: Iterable[tuple[float, float]] = self.spans
+        if self.since is not None:
+            spans = [*self.spans, (self.since, end)]
+        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
+
+
+def idle_shares(busy_seconds: Iterable[float], seconds: float) -> tuple[float, float]:
+    """``(mean, max)`` over the workers of the share of ``seconds`` (a step's wall time) each
+    was not generating, given the seconds each was (each share in [0, 1]); ``(0, 0)`` for no
+    worker or no time."""
+    if seconds <= 0:
+        return 0.0, 0.0
+    shares = [min(1.0, max(0.0, 1.0 - b / seconds)) for b in busy_seconds]
+    if not shares:
+        return 0.0, 0.0
+    return sum(shares) / len(shares), max(shares)

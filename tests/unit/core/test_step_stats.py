@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from spotrl_runtime.core.step_stats import STEP_STATS, LearningSignal, rollout_stats
+from spotrl_runtime.core.step_stats import STEP_STATS, BusyClock, LearningSignal, idle_shares, rollout_stats
 from spotrl_runtime.core.types import FinishedGroup, Prompt, Rollout
 
 
@@ -49,3 +49,29 @@ def test_the_learning_signal_is_lost_after_patience_steps_without_variance_and_f
 
 def test_no_rollouts_give_zeros_not_an_error() -> None:
     assert rollout_stats([]) == dict.fromkeys(STEP_STATS, 0.0)
+
+
+def _clock(*marks: tuple[float, bool]) -> BusyClock:
+    clock = BusyClock()
+    for at, busy in marks:
+        clock.mark(busy, at)
+    return clock
+
+
+def test_a_workers_busy_seconds_are_its_spans_cut_to_the_window() -> None:
+    # Busy 1-3 and 5-6, then from 8 on (still busy when read).
+    clock = _clock((1.0, True), (3.0, False), (5.0, True), (5.5, True), (6.0, False), (7.0, False), (8.0, True))
+    assert clock.busy_seconds(0.0, 10.0) == pytest.approx(2.0 + 1.0 + 2.0)
+    assert clock.busy_seconds(2.0, 5.5) == pytest.approx(1.0 + 0.5), "cut at both ends"
+    assert clock.busy_seconds(6.0, 8.0) == 0.0
+    assert clock.busy_seconds(9.0, 10.0) == pytest.approx(1.0), "the open span counts up to the window's end"
+    assert list(clock.spans) == [], "spans that ended before the window asked for are forgotten"
+    assert _clock((4.0, True), (4.0, False)).busy_seconds(0.0, 10.0) == 0.0, "an empty span is none"
+
+
+def test_the_idle_share_is_the_mean_and_the_max_over_the_workers_of_the_time_not_generating() -> None:
+    mean, most = idle_shares([10.0, 5.0, 0.0], 10.0)
+    assert (mean, most) == (pytest.approx((0.0 + 0.5 + 1.0) / 3), 1.0)
+    assert idle_shares([12.0], 10.0) == (0.0, 0.0), "clock skew never makes a share negative"
+    assert idle_shares([], 10.0) == (0.0, 0.0)
+    assert idle_shares([1.0], 0.0) == (0.0, 0.0)
