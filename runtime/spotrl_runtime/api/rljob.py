@@ -227,7 +227,10 @@ class Generation(ApiObject):
         le=1048576,
         description=(
             "vLLM: the longest prompt plus completion an engine serves (unset: the model's own context). "
-            "A smaller one leaves more of the KV cache for concurrent sequences."
+            "A smaller one leaves more of the KV cache for concurrent sequences. Any backend: a prompt longer "
+            "than it leaves for maxNewTokens is filtered at admission (unset: the model's "
+            "max_position_embeddings, where its config has one), its place filled as "
+            "preemption.onDroppedPrompt says."
         ),
     )
     max_in_flight_groups: int = Field(
@@ -283,8 +286,10 @@ class Generation(ApiObject):
         ge=1,
         le=3600,
         description=(
-            "Weight sync: how long the sender waits for a worker to join the channel or take a bucket. A worker "
-            "that does not is replaced and its groups redispatched; the run goes on."
+            "Weight sync: the bound on each step of a sync: a worker announcing it is ready once its groups of the "
+            "older version finished (its drain has no bound of its own), the channel forming, each bucket. A worker "
+            "that misses it, or is lost, ends the sync at once: it is replaced and its groups redispatched, the "
+            "others get the weights in a new epoch; the run goes on."
         ),
     )
 
@@ -297,6 +302,15 @@ class Generation(ApiObject):
                 "(or 0 to generate on CPUs)"
             ),
             field="resources.gpu",
+        ),
+        Rule(
+            cel="!has(self.maxModelLen) || self.maxModelLen > self.maxNewTokens",
+            check=lambda g: g.max_model_len is None or g.max_model_len > g.max_new_tokens,
+            message=(
+                "maxModelLen must be larger than maxNewTokens: a prompt and its completion share it, and every "
+                "prompt would be filtered as too long"
+            ),
+            field="maxModelLen",
         ),
         Rule(
             cel="self.tensorParallelSize == 1 || self.backend == 'vllm'",
@@ -475,6 +489,17 @@ class Reward(ApiObject):
     error_score: float = Field(
         default=0.0, ge=-1e6, le=1e6, description="With onError score: the score of a completion the reward failed on."
     )
+    workers: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description=(
+            "Processes that score a group's completions in parallel, each holding the reward (its memory counted "
+            "once per process); scores come back in the group's order, the same as one process gives. Unset: one "
+            "per CPU of the controller's pod (its CPU limit), at most 8. 1 scores one completion at a time. A "
+            "batched reward uses one."
+        ),
+    )
 
     rules = (
         exactly_one(
@@ -485,6 +510,12 @@ class Reward(ApiObject):
             check=lambda r: not r.batched or r.import_path is not None,
             message="batched applies to importPath rewards; the built-in rewards score one completion",
             field="batched",
+        ),
+        Rule(
+            cel="!has(self.batched) || !self.batched || !has(self.workers) || self.workers == 1",
+            check=lambda r: not r.batched or r.workers in (None, 1),
+            message="workers: a batched reward scores a whole group in one call, in one process; leave workers unset",
+            field="workers",
         ),
     )
 
@@ -952,6 +983,18 @@ class RLJobSpec(ApiObject):
             field="runtimeEnv",
         ),
         Rule(
+            # The adapter is received once per worker, but a tensor-parallel engine is one weight
+            # channel member per rank: the channel would wait for ranks that never join.
+            cel="!has(self.policy.lora) || self.generation.tensorParallelSize == 1",
+            check=lambda s: s.policy.lora is None or s.generation.tensor_parallel_size == 1,
+            message=(
+                "policy.lora needs generation.tensorParallelSize 1 (an adapter is not synced to a worker whose "
+                "engine is sharded over several GPUs): set generation.tensorParallelSize to 1 with a base that "
+                "fits one GPU per worker, or unset policy.lora to train every weight"
+            ),
+            field="generation.tensorParallelSize",
+        ),
+        Rule(
             cel="self.training.microBatchSize <= self.generation.promptsPerStep * self.generation.groupSize",
             check=lambda s: s.training.micro_batch_size <= s.generation.prompts_per_step * s.generation.group_size,
             message=(
@@ -1154,6 +1197,12 @@ class Accounting(ApiObject):
 
     prompts_trained: int = Field(default=0, ge=0, description="Prompts in the effective stream.")
     prompts_dropped: int = Field(default=0, ge=0, description="Prompts given up on (generation failed), by policy.")
+    prompts_filtered: int = Field(
+        default=0,
+        ge=0,
+        description="Prompts filtered at admission, their places filled by policy (e.g. longer than "
+        "generation.maxModelLen leaves for maxNewTokens); the audit keeps each one's reason.",
+    )
     prompts_lost: int = Field(
         default=0, ge=0, description="Prompts trained by an attempt whose step was superseded and never trained again."
     )

@@ -28,6 +28,7 @@ from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.controller.control import CutInfo, StatusSink
 from spotrl_runtime.controller.prestart import Prestart, process_started_at
 from spotrl_runtime.core.accounting import RestoreRecord
+from spotrl_runtime.core.admission import AdmissionFilter, PromptLimit
 from spotrl_runtime.core.identity import JobIdentity
 from spotrl_runtime.core.owners import Owners, RecoveryConfig
 from spotrl_runtime.core.types import Prompt
@@ -40,9 +41,11 @@ from spotrl_runtime.generation.cluster import (
     generation_pool,
     start_ray,
     trainer_device,
+    weight_transport,
 )
 from spotrl_runtime.generation.pool import GenerationPool, GenerationPoolError
 from spotrl_runtime.generation.rollouts import PromptFormatError, prompt_encoder
+from spotrl_runtime.generation.transport import TransportError
 from spotrl_runtime.models import PolicyError, load_tokenizer, lora
 from spotrl_runtime.rewards.isolation import RewardIsolation
 from spotrl_runtime.rewards.runner import RewardRunner
@@ -176,6 +179,12 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
     by a SIGTERM, ends that wait early). Stops what it started if anything fails."""
     spec = job.spec
     par = spec.training.parallelism
+    try:  # before anything starts: a placement whose workers no transport reaches is refused
+        transport = weight_transport(spec, options.device, options.remote_workers)
+    except TransportError as err:
+        if options.prestart is not None:
+            options.prestart.close()
+        raise ControllerError(str(err)) from None
     pool: GenerationPool | None = None
     prestart = options.prestart
     if prestart is not None and prestart.matches(options.ray_host, options.remote_workers, options.ray_num_cpus):
@@ -212,6 +221,7 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             timeout=spec.reward.timeout_seconds,
             batched=spec.reward.batched,
             isolation=RewardIsolation.of(os.environ, (e.name for e in spec.runtime_env)),
+            workers=spec.reward.workers,
         )
         storage = open_storage(options.storage_uri)
         audit = AuditStore(storage)
@@ -246,7 +256,7 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         start = resume_or_start(
             storage,
             job=JobIdentity.of(job.metadata),
-            config=RecoveryConfig.from_spec(spec),
+            config=RecoveryConfig.from_spec(spec, model_positions=_model_positions(spec)),
             dataset=dataset,
             collate=collate,
             loader=loader,
@@ -259,6 +269,11 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             stop=stop.is_set,
         )
         restored_at = time.time()
+        # The limit is the config's: this run's, or after a restore the cut's (so a resume filters
+        # exactly the prompts its run would have).
+        limit = start.owners.config.prompt_limit
+        if limit is not None:
+            start.owners.set_admission_filter(_length_filter(limit, encode))
         writer = CutWriter(
             storage,
             job=job.name,
@@ -270,7 +285,7 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         if start.restored is not None:
             writer.base = start.restored.base  # the full cut the next delta cuts extend
         gen = spec.generation
-        sender = trainer.weight_sender(gen.weight_bucket_mi_b << 20, gen.weight_sync_timeout_seconds)
+        sender = trainer.weight_sender(gen.weight_bucket_mi_b << 20, gen.weight_sync_timeout_seconds, transport)
         versions: list[tuple[dict[str, Any] | None, int]] = [*start.older_weights, (None, trainer.step)]
         pool.give(versions[0][1])  # the rest go after the relaunched groups that ask for it
         if isinstance(trainer, Trainer):
@@ -315,6 +330,33 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         sender,
         tuple(versions),
     )
+
+
+def _model_positions(spec: Any) -> int | None:
+    """The policy's own context, the prompt limit where ``generation.maxModelLen`` is unset."""
+    from spotrl_runtime.models.loading import max_positions
+
+    return None if spec.generation.max_model_len is not None else max_positions(spec.policy.model)
+
+
+def _length_filter(limit: PromptLimit, encode: Callable[[Prompt], tuple[int, ...]]) -> AdmissionFilter:
+    """The admission filter of ``limit`` over the encoder generation uses; says each prompt it
+    filters in the log."""
+    log.info(
+        "prompts longer than %d tokens (%s %d - maxNewTokens %d) are filtered at admission",
+        limit.max_model_len - limit.max_new_tokens,
+        limit.source,
+        limit.max_model_len,
+        limit.max_new_tokens,
+    )
+
+    def refusal(prompt: Prompt) -> str | None:
+        why = limit.refusal(len(encode(prompt)))
+        if why is not None:
+            log.warning("filtered the prompt of row idx %d (%s): %s", prompt.idx, prompt.task_name, why)
+        return why
+
+    return refusal
 
 
 def _record_restore(audit: AuditStore, restored: RestoredRun, attempt: int, at: StartTimes) -> None:

@@ -53,7 +53,7 @@ from spotrl_runtime.controller.validation import Validator
 from spotrl_runtime.core.cut_estimate import CutEstimator, barrier_form
 from spotrl_runtime.core.cut_schedule import CutSchedule
 from spotrl_runtime.core.owners import Dispatch, OwnershipError, OwnersSnapshot, UnknownGroupError
-from spotrl_runtime.core.step_stats import LearningSignal, rollout_stats
+from spotrl_runtime.core.step_stats import LearningSignal, idle_shares, rollout_stats
 from spotrl_runtime.core.types import Rollout
 from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation import GroupFailed, GroupGenerated, GroupLost
@@ -81,12 +81,14 @@ TRAINER_STATS = (
     "is_weight_mean",
     "is_weight_max",
     "is_capped_fraction",
+    "outside_nucleus_fraction",
     "padding_share",
 )
 """The trainer's step metrics the audit and /metrics keep (``clip_fraction``: PPO's, the tokens
 whose ratio the clip bounded; ``kl``: to the reference policy, 0 without one; ``entropy``: the
 policy's, per trained token, in nats; ``is_weight_*``: the off-policy correction's importance
-weight; ``padding_share``: the share of the positions computed that were padding)."""
+weight; ``outside_nucleus_fraction``: the trained tokens outside the trainer's top-p nucleus,
+left out of the loss; ``padding_share``: the share of the positions computed that were padding)."""
 STATS = (
     "groups_generated",
     "groups_retried",
@@ -289,6 +291,8 @@ class Controller:
             now, generated = time.monotonic(), self.stats["tokens_generated"]
             since = now - self._last_step_at
             gen_tps = (generated - self._last_generated) / since if since > 0 else 0.0
+            # And the share of that time each worker did not generate (the pool's timestamps).
+            idle, idlest = idle_shares(self.parts.pool.busy_seconds(self._last_step_at, now).values(), since)
             self._last_step_at, self._last_generated = now, generated
             learned = {k: round(float(metrics.get(k, 0.0)), 6) for k in TRAINER_STATS}
             step_stats = {
@@ -296,6 +300,8 @@ class Controller:
                 **learned,
                 "train_tokens_per_second": round(metrics.get("tokens", 0.0) / seconds, 2) if seconds > 0 else 0.0,
                 "generation_tokens_per_second": round(gen_tps, 2),
+                "generation_idle_share": round(idle, 4),
+                "generation_idle_share_max": round(idlest, 4),
             }
             entry = {
                 "step": record.step,

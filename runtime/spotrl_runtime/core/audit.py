@@ -15,18 +15,34 @@ from typing import Any
 
 from spotrl_runtime.core.fields import RecordFormatError, require_int, require_str
 
+DROPPED = "dropped"
+"""A prompt given up on: its generation or its reward failed (``maxRetries``, ``reward.onError: drop``)."""
+FILTERED = "filtered"
+"""A prompt a filter refused, for a reason about the prompt itself (e.g. ``prompt_too_long``), not a failure."""
+LEFT_STATES = (DROPPED, FILTERED)
+
 
 @dataclass(frozen=True)
 class DroppedPrompt:
-    """A prompt given up on (generation failed after retries, or filtered out)."""
+    """A prompt that left the run untrained, with its ``state`` (:data:`DROPPED` or
+    :data:`FILTERED`) and its reason. Either way its place in the step is filled as
+    ``preemption.onDroppedPrompt`` says, and it is never generated again."""
 
     group_id: str
     idx: int
     task_name: str
     reason: str
+    state: str = DROPPED
+
+    def __post_init__(self) -> None:
+        if self.state not in LEFT_STATES:
+            raise RecordFormatError(f"state is {self.state!r}, not one of {', '.join(LEFT_STATES)}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"group_id": self.group_id, "idx": self.idx, "task_name": self.task_name, "reason": self.reason}
+        out = {"group_id": self.group_id, "idx": self.idx, "task_name": self.task_name, "reason": self.reason}
+        # Written only when not the default, so the records and cuts of runs that filter nothing
+        # stay byte for byte what they were.
+        return out if self.state == DROPPED else out | {"state": self.state}
 
     @classmethod
     def from_json(cls, data: Any) -> DroppedPrompt:
@@ -37,6 +53,7 @@ class DroppedPrompt:
             require_int(data, "idx"),
             require_str(data, "task_name"),
             require_str(data, "reason", allow_empty=True),
+            str(data.get("state", DROPPED)),
         )
 
 

@@ -129,6 +129,7 @@ def evaluate(
         timeout=spec.reward.timeout_seconds,
         batched=spec.reward.batched,
         isolation=RewardIsolation.of(os.environ, (e.name for e in spec.runtime_env)),
+        workers=spec.reward.workers,
     )
     try:
         runner.ready()

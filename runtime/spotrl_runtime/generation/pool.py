@@ -33,7 +33,13 @@ version):
 - a request for a version the pool has not been given yet is held until it is, and one for a
   version still queued goes in front of the next version's load;
 - versions are given in increasing order. A request whose version was already replaced on the
-  workers (a group redispatched after its worker died) is generated with the current one.
+  workers (a group redispatched after its worker died) is generated with the current one;
+- a yielding request (``GenerationRequest.yields``: a validation pass) does not hold a load up
+  where another worker can load it. A pass runs on one worker; when the load's sender waits,
+  the pass's requests still queued go to that worker at once, and it is left out of the sync:
+  it is *behind*, finishes its groups on the weights they ask for, takes no new one, and once
+  it holds none is a joiner. With one worker (or every worker holding yielding groups) one
+  worker still loads the version after its groups: the requests for it need a worker holding it.
 
 A worker that starts or restarts after the first version was opened, or whose receive failed
 (its weights are torn), gets no group until :meth:`GenerationPool.sync_joiners` gives it the
@@ -60,12 +66,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from spotrl_runtime.core.step_stats import BusyClock
 from spotrl_runtime.generation.backend import BackendSpec
+from spotrl_runtime.generation.sync_lifecycle import Phase, SenderSync
 from spotrl_runtime.generation.types import GenerationRequest, GroupFailed, GroupLost, GroupOutcome
 from spotrl_runtime.generation.worker import GenerationWorker
 
 if TYPE_CHECKING:
-    pass
+    from spotrl_runtime.generation.weights import ChannelWatch
 
 log = logging.getLogger("spotrl.generation")
 
@@ -113,6 +121,8 @@ class _Opened:
     epoch: int
     members: tuple[str, ...]
     refs: tuple[Any, ...]
+    before: tuple[frozenset[str], ...] = ()
+    """Per member, the groups it held when its receive was sent: it drains them first."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +170,17 @@ class _Worker:
     last_error: str = ""
     info: dict[str, Any] = field(default_factory=dict)
     """What the worker's probe answered (host, pid ...)."""
+    behind: bool = False
+    """Left out of the newest version's sync because it held yielding groups (validation): it
+    finishes its groups on its weights, takes no new one, and turns joiner once it holds none."""
+    yielding: set[str] = field(default_factory=set)
+    """Ids of the yielding groups it holds (:attr:`GenerationRequest.yields`)."""
+    loads: int = 0
+    """Weight receives sent to it and not yet answered."""
+    after_load: set[str] = field(default_factory=set)
+    """Groups submitted behind a pending receive: they wait for it, not generating yet."""
+    clock: BusyClock = field(default_factory=BusyClock)
+    """When it generated (held groups not waiting for a receive), for the idle share."""
 
 
 class _Refusal:
@@ -252,6 +273,8 @@ class GenerationPool:
         self._epoch = 0
         self._channel_key: tuple[Any, ...] = ()
         """(sender's host, port, members) of the current epoch: a change forms a new epoch."""
+        self._watcher: ChannelWatch | None = None
+        """A client of a remote sender's store (a trainer group's rank 0) for the sync's lifecycle."""
         self._calls: dict[Any, _Call] = {}
         self._assigned: dict[str, str] = {}
         self._outbox: list[GroupOutcome] = []
@@ -359,7 +382,7 @@ class GenerationPool:
             opened = self._wait_opened(version, cancelled, waiting)
         if opened is None or isinstance(opened, str):
             raise WeightSyncCancelledError(f"the sync of weight version {version} was cancelled before it began")
-        return self._send(opened, sender, started, cancelled)
+        return self._send(opened, sender, started, cancelled, waiting)
 
     def sync_joiners(self, sender: Any, version: int, cancelled: Callable[[], bool] | None = None) -> SyncResult | None:
         """Gives ``version`` (the sender's weights now, at least the newest opened) to the ready
@@ -424,6 +447,15 @@ class GenerationPool:
         with self._lock:
             return dict(self._assigned)
 
+    def busy_seconds(self, start: float, end: float) -> dict[str, float]:
+        """Per worker (every one the pool runs, dead or restarting included): the seconds it
+        generated between ``start`` and ``end`` (``time.monotonic()``), as the pool saw it: from
+        a group's submit to its outcome, less the time groups waited behind a weight receive.
+        Forgets what ended before ``start``: ask for consecutive windows."""
+        with self._lock:
+            self._clock()
+            return {w.worker_id: w.clock.busy_seconds(start, end) for w in self._workers.values()}
+
     def in_flight(self) -> int:
         """Groups sent to workers and not yet reported."""
         with self._lock:
@@ -456,6 +488,7 @@ class GenerationPool:
                     "paused": w.info.get("pid") in self._paused,
                     "weight_version": w.weight_version,
                     "synced": w.synced,
+                    "behind": w.behind,
                     "restarts": w.restarts,
                     "generated": w.generated,
                     "lost": w.lost,
@@ -548,8 +581,11 @@ class GenerationPool:
         worker.ready = False
         worker.weight_version = 0
         worker.failed_syncs = 0
-        worker.seq = worker.ordered = 0
+        worker.seq = worker.ordered = worker.loads = 0
         worker.collecting = None
+        worker.behind = False
+        worker.yielding.clear()
+        worker.after_load.clear()
         probe = worker.actor.info.remote()
         self._calls[probe] = _Call("probe", worker.worker_id)
         worker.calls.add(probe)
@@ -578,55 +614,122 @@ class GenerationPool:
 
     def _dispatch(self) -> None:
         """Sends the queue's head: a version is opened (when its sender waits for it), requests
-        go to the least busy synced workers with room, in submits that never cross a load."""
+        go to the least busy synced workers with room, in submits that never cross a load.
+        Yielding groups (validation) do not hold a load up: see :meth:`_members`."""
         if self._frozen:
             return
+        if self._sending is not None:
+            self._release_yielding()
         while self._queue:
             head = self._queue[0]
             if isinstance(head, _Load):
                 if self._sending != head.version:
-                    return  # its sender is not there yet: nothing after it may go first
+                    break  # its sender is not there yet: nothing after it may go first
                 self._queue.popleft()
                 self._current = head.version
-                members = tuple(w.worker_id for w in self._workers.values() if w.alive and w.ready and w.synced)
-                self._opened = self._open(head.version, members, self._sender)
+                self._opened = self._open(head.version, self._members(head.version), self._sender)
                 continue
             if not self._dispatch_requests():
-                return
+                break
+        self._clock()
+
+    def _takes_groups(self, w: _Worker) -> bool:
+        """Holds the newest opened version (or the initial weights): it may be sent groups."""
+        return w.alive and w.ready and w.synced and not w.behind
+
+    def _members(self, version: int) -> tuple[str, ...]:
+        """The workers that load ``version`` now. One holding yielding groups is left out (it
+        falls behind: finishes them on its weights, then joins), as long as another loads it:
+        the groups that ask for ``version`` need a worker holding it (a joiner could only be
+        given a newer one), so when every worker holds yielding groups, the one holding the
+        fewest loads it after them."""
+        candidates = [w for w in self._workers.values() if self._takes_groups(w)]
+        members = [w for w in candidates if not w.yielding]
+        if not members and candidates:
+            members = [min(candidates, key=lambda w: len(w.yielding))]
+        for w in candidates:
+            if w not in members:
+                w.behind = True
+                log.info(
+                    "generation worker %s finishes %d validation group(s) on weight version %d outside the sync "
+                    "of version %d, and joins after",
+                    w.worker_id,
+                    len(w.yielding),
+                    w.weight_version,
+                    version,
+                )
+        return tuple(w.worker_id for w in members)
+
+    def _release_yielding(self) -> None:
+        """When a load's sender waits: the yielding requests queued before the load go at once,
+        beyond the budget (the engine queues them), to the worker holding the most yielding
+        groups (else the least busy), which falls behind at the load (:meth:`_members`). Not
+        with one worker: it loads the version, so it must take them first."""
+        loads = (i for i, item in enumerate(self._queue) if isinstance(item, _Load) and item.version == self._sending)
+        end = next(loads, None)
+        candidates = [w for w in self._workers.values() if self._takes_groups(w)]
+        if end is None or len(candidates) < 2:
+            return
+        early = [r for r in list(self._queue)[:end] if isinstance(r, GenerationRequest) and r.yields]
+        worker = max(candidates, key=lambda w: (len(w.yielding), -len(w.in_flight)))
+        if not early or worker.ordered >= MAX_ORDERED_CALLS:
+            return
+        for request in early:
+            self._queue.remove(request)
+        self._submit(worker, early)
 
     def _dispatch_requests(self) -> bool:
         """Sends the requests at the queue's head (up to the next load), each to the synced
-        worker holding the fewest groups with room for it, one submit per worker. True when a
-        load is now at the head."""
+        worker holding the fewest groups with room for it, one submit per worker. Yielding
+        requests go to a worker that already holds some, if any (a pass runs on one worker,
+        the others stay free to load), and wait for its room without holding up the requests
+        behind them. True when a load is now at the head."""
         batches: dict[str, list[GenerationRequest]] = {}
+        waiting: list[GenerationRequest] = []
         while self._queue and isinstance(self._queue[0], GenerationRequest):
             request = self._queue[0]
             room = [
                 w
                 for w in self._workers.values()
-                if w.alive
-                and w.ready
-                and w.synced
+                if self._takes_groups(w)
                 and (w.worker_id in batches or w.ordered < MAX_ORDERED_CALLS)
                 and self._has_room(w, request)
             ]
+            if request.yields and any(w.yielding for w in self._workers.values() if self._takes_groups(w)):
+                room = [w for w in room if w.yielding]
             if not room:
-                break
+                if not request.yields:
+                    break
+                waiting.append(request)
+                self._queue.popleft()
+                continue
             worker = min(room, key=lambda w: len(w.in_flight))
             self._queue.popleft()
             batches.setdefault(worker.worker_id, []).append(request)
             worker.in_flight[request.group_id] = _tokens(request)
-            worker.peak_in_flight = max(worker.peak_in_flight, len(worker.in_flight))
-            self._assigned[request.group_id] = worker.worker_id
+            if request.yields:
+                worker.yielding.add(request.group_id)
+        self._queue.extendleft(reversed(waiting))
         for worker_id, batch in batches.items():
-            worker = self._workers[worker_id]
-            ref = worker.actor.submit.remote(worker.seq, batch)
-            worker.seq += 1
-            worker.ordered += 1
-            self._calls[ref] = _Call("submit", worker_id, tuple(r.group_id for r in batch))
-            worker.calls.add(ref)
-            self._collect(worker)
+            self._submit(self._workers[worker_id], batch)
         return bool(self._queue) and isinstance(self._queue[0], _Load)
+
+    def _submit(self, worker: _Worker, batch: list[GenerationRequest]) -> None:
+        """Sends ``batch`` to ``worker`` in one ordered call."""
+        for request in batch:
+            worker.in_flight[request.group_id] = _tokens(request)
+            self._assigned[request.group_id] = worker.worker_id
+            if request.yields:
+                worker.yielding.add(request.group_id)
+            if worker.loads:
+                worker.after_load.add(request.group_id)
+        worker.peak_in_flight = max(worker.peak_in_flight, len(worker.in_flight))
+        ref = worker.actor.submit.remote(worker.seq, batch)
+        worker.seq += 1
+        worker.ordered += 1
+        self._calls[ref] = _Call("submit", worker.worker_id, tuple(r.group_id for r in batch))
+        worker.calls.add(ref)
+        self._collect(worker)
 
     def _has_room(self, worker: _Worker, request: GenerationRequest) -> bool:
         return has_room(worker.in_flight.values(), _tokens(request), self.max_in_flight_groups, worker.kv_cache_tokens)
@@ -649,17 +752,20 @@ class GenerationPool:
             self._channel_key = key
         plan = sender.plan.to_dict()
         refs = []
+        before = []
         ranks = self.spec.tensor_parallel_size  # channel ranks per member: one per engine rank
         for i, worker_id in enumerate(members):
             worker = self._workers[worker_id]
+            before.append(frozenset(worker.in_flight))
             address = channel.address(self._epoch, len(members) * ranks + 1, 1 + i * ranks).to_dict()
             ref = worker.actor.receive_weights.remote(worker.seq, address, plan, version)
             worker.seq += 1
             worker.ordered += 1
+            worker.loads += 1
             self._calls[ref] = _Call("load", worker_id, version=version)
             worker.calls.add(ref)
             refs.append(ref)
-        return _Opened(version, self._epoch, members, tuple(refs))
+        return _Opened(version, self._epoch, members, tuple(refs), tuple(before))
 
     def _wait_opened(
         self, version: int, cancelled: Callable[[], bool] | None, waiting: Callable[[], None] | None = None
@@ -694,27 +800,104 @@ class GenerationPool:
                     self._complete(ref)
                 self._dispatch()
 
-    def _send(self, opened: _Opened, sender: Any, started: float, cancelled: Callable[[], bool] | None) -> SyncResult:
-        """The sender's half of an opened version, then the members' answers (each within the
-        channel's timeout: a member that does not answer is replaced)."""
+    def _announce(
+        self,
+        opened: _Opened,
+        channel: Any,
+        cancelled: Callable[[], bool] | None,
+        waiting: Callable[[], None] | None = None,
+    ) -> SenderSync:
+        """The sync's announce phase (:mod:`~spotrl_runtime.generation.sync_lifecycle`): the
+        members drain and announce, the pool driving its calls meanwhile (``waiting``: the
+        trainer's chores). A member lost or too slow ends the epoch: a slow one is replaced,
+        as a dead one was; the others' receives end at once (the epoch's abort). A cancel
+        (a barrier) raises."""
+        from spotrl_runtime.generation.weights import WeightSyncCancelledError, await_announcements
+
+        ranks = self.spec.tensor_parallel_size
+        members = {m: tuple(range(1 + i * ranks, 1 + (i + 1) * ranks)) for i, m in enumerate(opened.members)}
+        sync = SenderSync(opened.epoch, opened.version, members, channel.timeout)
+        await_announcements(self._watch(channel), sync, look=lambda: self._look(opened, waiting), cancelled=cancelled)
+        if sync.phase in (Phase.CANCELLED, Phase.FAILED):
+            with self._lock:
+                self._channel_key = ()  # the next sync forms a new epoch, of the healthy members
+                for member in sync.culprits:
+                    if opened.refs[opened.members.index(member)] in self._calls:  # alive, too slow
+                        self._worker_lost(self._workers[member], f"weight sync: {sync.reason}")
+        if sync.phase is Phase.CANCELLED:
+            raise WeightSyncCancelledError(f"the sync of weight version {opened.version} was cancelled")
+        return sync
+
+    def _look(self, opened: _Opened, waiting: Callable[[], None] | None) -> tuple[set[str], dict[str, str]]:
+        """Drives the calls in flight for up to 0.1 s; then which members still drain (hold
+        groups they held when their receive was sent) and which were lost (their receive
+        ended: the worker died, or it refused)."""
+        import ray
+
+        if waiting is not None:
+            waiting()
+        with self._lock:
+            pending = list(self._calls)
+        done = ray.wait(pending, num_returns=1, timeout=0.1)[0] if pending else []
+        with self._lock:
+            for ref in done:
+                self._complete(ref)
+            self._dispatch()
+            draining, lost = set(), {}
+            for member, ref, held in zip(opened.members, opened.refs, opened.before, strict=True):
+                worker = self._workers[member]
+                if ref not in self._calls:
+                    lost[member] = worker.last_error or "its weight receive ended before the sync began"
+                elif held & worker.in_flight.keys():
+                    draining.add(member)
+        if not pending:
+            time.sleep(0.01)
+        return draining, lost
+
+    def _watch(self, channel: Any) -> ChannelWatch:
+        """A client of the channel's store for the lifecycle's keys (one per sender)."""
+        from spotrl_runtime.generation.weights import ChannelWatch
+
+        own = getattr(channel, "watch", None)  # a ChannelHost in this process has one
+        if isinstance(own, ChannelWatch):
+            return own
+        if self._watcher is None or self._watcher.at != (channel.host, channel.port):
+            self._watcher = ChannelWatch(channel.host, channel.port, channel.timeout)
+        return self._watcher
+
+    def _send(
+        self,
+        opened: _Opened,
+        sender: Any,
+        started: float,
+        cancelled: Callable[[], bool] | None,
+        waiting: Callable[[], None] | None = None,
+    ) -> SyncResult:
+        """An opened version's lifecycle: the members' announcements (their drain), the
+        sender's half, then the members' answers (each within the channel's timeout: a member
+        that does not answer is replaced)."""
         import ray
 
         from spotrl_runtime.generation.weights import WeightSyncCancelledError, WeightSyncError
 
         if not opened.members:
             return SyncResult(opened.version, time.monotonic() - started, 0, 0)
-        failed = ""
+        announce = self._announce(opened, sender.channel, cancelled, waiting)
+        failed = announce.reason if announce.phase is Phase.FAILED else ""
         sent = 0
         refused = _Refusal(opened.refs)
         try:
-            sent = sender.send(
-                opened.epoch,
-                len(opened.members) * self.spec.tensor_parallel_size + 1,
-                opened.version,
-                lambda: (cancelled is not None and cancelled()) or refused(),
-            )
+            if not failed:  # every member announced: the sender's clock starts now
+                sent = sender.send(
+                    opened.epoch,
+                    len(opened.members) * self.spec.tensor_parallel_size + 1,
+                    opened.version,
+                    lambda: (cancelled is not None and cancelled()) or refused(),
+                )
         except WeightSyncError as err:
             if isinstance(err, WeightSyncCancelledError) and not refused.seen:
+                with self._lock:
+                    self._channel_key = ()
                 raise
             failed = refused.seen or str(err)
             with self._lock:
@@ -758,6 +941,7 @@ class GenerationPool:
         except Exception as err:
             self._settle(ref)
             self._failed(worker, call, err)
+            self._clock()
             return
         self._settle(ref)
         if call.kind == "probe":
@@ -769,6 +953,14 @@ class GenerationPool:
         elif call.kind == "collect":
             self._report(worker, value)
             self._collect(worker)
+        self._clock()
+
+    def _clock(self) -> None:
+        """Marks on each worker's clock whether it generates now: alive and holding a group
+        that does not wait for a receive. Called after every change of what workers hold."""
+        now = time.monotonic()
+        for w in self._workers.values():
+            w.clock.mark(w.alive and any(g not in w.after_load for g in w.in_flight), now)
 
     def _failed(self, worker: _Worker, call: _Call, err: Exception) -> None:
         """A call that raised in a live worker."""
@@ -776,15 +968,18 @@ class GenerationPool:
             for gid in call.group_ids:
                 worker.in_flight.pop(gid, None)
                 self._assigned.pop(gid, None)
+            self._held_less(worker)
             error = f"{type(err).__name__}: {err}"
             self._outbox.extend(GroupFailed(gid, error, worker.worker_id) for gid in call.group_ids)
         elif call.kind == "collect":
             self._worker_lost(worker, f"collect failed: {err}")
-        elif call.kind == "load" and worker.failed_syncs + 1 < MAX_FAILED_SYNCS:
+        elif call.kind == "load" and (_ended_by_sender(err) or worker.failed_syncs + 1 < MAX_FAILED_SYNCS):
             # Alive with torn weights: it generates nothing (the groups submitted after the
-            # receive come back lost) until a joiner's sync gives it a whole version.
-            worker.failed_syncs += 1
+            # receive come back lost) until a joiner's sync gives it a whole version. A receive
+            # the sender ended (another member lost, a barrier) is no fault of this worker's.
+            worker.failed_syncs += 0 if _ended_by_sender(err) else 1
             worker.synced = False
+            self._channel_key = ()  # its epoch is over (its group destroyed): the next sync forms a new one
             worker.last_error = f"weight receive failed: {str(err).splitlines()[0][:300]}"
         elif call.kind != "abort":
             worker.last_error = f"{'receive_weights' if call.kind == 'load' else 'info'} failed: {err}"
@@ -818,6 +1013,16 @@ class GenerationPool:
             elif hasattr(outcome, "samples"):
                 worker.generated += 1
             self._outbox.append(outcome)
+        self._held_less(worker)
+
+    def _held_less(self, worker: _Worker) -> None:
+        """Some of the worker's groups were reported: a worker behind that holds none now
+        turns joiner (it gets the newest version from :meth:`sync_joiners`)."""
+        worker.yielding &= worker.in_flight.keys()
+        worker.after_load &= worker.in_flight.keys()
+        if worker.behind and not worker.in_flight:
+            worker.behind = False
+            worker.synced = False
 
     def _settle(self, ref: Any) -> None:
         call = self._calls.pop(ref)
@@ -825,6 +1030,10 @@ class GenerationPool:
         worker.calls.discard(ref)
         if call.kind in ("submit", "load"):
             worker.ordered -= 1
+        if call.kind == "load":
+            worker.loads -= 1
+            if not worker.loads:
+                worker.after_load.clear()  # the receive is done: they generate now
         elif call.kind == "collect":
             worker.collecting = None
 
@@ -844,6 +1053,7 @@ class GenerationPool:
             self._assigned.pop(gid, None)
         worker.in_flight.clear()
         worker.ready = False
+        self._clock()
         ray.kill(worker.actor, no_restart=True)
         restarts_left = self.max_restarts is None or worker.restarts < self.max_restarts
         again = restarts_left and worker.start_failures < self.max_start_failures
@@ -862,6 +1072,14 @@ class GenerationPool:
             if self._workers and not any(w.alive for w in self._workers.values()):
                 reasons = "; ".join(f"{w.worker_id}: {w.last_error}" for w in self._workers.values())
                 raise GenerationPoolError(f"every generation worker is dead and out of restarts ({reasons})")
+
+
+def _ended_by_sender(err: BaseException) -> bool:
+    """Whether a worker's receive raised because the sender ended the epoch (Ray's task error
+    carries the worker's exception as its ``cause``)."""
+    from spotrl_runtime.generation.weights import WeightSyncCancelledError
+
+    return isinstance(getattr(err, "cause", None), WeightSyncCancelledError)
 
 
 def _tokens(request: GenerationRequest) -> int:

@@ -44,7 +44,7 @@ STATE_FORMAT = 1
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    """The trainer's hyperparameters (``spec.training``, plus the sampling temperature)."""
+    """The trainer's hyperparameters (``spec.training``, plus the sampling temperature and top-p)."""
 
     learning_rate: float = 1e-5
     weight_decay: float = 0.0
@@ -56,6 +56,9 @@ class TrainerConfig:
     """A micro-batch's padded tokens at most (rows times its longest row); None: rows alone decide."""
     temperature: float = 1.0
     """The generation temperature: the trainer's log-probs are taken at the same temperature."""
+    top_p: float = 1.0
+    """The generation top-p: the trainer's log-probs are taken over the same nucleus, the top-p
+    nucleus of its own logits at ``temperature``, renormalised (:mod:`~spotrl_runtime.training.logprobs`)."""
     seed: int = 0
     warmup_steps: int = 0
     """Linear learning-rate warmup over this many steps. A fresh AdamW's first updates move every
@@ -75,7 +78,7 @@ class TrainerConfig:
 
     @classmethod
     def from_rljob(cls, spec: Any) -> TrainerConfig:
-        """From ``RLJob.spec`` (its ``training`` and ``generation.temperature``)."""
+        """From ``RLJob.spec`` (its ``training``, ``generation.temperature`` and ``generation.topP``)."""
         t = spec.training
         return cls(
             learning_rate=t.learning_rate,
@@ -86,6 +89,7 @@ class TrainerConfig:
             micro_batch_size=t.micro_batch_size,
             micro_batch_tokens=t.micro_batch_tokens,
             temperature=spec.generation.temperature,
+            top_p=spec.generation.top_p,
             seed=t.seed,
             warmup_steps=t.warmup_steps,
             schedule=t.lr_schedule,
@@ -306,14 +310,15 @@ class Trainer:
         )
         fresh = torch.tensor([r.weight_version == self.step for r in rows]).repeat_interleave(torch.tensor(per_row))
         with precision.autocast(self.device, self.compute_dtype):
-            logprobs, entropy = lp.call(self.model, batch, self.config.temperature)
+            sampling = (self.config.temperature, self.config.top_p)
+            logprobs, entropy = lp.call(self.model, batch, *sampling)
             reference = None
             if self.reference is not None:
                 with torch.no_grad():
-                    reference, _ = lp.call(self.reference, batch, self.config.temperature)
+                    reference, _ = lp.call(self.reference, batch, *sampling)
             elif self.adapter is not None and self.config.kl_coef > 0:
                 with torch.no_grad(), lora.base_only(self.model):
-                    reference, _ = lp.call(self.model, batch, self.config.temperature)
+                    reference, _ = lp.call(self.model, batch, *sampling)
         tokens = Tokens(
             logprobs=logprobs,
             proximal=logprobs.detach(),
@@ -340,16 +345,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
 
-    def weight_sender(self, bucket_bytes: int, timeout: float) -> Any:
+    def weight_sender(self, bucket_bytes: int, timeout: float, transport: str = "gloo") -> Any:
         """The weight channel's sender of this trainer's live weights (never copied whole: each
-        bucket is cast to the compute dtype as it is packed), served from this process."""
+        bucket is cast to the compute dtype as it is packed), served from this process.
+        ``transport``: what the workers' places need (:mod:`~spotrl_runtime.generation.transport`)."""
         from spotrl_runtime.generation.weights import ChannelHost, WeightSender, channel_host_address
 
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        channel = ChannelHost(channel_host_address(), backend=backend, timeout=timeout)
+        channel = ChannelHost(channel_host_address(), backend=transport, timeout=timeout)
         dtype = str(self.compute_dtype).removeprefix("torch.")
+        # The trainer's own GPU (cuda:N): NCCL's buffers must be on the GPU it trains on.
         return WeightSender(
-            lambda: self.trained_state(keep_vars=True), dtype, channel, bucket_bytes, device=self.device.type
+            lambda: self.trained_state(keep_vars=True), dtype, channel, bucket_bytes, device=str(self.device)
         )
 
     def trained_state(self, *, keep_vars: bool = False) -> dict[str, torch.Tensor]:

@@ -288,8 +288,15 @@ def test_a_dead_generation_worker_is_replaced_without_a_restore(
     # workers, else with the current ones; either way the steps count exactly what happened.
     from spotrl_runtime.controller.audit_store import AuditStore
 
-    counted = sum(d["version_mismatches"] for d in AuditStore(open_storage(str(storage))).documents())
+    docs = AuditStore(open_storage(str(storage))).documents()
+    counted = sum(d["version_mismatches"] for d in docs)
     assert counted == s["stats"]["version_mismatches"] <= s["stats"]["groups_lost_redispatched"], s["stats"]
+    # Each step says how idle the two workers were, the mean and the idlest; one worker held its
+    # batch five minutes (the failpoint) and was killed: the step that waited for it reports
+    # the survivor's idling beside it, and the dead one's restart.
+    shares = [(d["generation_idle_share"], d["generation_idle_share_max"]) for d in docs]
+    assert all(0 <= mean <= most <= 1 for mean, most in shares), shares
+    assert any(mean < most for mean, most in shares), shares
     assert_same_trainer_state(storage, runs.base / "baseline")  # unless a group was counted above
 
 

@@ -41,7 +41,11 @@ def test_a_short_run_learns(baseline: list[tuple[int, list[int]]], runs: Runs) -
         assert 0 <= d["padding_share"] < 1
         assert 0 <= d["frac_reward_zero_std"] <= 1
         assert d["reward_errors"] == 0
+        # One worker: the mean over the workers is the idlest one's (core/step_stats.py).
+        assert 0 <= d["generation_idle_share"] == d["generation_idle_share_max"] <= 1
     assert sum(d["generation_tokens_per_second"] for d in docs) > 0
+    # The worker waits for the trainer some of each step (lookahead 1), and generates some.
+    assert 0 < sum(d["generation_idle_share"] for d in docs) < len(docs), [d["generation_idle_share"] for d in docs]
     # lookahead 1: most rows were generated one version behind, and their gap is reported apart.
     assert [d for d in docs if "rollout_probs_diff_stale_mean" in d], "stale rows measured"
     # The tiny policy rambles past its answers at first (clipped at 8 tokens) and learns to stop.
@@ -73,6 +77,10 @@ def test_metrics_and_a_barrier_over_http(runs: Runs, tmp_path: Path) -> None:
     assert 'spotrl_restore_groups_discarded_total{job="tiny"} 0.0' in metrics
     for name in ("accuracy", "response_length_mean", "response_clip_ratio", "grad_norm", "clip_fraction", "kl"):
         assert re.search(rf'^spotrl_{name}\{{job="tiny"\}} \S+$', metrics, re.M), name
+    for name in ("generation_idle_share", "generation_idle_share_max"):
+        share = re.search(rf'^spotrl_{name}\{{job="tiny"\}} (\S+)$', metrics, re.M)
+        assert share is not None, name
+        assert 0 <= float(share.group(1)) <= 1, name
 
     status = json.loads(urllib.request.urlopen(f"{base}/status", timeout=10).read())
     assert [w["alive"] for w in status["generation_workers"]] == [True] * len(status["generation_workers"]) != []
@@ -162,7 +170,7 @@ def test_a_reward_that_raises_or_hangs_drops_its_groups_with_the_reason(runs: Ru
     )
     job = runs.job(
         {
-            "reward": {"importPath": "flaky_reward:score", "timeoutSeconds": 1, "onError": "drop"},
+            "reward": {"importPath": "flaky_reward:score", "timeoutSeconds": 1, "onError": "drop", "workers": 2},
             "training.totalSteps": 2,
             "preemption.onDroppedPrompt": "replace",
             "preemption.sparePoolBatches": 2,

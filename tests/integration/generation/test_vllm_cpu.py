@@ -23,11 +23,12 @@ import torch
 
 from spotrl_runtime import failpoints
 from spotrl_runtime.generation import BackendSpec, GenerationRequest, GroupLost, GroupOutcome, sampling_logprobs
-from spotrl_runtime.generation.types import FINISH_LENGTH, FINISH_STOP, GroupGenerated
+from spotrl_runtime.generation.types import FINISH_LENGTH, FINISH_STOP, GroupFailed, GroupGenerated
 from spotrl_runtime.generation.vllm_backend import VLLMBackend
 from spotrl_runtime.generation.weights import give_weights
 from spotrl_runtime.generation.worker import GenerationWorker
 from spotrl_runtime.models import load_policy, resolve_model_dir
+from spotrl_runtime.training import logprobs as lp
 from spotrl_runtime.vllm_build import vllm_build
 
 pytestmark = pytest.mark.skipif(
@@ -160,6 +161,28 @@ def test_logprobs_match_the_trainers_forward_pass(engine: VLLMBackend, reference
     gap = _worst_gap(model, engine.generate(_requests(tok)))
     print(f"vLLM CPU float32: worst per-token log-prob gap against the trainer {gap:.2e}")
     assert gap < GAP_BOUND
+
+
+def test_at_top_p_the_trainers_logprobs_are_vllms(engine: VLLMBackend, reference: tuple[Any, Any]) -> None:
+    """vLLM returns log-probs renormalised over the top-p nucleus; the trainer takes its own the
+    same way (the nucleus of its own logits), so they agree to float32 rounding. The full softmax
+    (the trainer before it took top-p) is off by the nucleus' log-mass, up to -log(0.9)."""
+    model, tok = reference
+    requests = [
+        GenerationRequest(f"p{i}", tuple(tok(p)["input_ids"]), 8, 8, temperature=1.0, top_p=0.9, seed=i)
+        for i, p in enumerate(PROMPTS)
+    ]
+    results = engine.generate(requests)
+    generated = torch.tensor([x for r in results for s in r.samples for x in s.logprobs])
+    batch = lp.token_batch([(r.prompt_token_ids, s.completion_token_ids) for r in results for s in r.samples], 0, "cpu")
+    with torch.no_grad():
+        trainer, _ = lp.call(model, batch, 1.0, 0.9)
+        full, _ = lp.call(model, batch, 1.0, 1.0)
+    gap = float((generated - trainer).abs().max())
+    print(f"vLLM CPU top-p 0.9: worst log-prob gap {gap:.2e}, full softmax {float((generated - full).abs().max()):.2e}")
+    assert torch.isfinite(trainer).all(), "a sampled token outside the trainer's nucleus"
+    assert gap < GAP_BOUND
+    assert float((generated - full).abs().max()) > 100 * GAP_BOUND
 
 
 def test_reloaded_weights_arrive_and_a_skipped_or_wrong_sync_shows(
@@ -323,3 +346,25 @@ def test_an_abort_leaves_no_group_behind_and_redispatched_groups_generate_as_bef
     # Redispatched under the same ids, they generate what they would have without the abort.
     again = [r for r in requests if r.group_id in lost]
     assert {r.group_id: r.samples for r in engine.generate(again)} == {g: expected[g] for g in lost}
+
+
+def test_a_request_the_engine_refuses_fails_alone(engine: VLLMBackend, reference: tuple[Any, Any]) -> None:
+    """vLLM refuses a prompt longer than its context (tiny-arith's 64 positions) in
+    ``add_request``: through a worker, that group alone comes back failed, with vLLM's reason;
+    the groups beside it generate what they generate without it."""
+    _, tok = reference
+    requests = _requests(tok)
+    expected = {r.group_id: r.samples for r in engine.generate(requests)}
+    long = GenerationRequest("too-long", tuple(tok("1+2=" * 20)["input_ids"]), 8, 8, seed=7)
+    assert len(long.prompt_token_ids) > 64
+    worker = GenerationWorker(BackendSpec(kind="vllm", model="builtin:tiny-arith"), "w0", backend=engine)
+    try:
+        outcomes = worker.generate([*requests[:2], long, *requests[2:]])
+    finally:
+        worker.stop()
+    assert engine.unfinished() == 0
+    failed = [o for o in outcomes if isinstance(o, GroupFailed)]
+    assert [o.group_id for o in failed] == ["too-long"], outcomes
+    assert "vLLM refused the request" in failed[0].error
+    assert "maximum context length is 64 tokens" in failed[0].error
+    assert {o.group_id: o.samples for o in outcomes if isinstance(o, GroupGenerated)} == expected

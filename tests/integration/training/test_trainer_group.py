@@ -52,9 +52,11 @@ def run_single(cfg: TrainerConfig) -> tuple[list[dict[str, float]], dict[str, to
     return metrics, trainer.policy_state_dict()
 
 
-@pytest.mark.parametrize("kl_coef", [0.0, 0.1], ids=["no-kl", "kl"])
-def test_two_fsdp_ranks_train_what_one_process_trains(ray_session: Any, kl_coef: float) -> None:
-    cfg = config(kl_coef=kl_coef)
+@pytest.mark.parametrize(("kl_coef", "top_p"), [(0.0, 1.0), (0.1, 0.9)], ids=["no-kl", "kl-top-p"])
+def test_two_fsdp_ranks_train_what_one_process_trains(ray_session: Any, kl_coef: float, top_p: float) -> None:
+    """With top-p the ranks take the log-probs over the same nucleus as one process (the random
+    tokens of these groups fall outside it often: the rule for those is the same too)."""
+    cfg = config(kl_coef=kl_coef, top_p=top_p)
     single_metrics, single_weights = run_single(cfg)
     group = TrainerGroup(POLICY, cfg, ranks=2, cpus_per_rank=0.5)
     try:
@@ -68,6 +70,8 @@ def test_two_fsdp_ranks_train_what_one_process_trains(ray_session: Any, kl_coef:
     for one, two in zip(single_metrics, group_metrics, strict=True):
         for key in ("loss", "policy_loss", "kl", "tokens", "groups_zero_variance", "grad_norm", "clip_fraction"):
             assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), (key, one, two)
+        assert two["outside_nucleus_fraction"] == one["outside_nucleus_fraction"]
+        assert (one["outside_nucleus_fraction"] > 0) == (top_p < 1)
     assert single_metrics[0]["tokens"] > 0
     assert single_metrics[-1]["grad_norm"] > 0
     assert set(weights) == set(single_weights)

@@ -51,6 +51,7 @@ def with_(path: str, value: Any, base: dict[str, Any] = MINIMAL) -> dict[str, An
 DELETE = object()
 
 _GPU_TRAINING = {"totalSteps": 3, "resources": {"gpu": 1}}
+_VLLM_TP2 = {"backend": "vllm", "tensorParallelSize": 2, "resources": {"gpu": 2}}
 
 GOOD = {
     "minimal": MINIMAL,
@@ -59,6 +60,12 @@ GOOD = {
         {"backend": "vllm", "workers": 2, "tensorParallelSize": 2, "maxModelLen": 4096, "resources": {"gpu": 2}},
         with_("spec.training", _GPU_TRAINING),
     ),
+    "lora-with-vllm-on-one-gpu": with_(
+        "spec.policy.lora",
+        {"rank": 16},
+        with_("spec.generation", {**_VLLM_TP2, "tensorParallelSize": 1, "resources": {"gpu": 1}}),
+    ),
+    "tensor-parallel-vllm-without-lora": with_("spec.generation", _VLLM_TP2),
     "validation": with_("spec.validation", {"dataset": "builtin:arithmetic", "everySteps": 5, "limit": 32}),
     "vllm-with-gpu": with_("spec.generation", {"backend": "vllm", "resources": {"gpu": 1}}),
     "truncated-importance-sampling": with_("spec.training", {"totalSteps": 5, "importanceSamplingCap": 2.0}),
@@ -68,6 +75,10 @@ GOOD = {
         "spec.reward", {"importPath": "my_pkg.rewards:judge", "batched": True, "timeoutSeconds": 120}
     ),
     "math-verify-reward": with_("spec.reward", {"name": "math_verify", "timeoutSeconds": 5}),
+    "reward-workers": with_("spec.reward", {"name": "math_verify", "workers": 4}),
+    "batched-reward-one-worker": with_(
+        "spec.reward", {"importPath": "my_pkg.rewards:judge", "batched": True, "workers": 1}
+    ),
     "chat-prompts": with_(
         "spec.dataset",
         {"uri": "s3://b/gsm8k/train.parquet", "promptField": "messages", "promptFormat": "chat", "systemPrompt": "Hi"},
@@ -140,8 +151,16 @@ BAD = {
         with_("spec.generation", {"backend": "vllm", "tensorParallelSize": 2, "resources": {"gpu": 1}}),
         "spec.generation.resources.gpu",
     ),
+    "max-model-len-not-above-max-new-tokens": (
+        with_("spec.generation", {"maxModelLen": 64, "maxNewTokens": 64}),
+        "spec.generation.maxModelLen",
+    ),
     "tensor-parallel-transformers": (
         with_("spec.generation", {"tensorParallelSize": 2}),
+        "spec.generation.tensorParallelSize",
+    ),
+    "lora-with-tensor-parallel-vllm": (
+        with_("spec.policy.lora", {"rank": 16}, with_("spec.generation", _VLLM_TP2)),
         "spec.generation.tensorParallelSize",
     ),
     "fsdp-ranks-in-pod-without-their-gpus": (
@@ -198,6 +217,11 @@ BAD = {
         "spec.dataset.promptFormat",
     ),
     "batched-builtin-reward": (with_("spec.reward", {"name": "gsm8k", "batched": True}), "spec.reward.batched"),
+    "batched-reward-with-workers": (
+        with_("spec.reward", {"importPath": "my_pkg.rewards:judge", "batched": True, "workers": 2}),
+        "spec.reward.workers",
+    ),
+    "reward-workers-zero": (with_("spec.reward", {"name": "gsm8k", "workers": 0}), "spec.reward.workers"),
     "reward-timeout-zero": (with_("spec.reward", {"name": "gsm8k", "timeoutSeconds": 0}), "spec.reward.timeoutSeconds"),
     "bad-import-path": (with_("spec.reward", {"importPath": "not a path"}), "spec.reward.importPath"),
     "no-periodic-cuts": (
@@ -323,6 +347,18 @@ def test_bad_documents_are_rejected_by_both_naming_the_field(crd: dict[str, Any]
     # The schema names a missing or unknown field by its parent object, so accept the parent.
     parent = field.rsplit(".", 1)[0]
     assert any(p.startswith(field) or p == parent for p in server_paths), (server_paths, field)
+
+
+def test_lora_with_tensor_parallelism_is_refused_naming_both_fields_and_what_to_do(crd: dict[str, Any]) -> None:
+    """The adapter reaches a worker once, a tensor-parallel engine is a channel member per rank:
+    such a job would never sync, so both validators refuse it with one message."""
+    doc, _ = BAD["lora-with-tensor-parallel-vllm"]
+    with pytest.raises(SpecError) as info:
+        parse_rljob(doc)
+    (server_msg,) = [m for _, m in api_server_errors(crd, doc)]
+    assert server_msg in [m for _, m in info.value.problems]
+    for words in ("policy.lora", "generation.tensorParallelSize", "set generation.tensorParallelSize to 1"):
+        assert words in server_msg
 
 
 def test_rule_messages_are_identical_in_model_and_crd(crd: dict[str, Any]) -> None:
