@@ -184,6 +184,12 @@ def audit(storage: Path, *extra: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.stdout.splitlines()]
 
 
+def audit_summary(storage: Path) -> dict[str, Any]:
+    """`spotrl audit --summary --json` of a run: its accounting and the rollout gap."""
+    (summary,) = audit(storage, "--summary", "--json")
+    return summary
+
+
 def verify(job: Path, root: Path) -> subprocess.CompletedProcess[str]:
     """`spotrl ckpt verify ROOT -f JOB --json`: the newest cut of a store, against its job."""
     cmd = [sys.executable, "-m", "spotrl_runtime.cli", "ckpt", "verify", str(root), "-f", str(job), "--json"]

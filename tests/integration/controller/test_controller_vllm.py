@@ -8,16 +8,23 @@ not a test per stop: each vLLM start costs about a minute here.
 
 from __future__ import annotations
 
-import json
 import platform
 import signal
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-from controller_runs import Runs, audit, chat_example, kill_rng, killed_in_step, newest_cut, stop, stream, wait_for
+from controller_runs import (
+    Runs,
+    audit,
+    audit_summary,
+    chat_example,
+    kill_rng,
+    killed_in_step,
+    newest_cut,
+    stop,
+    stream,
+    wait_for,
+)
 
 from spotrl_runtime.vllm_build import vllm_build
 
@@ -35,21 +42,10 @@ PROBS_DIFF_BOUND = 1e-4
 """float32 on the CPU; measured per step: mean ~1e-7, max under 1e-6."""
 
 
-def _summary(storage: Path) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "spotrl_runtime.cli", "audit", str(storage), "--summary", "--json"],
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 0, out.stderr
-    summary: dict[str, Any] = json.loads(out.stdout)
-    return summary
-
-
 def _assert_the_weights_arrived(storage: Path) -> None:
     """Every step of the effective stream measured the gap, and it is float32 rounding."""
     docs = audit(storage)
-    gap = _summary(storage)["rollout_gap"]
+    gap = audit_summary(storage)["rollout_gap"]
     assert gap["steps"] == len(docs) == 16, gap
     assert 0 <= gap["max"] < PROBS_DIFF_BOUND, gap
     print(f"vLLM CPU run: rollout_probs_diff mean {gap['mean']:.2e}, max {gap['max']:.2e} over {gap['tokens']} tokens")
@@ -95,7 +91,7 @@ def test_stopped_mid_generation_mid_weight_sync_and_killed_it_trains_the_uninter
     assert rc == 0, log
     assert "probs diff" in log, "the run log reports the gap each step"
     assert stream(storage) == baseline
-    summary = _summary(storage)
+    summary = audit_summary(storage)
     assert (summary["prompts_lost"], summary["prompts_trained_twice"], summary["restores"]) == (0, 0, 3), seed
     assert summary["steps_retrained"] <= 1, f"a kill costs at most the step in progress (seed {seed}): {summary}"
     _assert_the_weights_arrived(storage)
@@ -116,7 +112,7 @@ def test_the_chat_example_trains_on_vllm_and_its_weights_arrive(runs: Runs, tmp_
     assert rc == 0, log
     docs = audit(storage)
     assert [d["step"] for d in docs] == [0, 1, 2, 3]
-    gap = _summary(storage)["rollout_gap"]
+    gap = audit_summary(storage)["rollout_gap"]
     assert gap["steps"] == 4, gap
     assert 0 <= gap["max"] < PROBS_DIFF_BOUND, gap
     assert sum(d["reward"] for d in docs) > 0, docs

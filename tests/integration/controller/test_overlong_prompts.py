@@ -7,16 +7,12 @@ resumed, the run filters the same prompts and trains the same stream, exactly on
 
 from __future__ import annotations
 
-import json
 import platform
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from controller_runs import Runs, audit, chat_example, kill_rng, killed_in_step
+from controller_runs import Runs, audit, audit_summary, chat_example, kill_rng, killed_in_step
 
 from spotrl_runtime.vllm_build import vllm_build
 
@@ -45,17 +41,6 @@ def _dataset(tmp: Path) -> Path:
     path = tmp / "train-with-long-problems.parquet"
     pq.write_table(table.set_column(table.schema.get_field_index("question"), "question", [questions]), path)
     return path
-
-
-def _summary(storage: Path) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "spotrl_runtime.cli", "audit", str(storage), "--summary", "--json"],
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 0, out.stderr
-    summary: dict[str, Any] = json.loads(out.stdout)
-    return summary
 
 
 def test_overlong_prompts_are_filtered_at_admission_exactly_once_across_a_kill(runs: Runs, tmp_path: Path) -> None:
@@ -98,7 +83,7 @@ def test_overlong_prompts_are_filtered_at_admission_exactly_once_across_a_kill(r
     assert not any("dropped" in d for d in docs), "no group of another prompt failed"
     for text in (runs.log_of(killed), log):
         assert "dropping group" not in text, "no group failed"
-    summary = _summary(storage)
+    summary = audit_summary(storage)
     assert summary["prompts_filtered"] == len(LONG), summary
     assert (summary["prompts_dropped"], summary["prompts_lost"], summary["prompts_trained_twice"]) == (0, 0, 0)
     assert (summary["steps_missing"], summary["restores"]) == (0, 1), summary
