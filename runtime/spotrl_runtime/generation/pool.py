@@ -829,30 +829,36 @@ class GenerationPool:
         return sync
 
     def _look(self, opened: _Opened, waiting: Callable[[], None] | None) -> tuple[set[str], dict[str, str]]:
-        """Drives the calls in flight for up to 0.1 s; then which members still drain (hold
-        groups they held when their receive was sent) and which were lost (their receive
-        ended: the worker died, or it refused)."""
+        """Drives the calls in flight for up to 0.1 s while a member drains (a group's end wakes
+        it), for 5 ms once none does (the announcements are due: the members' receives, pending
+        until the send, would otherwise hold every sync up by the whole wait); then which members
+        still drain (hold groups they held when their receive was sent) and which were lost
+        (their receive ended: the worker died, or it refused)."""
         import ray
 
         if waiting is not None:
             waiting()
         with self._lock:
             pending = list(self._calls)
-        done = ray.wait(pending, num_returns=1, timeout=0.1)[0] if pending else []
+            drains = any(self._holds_older(opened, i) for i in range(len(opened.members)))
+        done = ray.wait(pending, num_returns=1, timeout=0.1 if drains else 0.005)[0] if pending else []
         with self._lock:
             for ref in done:
                 self._complete(ref)
             self._dispatch()
             draining, lost = set(), {}
-            for member, ref, held in zip(opened.members, opened.refs, opened.before, strict=True):
-                worker = self._workers[member]
+            for i, (member, ref) in enumerate(zip(opened.members, opened.refs, strict=True)):
                 if ref not in self._calls:
-                    lost[member] = worker.last_error or "its weight receive ended before the sync began"
-                elif held & worker.in_flight.keys():
+                    lost[member] = self._workers[member].last_error or "its weight receive ended before the sync began"
+                elif self._holds_older(opened, i):
                     draining.add(member)
         if not pending:
             time.sleep(0.01)
         return draining, lost
+
+    def _holds_older(self, opened: _Opened, i: int) -> bool:
+        """Whether member ``i`` still holds groups it held when its receive was sent."""
+        return bool(opened.before[i] & self._workers[opened.members[i]].in_flight.keys())
 
     def _watch(self, channel: Any) -> ChannelWatch:
         """A client of the channel's store for the lifecycle's keys (one per sender)."""

@@ -912,7 +912,7 @@ class ChannelMember:
                 raise WeightSyncError(sync.reason)
             if phase is not Phase.ANNOUNCE:
                 return
-            time.sleep(0.02)
+            time.sleep(0.005)  # the go is due once every member announced: each sync waits for it
 
     def _ended(self, epoch: int) -> bool:
         try:
