@@ -7,22 +7,11 @@ resumed, the run filters the same prompts and trains the same stream, exactly on
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 from controller_runs import Runs, audit, audit_summary, chat_example, kill_rng, killed_in_step
-
-from spotrl_runtime.vllm_build import vllm_build
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        vllm_build() == "cuda" or platform.machine() != "x86_64",
-        reason="vLLM's CPU build is for x86-64 machines without its CUDA build",
-    ),
-]
+from test_controller_vllm import pytestmark  # noqa: F401 - slow, and only where vLLM's CPU build runs
 
 LONG = (1, 9, 10, 20)
 """Rows made too long. Unshuffled, 8 prompts a step, the spares taken before the first
