@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from spotrl_e2e.forkserver import FORK_VAR, ForkServer
 from spotrl_e2e.nodeagent.config import AgentConfig, NodeSpec
 from spotrl_e2e.nodeagent.node import Node
+from spotrl_e2e.nodeagent.pods import image_env
 
 log = logging.getLogger("nodeagent")
 
@@ -39,6 +42,7 @@ class Agent:
         self._lock = threading.Lock()
         self._control: ThreadingHTTPServer | None = None
         self.ready = threading.Event()
+        self.forkserver: ForkServer | None = None
 
     def add_node(self, spec: NodeSpec, index: int | None = None) -> Node:
         """Starts playing one more Node. ``index`` picks its addresses, 127.0.<index>.0/24; the
@@ -50,12 +54,19 @@ class Agent:
             if not 1 <= index <= 254 or index in {n.index for n in self.nodes.values()}:
                 raise ValueError(f"node index {index} is taken or outside 1..254")
             node = Node(self.config, spec, index)
+            node.forkserver = self.forkserver
             self.nodes[spec.name] = node
         node.start()
         return node
 
     def run(self) -> None:
-        """Starts the control channel and every Node; returns when they are up."""
+        """Starts the control channel and every Node; returns when they are up. Pods that run
+        ``spotrl`` are forked from a warm parent (:mod:`spotrl_e2e.forkserver`), started here on
+        the main thread since it dies with the thread that started it."""
+        if os.environ.get(FORK_VAR, "1") != "0":
+            home = self.workdir / "forkserver"
+            home.mkdir(parents=True, exist_ok=True)
+            self.forkserver = ForkServer(image_env(self.config, home), home, die_with_parent=True)
         self._serve_control()
         for spec in self.config.nodes:
             self.add_node(spec)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from spotrl_e2e.forkserver import ForkServer
 from spotrl_e2e.kube import STRATEGIC, ApiError, Credentials, KubeClient
 from spotrl_e2e.nodeagent.config import AgentConfig, NodeSpec
 from spotrl_e2e.nodeagent.pods import PodWorker, now_rfc3339
@@ -41,6 +42,7 @@ class Node:
 
     def __init__(self, config: AgentConfig, spec: NodeSpec, index: int):
         self.config = config
+        self.forkserver: ForkServer | None = None  # the agent's, set when it adds the node
         self.spec = spec
         self.name = spec.name
         self.index = index

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from spotrl_e2e.forkserver import Child, ForkServer
 from spotrl_e2e.kube import STRATEGIC, ApiError
 from spotrl_e2e.nodeagent import podspec
 from spotrl_e2e.nodeagent.podspec import Obj, PodConfigError
@@ -43,6 +44,7 @@ class Node(Protocol):
     config: AgentConfig
     client: KubeClient
     ip: str
+    forkserver: ForkServer | None
 
     def allocate_ip(self) -> str: ...
     def release_ip(self, ip: str) -> None: ...
@@ -60,6 +62,18 @@ HOST_SHARED = frozenset({"/tmp", "/dev/shm"})
 them is not rewritten (a test points TMPDIR, storage and failpoints at its own /tmp folder)."""
 
 
+def image_env(cfg: AgentConfig, home: Path) -> dict[str, str]:
+    """What every container's environment starts from: the image's (``cfg.image_env``) and a
+    home folder; the pod's own variables come on top."""
+    return {
+        "PATH": f"{cfg.python_bin}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",
+        **cfg.image_env,
+    }
+
+
 def now_rfc3339() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -75,7 +89,7 @@ class Container:
 
     spec: Obj
     init: bool = False
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | Child | None = None
     restart_count: int = 0
     state: Obj = field(default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}})
     last_state: Obj = field(default_factory=dict)
@@ -383,12 +397,8 @@ class PodWorker(threading.Thread):
     def _base_env(self, c: Container) -> dict[str, str]:
         cfg = self.node.config
         env = {
-            "PATH": f"{cfg.python_bin}:/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(self.root),
+            **image_env(cfg, self.root),
             "HOSTNAME": self.pod_name,
-            "LANG": "C.UTF-8",
-            "PYTHONUNBUFFERED": "1",
-            **cfg.image_env,
             "KUBERNETES_SERVICE_HOST": "127.0.0.1",
             "KUBERNETES_SERVICE_PORT": cfg.server.rsplit(":", 1)[1],
         }
@@ -418,18 +428,22 @@ class PodWorker(threading.Thread):
         cwd = Path(podspec.rewrite_path(c.spec["workingDir"], mounts)) if c.spec.get("workingDir") else self.root
         cwd.mkdir(parents=True, exist_ok=True)
         logfile = self.dir / "logs" / f"{c.name}.{c.restart_count}.log"
+        fork = self.node.forkserver
         try:
-            with open(logfile, "ab") as out:
-                c.proc = subprocess.Popen(
-                    argv,
-                    env=env,
-                    cwd=cwd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # the container: its own process group
-                    preexec_fn=die_with_parent,
-                )
+            if fork is not None and fork.module_of(argv, env["PATH"]):
+                c.proc = fork.spawn(argv, env, cwd, logfile, new_session=True, die_with_parent=True)
+            else:
+                with open(logfile, "ab") as out:
+                    c.proc = subprocess.Popen(
+                        argv,
+                        env=env,
+                        cwd=cwd,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,  # the container: its own process group
+                        preexec_fn=die_with_parent,
+                    )
         except OSError as err:
             c.proc = None
             self._exited(c, 128, f"StartError: {err}", reason="StartError")
@@ -483,8 +497,9 @@ class PodWorker(threading.Thread):
         """Notices exits and due restarts; returns whether anything changed."""
         changed = False
         for c in containers:
-            if c.proc is not None and "running" in c.state and c.proc.poll() is not None:
-                self._exited(c, exit_code(c.proc.returncode))
+            code = c.proc.poll() if c.proc is not None and "running" in c.state else None
+            if code is not None:
+                self._exited(c, exit_code(code))
                 changed = True
             if c.done or "waiting" not in c.state or time.monotonic() < c.next_start:
                 continue

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from controller_runs import Runs, stream
 
 
 @pytest.fixture(scope="session")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    return Runs(tmp_path_factory.mktemp("runs"))
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    r = Runs(tmp_path_factory.mktemp("runs"))
+    yield r
+    r.close()
 
 
 @pytest.fixture(scope="session")

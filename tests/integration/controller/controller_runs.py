@@ -15,10 +15,14 @@ from typing import Any
 
 import yaml
 
+from spotrl_e2e.forkserver import FORK_VAR, Child, ForkServer
 from spotrl_runtime.checkpoint.layout import newest_committed
 from spotrl_runtime.storage import Storage, open_storage
 
 ROOT = Path(__file__).resolve().parents[3]
+
+Process = subprocess.Popen[str] | Child
+"""A run: forked by the fork server (the default), or started by ``subprocess`` (``Runs(fork=False)``)."""
 
 TINY_JOB: dict[str, Any] = {
     "apiVersion": "spotrl.dev/v1alpha1",
@@ -58,13 +62,15 @@ class Runs:
     time, not again in each session's cache, where a cold build (its CPU time, more beside
     another lane) counted against the first test's wait for its run."""
 
-    def __init__(self, base: Path):
+    def __init__(self, base: Path, fork: bool = os.environ.get(FORK_VAR, "1") != "0"):
         self.base = base
         self.cache = base / "cache"
         self.ray_tmp = Path(os.environ.get("SPOTRL_TEST_RAY_TMP", "/tmp"))
         self.n = 0
         self.logs: dict[int, Path] = {}
         self.markers: dict[int, str] = {}
+        self.fork = fork
+        self._forkserver: ForkServer | None = None
 
     def job(self, overrides: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> Path:
         """A job file: ``base`` (default: :data:`TINY_JOB`) with ``overrides`` (``"a.b": value``
@@ -99,28 +105,44 @@ class Runs:
         env.update(extra)
         return env
 
-    def start(
-        self, job: Path, storage: Path | str, *args: str, new_session: bool = False, **env: str
-    ) -> subprocess.Popen[str]:
+    def start(self, job: Path, storage: Path | str, *args: str, new_session: bool = False, **env: str) -> Process:
         """`spotrl run` in the background. ``new_session``: as the leader of a process group of
         its own (its pid is the group's id), as a shell starts a command, for ``os.killpg``."""
         self.n += 1
         path = self.base / f"run-{self.n}.log"
-        log = open(path, "w")  # noqa: SIM115 - the child writes it; closed when we drop it
         marker = f"{self.base}#{self.n}"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "spotrl_runtime.cli", "run", "-f", str(job), "--storage", str(storage), *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=self.env(**env, SPOTRL_TEST_RUN=marker),
-            cwd=self.base,
-            start_new_session=new_session,
-        )
-        log.close()
+        argv = [sys.executable, "-m", "spotrl_runtime.cli", "run", "-f", str(job), "--storage", str(storage), *args]
+        run_env = self.env(**env, SPOTRL_TEST_RUN=marker)
+        proc: Process
+        if self.fork:
+            proc = self.forkserver.spawn(argv, run_env, self.base, path, new_session=new_session)
+        else:
+            with open(path, "w") as log:
+                proc = subprocess.Popen(
+                    argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    env=run_env,
+                    cwd=self.base,
+                    start_new_session=new_session,
+                )
         self.logs[proc.pid] = path
         self.markers[proc.pid] = marker
         return proc
+
+    @property
+    def forkserver(self) -> ForkServer:
+        """The warm parent the runs are forked from (:mod:`spotrl_e2e.forkserver`), started
+        with the first run."""
+        if self._forkserver is None:
+            self._forkserver = ForkServer(self.env(), self.base)
+        return self._forkserver
+
+    def close(self) -> None:
+        if self._forkserver is not None:
+            self._forkserver.close()
+            self._forkserver = None
 
     def run(self, job: Path, storage: Path | str, *args: str, timeout: float = 420, **env: str) -> tuple[int, str]:
         proc = self.start(job, storage, *args, **env)
@@ -131,10 +153,10 @@ class Runs:
             raise
         return rc, self.log_of(proc)
 
-    def log_of(self, proc: subprocess.Popen[str]) -> str:
+    def log_of(self, proc: Process) -> str:
         return self.logs[proc.pid].read_text()
 
-    def processes_of(self, proc: subprocess.Popen[str]) -> list[int]:
+    def processes_of(self, proc: Process) -> list[int]:
         """The live processes of the run ``proc`` started (Ray's, the generation workers, the
         trainer ranks, wherever they were reparented): those with its ``SPOTRL_TEST_RUN``, and
         its reward's process, whose environment has none (its command line ends with the run's pid)."""
@@ -151,7 +173,7 @@ class Runs:
                 found.append(int(pid))
         return found
 
-    def assert_nothing_left(self, proc: subprocess.Popen[str], timeout: float = 30) -> None:
+    def assert_nothing_left(self, proc: Process, timeout: float = 30) -> None:
         """Waits until no process of the run that ``proc`` (exited) started is alive."""
         left: list[int] = []
 
@@ -201,7 +223,7 @@ def stream(storage: Path) -> list[tuple[int, list[int]]]:
     return [(d["step"], d["prompts"]) for d in audit(storage)]
 
 
-def wait_for(predicate: Any, timeout: float, what: str, proc: subprocess.Popen[str] | None = None) -> None:
+def wait_for(predicate: Any, timeout: float, what: str, proc: Process | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -212,7 +234,7 @@ def wait_for(predicate: Any, timeout: float, what: str, proc: subprocess.Popen[s
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+def stop(proc: Process, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
     proc.send_signal(sig)
     return proc.wait(timeout=timeout)
 
@@ -319,7 +341,7 @@ def kill_rng() -> tuple[int, random.Random]:
 
 def killed_in_step(
     runs: Runs, job: Path, storage: Path, marks: Path, step: int, rng: random.Random, hold: float = 30
-) -> subprocess.Popen[str]:
+) -> Process:
     """A run held in step ``step`` (up to ``hold`` s) and SIGKILLed there at a random moment;
     nothing of it is left running."""
     marks.mkdir()

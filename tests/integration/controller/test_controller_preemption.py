@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from controller_runs import (
+    Process,
     Runs,
     assert_admission_versions,
     assert_same_trainer_state,
@@ -123,9 +124,7 @@ STEP_LINE = re.compile(r"^\[\s*([\d.]+)s\] step\s+\d+/", re.M)
 """A trained step's progress line, and its seconds since the run started."""
 
 
-def killed_at_a_random_moment(
-    runs: Runs, job: Path, storage: Path, rng: random.Random, why: str
-) -> subprocess.Popen[str]:
+def killed_at_a_random_moment(runs: Runs, job: Path, storage: Path, rng: random.Random, why: str) -> Process:
     """A run SIGKILLed at a random moment, no failpoint: after its second step line, a delay
     drawn uniformly over the time between its first two (their lines' clock), so that the kill
     lands anywhere in a step's cycle (generating, training, writing a cut, sending weights) and

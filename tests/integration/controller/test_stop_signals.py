@@ -14,12 +14,11 @@ import json
 import os
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from controller_runs import Runs, audit, fsdp, newest_cut, stream, wait_for
+from controller_runs import Process, Runs, audit, fsdp, newest_cut, stream, wait_for
 
 from spotrl_e2e.procs import process_state
 from spotrl_runtime.checkpoint.layout import list_cut_folders, manifest_key
@@ -31,7 +30,7 @@ pytestmark = pytest.mark.slow
 RAY_PARTS = ("gcs_server", "raylet/raylet", "ray::GenerationWorker", "ray::TrainerRank")
 
 
-def ray_processes(runs: Runs, proc: subprocess.Popen[str]) -> dict[int, str]:
+def ray_processes(runs: Runs, proc: Process) -> dict[int, str]:
     """Every process of the run but the controller (pid: command line), less Ray's idle
     workers, which Ray starts and ends as it likes: its GCS, raylet, monitors and agents, the
     generation workers, the trainer ranks."""
@@ -49,7 +48,7 @@ def alive(pid: int) -> bool:
     return state is not None and state != "Z"
 
 
-def send(proc: subprocess.Popen[str], sig: int, to: str) -> None:
+def send(proc: Process, sig: int, to: str) -> None:
     """``sig`` to the run's pid, or to its process group (it leads one: ``new_session``)."""
     if to == "group":
         os.killpg(proc.pid, sig)

@@ -1,0 +1,97 @@
+"""The fork server the suites start `spotrl` commands from (`spotrl_e2e.forkserver`): a forked
+command gets its own argv, environment (and nothing of the server's), working directory,
+``PYTHONPATH``, log and session, and the test sees its exit status as ``Popen`` reports it,
+signals included."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spotrl_e2e.forkserver import ForkServer
+
+PROBE = """
+import json, os, sys, time
+if sys.argv[1] == "sleep":
+    print("sleeping", flush=True)
+    time.sleep(60)
+print(json.dumps({
+    "argv": sys.argv[1:], "cwd": os.getcwd(), "path0": sys.path[0], "pgid": os.getpgid(0),
+    "own": os.environ.get("OWN"), "server_only": os.environ.get("SERVER_ONLY"),
+    "helper": __import__("probe_helper").VALUE,
+}))
+print("to stderr", file=sys.stderr)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ForkServer]:
+    env = {**os.environ, "SERVER_ONLY": "the server's"}
+    s = ForkServer(env, tmp_path, preload=("json",))
+    yield s
+    s.close()
+
+
+def _command(tmp_path: Path, code: str) -> tuple[list[str], dict[str, str], Path]:
+    (tmp_path / "mods").mkdir(exist_ok=True)
+    (tmp_path / "mods" / "probe_cmd.py").write_text(PROBE)
+    (tmp_path / "mods" / "probe_helper.py").write_text("VALUE = 'found on PYTHONPATH'\n")
+    env = {"PATH": os.environ["PATH"], "OWN": "the command's", "PYTHONPATH": str(tmp_path / "mods")}
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    return [sys.executable, "-m", "probe_cmd", code], env, work
+
+
+def test_a_forked_command_has_its_own_argv_env_cwd_path_and_log_and_its_exit_code(
+    server: ForkServer, tmp_path: Path
+) -> None:
+    argv, env, work = _command(tmp_path, "3")
+    log = tmp_path / "out.log"
+    child = server.spawn(argv, env, work, log)
+    assert child.wait(timeout=30) == 3
+    assert (child.poll(), child.returncode) == (3, 3)
+    first, second = log.read_text().splitlines()
+    seen = json.loads(first)
+    assert seen["argv"] == ["3"]
+    assert (seen["cwd"], seen["path0"]) == (str(work), str(work))
+    assert (seen["own"], seen["server_only"]) == ("the command's", None)
+    assert seen["helper"] == "found on PYTHONPATH"
+    assert seen["pgid"] != child.pid, "no session of its own unless asked"
+    assert second == "to stderr"
+
+
+def test_signals_reach_the_command_and_its_death_reads_as_popen_reports_it(server: ForkServer, tmp_path: Path) -> None:
+    argv, env, work = _command(tmp_path, "sleep")
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        log = tmp_path / f"{sig}.log"
+        child = server.spawn(argv, env, work, log, new_session=True)
+        deadline = time.monotonic() + 30
+        while "sleeping" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert os.getpgid(child.pid) == child.pid, "the leader of a session of its own"
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=0.1)
+        assert child.poll() is None
+        child.send_signal(sig)
+        assert child.wait(timeout=30) == -sig
+
+
+def test_it_forks_python_dash_m_and_the_spotrl_script_and_refuses_anything_else(server: ForkServer) -> None:
+    bin_dir = Path(sys.executable).parent
+    assert server.module_of([sys.executable, "-m", "spotrl_runtime.cli", "run"]) == "spotrl_runtime.cli"
+    assert server.module_of([str(bin_dir / "spotrl"), "controller"]) == "spotrl_runtime.cli"
+    assert server.module_of(["/usr/bin/python3", "-m", "x"]) is None, "another Python"
+    assert server.module_of(["spotrl", "run"], path=f"/nowhere:{bin_dir}") == "spotrl_runtime.cli", "found on PATH"
+    assert server.module_of(["spotrl", "run"], path="/nowhere") is None
+    assert server.module_of(["/bin/sh", "-c", "true"]) is None
+    with pytest.raises(ValueError, match="python -m MODULE"):
+        server.spawn(["/bin/sh", "-c", "true"], {}, Path("/"), Path("/dev/null"))
