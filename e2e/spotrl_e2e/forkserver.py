@@ -62,9 +62,6 @@ FORK_VAR = "SPOTRL_TEST_FORKSERVER"
 """Set to 0, the suites start every command with ``subprocess`` instead (to compare, or to
 rule the fork server out)."""
 
-SERVER_PATH = "SPOTRL_FORKSERVER_PATH"
-"""The folder the server imports this module from (added to its ``PYTHONPATH``; not a command's)."""
-
 REAP_EVERY = 0.02
 """Seconds between the server's looks for children that exited."""
 
@@ -124,11 +121,7 @@ class ForkServer:
     ):
         ours, theirs = socket.socketpair()
         here = str(Path(__file__).resolve().parents[1])
-        server_env = {
-            **env,
-            SERVER_PATH: here,
-            "PYTHONPATH": os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")])),
-        }
+        server_env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))}
         server = "import sys; from spotrl_e2e.forkserver import serve; serve(int(sys.argv[1]), sys.argv[2:])"
         self._proc = subprocess.Popen(
             [sys.executable, "-c", server, str(theirs.fileno()), *preload],
@@ -253,9 +246,12 @@ def _status(raw: int) -> int:
     return os.waitstatus_to_exitcode(raw)
 
 
-def _become(msg: dict[str, Any], sock: socket.socket) -> None:
-    """In the fork: becomes the command ``msg`` asks for, then runs the CLI as `python -m` would."""
+def _become(msg: dict[str, Any], sock: socket.socket, preloaded_env: Mapping[str, str]) -> None:
+    """In the fork: becomes the command ``msg`` asks for, then runs the CLI as `python -m` would.
+    ``preloaded_env``: what the preloaded libraries put in the environment when they loaded
+    (torch's inductor names its cache folder), which the command would have too."""
     import runpy
+    import tempfile
 
     sock.close()
     for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
@@ -273,13 +269,16 @@ def _become(msg: dict[str, Any], sock: socket.socket) -> None:
     os.dup2(out, 2)
     os.close(out)
     os.close(devnull)
-    ours = os.environ.get(SERVER_PATH)
+    servers = set(os.environ.get("PYTHONPATH", "").split(os.pathsep))
     os.environ.clear()
     os.environ.update(msg["env"])
-    # `python -m` puts the working directory first, then $PYTHONPATH's entries; the server's own
-    # folder (for this module) is not the command's.
+    for name, value in preloaded_env.items():
+        os.environ.setdefault(name, value)
+    tempfile.tempdir = None  # the preload asked for it; the command's $TMPDIR decides it
+    # `python -m` puts the working directory first, then $PYTHONPATH's entries; the server's
+    # (this module's folder among them) are not the command's.
     extra = [p for p in msg["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = [os.getcwd(), *extra, *(p for p in sys.path[1:] if p not in extra and p != ours)]
+    sys.path[:] = [os.getcwd(), *extra, *(p for p in sys.path[1:] if p not in extra and p not in servers)]
     sys.argv = [msg["module"], *msg["args"]]
     runpy.run_module(msg["module"], run_name="__main__", alter_sys=True)
     sys.exit(0)
@@ -288,7 +287,9 @@ def _become(msg: dict[str, Any], sock: socket.socket) -> None:
 def serve(fd: int, preload: Sequence[str]) -> None:
     """The server: preloads, says it is ready, then forks one child per request and reports
     each child's pid and, once reaped, its exit status. Ends when the test closes its side."""
+    before = dict(os.environ)
     _preload(preload)
+    preloaded_env = {k: v for k, v in os.environ.items() if before.get(k) != v}
     sock = socket.socket(fileno=fd)
     sock.sendall(json.dumps({"ready": True}).encode() + b"\n")
     sel = selectors.DefaultSelector()
@@ -307,7 +308,7 @@ def serve(fd: int, preload: Sequence[str]) -> None:
                 pid = os.fork()
                 if pid == 0:
                     sel.close()
-                    _become(msg, sock)
+                    _become(msg, sock, preloaded_env)
                 children[pid] = msg["id"]
                 sock.sendall(json.dumps({"started": msg["id"], "pid": pid}).encode() + b"\n")
         for pid in list(children):

@@ -26,7 +26,8 @@ if sys.argv[1] == "sleep":
 print(json.dumps({
     "argv": sys.argv[1:], "cwd": os.getcwd(), "path0": sys.path[0], "pgid": os.getpgid(0),
     "own": os.environ.get("OWN"), "server_only": os.environ.get("SERVER_ONLY"),
-    "helper": __import__("probe_helper").VALUE,
+    "helper": __import__("probe_helper").VALUE, "tmp": __import__("tempfile").gettempdir(),
+    "preloaded": os.environ.get("SET_BY_A_PRELOADED_MODULE"), "path": sys.path,
 }))
 print("to stderr", file=sys.stderr)
 sys.exit(int(sys.argv[1]))
@@ -36,7 +37,12 @@ sys.exit(int(sys.argv[1]))
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ForkServer]:
     env = {**os.environ, "SERVER_ONLY": "the server's"}
-    s = ForkServer(env, tmp_path, preload=("json",))
+    (tmp_path / "preloaded").mkdir()
+    (tmp_path / "preloaded" / "sets_env.py").write_text(
+        "import os, tempfile\ntempfile.gettempdir()\nos.environ['SET_BY_A_PRELOADED_MODULE'] = 'yes'\n"
+    )
+    env["PYTHONPATH"] = str(tmp_path / "preloaded")
+    s = ForkServer(env, tmp_path, preload=("json", "sets_env"))
     yield s
     s.close()
 
@@ -46,6 +52,7 @@ def _command(tmp_path: Path, code: str) -> tuple[list[str], dict[str, str], Path
     (tmp_path / "mods" / "probe_cmd.py").write_text(PROBE)
     (tmp_path / "mods" / "probe_helper.py").write_text("VALUE = 'found on PYTHONPATH'\n")
     env = {"PATH": os.environ["PATH"], "OWN": "the command's", "PYTHONPATH": str(tmp_path / "mods")}
+    env["TMPDIR"] = str(tmp_path)
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     return [sys.executable, "-m", "probe_cmd", code], env, work
@@ -65,6 +72,9 @@ def test_a_forked_command_has_its_own_argv_env_cwd_path_and_log_and_its_exit_cod
     assert (seen["cwd"], seen["path0"]) == (str(work), str(work))
     assert (seen["own"], seen["server_only"]) == ("the command's", None)
     assert seen["helper"] == "found on PYTHONPATH"
+    assert seen["tmp"] == str(tmp_path), "the command's $TMPDIR, not the one the server's imports asked for"
+    assert seen["preloaded"] == "yes", "what a preloaded module put in the environment, as in a process of its own"
+    assert str(tmp_path / "preloaded") not in seen["path"], "the server's PYTHONPATH is not the command's"
     assert seen["pgid"] != child.pid, "no session of its own unless asked"
     assert second == "to stderr"
 

@@ -223,14 +223,16 @@ def stream(storage: Path) -> list[tuple[int, list[int]]]:
     return [(d["step"], d["prompts"]) for d in audit(storage)]
 
 
-def wait_for(predicate: Any, timeout: float, what: str, proc: Process | None = None) -> None:
+def wait_for(predicate: Any, timeout: float, what: str, proc: Process | None = None, interval: float = 0.05) -> None:
+    """Polls ``predicate`` every ``interval`` s (longer for one that reads a store: the other lane
+    needs the CPU) until it holds; fails on the timeout or when ``proc`` exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"the run exited ({proc.returncode}) before {what}")
-        time.sleep(0.05)
+        time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
 
 

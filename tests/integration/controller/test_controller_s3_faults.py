@@ -15,7 +15,7 @@ from controller_runs import Runs, assert_same_trainer_state, stop, wait_for
 
 from spotrl_e2e.faultproxy import SEED_VAR, FaultProxy, fault_seed
 from spotrl_runtime.checkpoint.layout import list_cut_folders, newest_committed
-from spotrl_runtime.controller.audit_store import AuditStore
+from spotrl_runtime.controller.audit_store import STEP_PREFIX, AuditStore
 from spotrl_runtime.storage.s3 import S3Storage
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
@@ -44,6 +44,12 @@ def _stream(bucket: Any) -> list[tuple[int, list[int]]]:
     return [(d["step"], d["idxs"]) for d in AuditStore(_store(bucket)).effective()]
 
 
+def _steps_audited(bucket: Any) -> int:
+    """Steps with a record, from one listing (polled while a run trains: reading every record
+    at each look kept a core busy)."""
+    return len({o.key.split("/attempt-")[0] for o in _store(bucket).list(STEP_PREFIX) if o.key.endswith(".json")})
+
+
 def _env(bucket: Any, proxy: FaultProxy) -> dict[str, str]:
     return {**bucket.env(), "AWS_ENDPOINT_URL_S3": proxy.endpoint}
 
@@ -57,7 +63,7 @@ def test_a_run_preempted_and_resumed_under_heavy_faults_trains_the_baseline(
         proxy.add_mix()
         env = _env(s3_bucket, proxy)
         first = runs.start(job, uri, **env)
-        wait_for(lambda: len(_stream(s3_bucket)) >= 6, 300, "six steps audited", first)
+        wait_for(lambda: _steps_audited(s3_bucket) >= 6, 300, "six steps audited", first, interval=0.25)
         rc = stop(first, signal.SIGTERM)
         log = runs.log_of(first)
         assert rc == 143, log
@@ -94,7 +100,7 @@ def test_a_barrier_whose_manifest_put_stalls_exits_143_within_its_deadline(
         # Time enough to reach the manifest on a loaded host (a step in progress, the files), not
         # enough to outlast the stall: a shorter one can run out before the manifest on a loaded CI machine.
         first = runs.start(job, uri, "--sigterm-deadline", str(DEADLINE), **env)
-        wait_for(lambda: len(_stream(s3_bucket)) >= 5, 300, "five steps audited", first)
+        wait_for(lambda: _steps_audited(s3_bucket) >= 5, 300, "five steps audited", first, interval=0.25)
         proxy.add("stall", method="PUT", key="manifest.json")  # never answered
         # A manifest the proxy took before the rule is answered: its cut may commit a moment
         # later, legitimately. What committed is read once that moment has passed.

@@ -13,6 +13,7 @@ from controller_runs import Runs, assert_same_trainer_state, audit, stream, wait
 
 from spotrl_runtime.checkpoint.fence import claimed_attempts
 from spotrl_runtime.checkpoint.layout import list_cut_folders, manifest_key
+from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.storage import open_storage
 
 pytestmark = pytest.mark.slow
@@ -40,7 +41,8 @@ def test_a_fenced_controller_stops_and_writes_nothing_more(
     # A second `spotrl run` on the same store: attempt 1 claims the job and resumes.
     new = runs.start(job, storage)
     wait_for(lambda: claimed_attempts(open_storage(str(storage))) == [0, 1], 120, "the second claim", new)
-    wait_for(lambda: any(d["attempt"] == 1 for d in audit(storage, "--all")), 300, "the second to train", new)
+    trained = AuditStore(open_storage(str(storage)))  # read in place: a `spotrl audit` each look kept a core busy
+    wait_for(lambda: trained.latest_attempt() == 1, 300, "the second to train", new)
 
     (marks / "train.step.release").touch()  # the first finishes step 5 and meets the fence
     rc = old.wait(timeout=60)
