@@ -428,8 +428,11 @@ def _print_traceback(err: BaseException, what: str) -> None:
     """The reward's exception in full, on this process's stderr (the pod's log, for its author),
     then a line of ours: a crash right after must not make the exception's message, which can
     hold anything the reward read, the log's last line (the pod's termination message)."""
-    traceback.print_exception(err, file=sys.stderr)
-    print(f"spotrl: {what} (traceback above, from the reward's process)", file=sys.stderr, flush=True)
+    # One write: the processes of a reward pool share the pod's stderr, and two of them printing at
+    # once must not splice one's line into another's traceback.
+    text = "".join(traceback.format_exception(err)) + f"spotrl: {what} (traceback above, from the reward's process)\n"
+    sys.stderr.write(text)
+    sys.stderr.flush()
 
 
 def _checked(name: str, value: Any) -> Score:
