@@ -5,7 +5,8 @@ Failpoints force the orders that used to let a newer weight load overtake groups
 in the pool: a worker's weight load held for seconds (the trainer commits the next step
 meanwhile), and a resumed worker's first generate call held while the trainer trains the
 step the cut held and sends the next version. Each run ends with the uninterrupted run's
-stream and final weights, bit for bit, and no step counts a version mismatch."""
+stream and final weights, bit for bit, and no step counts a version mismatch, but for the one case
+a full barrier cut cannot avoid (its test says which)."""
 
 from __future__ import annotations
 
