@@ -291,3 +291,32 @@ def test_the_process_is_no_security_boundary_a_reward_can_read_the_controllers_e
     runner = Runner(Reward(import_path=f"{module}:reads_the_controllers_environ"), timeout=20)
     runners.append(runner)
     assert runner.score(_prompt("1"), ["x"]) == [1.0]
+
+
+def test_a_reward_process_prints_its_traceback_and_line_in_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The processes of a pool share the pod's stderr: one write each (atomic on a pipe up to 4 KiB),
+    so two printing at once never splice one's line into the other's traceback."""
+    from spotrl_runtime.rewards.runner import _print_traceback
+
+    writes: list[str] = []
+
+    class Recorder:
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Recorder())
+    try:
+        raise PermissionError("cannot use what the reward read")
+    except PermissionError as err:
+        _print_traceback(err, "reward 'probe' raised PermissionError")
+    assert len(writes) == 1, writes
+    (text,) = writes
+    assert text.startswith("Traceback (most recent call last):\n")
+    assert text.endswith(
+        "PermissionError: cannot use what the reward read\n"
+        "spotrl: reward 'probe' raised PermissionError (traceback above, from the reward's process)\n"
+    )
