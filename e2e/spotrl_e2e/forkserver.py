@@ -158,7 +158,9 @@ class ForkServer:
         """The module a command runs, where the server can fork it: ``python -m MODULE ...``
         with this Python, or the ``spotrl`` console script of its environment; else None. A
         bare program name is looked up on ``path`` (the command's ``PATH``), as exec does."""
-        program = shutil.which(argv[0], path=path) if argv and "/" not in argv[0] else (argv[0] if argv else None)
+        if not argv:
+            return None
+        program = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=path)
         if program is None or Path(program).parent != Path(sys.executable).parent:
             return None
         name = Path(program).name
@@ -186,9 +188,16 @@ class ForkServer:
         with self._lock:
             self._next += 1
             ask = self._next
-            msg = {"id": ask, "module": module, "args": list(argv[3 if list(argv[1:2]) == ["-m"] else 1 :])}
-            msg |= {"env": dict(env), "cwd": str(cwd), "log": str(log)}
-            msg |= {"new_session": new_session, "die_with_parent": die_with_parent}
+            msg = {
+                "id": ask,
+                "module": module,
+                "args": list(argv[3 if list(argv[1:2]) == ["-m"] else 1 :]),
+                "env": dict(env),
+                "cwd": str(cwd),
+                "log": str(log),
+                "new_session": new_session,
+                "die_with_parent": die_with_parent,
+            }
             self._sock.sendall(json.dumps(msg).encode() + b"\n")
         with self._changed:
             if not self._changed.wait_for(lambda: ask in self._started or self._closed, timeout=60):
@@ -241,11 +250,6 @@ def _preload(modules: Sequence[str]) -> None:
             importlib.import_module(name)
 
 
-def _status(raw: int) -> int:
-    """``os.waitpid``'s status as ``Popen.returncode`` gives it (-N: killed by signal N)."""
-    return os.waitstatus_to_exitcode(raw)
-
-
 def _become(msg: dict[str, Any], sock: socket.socket, preloaded_env: Mapping[str, str]) -> None:
     """In the fork: becomes the command ``msg`` asks for, then runs the CLI as `python -m` would.
     ``preloaded_env``: what the preloaded libraries put in the environment when they loaded
@@ -284,6 +288,11 @@ def _become(msg: dict[str, Any], sock: socket.socket, preloaded_env: Mapping[str
     sys.exit(0)
 
 
+def _say(sock: socket.socket, event: dict[str, Any]) -> None:
+    """One line of JSON to the test's side."""
+    sock.sendall(json.dumps(event).encode() + b"\n")
+
+
 def serve(fd: int, preload: Sequence[str]) -> None:
     """The server: preloads, says it is ready, then forks one child per request and reports
     each child's pid and, once reaped, its exit status. Ends when the test closes its side."""
@@ -291,7 +300,7 @@ def serve(fd: int, preload: Sequence[str]) -> None:
     _preload(preload)
     preloaded_env = {k: v for k, v in os.environ.items() if before.get(k) != v}
     sock = socket.socket(fileno=fd)
-    sock.sendall(json.dumps({"ready": True}).encode() + b"\n")
+    _say(sock, {"ready": True})
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ)
     buffered = b""
@@ -310,8 +319,8 @@ def serve(fd: int, preload: Sequence[str]) -> None:
                     sel.close()
                     _become(msg, sock, preloaded_env)
                 children[pid] = msg["id"]
-                sock.sendall(json.dumps({"started": msg["id"], "pid": pid}).encode() + b"\n")
+                _say(sock, {"started": msg["id"], "pid": pid})
         for pid in list(children):
             done, raw = os.waitpid(pid, os.WNOHANG)
             if done:
-                sock.sendall(json.dumps({"exited": children.pop(pid), "exit": _status(raw)}).encode() + b"\n")
+                _say(sock, {"exited": children.pop(pid), "exit": os.waitstatus_to_exitcode(raw)})  # as Popen's
