@@ -17,6 +17,15 @@ The child is a child of the fork server, not of the test, so :class:`Child` give
 what it used from ``subprocess.Popen``: ``pid``, ``poll``, ``wait``, ``send_signal``,
 ``terminate``, ``kill`` and ``returncode`` (the server reaps each child and reports its
 status). Signals go to the command's own pid, as before.
+
+Ray's worker processes are forked from it too. A forked command's ``sys.executable`` is a
+launcher (:mod:`spotrl_e2e.rayworker_shim`): Ray starts each worker with it, and the shim
+asks the server for a fork that runs Ray's own ``default_worker.py`` with the shim's argv,
+environment, working directory and standard streams, then stands in for it (signals
+forwarded, its exit status its own). Every other program the command starts with
+``sys.executable`` (Ray's monitors and agents, the reward's process) is exec'd as before.
+A generation worker or trainer rank thus starts with torch and transformers loaded instead of
+importing them, each one, again.
 """
 
 from __future__ import annotations
@@ -25,11 +34,13 @@ import contextlib
 import json
 import os
 import selectors
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -52,7 +63,9 @@ PRELOAD = (
     "yaml",
     "pydantic",
 )
-"""What the server imports before its first fork (a module it cannot import is skipped)."""
+"""What the server imports before its first fork (a module it cannot import is skipped). Not
+Ray: its core library reads the environment when it loads (a worker forked after that saw
+the server's, without its job's id, and aborted)."""
 
 CONSOLE_SCRIPTS = {"spotrl": "spotrl_runtime.cli"}
 """Console scripts the server runs as their module (``pyproject.toml``'s ``[project.scripts]``;
@@ -61,6 +74,10 @@ the CLI names itself ``spotrl`` whatever ``argv[0]`` is)."""
 FORK_VAR = "SPOTRL_TEST_FORKSERVER"
 """Set to 0, the suites start every command with ``subprocess`` instead (to compare, or to
 rule the fork server out)."""
+
+FORK_RAY_VAR = "SPOTRL_TEST_FORKSERVER_RAY"
+"""Set to 0, the forked commands' Ray starts its workers as Ray does (exec'd, each importing
+what it needs)."""
 
 REAP_EVERY = 0.02
 """Seconds between the server's looks for children that exited."""
@@ -109,7 +126,13 @@ class Child:
 
 class ForkServer:
     """The test's side: starts the server (``python forkserver.py FD``) with ``env``
-    and forks commands from it. One reader thread takes the server's answers."""
+    and forks commands from it. One reader thread takes the server's answers.
+
+    ``ray_workers``: the commands' Ray workers are forked too (the module docstring); the
+    server then listens on a socket in a short folder of its own (Ray's socket paths must fit
+    in 107 bytes, and so must this one). ``marker``: the environment variable whose value
+    :meth:`workers_with` finds the forked Ray workers by (their ``/proc/PID/environ`` is
+    the server's: a fork has no environment block of its own)."""
 
     def __init__(
         self,
@@ -118,13 +141,24 @@ class ForkServer:
         start_timeout: float = 120,
         die_with_parent: bool = False,
         preload: Sequence[str] = PRELOAD,
+        ray_workers: bool = os.environ.get(FORK_RAY_VAR, "1") != "0",
+        marker: str | None = None,
     ):
         ours, theirs = socket.socketpair()
         here = str(Path(__file__).resolve().parents[1])
         server_env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))}
-        server = "import sys; from spotrl_e2e.forkserver import serve; serve(int(sys.argv[1]), sys.argv[2:])"
+        self.python: str | None = None  # the forked commands' sys.executable, where Ray's workers are forked
+        self._folder: str | None = None
+        listen = ""
+        if ray_workers:
+            self._folder = tempfile.mkdtemp(prefix="fork-", dir="/tmp")
+            listen = os.path.join(self._folder, "sock")
+            self.python = _write_launcher(Path(self._folder) / "python", listen)
+        server = (
+            "import sys; from spotrl_e2e.forkserver import serve; serve(int(sys.argv[1]), *sys.argv[2:4], sys.argv[4:])"
+        )
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", server, str(theirs.fileno()), *preload],
+            [sys.executable, "-c", server, str(theirs.fileno()), listen, marker or "", *preload],
             env=server_env,
             cwd=cwd,
             pass_fds=(theirs.fileno(),),
@@ -140,6 +174,7 @@ class ForkServer:
         self._ready = False
         self._started: dict[int, int] = {}
         self._exits: dict[int, int] = {}
+        self._workers: dict[int, str | None] = {}  # live forked Ray workers: pid -> their marker's value
         self._next = 0
         self._closed = False
         self._reader = threading.Thread(target=self._read, name="forkserver-reader", daemon=True)
@@ -197,6 +232,7 @@ class ForkServer:
                 "log": str(log),
                 "new_session": new_session,
                 "die_with_parent": die_with_parent,
+                "executable": self.python,
             }
             self._sock.sendall(json.dumps(msg).encode() + b"\n")
         with self._changed:
@@ -216,6 +252,11 @@ class ForkServer:
             if ask not in self._exits and self._closed:
                 raise ForkServerError(f"the fork server stopped before command {ask} exited")
 
+    def workers_with(self, value: str) -> list[int]:
+        """The forked Ray workers alive (not yet reaped) whose ``marker`` variable is ``value``."""
+        with self._changed:
+            return [pid for pid, seen in self._workers.items() if seen == value]
+
     def close(self) -> None:
         """Stops the server; commands still running go on (the tests stop their own)."""
         with contextlib.suppress(OSError):
@@ -225,6 +266,8 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait(timeout=10)
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
 
     def _read(self) -> None:
         for line in self._answers:
@@ -234,12 +277,26 @@ class ForkServer:
                     self._ready = True
                 elif "started" in event:
                     self._started[event["started"]] = event["pid"]
+                elif "worker" in event:
+                    self._workers[event["worker"]] = event["marker"]
+                elif "worker_exited" in event:
+                    self._workers.pop(event["worker_exited"], None)
                 else:
                     self._exits[event["exited"]] = event["exit"]
                 self._changed.notify_all()
         with self._changed:
             self._closed = True
             self._changed.notify_all()
+
+
+def _write_launcher(path: Path, listen: str) -> str:
+    """The executable a forked command sees as ``sys.executable``: the shim, run by this
+    Python without ``site`` (it needs the standard library alone, and starts in milliseconds)."""
+    shim = Path(__file__).with_name("rayworker_shim.py")
+    command = " ".join(shlex.quote(part) for part in (sys.executable, "-I", "-S", str(shim), listen))
+    path.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
 
 
 def _preload(modules: Sequence[str]) -> None:
@@ -250,14 +307,13 @@ def _preload(modules: Sequence[str]) -> None:
             importlib.import_module(name)
 
 
-def _become(msg: dict[str, Any], sock: socket.socket, preloaded_env: Mapping[str, str]) -> None:
-    """In the fork: becomes the command ``msg`` asks for, then runs the CLI as `python -m` would.
-    ``preloaded_env``: what the preloaded libraries put in the environment when they loaded
-    (torch's inductor names its cache folder), which the command would have too."""
+def _become(msg: dict[str, Any], stdio: tuple[int, int, int], preloaded_env: Mapping[str, str]) -> None:
+    """In the fork: becomes the command ``msg`` asks for, on ``stdio``, then runs its module
+    as `python -m` would, or its script as `python SCRIPT` would. ``preloaded_env``: what
+    the preloaded libraries put in the environment when they loaded (torch's inductor names
+    its cache folder), which the command would have too."""
     import runpy
-    import tempfile
 
-    sock.close()
     for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -266,26 +322,43 @@ def _become(msg: dict[str, Any], sock: socket.socket, preloaded_env: Mapping[str
     if msg["die_with_parent"]:
         procs.die_with_parent()
     os.chdir(msg["cwd"])
-    out = os.open(msg["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.close(out)
-    os.close(devnull)
+    for target, fd in enumerate(stdio):
+        os.dup2(fd, target)
+    for fd in set(stdio) - {0, 1, 2}:
+        os.close(fd)
     servers = set(os.environ.get("PYTHONPATH", "").split(os.pathsep))
     os.environ.clear()
     os.environ.update(msg["env"])
     for name, value in preloaded_env.items():
         os.environ.setdefault(name, value)
     tempfile.tempdir = None  # the preload asked for it; the command's $TMPDIR decides it
-    # `python -m` puts the working directory first, then $PYTHONPATH's entries; the server's
-    # (this module's folder among them) are not the command's.
+    if msg.get("executable"):
+        sys.executable = msg["executable"]
+    # `python -m` puts the working directory first, `python SCRIPT` the script's folder; then
+    # $PYTHONPATH's entries. The server's (this module's folder among them) are not the command's.
     extra = [p for p in msg["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = [os.getcwd(), *extra, *(p for p in sys.path[1:] if p not in extra and p not in servers)]
-    sys.argv = [msg["module"], *msg["args"]]
-    runpy.run_module(msg["module"], run_name="__main__", alter_sys=True)
+    first = os.path.dirname(msg["script"]) if "script" in msg else os.getcwd()
+    sys.path[:] = [first, *extra, *(p for p in sys.path[1:] if p not in extra and p not in servers)]
+    if "script" in msg:
+        sys.argv = [msg["script"], *msg["args"]]
+        runpy.run_path(msg["script"], run_name="__main__")
+    else:
+        sys.argv = [msg["module"], *msg["args"]]
+        runpy.run_module(msg["module"], run_name="__main__", alter_sys=True)
     sys.exit(0)
+
+
+def _fork(msg: dict[str, Any], stdio: tuple[int, int, int], preloaded_env: Mapping[str, str], owned: list[Any]) -> int:
+    """Forks the command ``msg``. The child closes ``owned`` (the server's sockets and
+    selector: none of them is the command's) and never returns: its ``SystemExit`` or error
+    leaves through the server's frames (none of them catches or cleans up) to the
+    interpreter, which ends the process as it ends any (threads joined, ``atexit``)."""
+    pid = os.fork()
+    if pid == 0:
+        for thing in owned:
+            thing.close()
+        _become(msg, stdio, preloaded_env)
+    return pid
 
 
 def _say(sock: socket.socket, event: dict[str, Any]) -> None:
@@ -293,34 +366,121 @@ def _say(sock: socket.socket, event: dict[str, Any]) -> None:
     sock.sendall(json.dumps(event).encode() + b"\n")
 
 
-def serve(fd: int, preload: Sequence[str]) -> None:
-    """The server: preloads, says it is ready, then forks one child per request and reports
-    each child's pid and, once reaped, its exit status. Ends when the test closes its side."""
+class _Server:
+    """The server's state: the test's socket, Ray workers' shims (one connection each) and
+    every child not yet reaped."""
+
+    def __init__(self, sock: socket.socket, listen: str, marker: str, preloaded_env: Mapping[str, str]):
+        self.sock = sock
+        self.marker = marker
+        self.preloaded_env = preloaded_env
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(sock, selectors.EVENT_READ)
+        self.listener: socket.socket | None = None
+        if listen:
+            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self.listener.bind(listen)
+            self.listener.listen(64)
+            self.sel.register(self.listener, selectors.EVENT_READ)
+        self.buffered = b""
+        self.commands: dict[int, int] = {}  # pid: its request's number
+        self.workers: dict[int, socket.socket | None] = {}  # pid: its shim's connection (None once gone)
+        self.shims: dict[socket.socket, int | None] = {}  # connection: its worker's pid once forked
+
+    def owned(self) -> list[Any]:
+        return [self.sel, self.sock, *filter(None, [self.listener]), *self.shims]
+
+    def serve(self) -> None:
+        while True:
+            for key, _ in self.sel.select(timeout=REAP_EVERY):
+                if key.fileobj is self.sock:
+                    if not self._commands():
+                        return
+                elif key.fileobj is self.listener:
+                    conn, _ = self.listener.accept()
+                    self.shims[conn] = None
+                    self.sel.register(conn, selectors.EVENT_READ)
+                else:
+                    self._shim(key.fileobj)  # type: ignore[arg-type]
+            self._reap()
+
+    def _commands(self) -> bool:
+        """The test's requests: one command each. False once the test closed its side."""
+        data = self.sock.recv(1 << 20)
+        if not data:
+            return False
+        self.buffered += data
+        while b"\n" in self.buffered:
+            line, self.buffered = self.buffered.split(b"\n", 1)
+            msg = json.loads(line)
+            out = os.open(msg["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            pid = _fork(msg, (devnull, out, out), self.preloaded_env, self.owned())
+            os.close(out)
+            os.close(devnull)
+            self.commands[pid] = msg["id"]
+            _say(self.sock, {"started": msg["id"], "pid": pid})
+        return True
+
+    def _shim(self, conn: socket.socket) -> None:
+        """A shim's request (its worker's argv, environment and standard streams), or the
+        shim gone: its worker goes too, as an exec'd worker would with its process."""
+        pid = self.shims[conn]
+        if pid is not None:
+            if not conn.recv(16):  # the shim is gone (nothing else is ever sent)
+                self._drop(conn)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            return
+        data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        if not data or len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            self._drop(conn)
+            return
+        msg = json.loads(data)
+        msg.update(new_session=True, die_with_parent=True)
+        pid = _fork(msg, (fds[0], fds[1], fds[2]), self.preloaded_env, self.owned())
+        for fd in fds:
+            os.close(fd)
+        self.shims[conn] = pid
+        self.workers[pid] = conn
+        conn.send(json.dumps({"pid": pid}).encode())
+        _say(self.sock, {"worker": pid, "marker": msg["env"].get(self.marker) if self.marker else None})
+
+    def _drop(self, conn: socket.socket) -> None:
+        pid = self.shims.pop(conn, None)
+        if pid is not None and pid in self.workers:
+            self.workers[pid] = None
+        self.sel.unregister(conn)
+        conn.close()
+
+    def _reap(self) -> None:
+        for pid in [*self.commands, *self.workers]:
+            done, raw = os.waitpid(pid, os.WNOHANG)
+            if not done:
+                continue
+            code = os.waitstatus_to_exitcode(raw)  # as Popen's
+            if pid in self.commands:
+                _say(self.sock, {"exited": self.commands.pop(pid), "exit": code})
+                continue
+            conn = self.workers.pop(pid)
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.send(json.dumps({"exit": code}).encode())
+                self._drop(conn)
+            _say(self.sock, {"worker_exited": pid})
+
+
+def serve(fd: int, listen: str, marker: str, preload: Sequence[str]) -> None:
+    """The server: preloads, says it is ready, then forks one child per request (the test's
+    commands, and the Ray workers their shims ask for on ``listen``, if given) and reports
+    each child's pid and, once reaped, its exit status (a worker's with the value of its
+    ``marker`` variable). Ends when the test closes its side."""
     before = dict(os.environ)
     _preload(preload)
     preloaded_env = {k: v for k, v in os.environ.items() if before.get(k) != v}
     sock = socket.socket(fileno=fd)
+    server = _Server(sock, listen, marker, preloaded_env)
     _say(sock, {"ready": True})
-    sel = selectors.DefaultSelector()
-    sel.register(sock, selectors.EVENT_READ)
-    buffered = b""
-    children: dict[int, int] = {}  # pid: its request's number
-    while True:
-        if sel.select(timeout=REAP_EVERY):
-            data = sock.recv(1 << 20)
-            if not data:
-                return
-            buffered += data
-            while b"\n" in buffered:
-                line, buffered = buffered.split(b"\n", 1)
-                msg = json.loads(line)
-                pid = os.fork()
-                if pid == 0:
-                    sel.close()
-                    _become(msg, sock, preloaded_env)
-                children[pid] = msg["id"]
-                _say(sock, {"started": msg["id"], "pid": pid})
-        for pid in list(children):
-            done, raw = os.waitpid(pid, os.WNOHANG)
-            if done:
-                _say(sock, {"exited": children.pop(pid), "exit": os.waitstatus_to_exitcode(raw)})  # as Popen's
+    server.serve()

@@ -105,3 +105,113 @@ def test_it_forks_python_dash_m_and_the_spotrl_script_and_refuses_anything_else(
     assert server.module_of(["/bin/sh", "-c", "true"]) is None
     with pytest.raises(ValueError, match="python -m MODULE"):
         server.spawn(["/bin/sh", "-c", "true"], {}, Path("/"), Path("/dev/null"))
+
+
+WORKER = """
+import json, os, signal, sys, time
+print(json.dumps({
+    "argv": sys.argv, "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
+    "own": os.environ.get("OWN"), "path0": sys.path[0], "stdin": sys.stdin.readline().strip(),
+}), flush=True)
+if sys.argv[1] == "sleep":
+    signal.signal(signal.SIGTERM, lambda *_: (print("got SIGTERM", flush=True), sys.exit(7)))
+    time.sleep(60)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def _ray_worker(tmp_path: Path) -> Path:
+    """A stand-in for Ray's worker script, at the path the shim recognises."""
+    script = tmp_path / "site" / "ray" / "_private" / "workers" / "default_worker.py"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(WORKER)
+    return script
+
+
+def _start_worker(server: ForkServer, tmp_path: Path, arg: str) -> tuple[subprocess.Popen[str], dict[str, object]]:
+    """Starts the worker as Ray's raylet does: ``sys.executable`` (the launcher) SCRIPT ARGS."""
+    assert server.python is not None
+    env = {"PATH": os.environ["PATH"], "OWN": "the worker's", "MARK": "run-1"}
+    shim = subprocess.Popen(
+        [server.python, str(_ray_worker(tmp_path)), arg],
+        env=env,
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert shim.stdin is not None
+    assert shim.stdout is not None
+    shim.stdin.write("through the shim's stdin\n")
+    shim.stdin.flush()
+    return shim, json.loads(shim.stdout.readline())
+
+
+@pytest.fixture
+def ray_server(tmp_path: Path) -> Iterator[ForkServer]:
+    s = ForkServer(dict(os.environ), tmp_path, preload=("json",), ray_workers=True, marker="MARK")
+    s._await_ready()
+    yield s
+    s.close()
+
+
+def test_a_ray_worker_is_forked_from_the_server_with_the_shims_argv_env_cwd_and_streams(
+    ray_server: ForkServer, tmp_path: Path
+) -> None:
+    shim, seen = _start_worker(ray_server, tmp_path, "5")
+    assert seen["pid"] != shim.pid, "a process of its own, not the shim exec'd"
+    assert seen["ppid"] == ray_server._proc.pid, "a fork of the server"
+    assert seen["argv"] == [str(_ray_worker(tmp_path)), "5"]
+    assert (seen["cwd"], seen["own"]) == (str(tmp_path), "the worker's")
+    assert seen["path0"] == str(_ray_worker(tmp_path).parent), "a script's folder first, as `python SCRIPT`"
+    assert seen["stdin"] == "through the shim's stdin"
+    assert shim.wait(timeout=30) == 5, "the shim exits as its worker did"
+
+
+def test_the_shim_forwards_signals_and_its_death_ends_the_worker(ray_server: ForkServer, tmp_path: Path) -> None:
+    shim, seen = _start_worker(ray_server, tmp_path, "sleep")
+    worker = int(seen["pid"])  # type: ignore[call-overload]
+    assert ray_server.workers_with("run-1") == [worker]
+    assert ray_server.workers_with("run-2") == []
+    shim.send_signal(signal.SIGTERM)
+    assert shim.stdout is not None
+    assert shim.stdout.readline().strip() == "got SIGTERM"
+    assert shim.wait(timeout=30) == 7
+
+    shim, seen = _start_worker(ray_server, tmp_path, "sleep")
+    worker = int(seen["pid"])  # type: ignore[call-overload]
+    shim.kill()
+    assert shim.wait(timeout=30) == -signal.SIGKILL
+    deadline = time.monotonic() + 30
+    while ray_server.workers_with("run-1") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ray_server.workers_with("run-1") == [], "killed and reaped with its shim"
+    assert not Path(f"/proc/{worker}").exists()
+
+
+def test_a_worker_killed_by_a_signal_ends_its_shim_by_the_same_signal(ray_server: ForkServer, tmp_path: Path) -> None:
+    shim, seen = _start_worker(ray_server, tmp_path, "sleep")
+    os.kill(int(seen["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+    assert shim.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_the_launcher_execs_anything_but_a_ray_worker(ray_server: ForkServer, tmp_path: Path) -> None:
+    assert ray_server.python is not None
+    out = subprocess.run(
+        [ray_server.python, "-c", "import os, sys; print(os.getppid(), sys.flags.isolated)"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    ppid, isolated = out.stdout.split()
+    assert int(ppid) == os.getpid(), "exec'd in place: this test's child"
+    assert isolated == "0", "with the flags it was given, not the shim's"
+
+
+def test_a_forked_commands_python_is_the_launcher(ray_server: ForkServer, tmp_path: Path) -> None:
+    _argv, env, work = _command(tmp_path, "0")
+    (tmp_path / "mods" / "exe_probe.py").write_text("import sys; print(sys.executable)\n")
+    log = tmp_path / "exe.log"
+    child = ray_server.spawn([sys.executable, "-m", "exe_probe"], env, work, log)
+    assert child.wait(timeout=30) == 0
+    assert log.read_text().strip() == ray_server.python

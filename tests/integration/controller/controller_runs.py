@@ -136,7 +136,7 @@ class Runs:
         """The warm parent the runs are forked from (:mod:`spotrl_e2e.forkserver`), started
         with the first run."""
         if self._forkserver is None:
-            self._forkserver = ForkServer(self.env(), self.base)
+            self._forkserver = ForkServer(self.env(), self.base, marker="SPOTRL_TEST_RUN")
         return self._forkserver
 
     def close(self) -> None:
@@ -158,10 +158,11 @@ class Runs:
 
     def processes_of(self, proc: Process) -> list[int]:
         """The live processes of the run ``proc`` started (Ray's, the generation workers, the
-        trainer ranks, wherever they were reparented): those with its ``SPOTRL_TEST_RUN``, and
-        its reward's process, whose environment has none (its command line ends with the run's pid)."""
+        trainer ranks, wherever they were reparented): those with its ``SPOTRL_TEST_RUN``, the
+        Ray workers the fork server forked for it (their ``/proc`` environment is the server's),
+        and its reward's process, whose environment has none (its command line ends with the run's pid)."""
         entry = f"SPOTRL_TEST_RUN={self.markers[proc.pid]}".encode()
-        found = []
+        found = self._forkserver.workers_with(self.markers[proc.pid]) if self._forkserver else []
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 environ = Path(f"/proc/{pid}/environ").read_bytes()

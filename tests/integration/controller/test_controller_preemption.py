@@ -269,9 +269,8 @@ def test_a_dead_generation_worker_is_replaced_without_a_restore(
     )
     wait_for(lambda: (marks / "worker.generate").exists(), 300, "a worker holding a batch of step 5", proc)
     holder = json.loads((marks / "worker.generate").read_text())["pid"]
-    workers = subprocess.run(["pgrep", "-f", "GenerationWorker"], capture_output=True, text=True).stdout.split()
-    mine = [int(pid) for pid in workers if _is_descendant(int(pid), proc.pid)]
-    assert len(mine) == 2, (workers, mine)
+    mine = [pid for pid in runs.processes_of(proc) if "GenerationWorker" in _cmdline(pid)]
+    assert len(mine) == 2, mine
     assert holder in mine, (holder, mine)
     subprocess.run(["kill", "-9", str(holder)], check=True)
     (marks / "worker.generate.release").touch()  # the other worker, and the restarted one, go on
@@ -299,18 +298,11 @@ def test_a_dead_generation_worker_is_replaced_without_a_restore(
     assert_same_trainer_state(storage, runs.base / "baseline")  # unless a group was counted above
 
 
-def _is_descendant(pid: int, ancestor: int) -> bool:
-    seen = 0
-    while pid > 1 and seen < 64:
-        if pid == ancestor:
-            return True
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except FileNotFoundError:
-            return False
-        pid = int(stat.rsplit(")", 1)[1].split()[1])
-        seen += 1
-    return False
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def test_a_corrupted_cut_asked_for_by_name_stops_resume_with_the_named_check(runs: Runs, tmp_path: Path) -> None:
