@@ -34,7 +34,6 @@ import contextlib
 import json
 import os
 import selectors
-import shlex
 import shutil
 import signal
 import socket
@@ -152,8 +151,8 @@ class ForkServer:
         listen = ""
         if ray_workers:
             self._folder = tempfile.mkdtemp(prefix="fork-", dir="/tmp")
-            listen = os.path.join(self._folder, "sock")
-            self.python = _write_launcher(Path(self._folder) / "python", listen)
+            listen = os.path.join(self._folder, "sock")  # the shim's: beside it (rayworker_shim)
+            self.python = _write_launcher(Path(self._folder) / "python")
         server = (
             "import sys; from spotrl_e2e.forkserver import serve; serve(int(sys.argv[1]), *sys.argv[2:4], sys.argv[4:])"
         )
@@ -289,12 +288,13 @@ class ForkServer:
             self._changed.notify_all()
 
 
-def _write_launcher(path: Path, listen: str) -> str:
-    """The executable a forked command sees as ``sys.executable``: the shim, run by this
-    Python without ``site`` (it needs the standard library alone, and starts in milliseconds)."""
-    shim = Path(__file__).with_name("rayworker_shim.py")
-    command = " ".join(shlex.quote(part) for part in (sys.executable, "-I", "-S", str(shim), listen))
-    path.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+def _write_launcher(path: Path) -> str:
+    """The executable a forked command sees as ``sys.executable``: the shim itself, run by this
+    Python in isolated mode without ``site`` (it needs the standard library alone, and starts in
+    milliseconds). No shell between: a shell would add ``PWD`` to the environment of everything
+    exec'd through it (the reward's process must hold only what it was given)."""
+    shim = Path(__file__).with_name("rayworker_shim.py").read_text()
+    path.write_text(f"#!{sys.executable} -IS\n{shim}")
     path.chmod(0o755)
     return str(path)
 

@@ -1,17 +1,17 @@
 """The ``sys.executable`` of a command the fork server forked (:mod:`spotrl_e2e.forkserver`).
 
-    python -I -S rayworker_shim.py SOCKET ARGS...
+The server copies this file into its folder as ``python``, under a ``#!PYTHON -IS`` line, beside
+its socket ``sock``. Ray starts each Python worker as ``sys.executable
+.../ray/_private/workers/default_worker.py ARGS``; for that script the shim asks the server for a
+fork that runs it with the shim's argv, environment, working directory and standard streams, then
+stands in for it. The process Ray started lives as long as the worker, forwards the signals it
+gets, and exits as the worker did. When the shim dies (a SIGKILL too), the server kills the
+worker, as the worker would have died with its own process. Anything else (Ray's monitors and
+agents, the reward's process, the reaper) is exec'd with this Python as asked, and so is a worker
+when the server cannot be reached.
 
-Ray starts its Python workers as ``sys.executable .../ray/_private/workers/default_worker.py
-ARGS``. For those, the shim asks the fork server on ``SOCKET`` to fork the worker with its
-argv, environment, working directory and standard streams, then stands in for it: the
-process Ray started lives exactly as long as the worker, forwards the signals it gets, and
-exits as the worker did. If the server's worker dies with the shim (the server kills it when
-the shim's connection closes), a SIGKILL to the shim ends the worker as it would have ended
-an exec'd one. Anything else (Ray's monitors and agents, the reward's process, the reaper)
-is exec'd with this Python as asked, and so is a worker when the server cannot be reached.
-
-Standard library only, run without ``site``: it must start in milliseconds.
+Standard library only, isolated and without ``site``: it must start in milliseconds and change
+nothing in what it execs (no shell between, which would add ``PWD`` to the environment).
 """
 
 import contextlib
@@ -39,7 +39,7 @@ def exit_as(code: int) -> None:
 
 
 def main() -> None:
-    listen, args = sys.argv[1], sys.argv[2:]
+    listen, args = os.path.join(os.path.dirname(sys.argv[0]), "sock"), sys.argv[1:]
     if not (args and args[0].endswith(RAY_WORKER)):
         exec_python(args)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -195,17 +195,25 @@ def test_a_worker_killed_by_a_signal_ends_its_shim_by_the_same_signal(ray_server
     assert shim.wait(timeout=30) == -signal.SIGKILL
 
 
-def test_the_launcher_execs_anything_but_a_ray_worker(ray_server: ForkServer, tmp_path: Path) -> None:
+def test_the_launcher_execs_anything_but_a_ray_worker_and_adds_nothing_to_its_environment(
+    ray_server: ForkServer, tmp_path: Path
+) -> None:
     assert ray_server.python is not None
+    probe = "import json, os, sys; print(json.dumps([os.getppid(), sys.flags.isolated, sorted(os.environ)]))"
     out = subprocess.run(
-        [ray_server.python, "-c", "import os, sys; print(os.getppid(), sys.flags.isolated)"],
+        [ray_server.python, "-c", probe],
+        env={"PATH": os.environ["PATH"], "ONLY": "this"},
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=30,
     )
-    ppid, isolated = out.stdout.split()
-    assert int(ppid) == os.getpid(), "exec'd in place: this test's child"
-    assert isolated == "0", "with the flags it was given, not the shim's"
+    ppid, isolated, names = json.loads(out.stdout)
+    assert ppid == os.getpid(), "exec'd in place: this test's child"
+    assert isolated == 0, "with the flags it was given, not the shim's"
+    # Under the C locale Python sets LC_CTYPE for itself (PEP 538), shim or not.
+    names = [name for name in names if name != "LC_CTYPE"]
+    assert names == ["ONLY", "PATH"], "the environment it was given, nothing added (a shell adds PWD)"
 
 
 def test_a_forked_commands_python_is_the_launcher(ray_server: ForkServer, tmp_path: Path) -> None:
