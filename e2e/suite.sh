@@ -8,8 +8,8 @@
 # more lane runs every other test under tests/ (so a new folder is never left out).
 # SPOTRL_SUITE_LANES=none runs tests/ in one process. The default is two lanes: the test
 # control plane's suites (they share one cluster, so they stay in one process), security, the
-# generation and checkpoint suites, and the delta cuts' controller tests; then the rest (the
-# other controller suites, storage, training, unit). Which suites go where only evens the
+# generation suite, and the delta cuts' controller tests; then the rest (the other controller
+# suites, checkpoint, storage, training, unit). Which suites go where only evens the
 # lanes. Most tests wait (on a process start, a watch, a barrier), so two lanes share 2 cores
 # well; three did not (the CPU saturated and controller tests failed under the load). The
 # measurements: docs/benchmarks.md, "CI and test-suite durations".
@@ -25,7 +25,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 REPORT=${1:?usage: e2e/suite.sh REPORT_DIR [PYTEST ARGS...]}
 shift
-DEFAULT_LANES="tests/e2e tests/cluster tests/security tests/integration/generation tests/integration/checkpoint tests/integration/controller/test_delta_cuts.py"
+DEFAULT_LANES="tests/e2e tests/cluster tests/security tests/integration/generation tests/integration/controller/test_delta_cuts.py"
 LANES=${SPOTRL_SUITE_LANES:-$DEFAULT_LANES}
 cd "$ROOT"
 mkdir -p "$REPORT"
