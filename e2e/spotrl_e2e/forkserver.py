@@ -427,12 +427,12 @@ class _Server:
         shim gone: its worker goes too, as an exec'd worker would with its process."""
         pid = self.shims[conn]
         if pid is not None:
-            if not conn.recv(16):  # the shim is gone (nothing else is ever sent)
-                self._drop(conn)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            self._gone(conn, pid)  # it never sends more than its request
             return
-        data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        try:
+            data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        except OSError:
+            data, fds = b"", []
         if not data or len(fds) != 3:
             for fd in fds:
                 os.close(fd)
@@ -445,8 +445,17 @@ class _Server:
             os.close(fd)
         self.shims[conn] = pid
         self.workers[pid] = conn
-        conn.send(json.dumps({"pid": pid}).encode())
         _say(self.sock, {"worker": pid, "marker": msg["env"].get(self.marker) if self.marker else None})
+        try:
+            conn.send(json.dumps({"pid": pid}).encode())
+        except OSError:  # it died since it asked
+            self._gone(conn, pid)
+
+    def _gone(self, conn: socket.socket, pid: int) -> None:
+        """The shim of worker ``pid`` is gone: so is the worker."""
+        self._drop(conn)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
     def _drop(self, conn: socket.socket) -> None:
         pid = self.shims.pop(conn, None)
