@@ -127,7 +127,8 @@ class ForkServer:
     """The test's side: starts the server (``python forkserver.py FD``) with ``env``
     and forks commands from it. One reader thread takes the server's answers.
 
-    ``ray_workers``: the commands' Ray workers are forked too (the module docstring); the
+    ``ray_workers``: the commands' Ray workers are forked too (the module docstring; by
+    default unless ``SPOTRL_TEST_FORKSERVER_RAY`` is 0 when the server starts); the
     server then listens on a socket in a short folder of its own (Ray's socket paths must fit
     in 107 bytes, and so must this one). ``marker``: the environment variable whose value
     :meth:`workers_with` finds the forked Ray workers by (their ``/proc/PID/environ`` is
@@ -140,7 +141,7 @@ class ForkServer:
         start_timeout: float = 120,
         die_with_parent: bool = False,
         preload: Sequence[str] = PRELOAD,
-        ray_workers: bool = os.environ.get(FORK_RAY_VAR, "1") != "0",
+        ray_workers: bool | None = None,
         marker: str | None = None,
     ):
         ours, theirs = socket.socketpair()
@@ -149,7 +150,7 @@ class ForkServer:
         self.python: str | None = None  # the forked commands' sys.executable, where Ray's workers are forked
         self._folder: str | None = None
         listen = ""
-        if ray_workers:
+        if ray_workers if ray_workers is not None else os.environ.get(FORK_RAY_VAR, "1") != "0":
             self._folder = tempfile.mkdtemp(prefix="fork-", dir="/tmp")
             listen = os.path.join(self._folder, "sock")  # the shim's: beside it (rayworker_shim)
             self.python = _write_launcher(Path(self._folder) / "python")
