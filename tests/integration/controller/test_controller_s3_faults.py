@@ -8,6 +8,7 @@ import json
 import re
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -92,11 +93,15 @@ def test_a_run_preempted_and_resumed_under_heavy_faults_trains_the_baseline(
 
 
 def test_a_barrier_whose_manifest_put_stalls_exits_143_within_its_deadline(
-    runs: Runs, baseline: list[tuple[int, list[int]]], s3_bucket: Any
+    runs: Runs, baseline: list[tuple[int, list[int]]], s3_bucket: Any, tmp_path: Path
 ) -> None:
     job, uri = runs.job(), f"s3://{s3_bucket.bucket}/job"
     with FaultProxy(s3_bucket.endpoint) as proxy:
-        env = _env(s3_bucket, proxy)
+        # The worker holds its batches from step 6's weights on: the run is still training when
+        # the SIGTERM comes, not already past its last step (a tiny step takes a tenth of a
+        # second, and the run had ended in the second before the signal).
+        env = {**_env(s3_bucket, proxy), "SPOTRL_FAILPOINTS": "worker.generate@6+=300"}
+        env["SPOTRL_FAILPOINT_DIR"] = str(tmp_path)
         # Time enough to reach the manifest on a loaded host (a step in progress, the files), not
         # enough to outlast the stall: a shorter one can run out before the manifest on a loaded CI machine.
         first = runs.start(job, uri, "--sigterm-deadline", str(DEADLINE), **env)
