@@ -48,26 +48,22 @@ def main() -> None:
     except OSError:
         conn.close()
         exec_python(args)
-    worker: list[int] = []  # its pid, once forked
-    early: list[int] = []  # signals that came before
-
-    def forward(received: int, _frame: object) -> None:
-        if not worker:
-            early.append(received)
-            return
-        with contextlib.suppress(ProcessLookupError):  # it ended; the server's answer says how
-            os.kill(worker[0], received)
-
-    for forwarded in FORWARDED:
-        signal.signal(forwarded, forward)
+    # Signals wait (blocked) until the worker's pid is known, then reach it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     request = {"script": args[0], "args": args[1:], "env": dict(os.environ), "cwd": os.getcwd()}
     socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
     started = conn.recv(4096)
     if not started:
         sys.exit("rayworker_shim: the fork server closed the connection before it forked the worker")
-    worker.append(json.loads(started)["pid"])
-    for sig in early:
-        forward(sig, None)
+    pid = json.loads(started)["pid"]
+
+    def forward(received: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):  # it ended; the server's answer says how
+            os.kill(pid, received)
+
+    for forwarded in FORWARDED:
+        signal.signal(forwarded, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     ended = conn.recv(4096)
     if not ended:  # the server is gone, and its children with it
         exit_as(-signal.SIGKILL)
