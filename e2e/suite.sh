@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # pytest over tests/ for `make test`: lanes of pytest processes side by side, then the tests
-# marked `alone` by themselves. (make test then runs the kind subset, `make e2e-kind-ci`.)
+# marked `alone` by themselves. make test runs the kind subset (`make e2e-kind-ci`) as the
+# last lane's next step, beside the other lanes.
 #
 #   e2e/suite.sh REPORT_DIR [PYTEST ARGS...]
 #
@@ -8,12 +9,17 @@
 # more lane runs every other test under tests/ (so a new folder is never left out).
 # SPOTRL_SUITE_LANES=none runs tests/ in one process. The default is two lanes: the test
 # control plane's suites (they share one cluster, so they stay in one process), security, the
-# generation suite, and the delta cuts' controller tests; then the rest (the other controller
-# suites, checkpoint, storage, training, unit). Which suites go where only evens the
-# lanes. Most tests wait (on a process start, a watch, a barrier), so two lanes share 2 cores
-# well; three did not (the CPU saturated and controller tests failed under the load). The
-# measurements: docs/benchmarks.md, "CI and test-suite durations".
+# generation suite, the delta cuts' controller tests, storage and unit; then the rest (the
+# other controller suites, checkpoint, training) and, after it, the kind subset. Which suites
+# go where only evens the lanes. Most tests wait (on a process start, a watch, a barrier), so
+# two lanes share 2 cores well; three did not (the CPU saturated and controller tests failed
+# under the load). The measurements: docs/benchmarks.md, "CI and test-suite durations".
 # The CPU figure printed at the end says how busy the machine was while the lanes ran.
+#
+# $SPOTRL_SUITE_THEN: a command (bash) run once the last lane has passed, beside the lanes
+# still running, so that the machine runs two things at a time throughout. Its failure fails
+# the suite; it does not run when the last lane failed (with one process: after it, when it
+# passed).
 #
 # Then the tests marked `alone` (timing windows of a second or so) with nothing beside them.
 # Reports: REPORT_DIR/pytest-1.xml ... pytest-N.xml (pytest-all.xml with one lane) and
@@ -25,7 +31,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 REPORT=${1:?usage: e2e/suite.sh REPORT_DIR [PYTEST ARGS...]}
 shift
-DEFAULT_LANES="tests/e2e tests/cluster tests/security tests/integration/generation tests/integration/controller/test_delta_cuts.py"
+DEFAULT_LANES="tests/e2e tests/cluster tests/security tests/integration/generation tests/integration/controller/test_delta_cuts.py tests/integration/storage tests/unit"
 LANES=${SPOTRL_SUITE_LANES:-$DEFAULT_LANES}
 cd "$ROOT"
 mkdir -p "$REPORT"
@@ -34,15 +40,32 @@ rm -f "$REPORT"/pytest-*.xml "$REPORT"/pytest-*.log
 first_failure() { # code: keep the first non-zero code
   [ "$rc" != 0 ] || rc=$1
 }
+then_after() { # code of the lane it follows; runs $SPOTRL_SUITE_THEN when that passed
+  [ -n "${SPOTRL_SUITE_THEN:-}" ] || return 0
+  if [ "$1" != 0 ] && ! { [ "$1" = 5 ] && [ "$nargs" -gt 0 ]; }; then
+    echo "== not run, the lane before it failed: $SPOTRL_SUITE_THEN"
+    return 0
+  fi
+  echo "== then, at $((SECONDS - start)) s: $SPOTRL_SUITE_THEN"
+  local c=0
+  bash -c "$SPOTRL_SUITE_THEN" || c=$?
+  echo "== then: exit $c at $((SECONDS - start)) s"
+  first_failure "$c"
+}
 cpu_ticks() { # "busy total" jiffies of all CPUs since boot
   awk '/^cpu /{t=0; for (i=2; i<=NF; i++) t+=$i; print t-$5-$6, t}' /proc/stat
 }
 
 rc=0
+nargs=$#
 read -r busy0 total0 <<<"$(cpu_ticks)"
 start=$SECONDS
 if [ "$LANES" = none ]; then
   "$PY" -m pytest -m "not alone" --durations=20 --junitxml="$REPORT/pytest-all.xml" "$@" || rc=$?
+  code=$rc
+  rc=0
+  then_after "$code"
+  first_failure "$code"
 else
   IFS=';' read -r -a lanes <<<"$LANES"
   ignore=()
@@ -67,6 +90,7 @@ else
     tee "$REPORT/pytest-$last.log"
   code=${PIPESTATUS[0]}
   echo "== lane $last (the rest of tests/): exit $code at $((SECONDS - start)) s"
+  then_after "$code"
   for i in "${!pids[@]}"; do
     n=$((i + 1))
     wait "${pids[$i]}"

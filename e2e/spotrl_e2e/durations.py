@@ -42,8 +42,9 @@ SUITE_BUDGETS: dict[str, float] = {
     "tests/integration/storage": 40,
 }
 """Seconds of test time per suite (setup, call and teardown, summed). Two lanes share the CI
-machine's 2 cores, so the sum (2,550 s) is about twice the lanes' wall time (1,300 s), which
-with the kind subset, lint and the tests run alone fits 30 minutes."""
+machine's 2 cores, the kind subset the second lane's last step, so the sum with the kind
+subset's is about twice their wall time, which with lint and the tests run alone fits 30
+minutes."""
 KIND_BUDGET = 400.0
 """Seconds of the kind subset, cluster to teardown."""
 

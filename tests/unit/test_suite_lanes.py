@@ -12,10 +12,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "e2e" / "suite.sh"
 
-# Records its arguments (one per line) in CALLS/<its pid> (lanes run at once); exits with
-# $FAIL_<word> when one of its arguments is that word (a lane's path's last part).
+# Records its arguments (one per line) in CALLS/<its pid> (lanes run at once); runs $PRE_<word>
+# first and exits with $FAIL_<word> when one of its arguments is that word (a lane's path's last
+# part).
 FAKE_PY = """#!/usr/bin/env bash
 printf '%s\\n' "$@" > "$CALLS/$$"
+for a in "$@"; do
+  pre="PRE_$(basename "$a" | tr -c 'A-Za-z0-9\\n' _)"
+  if [ -n "${!pre:-}" ]; then eval "${!pre}"; fi
+done
 for a in "$@"; do
   key="FAIL_$(basename "$a" | tr -c 'A-Za-z0-9\\n' _)"
   if [ -n "${!key:-}" ]; then exit "${!key}"; fi
@@ -112,3 +117,37 @@ def test_a_lane_naming_a_missing_path_starts_nothing(tmp_path: Path) -> None:
     assert code == 2
     assert "lane 2 of SPOTRL_SUITE_LANES names no path" in out
     assert calls == []
+
+
+# The command after the last lane: records when it ran (after which lanes had recorded their
+# calls), and exits $THEN_EXIT.
+THEN = 'ls "$CALLS" | wc -l > "$CALLS/../then-saw"; touch "$CALLS/../then-ran"; exit "${THEN_EXIT:-0}"'
+
+
+def test_the_command_after_the_last_lane_runs_beside_the_others_before_the_alone_tests(tmp_path: Path) -> None:
+    # Lane 1 waits until the command has run: it ran while lane 1 was still running.
+    ran = tmp_path / "then-ran"
+    held = f'for _ in $(seq 200); do [ -e "{ran}" ] && break; sleep 0.05; done; [ -e "{ran}" ] || exit 9'
+    code, calls, out = run_suite(tmp_path, "tests/e2e", SPOTRL_SUITE_THEN=THEN, PRE_e2e=held)
+    assert code == 0, out
+    assert (tmp_path / "then-ran").exists(), out
+    saw = int((tmp_path / "then-saw").read_text())
+    assert saw == 2, "both lanes had started, the alone tests had not"
+    assert marker(calls[-1]) == "alone"
+
+
+def test_a_failing_command_after_the_lanes_fails_the_suite(tmp_path: Path) -> None:
+    code, calls, out = run_suite(tmp_path, "tests/e2e", SPOTRL_SUITE_THEN=THEN, THEN_EXIT="7")
+    assert code == 7, out
+    assert "then: exit 7" in out
+    assert marker(calls[-1]) == "alone", "the alone tests still ran"
+
+
+def test_the_command_does_not_run_when_the_last_lane_failed(tmp_path: Path) -> None:
+    code, _, out = run_suite(tmp_path, "tests/e2e", SPOTRL_SUITE_THEN=THEN, FAIL_tests="4")
+    assert code == 4, out
+    assert not (tmp_path / "then-ran").exists()
+    assert "not run, the lane before it failed" in out
+    code, _, out = run_suite(tmp_path / "one", "none", SPOTRL_SUITE_THEN=THEN)
+    assert code == 0, out
+    assert (tmp_path / "one" / "then-ran").exists(), "with one process, after it"
