@@ -9,9 +9,9 @@
 # more lane runs every other test under tests/ (so a new folder is never left out).
 # SPOTRL_SUITE_LANES=none runs tests/ in one process. The default is two lanes: the test
 # control plane's suites (they share one cluster, so they stay in one process), security, the
-# generation suite, the delta cuts' controller tests, storage and unit; then the rest (the
-# other controller suites, checkpoint, training) and, after it, the kind subset. Which suites
-# go where only evens the lanes. Most tests wait (on a process start, a watch, a barrier), so
+# generation suite, the delta cuts' controller tests and unit; then the rest (the other
+# controller suites, checkpoint, storage, training) and, after it, the kind subset. Which
+# suites go where only evens the lanes. Most tests wait (on a process start, a watch, a barrier), so
 # two lanes share 2 cores well; three did not (the CPU saturated and controller tests failed
 # under the load). The measurements: docs/benchmarks.md, "CI and test-suite durations".
 # The CPU figure printed at the end says how busy the machine was while the lanes ran.
@@ -31,8 +31,10 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 REPORT=${1:?usage: e2e/suite.sh REPORT_DIR [PYTEST ARGS...]}
 shift
-DEFAULT_LANES="tests/e2e tests/cluster tests/security tests/integration/generation tests/integration/controller/test_delta_cuts.py tests/integration/storage tests/unit"
+DEFAULT_LANES="tests/e2e tests/cluster tests/security tests/integration/generation tests/integration/controller/test_delta_cuts.py tests/unit"
 LANES=${SPOTRL_SUITE_LANES:-$DEFAULT_LANES}
+THEN=${SPOTRL_SUITE_THEN:-}
+unset SPOTRL_SUITE_THEN # not inherited by the tests: some run this script
 cd "$ROOT"
 mkdir -p "$REPORT"
 rm -f "$REPORT"/pytest-*.xml "$REPORT"/pytest-*.log
@@ -40,15 +42,15 @@ rm -f "$REPORT"/pytest-*.xml "$REPORT"/pytest-*.log
 first_failure() { # code: keep the first non-zero code
   [ "$rc" != 0 ] || rc=$1
 }
-then_after() { # code of the lane it follows; runs $SPOTRL_SUITE_THEN when that passed
-  [ -n "${SPOTRL_SUITE_THEN:-}" ] || return 0
+then_after() { # code of the lane it follows; runs $THEN when that passed
+  [ -n "$THEN" ] || return 0
   if [ "$1" != 0 ] && ! { [ "$1" = 5 ] && [ "$nargs" -gt 0 ]; }; then
-    echo "== not run, the lane before it failed: $SPOTRL_SUITE_THEN"
+    echo "== not run, the lane before it failed: $THEN"
     return 0
   fi
-  echo "== then, at $((SECONDS - start)) s: $SPOTRL_SUITE_THEN"
+  echo "== then, at $((SECONDS - start)) s: $THEN"
   local c=0
-  bash -c "$SPOTRL_SUITE_THEN" || c=$?
+  bash -c "$THEN" || c=$?
   echo "== then: exit $c at $((SECONDS - start)) s"
   first_failure "$c"
 }

@@ -17,6 +17,7 @@ SUITE = ROOT / "e2e" / "suite.sh"
 # part).
 FAKE_PY = """#!/usr/bin/env bash
 printf '%s\\n' "$@" > "$CALLS/$$"
+echo "${SPOTRL_SUITE_THEN-unset}" > "$CALLS/../then-env-$$"
 for a in "$@"; do
   pre="PRE_$(basename "$a" | tr -c 'A-Za-z0-9\\n' _)"
   if [ -n "${!pre:-}" ]; then eval "${!pre}"; fi
@@ -35,7 +36,7 @@ def run_suite(tmp_path: Path, lanes: str | None, **env: str) -> tuple[int, list[
     fake = tmp_path / "python"
     fake.write_text(FAKE_PY)
     fake.chmod(0o755)
-    full = {k: v for k, v in os.environ.items() if k != "SPOTRL_SUITE_LANES"}
+    full = {k: v for k, v in os.environ.items() if k not in ("SPOTRL_SUITE_LANES", "SPOTRL_SUITE_THEN")}
     full.update(PY=str(fake), CALLS=str(calls), **env)
     if lanes is not None:
         full["SPOTRL_SUITE_LANES"] = lanes
@@ -134,6 +135,8 @@ def test_the_command_after_the_last_lane_runs_beside_the_others_before_the_alone
     saw = int((tmp_path / "then-saw").read_text())
     assert saw == 2, "both lanes had started, the alone tests had not"
     assert marker(calls[-1]) == "alone"
+    seen = {f.read_text().strip() for f in tmp_path.glob("then-env-*")}
+    assert seen == {"unset"}, "the tests do not inherit the command (some run this script themselves)"
 
 
 def test_a_failing_command_after_the_lanes_fails_the_suite(tmp_path: Path) -> None:
