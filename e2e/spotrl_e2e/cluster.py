@@ -107,6 +107,12 @@ class Cluster(KubeCluster):
     def ca(self) -> Path:
         return self.controlplane.pki.ca.cert
 
+    @property
+    def image_sources(self) -> Path:
+        """Where a test puts another release's code for the pods of an image tagged with that
+        folder's name (:attr:`spotrl_e2e.nodeagent.config.AgentConfig.image_sources`)."""
+        return self.workdir / "images"
+
     def start(self, detached: bool = False) -> Cluster:
         """Starts the control plane and the node agent and waits until every node is Ready and
         schedulable. ``detached``: the servers outlive this process (``cluster up``)."""
@@ -140,6 +146,7 @@ class Cluster(KubeCluster):
             control_port=self.control_port,
             nodes=self.node_specs,
             image_env={**runtime_image_env(), "SPOTRL_RAY_TMP": str(self.ray_tmp)},
+            image_sources=str(self.image_sources),
         )
         config_path = self.workdir / "nodeagent.json"
         config.save(config_path)

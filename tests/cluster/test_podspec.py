@@ -65,3 +65,17 @@ def test_command_is_required_and_image_paths_fall_back_to_path() -> None:
         lambda p: f"/venv/bin/{p}",
     )
     assert argv == ["/venv/bin/spotrl", "--out=/tmp/pod/volumes/data"]
+
+
+def test_an_image_tagged_with_a_release_folder_runs_that_release_and_any_other_this_checkout(tmp_path: Path) -> None:
+    from spotrl_e2e.nodeagent.config import AgentConfig
+    from spotrl_e2e.nodeagent.pods import release_source
+
+    (tmp_path / "02aa473610d5" / "runtime").mkdir(parents=True)
+    (tmp_path / "no-runtime").mkdir()
+    cfg = AgentConfig("https://x", "ca", "pki", "work", "bin", 0, [], image_sources=str(tmp_path))
+    assert release_source(cfg, "spotrl-runtime-cpu:02aa473610d5") == tmp_path / "02aa473610d5" / "runtime"
+    assert release_source(cfg, "registry:5000/spotrl-runtime-cpu:02aa473610d5") == tmp_path / "02aa473610d5" / "runtime"
+    for image in ("spotrl-runtime-cpu:0.1.0", "spotrl-runtime-cpu:no-runtime", "registry:5000/spotrl", "", "x:.."):
+        assert release_source(cfg, image) is None, image
+    assert release_source(AgentConfig("https://x", "ca", "pki", "work", "bin", 0, []), "spotrl:02aa473610d5") is None

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -26,6 +27,7 @@ from operator_harness import (
     CRD,
     NOWHERE,
     Jobs,
+    JobStorage,
     OperatorProcess,
     apply_crd,
     condition_of,
@@ -59,6 +61,20 @@ def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
     return out
+
+
+PREVIOUS_IMAGE = f"spotrl-runtime-cpu:{PREVIOUS_RELEASE[:12]}"
+"""The previous release's runtime image: on the test control plane its pods run that release's
+``runtime/`` (the node agent's ``image_sources``), as its image would."""
+
+
+@pytest.fixture
+def previous_image(cluster: Cluster, previous_release: Path) -> str:
+    tag = cluster.image_sources / PREVIOUS_IMAGE.rsplit(":", 1)[1]
+    tag.parent.mkdir(exist_ok=True)
+    if not tag.exists():
+        tag.symlink_to(previous_release)
+    return PREVIOUS_IMAGE
 
 
 def newer_crd(tmp: Path) -> Path:
@@ -221,3 +237,53 @@ def test_an_older_controller_under_a_newer_operator_commits_its_barrier(
             old.stop()
     finally:
         apply_crd(cluster)
+
+
+def test_a_previous_release_controller_commits_the_barrier_todays_operator_asks_and_today_resumes_its_cut(
+    cluster: Cluster,
+    jobs: Jobs,
+    start_operator: Callable[..., OperatorProcess],
+    e2e_storage: JobStorage,
+    reference: dict[int, Any],
+    previous_release: Path,
+    previous_image: str,
+) -> None:
+    """A running job's controller keeps its image until its pod is made again. The previous
+    release's operator starts the tiny job on the previous release's image; today's operator
+    takes over (a rolling update: the old one stops first); a spot notice and a drain then reach
+    the old controller, which commits the barrier cut today's operator asks for. Today's
+    controller, on today's image, resumes from that cut, and the job trains the stream of a job
+    never preempted: the whole skew, training and the cut's format included, not a stand-in."""
+    from test_preemption import AWS_NOTICE, SPOT, assert_same_stream, start, succeeded, training
+
+    old = start_operator(source=previous_release, args=("--runtime-image", previous_image))
+    start(cluster, jobs, e2e_storage, "tiny", SPOT)
+    st = training(jobs, "tiny", 3)
+    node, pod = st["controllerNode"], st["controllerPod"]
+    assert image_of(cluster, jobs.ns, pod) == previous_image
+    events = cluster.admin().get(f"/api/v1/namespaces/{jobs.ns}/events", fieldSelector=f"involvedObject.name={pod}")
+    tag = previous_image.rsplit(":", 1)[1]
+    assert any(f"the code of release {tag}" in e.get("message", "") for e in events["items"]), (
+        "the controller that trains is the previous release's"
+    )
+    old.stop()
+    start_operator()
+
+    cluster.taint(node, AWS_NOTICE, "true")
+    drain = cluster.drain(node, timeout=300)
+    try:
+        cut, _ = jobs.barrier_commit("tiny", 120)
+        assert drain.wait(300) == 0, drain.output()
+    finally:
+        drain.stop()
+    st = succeeded(jobs, "tiny")
+    assert (st["attempt"], st["preemptions"], st["restarts"]) == (2, 1, 0), st
+    assert image_of(cluster, jobs.ns, st["controllerPod"]) != previous_image, "the new pod runs today's image"
+    assert f"resumed from cut {cut}" in cluster.pod_log(jobs.ns, st["controllerPod"])
+    assert_same_stream(reference, e2e_storage, "tiny")
+
+
+def image_of(cluster: Cluster, namespace: str, pod: str) -> str:
+    spec = cluster.admin().get(f"/api/v1/namespaces/{namespace}/pods/{pod}")["spec"]
+    (controller,) = [c for c in spec["containers"] if c["name"] == "controller"]
+    return str(controller["image"])

@@ -85,6 +85,10 @@ class AgentConfig:
     backoff_max: float = 20.0
     image_env: dict[str, str] = field(default_factory=dict)
     """What the runtime image's ENV lines set (the Dockerfile's): every container gets it."""
+    image_sources: str = ""
+    """A folder of other releases' code, one folder per image tag: a container whose image's tag
+    names one runs that release's ``runtime/`` (first on its ``PYTHONPATH``), as a pod of that
+    release's image would; any other image runs this checkout's."""
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=1))

@@ -74,6 +74,16 @@ def image_env(cfg: AgentConfig, home: Path) -> dict[str, str]:
     }
 
 
+def release_source(cfg: AgentConfig, image: str) -> Path | None:
+    """The code of another release that ``image`` runs (``cfg.image_sources``), or None: this
+    checkout's."""
+    tag = image.rsplit("/", 1)[-1].partition(":")[2]
+    if not cfg.image_sources or not tag or tag.startswith("."):  # a tag never starts with a dot
+        return None
+    source = Path(cfg.image_sources) / tag / "runtime"
+    return source if source.is_dir() else None
+
+
 def now_rfc3339() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -402,6 +412,9 @@ class PodWorker(threading.Thread):
             "KUBERNETES_SERVICE_HOST": "127.0.0.1",
             "KUBERNETES_SERVICE_PORT": cfg.server.rsplit(":", 1)[1],
         }
+        release = release_source(cfg, c.spec.get("image", ""))
+        if release is not None:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(release), env.get("PYTHONPATH")) if p)
         token = self._api_token
         sa_mounted = any(mp.rstrip("/") == SERVICE_ACCOUNT_DIR for mp in self.mounts.get(c.name, {}))
         if token and sa_mounted:
@@ -451,7 +464,9 @@ class PodWorker(threading.Thread):
         c.started_at = time.monotonic()
         c.killed_by_agent = False
         c.state = {"running": {"startedAt": now_rfc3339()}}
-        self.node.event(self.pod, "Started", f"Started container {c.name} (pid {c.proc.pid})")
+        release = release_source(self.node.config, c.spec.get("image", ""))
+        code = f"; the code of release {release.parent.name}" if release is not None else ""
+        self.node.event(self.pod, "Started", f"Started container {c.name} (pid {c.proc.pid}{code})")
 
     def _exited(self, c: Container, code: int, message: str = "", reason: str | None = None) -> None:
         """Records a container's exit and decides whether it will run again."""
