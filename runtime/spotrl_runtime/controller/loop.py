@@ -139,6 +139,8 @@ class Controller:
         """Set when the dispatcher and cut writer start: from then on a SIGTERM cuts."""
         self._failure: BaseException | None = None
         self._terminated = False
+        self._stop_deadline: Deadline | None = None
+        """Set by a stop signal: when the grace period it started runs out (--sigterm-deadline)."""
         self._barrier_lock = threading.Lock()
         self._barrier_cut: CutInfo | None = None
         self._cuts: queue.Queue[_CutJob | None] = queue.Queue()
@@ -191,6 +193,8 @@ class Controller:
         """Trains until every step is done or the process is stopped. Returns the exit code."""
         for sink in self.options.sinks:
             sink.on_started(self.resumed_from, self.parts.skipped)
+        if self.resumed_from is not None:
+            failpoint("run.resumed", self.resumed_from.step)  # a test holds a resumed run before it trains
         for hook in self.options.on_ready:
             hook(self)
         threads = [
@@ -204,7 +208,8 @@ class Controller:
             finished = self._train_loop()
             final = self._periodic_cut("final") if finished else None
             if final is not None:
-                final.done.result()  # the trained policy, safe in storage
+                if not self._final_committed(final):
+                    return EXIT_TERMINATED
                 for sink in self.options.sinks:
                     sink.on_finished(self.owners.trainer_step)
                 return EXIT_OK
@@ -223,6 +228,24 @@ class Controller:
                 t.join(timeout=5 if self._terminated else 30)
             self.tensorboard.close()
             self.parts.shutdown()
+
+    def _final_committed(self, final: _CutJob) -> bool:
+        """Waits for the final cut (the trained policy, safe in storage). After a stop signal,
+        no longer than its deadline: the grace period is running out, and the kubelet would kill
+        the process in the middle of the write. False then; the last committed cut stands, and
+        the next attempt trains the steps after it again."""
+        while True:
+            try:
+                final.done.result(timeout=0.2)
+                return True
+            except FutureTimeoutError:
+                deadline = self._stop_deadline
+                if deadline is not None and deadline.remaining() <= 0:
+                    log.error(
+                        "stopped: the final cut did not commit within --sigterm-deadline "
+                        "(the last committed cut stands; the steps after it are trained again)"
+                    )
+                    return False
 
     def _train_loop(self) -> bool:
         """The trainer thread. True when every step is trained."""
@@ -694,6 +717,7 @@ class Controller:
         if self._terminated:
             return
         self._terminated = True
+        deadline = self._stop_deadline = Deadline.after(self.options.sigterm_deadline)
 
         def cut_then_stop() -> None:
             try:
@@ -702,7 +726,7 @@ class Controller:
                     # the cut it restores from, and no cut writer runs yet.
                     return
                 if not (self.owners.trainer_step >= self.target_steps and not self._parked.is_set()):
-                    self.request_barrier(name, Deadline.after(self.options.sigterm_deadline))
+                    self.request_barrier(name, deadline)
             except BarrierFailed as err:
                 # Missed or failed: said, and the process still stops as the signal asked (143
                 # or 130); the last committed cut stands, and no torn cut is left.

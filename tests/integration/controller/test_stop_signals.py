@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from controller_runs import Process, Runs, audit, fsdp, newest_cut, stream, wait_for
+from controller_runs import Process, Runs, audit, fsdp, newest_cut, stop, stream, wait_for
 
 from spotrl_e2e.procs import process_state
 from spotrl_runtime.checkpoint.layout import list_cut_folders, manifest_key
@@ -159,3 +159,22 @@ def test_a_second_ctrl_c_warns_and_a_third_stops_at_once_without_the_cut(runs: R
     ]
     assert kinds, "the periodic cuts before the barrier stand"
     assert set(kinds) == {"periodic"}, f"no barrier cut exists: {kinds}"
+
+
+def test_a_stop_signal_while_the_final_cut_is_written_exits_within_its_deadline(runs: Runs, tmp_path: Path) -> None:
+    """Every step trained and the final cut's commit held: a SIGTERM takes no barrier then
+    (nothing is left to train), but its deadline bounds the wait for the final cut as it bounds a
+    barrier's, so the grace period never ends in the middle of a write. The last committed cut
+    stands: the final one is not half there."""
+    store = runs.base / "final-held"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    held = {"SPOTRL_FAILPOINTS": "cut.files_written@16=300", "SPOTRL_FAILPOINT_DIR": str(marks)}
+    proc = runs.start(runs.job(), store, "--sigterm-deadline", "3", **held)
+    wait_for(lambda: (marks / "cut.files_written").exists(), 300, "the final cut's files", proc)
+    signalled = time.monotonic()
+    assert stop(proc, signal.SIGTERM, timeout=30) == 143, runs.log_of(proc)
+    assert time.monotonic() - signalled < 3 + 10, "stopped within the deadline, with a margin for the shutdown"
+    assert "the final cut did not commit within --sigterm-deadline" in runs.log_of(proc)
+    _, kind, step = newest_cut(store)
+    assert step < 16, (kind, step)
