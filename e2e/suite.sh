@@ -7,10 +7,11 @@
 #
 # $SPOTRL_SUITE_LANES names the lanes' paths, lanes separated by ';', paths by spaces; one
 # more lane runs every other test under tests/ (so a new folder is never left out).
-# SPOTRL_SUITE_LANES=none runs tests/ in one process. The default is two lanes: the test
-# control plane's suites (they share one cluster, so they stay in one process), security, the
-# generation suite, the delta cuts' controller tests and unit; then the rest (the other
-# controller suites, checkpoint, storage, training) and, after it, the kind subset. Which
+# SPOTRL_SUITE_LANES=none runs tests/ in one process. The default is two lanes: unit (first:
+# its tests with second-long bounds do not run beside the kind subset), the test control
+# plane's suites (they share one cluster, so they stay in one process), security, the
+# generation suite and the delta cuts' controller tests; then the rest (the other controller
+# suites, checkpoint, storage, training) and, after it, the kind subset. Which
 # suites go where only evens the lanes. Most tests wait (on a process start, a watch, a barrier), so
 # two lanes share 2 cores well; three did not (the CPU saturated and controller tests failed
 # under the load). The measurements: docs/benchmarks.md, "CI and test-suite durations".
@@ -31,7 +32,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 REPORT=${1:?usage: e2e/suite.sh REPORT_DIR [PYTEST ARGS...]}
 shift
-DEFAULT_LANES="tests/e2e tests/cluster tests/security tests/integration/generation tests/integration/controller/test_delta_cuts.py tests/unit"
+DEFAULT_LANES="tests/unit tests/e2e tests/cluster tests/security tests/integration/generation tests/integration/controller/test_delta_cuts.py"
 LANES=${SPOTRL_SUITE_LANES:-$DEFAULT_LANES}
 THEN=${SPOTRL_SUITE_THEN:-}
 unset SPOTRL_SUITE_THEN # not inherited by the tests: some run this script

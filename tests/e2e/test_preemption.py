@@ -868,23 +868,29 @@ def test_a_double_preemption_with_the_operator_killed_in_each_ends_with_the_same
     reference: dict[int, Any],
     e2e_operator: Any,
     request: pytest.FixtureRequest,
+    tmp_path: Path,
 ) -> None:
     """A drain after a Karpenter notice, then the fresh controller's node lost abruptly while that
-    controller is still starting; the operator is SIGKILLed at a random moment of each and a new
-    one takes over."""
+    controller is still starting (held by a failpoint once it has restored, before it trains);
+    the operator is SIGKILLed at a random moment of each and a new one takes over."""
     local_only(e2e_cluster, "on kind the operator is the chart's Deployment, not a process of the test")
     start_operator = request.getfixturevalue("start_operator")
     seed = int(os.environ.get("SPOTRL_TEST_SEED", time.time_ns() % 10_000))
     rng = random.Random(seed)
     print(f"seed {seed} (SPOTRL_TEST_SEED={seed} repeats it)")
     cluster, jobs = e2e_cluster, e2e_jobs
-    operator = e2e_operator
+    held = tmp_path / "failpoints"
+    held.mkdir()
+    held.chmod(0o777)  # the pods' user writes its marks here
+    holding = ("--runtime-env", "SPOTRL_FAILPOINTS=run.resumed=300", "--runtime-env", f"SPOTRL_FAILPOINT_DIR={held}")
+    e2e_operator.stop()
+    operator = start_operator(args=holding)
 
     def kill_operator_within(seconds: float) -> None:
         nonlocal operator
         time.sleep(rng.uniform(0, seconds))
         operator.kill(signal.SIGKILL)
-        operator = start_operator()
+        operator = start_operator(args=holding)
 
     start(cluster, jobs, e2e_storage, "twice", {})
     st = training(jobs, "twice", 2)
@@ -897,18 +903,15 @@ def test_a_double_preemption_with_the_operator_killed_in_each_ends_with_the_same
     finally:
         drain.stop()
 
-    # The fresh controller is up but has not trained (it is restoring): its node goes.
+    # The fresh controller has restored and not trained (held): its node goes.
     pod = "twice-controller-2"
-    wait_until(
-        lambda: any(p["metadata"]["name"] == pod and p["status"].get("phase") == "Running" for p in jobs.pods("twice")),
-        TRAIN_TIMEOUT,
-        f"{pod} running",
-    )
+    wait_until((held / "run.resumed").exists, TRAIN_TIMEOUT, f"{pod} restored, held before it trains")
     st = jobs.status("twice")
     assert st.get("stepAttempt") != 2, "attempt 2 trained before its node could be lost"
     second = next(p["spec"]["nodeName"] for p in jobs.pods("twice") if p["metadata"]["name"] == pod)
     assert second != first
     cluster.lose_node(second)
+    (held / "run.resumed.release").touch()  # the third attempt, when it has restored, goes on
     kill_operator_within(3.0)
 
     st = training(jobs, "twice", 1, attempt=3)
