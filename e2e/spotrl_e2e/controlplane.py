@@ -223,6 +223,10 @@ class ControlPlane:
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=Node,RBAC",
             "--enable-admission-plugins=" + ",".join(ADMISSION_PLUGINS),
+            # MutatingAdmissionPolicy, beta and off in 1.35 (on in 1.36): the chart's records
+            # the default credentials Secret on each RLJob as it is written.
+            "--feature-gates=MutatingAdmissionPolicy=true",
+            "--runtime-config=admissionregistration.k8s.io/v1beta1=true",
             f"--default-not-ready-toleration-seconds={t.default_toleration_seconds}",
             f"--default-unreachable-toleration-seconds={t.default_toleration_seconds}",
             f"--kubelet-client-certificate={kubelet_client.cert}",

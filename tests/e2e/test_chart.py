@@ -46,12 +46,19 @@ from spotrl_operator.settings import Settings, add_arguments, from_args
 
 pytestmark = pytest.mark.cluster
 RELEASE = "spotrl-chart"
+# What the test control plane serves (Kubernetes 1.35 with the beta API on), helm template is told.
+MUTATING_POLICY = "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy"
 UPGRADE_PAGE = Path("docs/operations/upgrading.md")
 PENDING = {"scheduling": {"nodeSelector": NOWHERE}}
 
 
-def render(cluster: Cluster, namespace: str, *sets: str, release: str = RELEASE) -> list[dict]:
+def render(
+    cluster: Cluster, namespace: str, *sets: str, release: str = RELEASE, api_versions: tuple[str, ...] = ()
+) -> list[dict]:
+    """``helm template`` of the chart; ``api_versions``: what the API server serves beyond
+    helm's defaults (as ``helm install`` would discover)."""
     args = ["template", release, str(CHART), "--namespace", namespace, "--kube-version", "1.35.4", "--include-crds"]
+    args += [f"--api-versions={v}" for v in api_versions]
     for s in sets:
         args += ["--set", s]
     return [d for d in yaml.safe_load_all(helm(cluster, *args)) if d]
@@ -411,19 +418,24 @@ def test_the_admission_policy_checks_what_a_jobs_pods_would_read_on_every_write(
     Secrets and ConfigMaps it names (the chart's default Secret when it names none), with its
     reward and its dataset, and run the image it names. The policy checks the writer's own
     rights (a SubjectAccessReview through CEL's authorizer) on every create and update, the
-    operator's own writes excepted, and refuses a runtimeEnv name the admin locked."""
+    operator's own writes excepted, and refuses a runtimeEnv name the admin locked. Where the
+    API server serves MutatingAdmissionPolicy, the default Secret is recorded on the job as it is
+    written, so the one checked is the one its pods mount whatever the operator's default."""
     apply_crd(cluster)
     # A release name of its own: the installed-chart test's policy (cluster-scoped, same
     # name) may still be in the API server's cache for a moment after its uninstall.
     release = "spotrl-vap"
     sets = ("imagePolicy.allowedImages[0]=registry.example.com/ml/", "storage.credentialsSecret=shared")
-    docs = render(cluster, namespace, *sets, "runtimeEnvLocked[0]=HTTPS_PROXY", release=release)
+    docs = render(
+        cluster, namespace, *sets, "runtimeEnvLocked[0]=HTTPS_PROXY", release=release, api_versions=(MUTATING_POLICY,)
+    )
     policy = [
         d
         for d in docs
-        if d["kind"].startswith("ValidatingAdmissionPolicy") and d["metadata"]["name"].endswith("-rljobs")
+        if d["kind"].startswith("MutatingAdmissionPolicy")
+        or (d["kind"].startswith("ValidatingAdmissionPolicy") and d["metadata"]["name"].endswith("-rljobs"))
     ]
-    assert len(policy) == 2
+    assert len(policy) == 4
     admin = cluster.admin()
     for name in ("mine", "theirs", "shared"):
         admin.create(
@@ -465,6 +477,10 @@ def test_the_admission_policy_checks_what_a_jobs_pods_would_read_on_every_write(
         """``who`` creates the job (by default naming the Secret "mine")."""
         return run(who, "create", "-f", "-", input=manifest(name, **spec))
 
+    def recorded_default(name: str) -> str | None:
+        annotations = admin.get(f"{jobs}/{name}")["metadata"].get("annotations") or {}
+        return annotations.get(resources.DEFAULT_SECRET_ANNOTATION)
+
     def patch(who: str, name: str, spec: dict[str, Any]) -> tuple[int, str]:
         return run(who, "patch", "rljob", name, "--type=merge", "-p", json.dumps({"spec": spec}))
 
@@ -480,8 +496,10 @@ def test_the_admission_policy_checks_what_a_jobs_pods_would_read_on_every_write(
 
         def in_force() -> bool:
             refused = "credentialsSecret" in create(f"probe-{next(probes)}", checkpoint=theirs)[1]
-            allowed = create(f"probe-{next(probes)}", scheduling={"image": "registry.example.com/ml/probe:1"})[0] == 0
-            return refused and allowed
+            allowed = f"probe-{next(probes)}"
+            if create(allowed, scheduling={"image": "registry.example.com/ml/probe:1"})[0] != 0:
+                return False
+            return refused and recorded_default(allowed) == "shared"
 
         wait_until(in_force, 30, "the policy in force")
 
@@ -503,6 +521,8 @@ def test_the_admission_policy_checks_what_a_jobs_pods_would_read_on_every_write(
         assert admin.get_or_none(f"{jobs}/defaulted") is None, "half-applied"
         rc, err = create("bobs", who="bob", checkpoint={"storage": "s3://bucket-x/j"})
         assert rc == 0, err
+        # Recorded as it was written (no operator runs here): the Secret the policy checked.
+        assert recorded_default("bobs") == "shared"
         # The default the operator recorded on a job is the one its pods keep mounting, checked
         # in place of the chart's; taking the record off is checked against the chart's.
         recorded = {"checkpoint": {"storage": "s3://bucket-x/j"}}
@@ -516,6 +536,7 @@ def test_the_admission_policy_checks_what_a_jobs_pods_would_read_on_every_write(
         assert f"default Secret {namespace}/shared" in err, err
         rc, err = run("bob", "annotate", "rljob", "recorded", f"{resources.DEFAULT_SECRET_ANNOTATION}-")
         assert rc == 0, err
+        assert recorded_default("recorded") == "shared"
 
         # A Secret's or ConfigMap's key in spec.runtimeEnv reaches the pods' environment too.
         rc, err = create("env-steal", **env("HF_TOKEN", "secretKeyRef", "theirs"))
