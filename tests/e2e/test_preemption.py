@@ -140,8 +140,19 @@ def start(
     jobs.create(tiny_job(name, storage, nodes, generation, checkpoint))
 
 
+def storage_refused(status: dict[str, Any]) -> bool:
+    """The job's controller refused its storage (a cut it cannot read): it waits for a new spec."""
+    return any(c["type"] == "StorageRefused" and c["status"] == "True" for c in status.get("conditions") or [])
+
+
+def ended(status: dict[str, Any]) -> bool:
+    """Succeeded, Failed, or waiting for a new spec after a refused storage."""
+    return status.get("phase") in ("Succeeded", "Failed") or storage_refused(status)
+
+
 def succeeded(jobs: Jobs, name: str) -> dict[str, Any]:
-    st = jobs.wait(name, lambda s: s.get("phase") in ("Succeeded", "Failed"), TRAIN_TIMEOUT, f"{name} to finish")
+    """Waits for the job to end (a refused storage fails at once, not at the timeout)."""
+    st = jobs.wait(name, ended, TRAIN_TIMEOUT, f"{name} to finish")
     assert st["phase"] == "Succeeded", json.dumps(st, indent=1)
     assert st["step"] == STEPS
     return st
@@ -959,7 +970,7 @@ def test_two_jobs_on_one_storage_the_newer_waits_and_a_refusal_is_no_crash(
     assert_same_stream(reference, e2e_storage, "tiny")
     st = jobs.wait(
         "tiny-b",
-        lambda s: any(c["type"] == "StorageRefused" and c["status"] == "True" for c in s.get("conditions") or []),
+        storage_refused,
         TRAIN_TIMEOUT,
         "the second job's controller to refuse the finished one's store",
     )
