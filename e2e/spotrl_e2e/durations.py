@@ -12,7 +12,8 @@ report (``.out/test-report/durations.txt``) on every run, failed ones included::
 A test's seconds are pytest's "total": its setup, call and teardown, so a session fixture
 (a control plane, an S3 server, a baseline run) counts where it is first set up. Runs side by
 side add up to more seconds than the wall time; the second line gives each run's wall time
-(its report's ``testsuite`` time).
+(its report's ``testsuite`` time), the third the machine's speed (:func:`machine_probe`), so
+that runs on two machines can be compared.
 
 Each suite has a budget (:data:`SUITE_BUDGETS`, seconds summed over its tests), and the kind
 subset one (:data:`KIND_BUDGET`): together what fits CI's time goal on the CI machine
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from dataclasses import dataclass
@@ -48,6 +50,21 @@ minutes. Each is a few percent above what its suite took in the last measured ru
 (docs/benchmarks.md): a suite that grows past it says so in the report."""
 KIND_BUDGET = 400.0
 """Seconds of the kind subset, cluster to teardown."""
+PROBE_LOOPS = 2_000_000
+"""The probe's fixed work: that many additions of a square in pure Python."""
+
+
+def machine_probe(repeat: int = 5) -> float:
+    """Seconds of :data:`PROBE_LOOPS` in pure Python, the best of ``repeat``: the same work on
+    every machine, so a run's seconds can be set against its machine's (the suites' CPU is
+    Python and torch, one core a process)."""
+    best = float("inf")
+    for _ in range(repeat):
+        start, total = time.perf_counter(), 0
+        for i in range(PROBE_LOOPS):
+            total += i * i
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 @dataclass(frozen=True)
@@ -103,13 +120,20 @@ def read_phases(text: str) -> list[tuple[str, float]]:
 
 
 def report(
-    tests: list[TestTime], phases: list[tuple[str, float]], top: int = 30, walls: list[tuple[str, float]] | None = None
+    tests: list[TestTime],
+    phases: list[tuple[str, float]],
+    top: int = 30,
+    walls: list[tuple[str, float]] | None = None,
+    probe: float | None = None,
 ) -> str:
-    """The text of the report; ``walls``: (run, seconds start to end) of each pytest run."""
+    """The text of the report; ``walls``: (run, seconds start to end) of each pytest run;
+    ``probe``: :func:`machine_probe`'s seconds on the machine that ran them."""
     total = sum(t.seconds for t in tests)
     lines = [f"pytest: {len(tests)} tests, {total:.0f} s"]
     if walls:
         lines.append("wall time: " + ", ".join(f"{name} {secs:.0f} s" for name, secs in walls))
+    if probe is not None:
+        lines.append(f"machine: the probe (spotrl_e2e.durations.machine_probe) took {probe * 1000:.0f} ms")
     by_suite: dict[str, list[TestTime]] = defaultdict(list)
     by_module: dict[str, list[TestTime]] = defaultdict(list)
     for t in tests:
@@ -162,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     timings = Path(args.kind) if args.kind else None
     phases = read_phases(timings.read_text()) if timings is not None and timings.exists() else []
-    print(report(tests, phases, args.top, walls))
+    print(report(tests, phases, args.top, walls, machine_probe()))
     return 0
 
 

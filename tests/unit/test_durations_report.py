@@ -6,7 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from spotrl_e2e.durations import KIND_BUDGET, SUITE_BUDGETS, TestTime, main, read_junit, read_phases, report
+from spotrl_e2e.durations import (
+    KIND_BUDGET,
+    SUITE_BUDGETS,
+    TestTime,
+    machine_probe,
+    main,
+    read_junit,
+    read_phases,
+    report,
+)
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="5">
@@ -55,11 +64,20 @@ def test_the_command_reads_the_files_and_says_what_is_missing(
         "</testsuite></testsuites>"
     )
     assert main([str(xml), str(alone), "--kind", str(tmp_path / "no-timings")]) == 0
-    first, second = capsys.readouterr().out.splitlines()[:2]
+    first, second, third = capsys.readouterr().out.splitlines()[:3]
     assert first == "pytest: 7 tests, 271 s"  # 261.46 + 9.5
     assert second == "wall time: pytest-1 200 s, pytest-alone 10 s"
+    assert third.startswith("machine: the probe (spotrl_e2e.durations.machine_probe) took ")
     assert main([str(xml), str(tmp_path / "missing.xml")]) == 1
     assert "missing.xml" in capsys.readouterr().err
+
+
+def test_the_report_names_the_machines_speed_so_two_runs_compare() -> None:
+    tests = read_junit(JUNIT)
+    lines = report(tests, [], walls=[("pytest-1", 200.0)], probe=0.0834).splitlines()
+    assert lines[2] == "machine: the probe (spotrl_e2e.durations.machine_probe) took 83 ms"
+    assert not any(line.startswith("machine:") for line in report(tests, []).splitlines())
+    assert machine_probe(repeat=1) > 0
 
 
 def test_each_suite_is_shown_against_its_budget_with_its_skips() -> None:
