@@ -47,3 +47,8 @@ runtime image's repository with any tag or digest. */}}
 {{- list (printf "%s:" .Values.runtimeImage.repository) (printf "%s@" .Values.runtimeImage.repository) | toJson -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The operator's ServiceAccount as the API server names the requests it sends, quoted for CEL. */}}
+{{- define "spotrl.operatorUsername" -}}
+{{ printf "system:serviceaccount:%s:%s" .Release.Namespace (include "spotrl.serviceAccountName" .) | squote }}
+{{- end -}}
