@@ -109,12 +109,14 @@ def test_it_forks_python_dash_m_and_the_spotrl_script_and_refuses_anything_else(
 
 WORKER = """
 import json, os, signal, sys, time
+# The handler is in place before the line the test waits for: the test signals once it has read it.
+if sys.argv[1] == "sleep":
+    signal.signal(signal.SIGTERM, lambda *_: (print("got SIGTERM", flush=True), sys.exit(7)))
 print(json.dumps({
     "argv": sys.argv, "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
     "own": os.environ.get("OWN"), "path0": sys.path[0], "stdin": sys.stdin.readline().strip(),
 }), flush=True)
 if sys.argv[1] == "sleep":
-    signal.signal(signal.SIGTERM, lambda *_: (print("got SIGTERM", flush=True), sys.exit(7)))
     time.sleep(60)
 sys.exit(int(sys.argv[1]))
 """
