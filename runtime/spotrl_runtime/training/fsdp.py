@@ -117,10 +117,15 @@ def build_sharded(
 class TrainerRank:
     """One rank of the trainer group (a Ray actor); see the module docstring."""
 
-    def __init__(self, rank: int, world: int, device: str) -> None:
+    def __init__(self, rank: int, world: int, device: str, threads: int | None = None) -> None:
         self.rank = rank
         self.world = world
         self.device = device
+        self.threads = threads
+        """torch's threads in this process, set at :meth:`start` (None: left as they are). Set here,
+        not by ``OMP_NUM_THREADS`` in a ``runtime_env``: torch reads that variable when it is
+        imported, and an actor with a ``runtime_env`` of its own cannot take a worker Ray
+        started beforehand (each rank waited for a process of its own)."""
         self.trainer: Any = None
         self._ckpt_group: Any = None
         self._captured: dict[str, Any] = {}
@@ -162,6 +167,8 @@ class TrainerRank:
         # Build or download the policy into this node's cache first: inside a process group,
         # transformers saves nothing on a rank other than 0 (a trainer pod has a cache of its own).
         resolve_model_dir(policy if isinstance(policy, str) else policy.model)
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
         if self.device.startswith("cuda"):
             torch.cuda.set_device(0)  # Ray shows each rank its own GPU as device 0
         backend = "nccl" if self.device.startswith("cuda") else "gloo"

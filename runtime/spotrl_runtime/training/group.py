@@ -144,8 +144,7 @@ class TrainerGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._pg, placement_group_bundle_index=i
                 ),
-                runtime_env={"env_vars": {"OMP_NUM_THREADS": str(max(1, int(self.cpus_per_rank)))}},
-            ).remote(i, self.world, self.device)
+            ).remote(i, self.world, self.device, max(1, int(self.cpus_per_rank)))
             for i in range(self.world)
         ]
         master = self._get([self._actors[0].rendezvous.remote()])[0]

@@ -62,6 +62,13 @@ def test_two_fsdp_ranks_train_what_one_process_trains(ray_session: Any, kl_coef:
     try:
         group.start(timeout=120)
         assert len(set(group.pids)) == 2, "two processes"
+        # Each rank's torch threads are its CPUs (at least one): two ranks on two CPUs do not
+        # run two threads each.
+        threads = ray_session.get(
+            [a.__ray_call__.remote(lambda _rank: __import__("torch").get_num_threads()) for a in group._actors],
+            timeout=60,
+        )
+        assert threads == [1, 1], threads
         group_metrics = [group.train_step(groups) for groups in steps_of_groups()]
         weights = group.policy_state_dict()
     finally:
