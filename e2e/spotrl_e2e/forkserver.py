@@ -61,10 +61,25 @@ PRELOAD = (
     "botocore.client",
     "yaml",
     "pydantic",
+    "pydantic.main",  # pydantic loads its model machinery on the first model defined
+    "pydantic.json_schema",
+    "torchdata.stateful_dataloader",
+    # What Ray imports in each driver and worker, Ray's own modules aside: its serialization
+    # context's and its clients'. Not pyarrow: it starts a thread (jemalloc's) as it loads.
+    "aiohttp",
+    "starlette.datastructures",
+    "requests",
+    "jsonschema",
+    "google.protobuf.json_format",
+    "msgpack",
+    "uvloop",
+    "click",
+    "psutil",
 )
 """What the server imports before its first fork (a module it cannot import is skipped). Not
 Ray: its core library reads the environment when it loads (a worker forked after that saw
-the server's, without its job's id, and aborted)."""
+the server's, without its job's id, and aborted). Its dependencies read none of SpotRL's or
+Ray's variables when they load."""
 
 CONSOLE_SCRIPTS = {"spotrl": "spotrl_runtime.cli"}
 """Console scripts the server runs as their module (``pyproject.toml``'s ``[project.scripts]``;
