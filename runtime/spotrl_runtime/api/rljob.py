@@ -349,7 +349,13 @@ class Parallelism(ApiObject):
         description="0: the ranks train on CPU (gloo, for tests and demos); 1: one GPU per rank (NCCL).",
     )
     cpus_per_rank: float = Field(
-        default=1.0, gt=0, le=1024, description="CPUs each rank reserves in the Ray cluster (its actor's num_cpus)."
+        default=1.0,
+        gt=0,
+        le=1024,
+        description=(
+            "CPUs each rank reserves in the Ray cluster (its actor's num_cpus); the rank runs torch with as many "
+            "threads (at least one)."
+        ),
     )
     trainer_pods: bool = Field(
         default=False,
