@@ -94,6 +94,7 @@ test: lint toolchain ## everything CI runs: lint, types, every pytest suite, the
 	  e2e/suite.sh $(REPORT) $(PYTEST_ARGS) || rc=$$?; \
 	  PYTHONPATH=e2e $(PY) -m spotrl_e2e.durations $(REPORT)/pytest-*.xml --kind .e2e-kind/timings > $(REPORT)/durations.txt \
 	    && echo "== where the time went ($(REPORT)/durations.txt)" && head -n 60 $(REPORT)/durations.txt; \
+	  if [ -s $(REPORT)/failures.txt ]; then echo "== what failed, last ($(REPORT)/failures.txt)"; cat $(REPORT)/failures.txt; fi; \
 	  exit $$rc
 
 bench: install ## run every benchmark in bench/ (each prints a small table; S3 ones start their own versitygw)

@@ -26,6 +26,8 @@
 # Reports: REPORT_DIR/pytest-1.xml ... pytest-N.xml (pytest-all.xml with one lane) and
 # pytest-alone.xml (JUnit); each lane's output in REPORT_DIR/pytest-K.log (the last lane's is
 # also shown as it runs, the others' when all are done).
+# REPORT_DIR/failures.txt: the last lines of each part that failed (a lane's log, the $THEN
+# command's output), for `make test` to print last, where a truncated CI log still shows them.
 # Exit: 0 when everything passed, else the first failure's code.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -38,10 +40,16 @@ THEN=${SPOTRL_SUITE_THEN:-}
 unset SPOTRL_SUITE_THEN # not inherited by the tests: some run this script
 cd "$ROOT"
 mkdir -p "$REPORT"
-rm -f "$REPORT"/pytest-*.xml "$REPORT"/pytest-*.log
+rm -f "$REPORT"/pytest-*.xml "$REPORT"/pytest-*.log "$REPORT"/then.log "$REPORT"/failures.txt
 
 first_failure() { # code: keep the first non-zero code
   [ "$rc" != 0 ] || rc=$1
+}
+note_failure() { # what code log: a failed part's last lines into failures.txt
+  [ "$2" != 0 ] || return 0
+  # pytest's 5 ("no tests collected") with extra arguments is no failure (the exit below).
+  { [ "$2" = 5 ] && [ "$nargs" -gt 0 ]; } && return 0
+  { echo "== $1: exit $2; the last lines of $3:"; tail -n 120 "$3"; } >>"$REPORT/failures.txt"
 }
 then_after() { # code of the lane it follows; runs $THEN when that passed
   [ -n "$THEN" ] || return 0
@@ -50,9 +58,10 @@ then_after() { # code of the lane it follows; runs $THEN when that passed
     return 0
   fi
   echo "== then, at $((SECONDS - start)) s: $THEN"
-  local c=0
-  bash -c "$THEN" || c=$?
+  bash -c "$THEN" 2>&1 | tee "$REPORT/then.log"
+  local c=${PIPESTATUS[0]}
   echo "== then: exit $c at $((SECONDS - start)) s"
+  note_failure "then ($THEN)" "$c" "$REPORT/then.log"
   first_failure "$c"
 }
 cpu_ticks() { # "busy total" jiffies of all CPUs since boot
@@ -64,8 +73,10 @@ nargs=$#
 read -r busy0 total0 <<<"$(cpu_ticks)"
 start=$SECONDS
 if [ "$LANES" = none ]; then
-  "$PY" -m pytest -m "not alone" --durations=20 --junitxml="$REPORT/pytest-all.xml" "$@" || rc=$?
-  code=$rc
+  "$PY" -m pytest -m "not alone" --durations=20 --junitxml="$REPORT/pytest-all.xml" "$@" 2>&1 |
+    tee "$REPORT/pytest-all.log"
+  code=${PIPESTATUS[0]}
+  note_failure "tests/" "$code" "$REPORT/pytest-all.log"
   rc=0
   then_after "$code"
   first_failure "$code"
@@ -93,6 +104,7 @@ else
     tee "$REPORT/pytest-$last.log"
   code=${PIPESTATUS[0]}
   echo "== lane $last (the rest of tests/): exit $code at $((SECONDS - start)) s"
+  note_failure "lane $last (the rest of tests/)" "$code" "$REPORT/pytest-$last.log"
   then_after "$code"
   for i in "${!pids[@]}"; do
     n=$((i + 1))
@@ -100,6 +112,7 @@ else
     c=$?
     echo "== lane $n (${lanes[$i]}): exit $c; done by $((SECONDS - start)) s; its output ($REPORT/pytest-$n.log):"
     cat "$REPORT/pytest-$n.log"
+    note_failure "lane $n (${lanes[$i]})" "$c" "$REPORT/pytest-$n.log"
     first_failure "$c"
   done
   first_failure "$code"
@@ -109,7 +122,9 @@ echo "== the lanes took $((SECONDS - start)) s; CPU busy $(((busy1 - busy0) * 10
 
 echo "== the tests marked alone (timing windows of a second or so), with nothing beside them"
 arc=0
-"$PY" -m pytest -m alone --junitxml="$REPORT/pytest-alone.xml" "$@" || arc=$?
+"$PY" -m pytest -m alone --junitxml="$REPORT/pytest-alone.xml" "$@" 2>&1 | tee "$REPORT/pytest-alone.log"
+arc=${PIPESTATUS[0]}
+note_failure "the tests marked alone" "$arc" "$REPORT/pytest-alone.log"
 first_failure "$arc"
 # pytest's 5 ("no tests collected") is a failure, unless extra arguments (-k, -m) chose fewer.
 [ "$rc" = 5 ] && [ $# -gt 0 ] && rc=0

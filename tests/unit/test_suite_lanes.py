@@ -154,3 +154,21 @@ def test_the_command_does_not_run_when_the_last_lane_failed(tmp_path: Path) -> N
     code, _, out = run_suite(tmp_path / "one", "none", SPOTRL_SUITE_THEN=THEN)
     assert code == 0, out
     assert (tmp_path / "one" / "then-ran").exists(), "with one process, after it"
+
+
+def test_what_failed_is_kept_last_with_each_failed_parts_last_lines(tmp_path: Path) -> None:
+    # A lane that dies of a signal (as a segfaulting pytest does) and a failing command after the
+    # last lane: failures.txt names both with their last lines; a passing lane is not in it.
+    died = 'echo "Fatal Python error: Segmentation fault"; kill -SEGV $$'
+    code, _, out = run_suite(
+        tmp_path, "tests/e2e;tests/cluster", PRE_cluster=died, SPOTRL_SUITE_THEN="echo the command said; exit 7"
+    )
+    assert code == 7, out
+    failures = (tmp_path / "report" / "failures.txt").read_text()
+    assert "== lane 2 (tests/cluster): exit 139" in failures
+    assert "Fatal Python error: Segmentation fault" in failures
+    assert "exit 7" in failures and "the command said" in failures
+    assert "lane 1" not in failures and "lane 3" not in failures
+    code, _, out = run_suite(tmp_path / "passed", "tests/e2e")
+    assert code == 0, out
+    assert not (tmp_path / "passed" / "report" / "failures.txt").exists()
