@@ -37,7 +37,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -147,6 +147,9 @@ class Controller:
         self._weights: queue.Queue[int] = queue.Queue()
         """Weight versions for the dispatcher to give the pool, every one in order (none is
         skipped), after the groups it pumped first; the trainer thread then sends each."""
+        self._newest_cut: _CutJob | None = None
+        """The newest periodic cut taken: the next step's commit waits for it (:meth:`_wait_for_cut`)."""
+        self._deltas_on = self.spec.checkpoint.delta_every_steps > 0 or self.spec.checkpoint.delta_every_seconds > 0
         self._last_sync: SyncResult | None = None
         """The newest sync of the weights a step starts from, for that step's record."""
         self._wake = threading.Event()
@@ -270,6 +273,7 @@ class Controller:
             if self._parked.is_set():  # a barrier came, maybe while the periodic cut was captured
                 return False
             t0 = time.monotonic()
+            holding = self._newest_cut  # the cut of the step before this one, if any was taken
             groups = owners.begin_step()
             try:
                 failpoint("train.step", owners.trainer_step)
@@ -283,6 +287,7 @@ class Controller:
             except Exception:
                 owners.abort_step()
                 raise
+            cut_wait = self._wait_for_cut(holding)
             record = owners.commit_step(weight_version=trainer.step, fingerprint=self._fingerprint(metrics))
             # A fenced controller (a newer attempt claimed the job, or a cut found a newer
             # writer) stops here: the step it just trained is never audited.
@@ -307,6 +312,7 @@ class Controller:
             sync, self._last_sync = self._last_sync, None
             stats["weight_sync_seconds"] = sync.seconds if sync is not None else 0.0
             stats["weight_sync_bytes"] = float(sync.bytes) if sync is not None else 0.0
+            stats["cut_wait_seconds"] = cut_wait
             for validated in self.validator.finished() if self.validator is not None else []:
                 stats.update(validated)  # the newest pass finished since the last step
             reward = stats["reward_mean"]
@@ -585,8 +591,26 @@ class Controller:
             return None
         job = _CutJob(replace(CutRequest.periodic(reason), form=form), snapshot=snapshot)
         self._schedule.taken(form, self.owners.trainer_step, time.monotonic())
+        self._newest_cut = job
         self._cuts.put(job)
         return job
+
+    def _wait_for_cut(self, job: _CutJob | None) -> float:
+        """With delta cuts on, a step commits only once the cut holding the step before it has
+        (committed or failed): a cut writer slower than a step slows training, by the seconds
+        returned, rather than let a loss without notice cost more than the step in progress
+        and the one whose cut is being written. A barrier or a stop ends the wait (the barrier's
+        cut holds this step); a failed thread raises."""
+        if job is None or job.done.done() or not self._deltas_on:
+            return 0.0
+        t0 = time.monotonic()
+        while not job.done.done() and not self._ending():
+            self._raise_failure()
+            wait([job.done], timeout=0.2)
+        seconds = time.monotonic() - t0
+        if seconds >= 1.0:
+            log.info("step %d waited %.1f s for the cut of the step before it", self.owners.trainer_step, seconds)
+        return round(seconds, 4)
 
     def _cut_loop(self) -> None:
         """The cut-writer thread. A barrier supersedes periodic snapshots still waiting (it is

@@ -74,6 +74,10 @@ STEP_GAUGES = {
     "generation_tokens_per_second": "Tokens generated per second since the step before",
     "weight_sync_seconds": "Seconds the sync of the weights this step started from took (trainer to workers)",
     "weight_sync_bytes": "Bytes the trainer sent the workers in that sync (0: no worker needed them)",
+    "cut_wait_seconds": (
+        "Seconds the step's commit waited for the cut of the step before it (with delta cuts on: the cut writer"
+        " was slower than a step)"
+    ),
     "generation_idle_share": (
         "Share of the step's wall time the generation workers were not generating, mean over the workers"
         " (waiting for work, for a weight load, or restarting)"

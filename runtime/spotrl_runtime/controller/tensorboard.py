@@ -60,6 +60,7 @@ TAGS = {
     "generation_idle_share_max": "perf/generation_idle_share_max",
     "weight_sync_seconds": "perf/weight_sync_seconds",
     "weight_sync_bytes": "perf/weight_sync_bytes",
+    "cut_wait_seconds": "perf/cut_wait_seconds",
 }
 """Step metric -> TensorBoard tag."""
 

@@ -14,6 +14,7 @@ import hashlib
 import json
 import shutil
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from spotrl_e2e.forgery import (
 from spotrl_runtime.checkpoint.layout import newest_committed
 from spotrl_runtime.controller.audit_store import AuditStore
 from spotrl_runtime.core.cut_format import decode_rollouts
+from spotrl_runtime.storage import open_storage
 
 pytestmark = pytest.mark.slow
 
@@ -263,3 +265,37 @@ def test_cuts_by_the_clock_full_ones_at_a_step_boundary_and_deltas_while_a_step_
     assert all(reason == "every 1 s, delta" for _, _, reason in waiting), made
     assert stream(store) == baseline
     assert_same_trainer_state(store, runs.base / "baseline")
+
+
+def test_a_step_commits_only_once_the_cut_of_the_step_before_it_has(
+    runs: Runs, baseline: list[tuple[int, list[int]]], tmp_path: Path
+) -> None:
+    """The cut writer held before the manifest of the delta after step 5 (a slow store): step 6
+    trains but does not commit (no audit record, no cut captured after it) while that cut is
+    unwritten, so a loss then costs step 6 in progress and step 5 at most. Released, the run
+    goes on; step 6's record says how long it waited, and the run is the uninterrupted one."""
+    store, marks = tmp_path / "held", tmp_path / "marks"
+    marks.mkdir()
+    # cut.periodic@7: step 6 committed and audited (a mark only, no hold).
+    points = {"SPOTRL_FAILPOINTS": "cut.files_written@6=300,cut.periodic@7=0", "SPOTRL_FAILPOINT_DIR": str(marks)}
+    proc = runs.start(runs.job(), store, **points)
+    try:
+        wait_for(lambda: (marks / "cut.files_written").exists(), 300, "the cut of step 5 to be held", proc)
+        # Absence over a window: unfixed, the tiny job's step 6 commits within it (its steps take
+        # well under a second); fixed, it never does while the cut is held, however long.
+        held_for = 5.0
+        deadline = time.monotonic() + held_for
+        while time.monotonic() < deadline:
+            assert not (marks / "cut.periodic").exists(), "step 6 committed while the cut of step 5 was unwritten"
+            assert proc.poll() is None, runs.log_of(proc)
+            time.sleep(0.1)
+        assert newest_cut(store)[2] == 5, "the delta of step 4 is the newest committed cut"
+        (marks / "cut.files_written.release").touch()
+        assert proc.wait(timeout=300) == 0, runs.log_of(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    waits = {d["step"]: d["cut_wait_seconds"] for d in AuditStore(open_storage(str(store))).documents()}
+    assert waits[6] >= held_for - 3, waits  # step 6 trained in the first seconds of the hold
+    assert "step 6 waited" in runs.log_of(proc)
+    assert stream(store) == baseline
