@@ -86,11 +86,12 @@ REPORT ?= .out/test-report
 # The kind subset runs as the last lane's next step, beside the first lane's end (e2e/suite.sh,
 # SPOTRL_SUITE_THEN): its nodes share one prebuilt containerd store, so it loads no image into
 # them, the load that had slowed the tests beside it by more than it saved (docs/benchmarks.md, CI).
+# The tests it runs (marked kind_ci) run there only, not also on the test control plane.
 
 test: lint toolchain ## everything CI runs: lint, types, every pytest suite, the kind subset; where the time went: .out/test-report
 	@e2e/toolchain/system-packages.sh "make test" pgrep:procps curl:curl debootstrap:debootstrap dockerd:docker.io
 	@mkdir -p $(REPORT) && rm -f $(REPORT)/pytest*.xml .e2e-kind/timings
-	@rc=0; PY=$(PY) SPOTRL_SUITE_THEN="$(MAKE) --no-print-directory e2e-kind-ci PYTEST_ARGS=" \
+	@rc=0; PY=$(PY) SPOTRL_SUITE_THEN="$(MAKE) --no-print-directory e2e-kind-ci PYTEST_ARGS=" SPOTRL_SUITE_NOT=kind_ci \
 	  e2e/suite.sh $(REPORT) $(PYTEST_ARGS) || rc=$$?; \
 	  PYTHONPATH=e2e $(PY) -m spotrl_e2e.durations $(REPORT)/pytest-*.xml --kind .e2e-kind/timings > $(REPORT)/durations.txt \
 	    && echo "== where the time went ($(REPORT)/durations.txt)" && head -n 60 $(REPORT)/durations.txt; \

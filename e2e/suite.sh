@@ -10,12 +10,15 @@
 # SPOTRL_SUITE_LANES=none runs tests/ in one process. The default is two lanes: unit (first:
 # its tests with second-long bounds do not run beside the kind subset), the test control
 # plane's suites (they share one cluster, so they stay in one process), security, the
-# generation suite and the delta cuts' controller tests; then the rest (the other controller
+# generation suite, the delta cuts' and vLLM's controller tests; then the rest (the other controller
 # suites, checkpoint, storage, training) and, after it, the kind subset. Which
 # suites go where only evens the lanes. Most tests wait (on a process start, a watch, a barrier), so
 # two lanes share 2 cores well; three did not (the CPU saturated and controller tests failed
 # under the load). The measurements: docs/benchmarks.md, "CI and test-suite durations".
 # The CPU figure printed at the end says how busy the machine was while the lanes ran.
+#
+# $SPOTRL_SUITE_NOT: a marker whose tests no pytest here runs (make test: kind_ci, the tests its
+# $SPOTRL_SUITE_THEN runs on kind, where they test more: real kubelets, images and pod deletion).
 #
 # $SPOTRL_SUITE_THEN: a command (bash) run once the last lane has passed, beside the lanes
 # still running, so that the machine runs two things at a time throughout. Its failure fails
@@ -34,10 +37,11 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 REPORT=${1:?usage: e2e/suite.sh REPORT_DIR [PYTEST ARGS...]}
 shift
-DEFAULT_LANES="tests/unit tests/e2e tests/cluster tests/security tests/integration/generation tests/integration/controller/test_delta_cuts.py"
+DEFAULT_LANES="tests/unit tests/e2e tests/cluster tests/security tests/integration/generation tests/integration/controller/test_delta_cuts.py tests/integration/controller/test_controller_vllm.py"
 LANES=${SPOTRL_SUITE_LANES:-$DEFAULT_LANES}
 THEN=${SPOTRL_SUITE_THEN:-}
-unset SPOTRL_SUITE_THEN # not inherited by the tests: some run this script
+NOT=${SPOTRL_SUITE_NOT:+ and not $SPOTRL_SUITE_NOT}
+unset SPOTRL_SUITE_THEN SPOTRL_SUITE_NOT # not inherited by the tests: some run this script
 cd "$ROOT"
 mkdir -p "$REPORT"
 rm -f "$REPORT"/pytest-*.xml "$REPORT"/pytest-*.log "$REPORT"/then.log "$REPORT"/failures.txt
@@ -73,7 +77,7 @@ nargs=$#
 read -r busy0 total0 <<<"$(cpu_ticks)"
 start=$SECONDS
 if [ "$LANES" = none ]; then
-  "$PY" -m pytest -m "not alone" --durations=20 --junitxml="$REPORT/pytest-all.xml" "$@" 2>&1 |
+  "$PY" -m pytest -m "not alone$NOT" --durations=20 --junitxml="$REPORT/pytest-all.xml" "$@" 2>&1 |
     tee "$REPORT/pytest-all.log"
   code=${PIPESTATUS[0]}
   note_failure "tests/" "$code" "$REPORT/pytest-all.log"
@@ -95,12 +99,12 @@ else
   for i in "${!lanes[@]}"; do
     n=$((i + 1))
     read -r -a paths <<<"${lanes[$i]}"
-    "$PY" -m pytest "${paths[@]}" -m "not alone" --durations=10 --junitxml="$REPORT/pytest-$n.xml" "$@" \
+    "$PY" -m pytest "${paths[@]}" -m "not alone$NOT" --durations=10 --junitxml="$REPORT/pytest-$n.xml" "$@" \
       >"$REPORT/pytest-$n.log" 2>&1 &
     pids+=($!)
   done
   last=$((${#lanes[@]} + 1))
-  "$PY" -m pytest tests "${ignore[@]}" -m "not alone" --durations=10 --junitxml="$REPORT/pytest-$last.xml" "$@" 2>&1 |
+  "$PY" -m pytest tests "${ignore[@]}" -m "not alone$NOT" --durations=10 --junitxml="$REPORT/pytest-$last.xml" "$@" 2>&1 |
     tee "$REPORT/pytest-$last.log"
   code=${PIPESTATUS[0]}
   echo "== lane $last (the rest of tests/): exit $code at $((SECONDS - start)) s"
@@ -122,7 +126,7 @@ echo "== the lanes took $((SECONDS - start)) s; CPU busy $(((busy1 - busy0) * 10
 
 echo "== the tests marked alone (timing windows of a second or so), with nothing beside them"
 arc=0
-"$PY" -m pytest -m alone --junitxml="$REPORT/pytest-alone.xml" "$@" 2>&1 | tee "$REPORT/pytest-alone.log"
+"$PY" -m pytest -m "alone$NOT" --junitxml="$REPORT/pytest-alone.xml" "$@" 2>&1 | tee "$REPORT/pytest-alone.log"
 arc=${PIPESTATUS[0]}
 note_failure "the tests marked alone" "$arc" "$REPORT/pytest-alone.log"
 first_failure "$arc"

@@ -36,7 +36,8 @@ def run_suite(tmp_path: Path, lanes: str | None, **env: str) -> tuple[int, list[
     fake = tmp_path / "python"
     fake.write_text(FAKE_PY)
     fake.chmod(0o755)
-    full = {k: v for k, v in os.environ.items() if k not in ("SPOTRL_SUITE_LANES", "SPOTRL_SUITE_THEN")}
+    ours = ("SPOTRL_SUITE_LANES", "SPOTRL_SUITE_THEN", "SPOTRL_SUITE_NOT")
+    full = {k: v for k, v in os.environ.items() if k not in ours}
     full.update(PY=str(fake), CALLS=str(calls), **env)
     if lanes is not None:
         full["SPOTRL_SUITE_LANES"] = lanes
@@ -167,8 +168,20 @@ def test_what_failed_is_kept_last_with_each_failed_parts_last_lines(tmp_path: Pa
     failures = (tmp_path / "report" / "failures.txt").read_text()
     assert "== lane 2 (tests/cluster): exit 139" in failures
     assert "Fatal Python error: Segmentation fault" in failures
-    assert "exit 7" in failures and "the command said" in failures
-    assert "lane 1" not in failures and "lane 3" not in failures
+    assert "exit 7" in failures
+    assert "the command said" in failures
+    assert "lane 1" not in failures
+    assert "lane 3" not in failures
     code, _, out = run_suite(tmp_path / "passed", "tests/e2e")
     assert code == 0, out
     assert not (tmp_path / "passed" / "report" / "failures.txt").exists()
+
+
+def test_a_marker_left_out_is_left_out_of_every_pytest_call(tmp_path: Path) -> None:
+    # make test: the kind subset's tests run on kind only (SPOTRL_SUITE_NOT=kind_ci).
+    code, calls, out = run_suite(tmp_path, "tests/e2e", SPOTRL_SUITE_NOT="kind_ci")
+    assert code == 0, out
+    lanes, alone = "not alone and not kind_ci", "alone and not kind_ci"
+    assert sorted(marker(c) for c in calls) == [alone, lanes, lanes]
+    code, calls, out = run_suite(tmp_path / "one", "none", SPOTRL_SUITE_NOT="kind_ci")
+    assert [marker(c) for c in calls] == [lanes, alone]
