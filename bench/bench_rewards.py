@@ -30,8 +30,8 @@ from _recovery_state import table
 from _targets import Targets, add_check
 from spotrl_runtime.api.rljob import Reward
 from spotrl_runtime.core.types import Prompt
+from spotrl_runtime.cpus import pod_cpus
 from spotrl_runtime.rewards.builtin import math_verify
-from spotrl_runtime.rewards.cpus import pod_cpus
 from spotrl_runtime.rewards.isolation import RewardIsolation
 from spotrl_runtime.rewards.runner import RewardRunner, Score
 

@@ -22,10 +22,12 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from spotrl_runtime.api.placement import ray_gpus, worker_gpus
 from spotrl_runtime.api.rljob import RLJobSpec
+from spotrl_runtime.cpus import CGROUP, pod_cpus
 from spotrl_runtime.generation.backend import BackendSpec
 from spotrl_runtime.generation.pool import GenerationPool
 from spotrl_runtime.reaper import Reaper
@@ -206,7 +208,7 @@ def start_ray(
     try:
         with _ray_processes_in_sessions_of_their_own(reaper.session), _without_unused_head_services():
             ray.init(
-                num_cpus=0 if remote_workers else num_cpus or max(1, os.cpu_count() or 1),
+                num_cpus=controller_ray_cpus(remote_workers, num_cpus),
                 num_gpus=num_gpus,
                 include_dashboard=False,
                 _temp_dir=folder,
@@ -225,6 +227,16 @@ def start_ray(
     if main and handler is not None:
         signal.signal(signal.SIGTERM, handler)
     return RayRuntime(folder, reaper)
+
+
+def controller_ray_cpus(remote_workers: bool, num_cpus: int | None, cgroup: Path = CGROUP) -> int:
+    """The CPUs the controller's Ray offers: none with remote workers (no generation actor runs
+    beside the trainer), else ``num_cpus``, else the pod's (its CPU limit and affinity, read
+    from ``cgroup``). Not the node's CPUs: Ray starts a worker process for each CPU it offers,
+    which on a large node would be dozens the pod has no CPU or memory for."""
+    if remote_workers:
+        return 0
+    return num_cpus or pod_cpus(cgroup)
 
 
 def controller_ray_gpus(spec: RLJobSpec, device: str) -> int | None:

@@ -49,8 +49,8 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
 
 from spotrl_runtime.core.types import Prompt
+from spotrl_runtime.cpus import default_workers
 from spotrl_runtime.rewards.builtin import BUILTIN_IMPORTS
-from spotrl_runtime.rewards.cpus import default_workers
 from spotrl_runtime.rewards.isolation import RewardIsolation
 from spotrl_runtime.rewards.loading import RewardError, RewardSpecLike, check_score, load_reward, reward_name
 
@@ -148,7 +148,7 @@ class _Event:
 
 class RewardRunner:
     """Scores completions with ``spec.reward`` in ``workers`` child processes (None: one per
-    CPU of the pod, :func:`~spotrl_runtime.rewards.cpus.default_workers`; a batched reward
+    CPU of the pod, :func:`~spotrl_runtime.cpus.default_workers`; a batched reward
     uses one), each call within ``timeout`` seconds; a group's completions are scored in
     parallel and returned in order. ``isolation``: the processes' environment and the module
     prefixes they may import. The spec is checked here without importing the reward;

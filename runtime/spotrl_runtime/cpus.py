@@ -1,5 +1,6 @@
-"""How many reward processes a controller starts when ``spec.reward.workers`` is unset: the CPUs
-its pod may use, at most :data:`MAX_DEFAULT_WORKERS`.
+"""The CPUs this pod may use: how many reward processes a controller starts when
+``spec.reward.workers`` is unset (at most :data:`MAX_DEFAULT_WORKERS`), and the CPUs the
+controller's Ray offers (one worker process is started per CPU it offers).
 
 A pod's CPU limit is a cgroup quota (``cpu.max`` in cgroup v2, ``cpu.cfs_quota_us`` over
 ``cpu.cfs_period_us`` in v1), not fewer CPUs: ``os.cpu_count()`` is the node's. The CPUs the

@@ -1,5 +1,6 @@
-"""How many reward processes an unset ``spec.reward.workers`` starts (rewards/cpus.py): the CPUs
-the pod may use, from its cgroup's quota (v2 and v1) and its affinity, at least 1, at most 8."""
+"""The CPUs a pod may use (spotrl_runtime/cpus.py), from its cgroup's quota (v2 and v1) and its
+affinity, at least 1: how many reward processes an unset ``spec.reward.workers`` starts (at most
+8), and the CPUs the controller's Ray offers."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spotrl_runtime.rewards.cpus import (
+from spotrl_runtime.cpus import (
     MAX_DEFAULT_WORKERS,
     cgroup_cpus,
     default_workers,
@@ -63,3 +64,13 @@ def test_the_default_is_one_worker_per_cpu_from_1_to_8() -> None:
     assert [default_workers(n) for n in (0, 1, 2, 7, 8, 9, 64)] == [1, 1, 2, 7, 8, 8, 8]
     assert MAX_DEFAULT_WORKERS == 8
     assert 1 <= default_workers() <= min(AFFINITY, 8)
+
+
+def test_the_controllers_ray_offers_the_pods_cpus_not_the_nodes(tmp_path: Path) -> None:
+    from spotrl_runtime.generation.cluster import controller_ray_cpus
+
+    one_cpu = _v2(tmp_path / "limit", "100000 100000\n")  # a pod limited to 1 CPU, on a node of AFFINITY
+    assert controller_ray_cpus(False, None, one_cpu) == 1
+    assert controller_ray_cpus(False, None, tmp_path / "no-cgroup") == AFFINITY
+    assert controller_ray_cpus(False, 3, one_cpu) == 3, "a number given is kept"
+    assert controller_ray_cpus(True, None, one_cpu) == 0, "remote workers: no generation actor beside the trainer"
