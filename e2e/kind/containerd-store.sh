@@ -47,6 +47,57 @@ clone_tree() { # SRC DST: hard links, and copies of the bolt databases container
   [ -z "$(find "$2" -name '*.db' -type f -links +1)" ] || fail "a bolt database in $2 is still a hard link"
 }
 
+# The store is built by dockerd (`docker save`) and in a container (the unpack), which a `nice`
+# on this script does not reach; .ci/run nices the build because it runs beside the first
+# suites. With the kernel's autogroups, niceness orders the threads of one session only, and
+# each session shares the CPU as one: dockerd (in the session that started it) gets this
+# script's niceness per thread, and the container, a session of its own, as its autogroup's.
+
+# dockerd_nice N: every thread of dockerd at niceness N.
+dockerd_nice() {
+  local pid task
+  for pid in $(pgrep -x dockerd); do
+    for task in /proc/"$pid"/task/*; do renice --priority "$1" -p "${task##*/}" >/dev/null 2>&1 || true; done
+  done
+}
+
+# while_niced COMMAND...: runs it with dockerd at this script's niceness when that is higher
+# than dockerd's, and gives dockerd its own back after, whatever it exits with.
+while_niced() {
+  local theirs rc=0
+  theirs=$(ps -o ni= -p "$(pgrep -o -x dockerd)" 2>/dev/null | tr -d ' ')
+  if [ -z "$theirs" ] || (($(nice) <= theirs)); then
+    "$@"
+    return
+  fi
+  trap "dockerd_nice $theirs" EXIT
+  dockerd_nice "$(nice)"
+  "$@" || rc=$?
+  dockerd_nice "$theirs"
+  trap - EXIT
+  return "$rc"
+}
+
+# unpack NODE_IMAGE ROOT LAYERS IMAGE...: the node image's containerd root into ROOT, then the
+# images unpacked into it by the node's own containerd, their layer blobs (LAYERS) dropped.
+unpack() {
+  local node_image=$1 root=$2 layers=$3
+  shift 3
+  # (Called where set -e does not apply: each step's failure is returned.)
+  $DOCKER run --rm --entrypoint tar "$node_image" -C /var/lib/containerd -cf - . | tar -xpf - -C "$root" || return
+  # docker save writes the layers uncompressed: each blob's digest is its diff ID, which is
+  # how the blobs are dropped after the unpack.
+  $DOCKER save "$@" | $DOCKER run --rm -i --privileged --network none --entrypoint /bin/bash \
+    -v "$root:/var/lib/containerd" -e "LAYERS=$layers" -e "NICE=$(nice)" "$node_image" -euc '
+      echo "$NICE" >/proc/self/autogroup || true # the container is a session: its niceness is its autogroup'"'"'s
+      printf "version = 2\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n" >/tmp/config.toml
+      containerd --config /tmp/config.toml >/tmp/containerd.log 2>&1 & pid=$!
+      for _ in $(seq 100); do ctr version >/dev/null 2>&1 && break; sleep 0.1; done
+      ctr -n k8s.io images import --snapshotter overlayfs - >/dev/null
+      ctr -n k8s.io content rm $LAYERS >/dev/null 2>&1 || true
+      kill $pid; wait $pid || true'
+}
+
 # store NODE_IMAGE IMAGE...: sets $store to the store's root, building it when missing.
 # The caller holds the lock.
 store() {
@@ -67,23 +118,12 @@ store() {
   # changed layers are unpacked, saved a third, but a store made that way after a garbage
   # collection once lacked a parent snapshot: "parent snapshot ... does not exist".)
   mkdir -p "$tmp/root"
-  $DOCKER run --rm --entrypoint tar "$node_image" -C /var/lib/containerd -cf - . | tar -xpf - -C "$tmp/root"
   how="from the node image"
   for image in "$@"; do
     read -r -a more <<<"$($DOCKER image inspect -f '{{range .RootFS.Layers}}{{.}} {{end}}' "$image")"
     layers+=("${more[@]}")
   done
-  # docker save writes the layers uncompressed: each blob's digest is its diff ID, which is
-  # how the blobs are dropped after the unpack.
-  $DOCKER save "$@" | $DOCKER run --rm -i --privileged --network none --entrypoint /bin/bash \
-    -v "$tmp/root:/var/lib/containerd" -e "LAYERS=${layers[*]}" "$node_image" -euc '
-      printf "version = 2\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n" >/tmp/config.toml
-      # niced: .ci/run builds the store beside the first suites
-      nice -n 15 containerd --config /tmp/config.toml >/tmp/containerd.log 2>&1 & pid=$!
-      for _ in $(seq 100); do ctr version >/dev/null 2>&1 && break; sleep 0.1; done
-      ctr -n k8s.io images import --snapshotter overlayfs - >/dev/null
-      ctr -n k8s.io content rm $LAYERS >/dev/null 2>&1 || true
-      kill $pid; wait $pid || true' || fail "unpacking $* into the store failed"
+  while_niced unpack "$node_image" "$tmp/root" "${layers[*]}" "$@" || fail "unpacking $* into the store failed"
   printf '%s\n' "${ids[@]}" >"$tmp/images"
   rm -rf "$dir"
   mv "$tmp" "$dir"
