@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SUITE_BUDGETS: dict[str, float] = {
-    "tests/integration/controller": 1400,
+    "tests/integration/controller": 1320,
     "tests/e2e": 1120,
     "tests/integration/generation": 185,
     "tests/integration/checkpoint": 165,
