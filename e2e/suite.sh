@@ -49,15 +49,16 @@ rm -f "$REPORT"/pytest-*.xml "$REPORT"/pytest-*.log "$REPORT"/then.log "$REPORT"
 first_failure() { # code: keep the first non-zero code
   [ "$rc" != 0 ] || rc=$1
 }
+failed() { # code: a failure, but for pytest's 5 ("no tests collected") with extra arguments
+  [ "$1" != 0 ] && ! { [ "$1" = 5 ] && [ "$nargs" -gt 0 ]; }
+}
 note_failure() { # what code log: a failed part's last lines into failures.txt
-  [ "$2" != 0 ] || return 0
-  # pytest's 5 ("no tests collected") with extra arguments is no failure (the exit below).
-  { [ "$2" = 5 ] && [ "$nargs" -gt 0 ]; } && return 0
+  failed "$2" || return 0
   { echo "== $1: exit $2; the last lines of $3:"; tail -n 120 "$3"; } >>"$REPORT/failures.txt"
 }
 then_after() { # code of the lane it follows; runs $THEN when that passed
   [ -n "$THEN" ] || return 0
-  if [ "$1" != 0 ] && ! { [ "$1" = 5 ] && [ "$nargs" -gt 0 ]; }; then
+  if failed "$1"; then
     echo "== not run, the lane before it failed: $THEN"
     return 0
   fi

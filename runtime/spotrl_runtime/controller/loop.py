@@ -149,7 +149,6 @@ class Controller:
         skipped), after the groups it pumped first; the trainer thread then sends each."""
         self._newest_cut: _CutJob | None = None
         """The newest periodic cut taken: the next step's commit waits for it (:meth:`_wait_for_cut`)."""
-        self._deltas_on = self.spec.checkpoint.delta_every_steps > 0 or self.spec.checkpoint.delta_every_seconds > 0
         self._last_sync: SyncResult | None = None
         """The newest sync of the weights a step starts from, for that step's record."""
         self._wake = threading.Event()
@@ -601,7 +600,7 @@ class Controller:
         returned, rather than let a loss without notice cost more than the step in progress
         and the one whose cut is being written. A barrier or a stop ends the wait (the barrier's
         cut holds this step); a failed thread raises."""
-        if job is None or job.done.done() or not self._deltas_on:
+        if job is None or job.done.done() or not self._schedule.deltas:
             return 0.0
         t0 = time.monotonic()
         while not job.done.done() and not self._ending():
