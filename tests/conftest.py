@@ -32,3 +32,13 @@ def ray_tmp() -> Iterator[Path]:
         mp.setenv("VLLM_CONFIG_ROOT", str(folder / "vllm-config"))
         yield folder
     shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def crash_stacks() -> Iterator[None]:
+    """Every Python process the tests start prints its threads' stacks to its log if it
+    crashes (SIGSEGV, SIGABRT...): a run's log is in its test's failure, so a crash in CI says
+    where (pytest itself does this for its own process)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONFAULTHANDLER", "1")
+        yield

@@ -23,6 +23,8 @@ import json, os, sys, time
 if sys.argv[1] == "sleep":
     print("sleeping", flush=True)
     time.sleep(60)
+if sys.argv[1] == "crash":
+    __import__("ctypes").string_at(0)  # SIGSEGV
 print(json.dumps({
     "argv": sys.argv[1:], "cwd": os.getcwd(), "path0": sys.path[0], "pgid": os.getpgid(0),
     "own": os.environ.get("OWN"), "server_only": os.environ.get("SERVER_ONLY"),
@@ -93,6 +95,19 @@ def test_signals_reach_the_command_and_its_death_reads_as_popen_reports_it(serve
         assert child.poll() is None
         child.send_signal(sig)
         assert child.wait(timeout=30) == -sig
+
+
+def test_a_command_that_crashes_leaves_its_stacks_in_its_own_log(server: ForkServer, tmp_path: Path) -> None:
+    """The suites set ``PYTHONFAULTHANDLER`` (tests/conftest.py): the server's handler writes
+    to file descriptor 2, which in the fork is the command's log."""
+    assert os.environ.get("PYTHONFAULTHANDLER"), "tests/conftest.py sets it for every test"
+    argv, env, work = _command(tmp_path, "crash")
+    log = tmp_path / "crash.log"
+    child = server.spawn(argv, env, work, log)
+    assert child.wait(timeout=30) == -signal.SIGSEGV
+    text = log.read_text()
+    assert "Fatal Python error: Segmentation fault" in text
+    assert "probe_cmd.py" in text, text
 
 
 def test_it_forks_python_dash_m_and_the_spotrl_script_and_refuses_anything_else(server: ForkServer) -> None:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[3]
 
 Process = subprocess.Popen[str] | Child
 """A run: forked by the fork server (the default), or started by ``subprocess`` (``Runs(fork=False)``)."""
+
+_LOGS: weakref.WeakKeyDictionary[Process, Path] = weakref.WeakKeyDictionary()
+"""Each run's log, for :func:`wait_for`'s failure when the run exits first."""
 
 TINY_JOB: dict[str, Any] = {
     "apiVersion": "spotrl.dev/v1alpha1",
@@ -128,6 +132,7 @@ class Runs:
                     start_new_session=new_session,
                 )
         self.logs[proc.pid] = path
+        _LOGS[proc] = path
         self.markers[proc.pid] = marker
         return proc
 
@@ -232,9 +237,17 @@ def wait_for(predicate: Any, timeout: float, what: str, proc: Process | None = N
         if predicate():
             return
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the run exited ({proc.returncode}) before {what}")
+            raise AssertionError(f"the run exited ({proc.returncode}) before {what}; its log ends:\n{_log_tail(proc)}")
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def _log_tail(proc: Process, lines: int = 60) -> str:
+    """The last ``lines`` of the log of a run :class:`Runs` started (a crash's stacks among them)."""
+    path = _LOGS.get(proc)
+    if path is None:
+        return "(not a run of Runs: no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def stop(proc: Process, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
