@@ -3,6 +3,8 @@ failures, lost workers."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from dataclasses import replace
 from typing import Any
@@ -435,7 +437,15 @@ def test_a_worker_killed_mid_sync_ends_the_sync_at_once_and_the_pool_goes_on(ray
         pool.wait_ready()
         weights = perturbed_weights(6)
         names = list(weights)
-        killing = _KillingWeights(weights, names[len(names) // 2], lambda: ray_session.kill(pool.actor("gen-0")))
+        (pid,) = [w["pid"] for w in pool.workers() if w["worker"] == "gen-0"]
+
+        def kill() -> None:
+            # Dead before the next bucket goes: Ray's kill only asks the raylet, and on a busy
+            # machine the sender had sent every bucket by the time the worker died.
+            os.kill(pid, signal.SIGKILL)
+            until(lambda: process_state(pid) in (None, "Z"), "the worker killed")
+
+        killing = _KillingWeights(weights, names[len(names) // 2], kill)
         sender = WeightSender(lambda: killing, "float32", ChannelHost("127.0.0.1", timeout=60), 4096)
         assert len(sender.plan.buckets) > 4
         pool.give(1)
