@@ -226,15 +226,18 @@ class ForkServer:
         log: Path,
         new_session: bool = False,
         die_with_parent: bool = False,
+        stderr: Path | None = None,
     ) -> Child:
         """Runs ``argv`` (see :meth:`module_of`) in a fork, its stdout and stderr appended to
-        ``log``; as the leader of a session of its own if asked, and killed when the server
-        dies if asked (the server dies with its own parent then)."""
+        ``log`` (its stderr to ``stderr`` instead, if given); as the leader of a session of its
+        own if asked, and killed when the server dies if asked (the server dies with its own
+        parent then)."""
         module = self.module_of(argv, env.get("PATH"))
         if module is None:
             raise ValueError(f"the fork server runs python -m MODULE or {sorted(CONSOLE_SCRIPTS)}, not {argv[:3]}")
         self._await_ready()
-        Path(log).touch()  # there on return, as with Popen's open()
+        for path in filter(None, (log, stderr)):
+            Path(path).touch()  # there on return, as with Popen's open()
         with self._lock:
             self._next += 1
             ask = self._next
@@ -245,6 +248,7 @@ class ForkServer:
                 "env": dict(env),
                 "cwd": str(cwd),
                 "log": str(log),
+                "stderr": str(stderr) if stderr is not None else None,
                 "new_session": new_session,
                 "die_with_parent": die_with_parent,
                 "executable": self.python,
@@ -430,10 +434,11 @@ class _Server:
             line, self.buffered = self.buffered.split(b"\n", 1)
             msg = json.loads(line)
             out = os.open(msg["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            err = os.open(msg["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if msg.get("stderr") else out
             devnull = os.open(os.devnull, os.O_RDONLY)
-            pid = _fork(msg, (devnull, out, out), self.preloaded_env, self.owned())
-            os.close(out)
-            os.close(devnull)
+            pid = _fork(msg, (devnull, out, err), self.preloaded_env, self.owned())
+            for fd in {out, err, devnull}:
+                os.close(fd)
             self.commands[pid] = msg["id"]
             _say(self.sock, {"started": msg["id"], "pid": pid})
         return True

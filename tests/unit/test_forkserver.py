@@ -97,6 +97,14 @@ def test_signals_reach_the_command_and_its_death_reads_as_popen_reports_it(serve
         assert child.wait(timeout=30) == -sig
 
 
+def test_a_commands_stderr_can_go_to_a_file_of_its_own(server: ForkServer, tmp_path: Path) -> None:
+    argv, env, work = _command(tmp_path, "0")
+    out, err = tmp_path / "out", tmp_path / "err"
+    assert server.spawn(argv, env, work, out, stderr=err).wait(timeout=30) == 0
+    assert json.loads(out.read_text())["argv"] == ["0"], "stdout alone"
+    assert err.read_text() == "to stderr\n"
+
+
 def test_a_command_that_crashes_leaves_its_stacks_in_its_own_log(server: ForkServer, tmp_path: Path) -> None:
     """The suites set ``PYTHONFAULTHANDLER`` (tests/conftest.py): the server's handler writes
     to file descriptor 2, which in the fork is the command's log."""

@@ -8,6 +8,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import weakref
 from functools import cached_property
@@ -139,15 +140,17 @@ class Runs:
     @property
     def forkserver(self) -> ForkServer:
         """The warm parent the runs are forked from (:mod:`spotrl_e2e.forkserver`), started
-        with the first run."""
+        with the first run; :func:`spotrl` forks the short commands from it too."""
+        global _FORKSERVER
         if self._forkserver is None:
-            self._forkserver = ForkServer(self.env(), self.base, marker="SPOTRL_TEST_RUN")
+            self._forkserver = _FORKSERVER = ForkServer(self.env(), self.base, marker="SPOTRL_TEST_RUN")
         return self._forkserver
 
     def close(self) -> None:
+        global _FORKSERVER
         if self._forkserver is not None:
             self._forkserver.close()
-            self._forkserver = None
+            self._forkserver = _FORKSERVER = None
 
     def run(self, job: Path, storage: Path | str, *args: str, timeout: float = 420, **env: str) -> tuple[int, str]:
         proc = self.start(job, storage, *args, **env)
@@ -201,11 +204,36 @@ def _command(pid: int) -> str:
         return str(pid)
 
 
+_FORKSERVER: ForkServer | None = None
+"""The fork server of the session's :class:`Runs`, once it started."""
+
+
+def spotrl(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`spotrl ARGS` in ``env`` (default: the tests') and ``cwd``, its output captured: forked
+    from the runs' fork server once it started (`spotrl ckpt verify`, `eval` and `export` import
+    torch: seconds of CPU each, beside another lane), else a process of its own."""
+    argv = [sys.executable, "-m", "spotrl_runtime.cli", *args]
+    env = dict(os.environ) if env is None else env
+    cwd = Path.cwd() if cwd is None else cwd
+    if _FORKSERVER is None:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    with tempfile.TemporaryDirectory(prefix="spotrl-cli-") as folder:
+        out, err = Path(folder) / "stdout", Path(folder) / "stderr"
+        child = _FORKSERVER.spawn(argv, env, cwd, out, stderr=err)
+        try:
+            rc = child.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait(timeout=30)
+            raise
+        return subprocess.CompletedProcess(argv, rc, out.read_text(), err.read_text())
+
+
 def audit(storage: Path, *extra: str) -> list[dict[str, Any]]:
     """`spotrl audit` of a run; [] before its first trained step."""
-    out = subprocess.run(
-        [sys.executable, "-m", "spotrl_runtime.cli", "audit", str(storage), *extra], capture_output=True, text=True
-    )
+    out = spotrl("audit", str(storage), *extra)
     if out.returncode == 1 and "holds no audit records" in out.stderr:
         return []
     assert out.returncode == 0, out.stderr
@@ -220,8 +248,7 @@ def audit_summary(storage: Path) -> dict[str, Any]:
 
 def verify(job: Path, root: Path) -> subprocess.CompletedProcess[str]:
     """`spotrl ckpt verify ROOT -f JOB --json`: the newest cut of a store, against its job."""
-    cmd = [sys.executable, "-m", "spotrl_runtime.cli", "ckpt", "verify", str(root), "-f", str(job), "--json"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return spotrl("ckpt", "verify", str(root), "-f", str(job), "--json")
 
 
 def stream(storage: Path) -> list[tuple[int, list[int]]]:

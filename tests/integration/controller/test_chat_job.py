@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from controller_runs import ROOT, Runs, chat_example, stop, stream, wait_for
+from controller_runs import ROOT, Runs, chat_example, spotrl, stop, stream, wait_for
 
 from spotrl_e2e.forgery import CutSurgery
 from spotrl_runtime.core.cut_format import decode_rollouts, encode_rollouts
@@ -32,14 +31,7 @@ RISE = 0.06
 
 
 def _cli(runs: Runs, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "spotrl_runtime.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=runs.env(),
-        cwd=runs.base,
-    )
+    return spotrl(*args, timeout=timeout, env=runs.env(), cwd=runs.base)
 
 
 @pytest.fixture(scope="module")

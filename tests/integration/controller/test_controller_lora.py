@@ -10,7 +10,6 @@ import json
 import platform
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +19,14 @@ from controller_runs import (
     Runs,
     assert_same_weights,
     audit,
+    audit_summary,
     chat_example,
     final_weights,
     fsdp,
     kill_rng,
     killed_in_step,
     newest_cut,
+    spotrl,
     stop,
     stream,
     wait_for,
@@ -130,13 +131,7 @@ def test_the_chat_example_with_lora_trains_on_vllm_in_bf16_and_only_the_adapter_
     }
     rc, log = runs.run(runs.job(overrides, base=example), storage)
     assert rc == 0, log
-    summary = subprocess.run(
-        [sys.executable, "-m", "spotrl_runtime.cli", "audit", str(storage), "--summary", "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    gap = json.loads(summary.stdout)["rollout_gap"]
+    gap = audit_summary(storage)["rollout_gap"]
     assert gap["steps"] == 4, gap
     assert 0 <= gap["max"] < 0.25, gap
     records = AuditStore(open_storage(str(storage))).documents()
@@ -185,14 +180,11 @@ def test_a_lora_cut_exports_as_a_peft_folder_or_merged_and_eval_scores_either(
     _, adapter = lora_baseline
     storage = runs.base / LORA_STORE
 
-    def spotrl(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "spotrl_runtime.cli", *args]
-        return subprocess.run(command, capture_output=True, text=True, env=runs.env(), cwd=tmp_path)
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return spotrl(*args, env=runs.env(), cwd=tmp_path)
 
     peft_dir, merged_dir = tmp_path / "adapter", tmp_path / "merged"
-    assert (
-        spotrl("ckpt", "export", str(storage), "--base", "builtin:tiny-arith", "--out", str(peft_dir)).returncode == 0
-    )
+    assert cli("ckpt", "export", str(storage), "--base", "builtin:tiny-arith", "--out", str(peft_dir)).returncode == 0
     config = json.loads((peft_dir / "adapter_config.json").read_text())
     assert (config["r"], config["base_model_name_or_path"]) == (8, "builtin:tiny-arith")
     assert not (peft_dir / "config.json").exists(), "the adapter alone, not the base"
@@ -201,9 +193,9 @@ def test_a_lora_cut_exports_as_a_peft_folder_or_merged_and_eval_scores_either(
     exported = load_file(str(peft_dir / "adapter_model.safetensors"))
     assert len(exported) == len(adapter)
     assert sum(t.numel() for t in exported.values()) == sum(t.numel() for t in adapter.values())
-    out = spotrl("ckpt", "export", str(storage), "--base", "builtin:tiny-arith", "--merge", "--out", str(merged_dir))
+    out = cli("ckpt", "export", str(storage), "--base", "builtin:tiny-arith", "--merge", "--out", str(merged_dir))
     assert out.returncode == 0, out.stderr
-    refused = spotrl("ckpt", "export", str(storage), "--base", "builtin:tiny-chat", "--out", str(tmp_path / "no"))
+    refused = cli("ckpt", "export", str(storage), "--base", "builtin:tiny-chat", "--out", str(tmp_path / "no"))
     assert refused.returncode == 1
     assert "trained on another base" in refused.stderr
     assert not (tmp_path / "no").exists()
@@ -221,7 +213,7 @@ def test_a_lora_cut_exports_as_a_peft_folder_or_merged_and_eval_scores_either(
     job = runs.job({**LORA, "dataset.split": "test"})
     scores = []
     for model in (peft_dir, merged_dir):
-        out = spotrl("eval", "-f", str(job), "--model", str(model), "--limit", "16", "--json")
+        out = cli("eval", "-f", str(job), "--model", str(model), "--limit", "16", "--json")
         assert out.returncode == 0, out.stderr
         scores.append(json.loads(out.stdout)["accuracy"])
     assert scores[0] == scores[1], "an adapter folder is scored as the base with the adapter merged in"

@@ -9,7 +9,6 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from controller_runs import (
     audit,
     kill_rng,
     newest_cut,
+    spotrl,
     stop,
     stream,
     wait_for,
@@ -213,11 +213,7 @@ def test_sigkill_at_points_and_random_moments_loses_what_each_allows_and_ends_wi
 
     # The accounting says the same, from storage alone: nothing lost or trained twice, the
     # retrained steps counted, one restore and its seconds per kill.
-    out = subprocess.run(
-        [sys.executable, "-m", "spotrl_runtime.cli", "audit", str(storage), "--summary", "--json"],
-        capture_output=True,
-        text=True,
-    )
+    out = spotrl("audit", str(storage), "--summary", "--json")
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     assert summary["prompts_lost"] == 0
@@ -228,9 +224,7 @@ def test_sigkill_at_points_and_random_moments_loses_what_each_allows_and_ends_wi
     assert summary["restores"] == kills
     assert len(summary["seconds_lost_per_preemption"]) == kills
     assert all(s >= 0 for s in summary["seconds_lost_per_preemption"])
-    text = subprocess.run(
-        [sys.executable, "-m", "spotrl_runtime.cli", "audit", str(storage), "--summary"], capture_output=True, text=True
-    ).stdout
+    text = spotrl("audit", str(storage), "--summary").stdout
     assert f"stepsRetrained            {summary['steps_retrained']}" in text, text
 
     # TensorBoard shows each step once, the effective one: each attempt wrote a file of its own,
