@@ -12,9 +12,12 @@ What a user sees when something is wrong is one line on stderr: a bad flag or fi
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import importlib
 import os
 import sys
+import threading
 import traceback
 from typing import NoReturn
 
@@ -85,5 +88,29 @@ def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split()) or "(no message)"
 
 
+def entry() -> NoReturn:
+    """The `spotrl` command: :func:`main`, then :func:`exit_process` with its code."""
+    exit_process(main())
+
+
+def exit_process(code: int) -> NoReturn:
+    """Ends the process as ``sys.exit(code)`` would (the threads that are not daemons joined,
+    the ``atexit`` functions run: Ray's shutdown, logging's flush), but without the
+    interpreter's finalization. After Ray, that finalization could crash the process: its
+    garbage collection of the modules ran beside Ray's C++ threads and died of SIGSEGV (or
+    SIGABRT, by Ray's handler), so that a controller stopped by SIGTERM during start-up
+    exited -6 instead of 143. Ray's own workers end the same way (its core worker exits the
+    process directly)."""
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # what sys.exit runs before the finalization
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
