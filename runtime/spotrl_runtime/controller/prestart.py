@@ -148,9 +148,9 @@ class Prestart:
 
 def _keep_our_sigterm() -> None:
     """Puts this process's SIGTERM handler back in force. Ray's core worker, started on the
-    thread, installed its own (it logs, then aborts the process when Ray shuts down: exit -6
-    instead of 143 on a SIGTERM during start-up), and only the main thread can undo that, as
-    ``start_ray`` does when it runs there."""
+    thread, installed its own (Ray's C++ failure handler, which prints a stack for the signal
+    before it passes it on), and only the main thread can undo that, as ``start_ray`` does when
+    it runs there."""
     handler = signal.getsignal(signal.SIGTERM)
     if handler is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handler)
