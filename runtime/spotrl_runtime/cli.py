@@ -94,18 +94,15 @@ def entry() -> NoReturn:
 
 
 def exit_process(code: int) -> NoReturn:
-    """Ends the process as ``sys.exit(code)`` would (the threads that are not daemons joined,
-    the ``atexit`` functions run: Ray's shutdown, logging's flush), but without the
-    interpreter's finalization. After Ray, that finalization could crash the process: its
-    garbage collection of the modules ran beside Ray's C++ threads and died of SIGSEGV (or
-    SIGABRT, by Ray's handler), so that a controller stopped by SIGTERM during start-up
-    exited -6 instead of 143. Ray's own workers end the same way (its core worker exits the
-    process directly)."""
-    current = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is not current and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()  # what sys.exit runs before the finalization
+    """Ends the process as ``sys.exit(code)`` would (threading's shutdown: executors told to
+    stop, the threads that are not daemons joined; then the ``atexit`` functions: Ray's
+    shutdown, logging's flush), but without the interpreter's finalization. After Ray, that
+    finalization could crash the process: its garbage collection of the modules ran beside
+    Ray's C++ threads and died of SIGSEGV (or SIGABRT, by Ray's handler), so that a controller
+    stopped by SIGTERM during start-up exited -6 instead of 143. Ray's own workers end the same
+    way (its core worker exits the process directly)."""
+    threading._shutdown()  # type: ignore[attr-defined]  # what the interpreter runs first, then:
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

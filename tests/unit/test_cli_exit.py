@@ -12,6 +12,7 @@ from pathlib import Path
 
 PROGRAM = """
 import atexit, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from spotrl_runtime.cli import exit_process
 
@@ -28,6 +29,8 @@ class Finalized:
             f.write("finalized\\n")
 
 threading.Thread(target=late).start()
+pool = ThreadPoolExecutor(1)  # never shut down: its idle worker is a thread that is not a daemon
+pool.submit(print, end="")
 atexit.register(lambda: out.open("a").write("atexit\\n"))
 keep = Finalized()  # a module global: only the interpreter's finalization collects it
 print("unflushed", end="")
@@ -42,6 +45,7 @@ def test_it_exits_with_the_code_after_the_threads_and_atexit_flushed_and_without
     assert done.returncode == 7, done.stderr
     assert (done.stdout, done.stderr) == ("unflushed", "to stderr"), "buffered output is flushed"
     assert marks.read_text().splitlines() == ["thread", "atexit"], "the thread finished first; no finalization"
+    # (An executor never shut down does not hold the exit: it is told to stop, as at any exit.)
 
 
 SITECUSTOMIZE = """
