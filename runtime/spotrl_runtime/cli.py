@@ -98,7 +98,7 @@ def exit_process(code: int) -> NoReturn:
     stop, the threads that are not daemons joined; then the ``atexit`` functions: Ray's
     shutdown, logging's flush), but without the interpreter's finalization. After Ray, that
     finalization could crash the process: its garbage collection of the modules ran beside
-    Ray's C++ threads and died of SIGSEGV (or SIGABRT, by Ray's handler), so that a controller
+    Ray's C++ threads and crashed (a SIGABRT from the handler that caught it), so that a controller
     stopped by SIGTERM during start-up exited -6 instead of 143. Ray's own workers end the same
     way (its core worker exits the process directly)."""
     threading._shutdown()  # type: ignore[attr-defined]  # what the interpreter runs first, then:
