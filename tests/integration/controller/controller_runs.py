@@ -27,7 +27,11 @@ Process = subprocess.Popen[str] | Child
 """A run: forked by the fork server (the default), or started by ``subprocess`` (``Runs(fork=False)``)."""
 
 _LOGS: weakref.WeakKeyDictionary[Process, Path] = weakref.WeakKeyDictionary()
-"""Each run's log, for :func:`wait_for`'s failure when the run exits first."""
+"""Each run's log (:meth:`Runs.log_of`, and :func:`wait_for`'s failure when the run exits first)."""
+
+_FORKSERVER: ForkServer | None = None
+"""The fork server the runs are forked from (:attr:`Runs.forkserver`) and :func:`spotrl` forks
+the short commands from, once the session's first run started it."""
 
 TINY_JOB: dict[str, Any] = {
     "apiVersion": "spotrl.dev/v1alpha1",
@@ -72,10 +76,8 @@ class Runs:
         self.cache = base / "cache"
         self.ray_tmp = Path(os.environ.get("SPOTRL_TEST_RAY_TMP", "/tmp"))
         self.n = 0
-        self.logs: dict[int, Path] = {}
         self.markers: dict[int, str] = {}
         self.fork = fork
-        self._forkserver: ForkServer | None = None
 
     def job(self, overrides: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> Path:
         """A job file: ``base`` (default: :data:`TINY_JOB`) with ``overrides`` (``"a.b": value``
@@ -132,7 +134,6 @@ class Runs:
                     cwd=self.base,
                     start_new_session=new_session,
                 )
-        self.logs[proc.pid] = path
         _LOGS[proc] = path
         self.markers[proc.pid] = marker
         return proc
@@ -142,15 +143,15 @@ class Runs:
         """The warm parent the runs are forked from (:mod:`spotrl_e2e.forkserver`), started
         with the first run; :func:`spotrl` forks the short commands from it too."""
         global _FORKSERVER
-        if self._forkserver is None:
-            self._forkserver = _FORKSERVER = ForkServer(self.env(), self.base, marker="SPOTRL_TEST_RUN")
-        return self._forkserver
+        if _FORKSERVER is None:
+            _FORKSERVER = ForkServer(self.env(), self.base, marker="SPOTRL_TEST_RUN")
+        return _FORKSERVER
 
     def close(self) -> None:
         global _FORKSERVER
-        if self._forkserver is not None:
-            self._forkserver.close()
-            self._forkserver = _FORKSERVER = None
+        if _FORKSERVER is not None:
+            _FORKSERVER.close()
+            _FORKSERVER = None
 
     def run(self, job: Path, storage: Path | str, *args: str, timeout: float = 420, **env: str) -> tuple[int, str]:
         proc = self.start(job, storage, *args, **env)
@@ -162,7 +163,7 @@ class Runs:
         return rc, self.log_of(proc)
 
     def log_of(self, proc: Process) -> str:
-        return self.logs[proc.pid].read_text()
+        return _LOGS[proc].read_text()
 
     def processes_of(self, proc: Process) -> list[int]:
         """The live processes of the run ``proc`` started (Ray's, the generation workers, the
@@ -170,7 +171,7 @@ class Runs:
         Ray workers the fork server forked for it (their ``/proc`` environment is the server's),
         and its reward's process, whose environment has none (its command line ends with the run's pid)."""
         entry = f"SPOTRL_TEST_RUN={self.markers[proc.pid]}".encode()
-        found = self._forkserver.workers_with(self.markers[proc.pid]) if self._forkserver else []
+        found = _FORKSERVER.workers_with(self.markers[proc.pid]) if _FORKSERVER else []
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 environ = Path(f"/proc/{pid}/environ").read_bytes()
@@ -202,10 +203,6 @@ def _command(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120] or str(pid)
     except OSError:
         return str(pid)
-
-
-_FORKSERVER: ForkServer | None = None
-"""The fork server of the session's :class:`Runs`, once it started."""
 
 
 def spotrl(
