@@ -224,6 +224,35 @@ def test_a_lora_policy_is_accepted_and_each_bad_field_is_rejected_by_name(
         assert field in err.message, (name, err.message)
 
 
+def test_the_advantage_and_the_loss_aggregation_are_kept_and_each_bad_one_rejected_by_name(
+    cluster: Cluster, crd: dict[str, Any], namespace: str
+) -> None:
+    """training.advantage and training.lossAggregation on the real API server: a Dr. GRPO recipe
+    kept as written, an unknown estimator or aggregation refused naming the field, and
+    normalizeByStd with an estimator other than grpo refused by its CEL rule."""
+    job = copy.deepcopy(example_job())
+    job["metadata"]["name"] = "dr-grpo"
+    recipe = {"advantage": {"estimator": "grpo", "normalizeByStd": False}, "lossAggregation": "seq-mean-token-sum-norm"}
+    job["spec"]["training"].update(recipe)
+    cluster.admin().create(RLJOBS.format(ns=namespace), job)
+    got = cluster.admin().get(RLJOBS.format(ns=namespace) + "/dr-grpo")["spec"]["training"]
+    assert {k: got[k] for k in recipe} == recipe
+    for name, training, field in (
+        ("bad-estimator", {"advantage": {"estimator": "ppo"}}, "spec.training.advantage.estimator"),
+        ("bad-aggregation", {"lossAggregation": "seq-sum"}, "spec.training.lossAggregation"),
+        (
+            "std-with-rloo",
+            {"advantage": {"estimator": "rloo", "normalizeByStd": True}},
+            "spec.training.advantage.normalizeByStd",
+        ),
+    ):
+        bad = copy.deepcopy(example_job())
+        bad["metadata"]["name"] = name
+        bad["spec"]["training"].update(training)
+        err = _create(cluster, namespace, bad)
+        assert field in err.message, (name, err.message)
+
+
 def test_runtime_env_is_kept_as_written_and_each_bad_entry_is_rejected_by_name(
     cluster: Cluster, crd: dict[str, Any], namespace: str
 ) -> None:

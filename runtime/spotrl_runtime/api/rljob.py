@@ -384,6 +384,40 @@ class Parallelism(ApiObject):
     )
 
 
+class Advantage(ApiObject):
+    """How each rollout's advantage comes from its group's rewards (veRL's ``algorithm.adv_estimator``)."""
+
+    estimator: Literal["grpo", "rloo", "reinforce++-baseline"] = Field(
+        default="grpo",
+        description=(
+            "'grpo': the reward minus its group's mean, over the group's standard deviation (see normalizeByStd); "
+            "'rloo': the reward minus the mean of the group's other rewards; 'reinforce++-baseline': the reward "
+            "minus its group's mean, then whitened over the step's trained tokens. A group whose rewards are all "
+            "equal is left out of the step under each. See docs/guides/numerics.md."
+        ),
+    )
+    normalize_by_std: bool | None = Field(
+        default=None,
+        strict=True,
+        description=(
+            "'grpo' only: divide by the group's standard deviation (unset: true). false is Dr. GRPO's advantage "
+            "(veRL's norm_adv_by_std_in_grpo: false, TRL's scale_rewards: none)."
+        ),
+    )
+
+    rules = (
+        Rule(
+            cel="!has(self.normalizeByStd) || self.estimator == 'grpo'",
+            check=lambda a: a.normalize_by_std is None or a.estimator == "grpo",
+            message=(
+                "normalizeByStd applies to estimator 'grpo' only ('rloo' never divides by a standard deviation, "
+                "'reinforce++-baseline' always whitens over the step): remove it, or set estimator: grpo"
+            ),
+            field="normalizeByStd",
+        ),
+    )
+
+
 class Training(ApiObject):
     """The trainer: GRPO in plain torch, in one process or as a group of FSDP2 ranks."""
 
@@ -415,6 +449,19 @@ class Training(ApiObject):
         description="Dual-clip: a token with a negative advantage loses at most dualClip times |advantage|.",
     )
     kl_coef: float = Field(default=0.0, ge=0, le=100, description="Weight of the KL penalty to the initial policy.")
+    advantage: Advantage = Field(
+        default_factory=Advantage,
+        description="The advantage estimator: grpo (the default), rloo, reinforce++-baseline.",
+    )
+    loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
+        default="token-mean",
+        description=(
+            "How the step's per-token losses make one loss (veRL's loss_agg_mode). 'token-mean': every trained "
+            "token of the step alike; 'seq-mean-token-mean': each rollout's token mean, averaged over the step's "
+            "rollouts (GRPO's paper); 'seq-mean-token-sum-norm': each rollout's token sum over "
+            "generation.maxNewTokens, averaged over the step's rollouts (Dr. GRPO: no length bias)."
+        ),
+    )
     importance_sampling_cap: float = Field(
         default=2.0,
         ge=1,

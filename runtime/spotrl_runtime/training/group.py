@@ -197,7 +197,7 @@ class TrainerGroup:
         ``interrupted`` is not asked: the ranks must run the same passes, so a barrier waits
         for the group's step to end (the single process's stops between micro-batches)."""
         started = time.monotonic()
-        plan = step_rows(groups)
+        plan = step_rows(groups, self.config.objective)
         shares = split_rows(plan, self.world)
         passes = micro_batches(shares, self.config.micro_batch_size, self.config.micro_batch_tokens)
         results = self._get(

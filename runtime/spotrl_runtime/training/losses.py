@@ -63,6 +63,9 @@ class Tokens:
     """bool: generated with the very weights the step starts from (not ahead, with older ones)."""
     reference: torch.Tensor | None = None
     """The frozen reference policy's, for the KL term."""
+    scale: torch.Tensor | None = None
+    """Each token's weight in the step's loss aggregation against a token of ``token-mean``
+    (:func:`~spotrl_runtime.training.advantages.row_scales`); None: 1 for every token."""
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,10 @@ class LossTerms:
     """Sums over one micro-batch's trained tokens (divide by the step's token count)."""
 
     loss_sum: torch.Tensor
-    """Differentiable: the weighted policy-gradient term plus ``kl_coef`` times the KL term."""
+    """Differentiable: the weighted policy-gradient term plus ``kl_coef`` times the KL term, each
+    token scaled by the loss aggregation (:attr:`Tokens.scale`)."""
     policy_sum: float
+    """The policy-gradient term over the tokens, unscaled (the step reports it as a token mean)."""
     kl_sum: float
     clipped_tokens: int
     tokens: int
@@ -150,12 +155,13 @@ def token_loss_terms(tokens: Tokens, config: LossConfig) -> LossTerms:
     weight = importance_weight(proximal, tokens.behaviour, config.is_cap) * kept
     policy, ratio, clipped = clipped_policy_loss(logprobs, proximal, tokens.advantages, config)
     policy = policy * weight
-    loss = policy.sum()
+    scale = tokens.scale if tokens.scale is not None else torch.ones_like(policy)
+    loss = (policy * scale).sum()
     kl_sum = 0.0
     if tokens.reference is not None and config.kl_coef > 0:
         both = kept & inside(tokens.reference)
         kl = k3_kl(torch.where(both, logprobs, 0.0), torch.where(both, tokens.reference, 0.0))
-        loss = loss + config.kl_coef * kl.sum()
+        loss = loss + config.kl_coef * (kl * scale).sum()
         kl_sum = float(kl.detach().sum())
     fresh = probability_gap(tokens.proximal, tokens.behaviour, tokens.fresh)
     stale = probability_gap(tokens.proximal, tokens.behaviour, ~tokens.fresh)

@@ -2,20 +2,28 @@
 
 A step trains on the finished groups stamped for it. Each rollout of a group whose rewards
 differ becomes a :class:`Row` (prompt, completion, generation-time log-probs, the group-relative
-advantage). The loss of the step is a token mean over every row, so a row's gradient does not
-depend on which process computes it: a group of ranks splits the rows (whole groups, balanced
-by tokens, :func:`split_rows`), each rank divides its micro-batch sums by the *step's* token
-count, and the ranks' gradients add up to the single process's.
+advantage, and its tokens' weight in the step's loss aggregation). The loss of the step is a
+weighted token mean over every row, its weights fixed by the whole step, so a row's gradient
+does not depend on which process computes it: a group of ranks splits the rows (whole groups,
+balanced by tokens, :func:`split_rows`), each rank divides its micro-batch sums by the *step's*
+token count, and the ranks' gradients add up to the single process's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from spotrl_runtime.core.types import FinishedGroup
-from spotrl_runtime.training.grpo import contributes, group_advantages
+from spotrl_runtime.training.advantages import (
+    DEFAULT_OBJECTIVE,
+    Objective,
+    contributes,
+    group_advantages,
+    row_scales,
+    whiten,
+)
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,9 @@ class Row:
     advantage: float
     weight_version: int = -1
     """The policy version that generated the completion (-1: a padding row)."""
+    scale: float = 1.0
+    """Each of its tokens' weight in the step's loss against a token of ``token-mean``
+    (:func:`~spotrl_runtime.training.advantages.row_scales`)."""
 
 
 @dataclass(frozen=True)
@@ -50,9 +61,11 @@ class StepRows:
         return sum(len(r.completion_ids) for g in self.by_group for r in g)
 
 
-def step_rows(groups: Sequence[FinishedGroup]) -> StepRows:
-    """The rows of a step: advantages per group; zero-variance groups and empty completions left out."""
-    by_group: list[tuple[Row, ...]] = []
+def step_rows(groups: Sequence[FinishedGroup], objective: Objective = DEFAULT_OBJECTIVE) -> StepRows:
+    """The rows of a step: advantages per group (whitened over the step's tokens for
+    ``reinforce++-baseline``), each row's loss scale; zero-variance groups and empty completions
+    left out."""
+    by_group: list[list[Row]] = []
     skipped = 0
     for group in groups:
         group_rewards = [r.reward for r in group.rollouts]
@@ -60,7 +73,7 @@ def step_rows(groups: Sequence[FinishedGroup]) -> StepRows:
             skipped += 1
             continue
         rows = []
-        for rollout, adv in zip(group.rollouts, group_advantages(group_rewards).tolist(), strict=True):
+        for rollout, adv in zip(group.rollouts, group_advantages(group_rewards, objective).tolist(), strict=True):
             if len(rollout.logprobs) != len(rollout.completion_token_ids):
                 raise ValueError(
                     f"group {group.group_id} rollout {rollout.index}: {len(rollout.logprobs)} logprobs for "
@@ -77,9 +90,27 @@ def step_rows(groups: Sequence[FinishedGroup]) -> StepRows:
                     )
                 )
         if rows:
-            by_group.append(tuple(rows))
+            by_group.append(rows)
     rewards = tuple(r.reward for g in groups for r in g.rollouts)
-    return StepRows(tuple(by_group), rewards, len(groups), skipped)
+    return StepRows(_shaped(by_group, len(rewards), objective), rewards, len(groups), skipped)
+
+
+def _shaped(by_group: list[list[Row]], rollouts: int, objective: Objective) -> tuple[tuple[Row, ...], ...]:
+    """The rows with the step-wide parts of ``objective``: whitened advantages, loss scales."""
+    flat = [r for g in by_group for r in g]
+    lengths = [len(r.completion_ids) for r in flat]
+    advantages = [r.advantage for r in flat]
+    if objective.estimator == "reinforce++-baseline":
+        advantages = whiten(advantages, lengths)
+    scales = row_scales(lengths, rollouts, objective)
+    out: list[tuple[Row, ...]] = []
+    first = 0
+    for g in by_group:
+        out.append(
+            tuple(replace(row, advantage=advantages[first + j], scale=scales[first + j]) for j, row in enumerate(g))
+        )
+        first += len(g)
+    return tuple(out)
 
 
 def split_rows(step: StepRows, ranks: int) -> list[list[Row]]:

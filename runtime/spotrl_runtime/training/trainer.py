@@ -1,12 +1,13 @@
-"""The GRPO trainer: one optimizer step per call, over the finished groups stamped for it.
+"""The trainer: one optimizer step per call, over the finished groups stamped for it.
 
-Read top to bottom: advantages per group, rows of (prompt, completion, generation-time
-log-probs, advantage), micro-batches (at most ``micro_batch_size`` rollouts and
-``micro_batch_tokens`` padded tokens, longest rows first) whose loss sums are scaled by the
-step's token count, gradient clipping, AdamW. Parameters and optimizer state are float32; the
-passes compute in ``compute_dtype`` (:mod:`~spotrl_runtime.training.precision`). The frozen
-reference for the KL term is the policy as the trainer received it (the initial policy); it is
-rebuilt from the policy spec on restore, so :meth:`Trainer.state_dict` does not carry it.
+Read top to bottom: advantages per group (:mod:`~spotrl_runtime.training.advantages`), rows of
+(prompt, completion, generation-time log-probs, advantage, loss scale), micro-batches (at most
+``micro_batch_size`` rollouts and ``micro_batch_tokens`` padded tokens, longest rows first) whose
+loss sums are scaled by the step's token count, gradient clipping, AdamW. Parameters and
+optimizer state are float32; the passes compute in ``compute_dtype``
+(:mod:`~spotrl_runtime.training.precision`). The frozen reference for the KL term is the policy
+as the trainer received it (the initial policy); it is rebuilt from the policy spec on restore,
+so :meth:`Trainer.state_dict` does not carry it.
 
 With a LoRA adapter (:mod:`~spotrl_runtime.models.lora`) only the adapter trains: the base stays
 frozen in its dtype, the adapter's parameters are the float32 masters, the KL reference is the
@@ -33,6 +34,7 @@ from spotrl_runtime.core.types import FinishedGroup
 from spotrl_runtime.models import lora
 from spotrl_runtime.training import logprobs as lp
 from spotrl_runtime.training import precision
+from spotrl_runtime.training.advantages import DEFAULT_OBJECTIVE, Objective
 from spotrl_runtime.training.losses import LossConfig, Tokens, token_loss_terms
 from spotrl_runtime.training.rows import LossSums, Row, plan_micro_batches, step_metrics, step_rows
 
@@ -75,6 +77,8 @@ class TrainerConfig:
     compute_dtype: str = "float32"
     """``policy.dtype``: what the passes compute in (the parameters stay float32)."""
     activation_checkpointing: str = "auto"
+    objective: Objective = DEFAULT_OBJECTIVE
+    """The advantage estimator and the loss aggregation (``training.advantage``, ``lossAggregation``)."""
 
     @classmethod
     def from_rljob(cls, spec: Any) -> TrainerConfig:
@@ -99,6 +103,12 @@ class TrainerConfig:
             dual_clip=t.dual_clip,
             compute_dtype=spec.policy.dtype,
             activation_checkpointing=t.activation_checkpointing,
+            objective=Objective(
+                estimator=t.advantage.estimator,
+                normalize_by_std=t.advantage.normalize_by_std is not False,
+                aggregation=t.loss_aggregation,
+                length_normalizer=spec.generation.max_new_tokens,
+            ),
         )
 
     @property
@@ -182,7 +192,7 @@ class Trainer:
         (a barrier then waits one micro-batch, not a whole step).
         """
         started = time.monotonic()
-        plan = step_rows(groups)
+        plan = step_rows(groups, self.config.objective)
         sums, grad_norm, lr = self.optimizer_step(plan.rows, plan.tokens, interrupted=interrupted)
         metrics = step_metrics(plan, sums)
         metrics.update(grad_norm=grad_norm, learning_rate=lr, step=float(self.step), seconds=time.monotonic() - started)
@@ -235,7 +245,7 @@ class Trainer:
         """Accumulates the step's loss gradient into ``.grad`` (no optimizer step) and returns the
         loss metrics. Each micro-batch's loss sum is divided by the step's token count, so the
         gradient is the same whatever ``micro_batch_size`` is."""
-        plan = step_rows(groups)
+        plan = step_rows(groups, self.config.objective)
         sums = self.accumulate(plan.rows, plan.tokens, interrupted=interrupted)
         return step_metrics(plan, sums)
 
@@ -308,6 +318,7 @@ class Trainer:
         advantages = torch.tensor([r.advantage for r in rows], dtype=torch.float32).repeat_interleave(
             torch.tensor(per_row)
         )
+        scale = torch.tensor([r.scale for r in rows], dtype=torch.float32).repeat_interleave(torch.tensor(per_row))
         fresh = torch.tensor([r.weight_version == self.step for r in rows]).repeat_interleave(torch.tensor(per_row))
         with precision.autocast(self.device, self.compute_dtype):
             sampling = (self.config.temperature, self.config.top_p)
@@ -326,6 +337,7 @@ class Trainer:
             advantages=advantages.to(self.device),
             fresh=fresh.to(self.device),
             reference=reference,
+            scale=scale.to(self.device),
         )
         terms = token_loss_terms(tokens, self.config.loss)
         return replace(terms, entropy_sum=float(entropy.sum())), batch

@@ -16,7 +16,7 @@ import torch
 from training_helpers import make_group
 
 from spotrl_runtime.models import load_policy
-from spotrl_runtime.training import Trainer, TrainerConfig
+from spotrl_runtime.training import Objective, Trainer, TrainerConfig
 from spotrl_runtime.training.group import RankLostError, TrainerGroup
 
 pytestmark = pytest.mark.slow
@@ -52,11 +52,23 @@ def run_single(cfg: TrainerConfig) -> tuple[list[dict[str, float]], dict[str, to
     return metrics, trainer.policy_state_dict()
 
 
-@pytest.mark.parametrize(("kl_coef", "top_p"), [(0.0, 1.0), (0.1, 0.9)], ids=["no-kl", "kl-top-p"])
-def test_two_fsdp_ranks_train_what_one_process_trains(ray_session: Any, kl_coef: float, top_p: float) -> None:
+@pytest.mark.parametrize(
+    ("kl_coef", "top_p", "objective"),
+    [
+        (0.0, 1.0, Objective()),
+        (0.1, 0.9, Objective()),
+        (0.0, 1.0, Objective("reinforce++-baseline", aggregation="seq-mean-token-mean")),
+    ],
+    ids=["no-kl", "kl-top-p", "whitened-seq-mean"],
+)
+def test_two_fsdp_ranks_train_what_one_process_trains(
+    ray_session: Any, kl_coef: float, top_p: float, objective: Objective
+) -> None:
     """With top-p the ranks take the log-probs over the same nucleus as one process (the random
-    tokens of these groups fall outside it often: the rule for those is the same too)."""
-    cfg = config(kl_coef=kl_coef, top_p=top_p)
+    tokens of these groups fall outside it often: the rule for those is the same too). With a
+    sequence mean and advantages whitened over the step, each rank's rows carry the weights and
+    advantages of the whole step, not of its share."""
+    cfg = config(kl_coef=kl_coef, top_p=top_p, objective=objective)
     single_metrics, single_weights = run_single(cfg)
     group = TrainerGroup(POLICY, cfg, ranks=2, cpus_per_rank=0.5)
     try:

@@ -83,6 +83,21 @@ GOOD = {
         "spec.dataset",
         {"uri": "s3://b/gsm8k/train.parquet", "promptField": "messages", "promptFormat": "chat", "systemPrompt": "Hi"},
     ),
+    "dr-grpo": with_(
+        "spec.training",
+        {
+            "totalSteps": 3,
+            "advantage": {"estimator": "grpo", "normalizeByStd": False},
+            "lossAggregation": "seq-mean-token-sum-norm",
+        },
+    ),
+    "rloo-seq-mean": with_(
+        "spec.training",
+        {"totalSteps": 3, "advantage": {"estimator": "rloo"}, "lossAggregation": "seq-mean-token-mean"},
+    ),
+    "reinforce-plus-plus-baseline": with_(
+        "spec.training", {"totalSteps": 3, "advantage": {"estimator": "reinforce++-baseline"}}
+    ),
     "seconds-only-cuts": with_("spec.checkpoint", {"everySteps": 0, "everySeconds": 300}),
     "s3-with-endpoint": with_(
         "spec.checkpoint", {"storage": "s3://bucket-a/run1", "s3Endpoint": "http://127.0.0.1:7070"}
@@ -184,6 +199,18 @@ BAD = {
     "unknown-on-error": (
         with_("spec.reward", {"name": "arithmetic_exact", "onError": "zero"}),
         "spec.reward.onError",
+    ),
+    "normalize-by-std-with-rloo": (
+        with_("spec.training", {"totalSteps": 3, "advantage": {"estimator": "rloo", "normalizeByStd": False}}),
+        "spec.training.advantage.normalizeByStd",
+    ),
+    "unknown-estimator": (
+        with_("spec.training", {"totalSteps": 3, "advantage": {"estimator": "ppo"}}),
+        "spec.training.advantage.estimator",
+    ),
+    "unknown-loss-aggregation": (
+        with_("spec.training", {"totalSteps": 3, "lossAggregation": "seq-sum"}),
+        "spec.training.lossAggregation",
     ),
     "schedule-unknown": (with_("spec.training", {"totalSteps": 4, "lrSchedule": "linear"}), "spec.training.lrSchedule"),
     "unknown-field": (with_("spec.generation", {"grupSize": 4}), "spec.generation"),

@@ -11,7 +11,7 @@ import torch
 from training_helpers import make_group, small_llama
 
 from spotrl_runtime.core.types import FinishedGroup
-from spotrl_runtime.training import Trainer, TrainerConfig
+from spotrl_runtime.training import Objective, Trainer, TrainerConfig
 
 
 def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -221,14 +221,23 @@ def test_config_from_the_rljob_spec() -> None:
             "policy": {"model": "builtin:tiny-arith"},
             "dataset": {"uri": "builtin:arithmetic"},
             "reward": {"name": "arithmetic_exact"},
-            "training": {"totalSteps": 5, "learningRate": 3e-4, "microBatchSize": 4, "klCoef": 0.05, "seed": 9},
-            "generation": {"temperature": 0.9, "topP": 0.85},
+            "training": {
+                "totalSteps": 5,
+                "learningRate": 3e-4,
+                "microBatchSize": 4,
+                "klCoef": 0.05,
+                "seed": 9,
+                "advantage": {"normalizeByStd": False},
+                "lossAggregation": "seq-mean-token-sum-norm",
+            },
+            "generation": {"temperature": 0.9, "topP": 0.85, "maxNewTokens": 24},
         }
     )
     config = TrainerConfig.from_rljob(spec)
     assert (config.learning_rate, config.micro_batch_size, config.kl_coef, config.seed) == (3e-4, 4, 0.05, 9)
     assert (config.temperature, config.top_p) == (0.9, 0.85)
     assert config.clip_epsilon == 0.2
+    assert config.objective == Objective("grpo", False, "seq-mean-token-sum-norm", 24)
     namespace = SimpleNamespace(training=spec.training, generation=spec.generation, policy=spec.policy)
     assert TrainerConfig.from_rljob(namespace) == config
 
