@@ -227,12 +227,17 @@ def test_a_lora_policy_is_accepted_and_each_bad_field_is_rejected_by_name(
 def test_the_advantage_and_the_loss_aggregation_are_kept_and_each_bad_one_rejected_by_name(
     cluster: Cluster, crd: dict[str, Any], namespace: str
 ) -> None:
-    """training.advantage and training.lossAggregation on the real API server: a Dr. GRPO recipe
-    kept as written, an unknown estimator or aggregation refused naming the field, and
-    normalizeByStd with an estimator other than grpo refused by its CEL rule."""
+    """training.advantage, lossAggregation and overlong on the real API server: a Dr. GRPO recipe
+    with DAPO's overlong shaping kept as written, an unknown estimator or aggregation refused
+    naming the field, normalizeByStd with an estimator other than grpo and an overlong buffer
+    not below generation.maxNewTokens refused by their CEL rules."""
     job = copy.deepcopy(example_job())
     job["metadata"]["name"] = "dr-grpo"
-    recipe = {"advantage": {"estimator": "grpo", "normalizeByStd": False}, "lossAggregation": "seq-mean-token-sum-norm"}
+    recipe = {
+        "advantage": {"estimator": "grpo", "normalizeByStd": False},
+        "lossAggregation": "seq-mean-token-sum-norm",
+        "overlong": {"filter": True, "softPenalty": {"buffer": 4, "factor": 0.5}},
+    }
     job["spec"]["training"].update(recipe)
     cluster.admin().create(RLJOBS.format(ns=namespace), job)
     got = cluster.admin().get(RLJOBS.format(ns=namespace) + "/dr-grpo")["spec"]["training"]
@@ -245,6 +250,7 @@ def test_the_advantage_and_the_loss_aggregation_are_kept_and_each_bad_one_reject
             {"advantage": {"estimator": "rloo", "normalizeByStd": True}},
             "spec.training.advantage.normalizeByStd",
         ),
+        ("long-buffer", {"overlong": {"softPenalty": {"buffer": 100000}}}, "spec.training.overlong.softPenalty.buffer"),
     ):
         bad = copy.deepcopy(example_job())
         bad["metadata"]["name"] = name

@@ -418,6 +418,38 @@ class Advantage(ApiObject):
     )
 
 
+class SoftPenalty(ApiObject):
+    """DAPO's overlong reward shaping: a linear penalty over the last ``buffer`` tokens before maxNewTokens."""
+
+    buffer: int = Field(
+        ge=1,
+        le=131072,
+        description=(
+            "Completions longer than generation.maxNewTokens - buffer lose reward linearly, up to factor at "
+            "maxNewTokens (DAPO's L_cache; veRL's overlong_buffer.len). Must be below generation.maxNewTokens."
+        ),
+    )
+    factor: float = Field(
+        default=1.0, gt=0, le=100, description="The penalty at maxNewTokens (veRL's overlong_buffer.penalty_factor)."
+    )
+
+
+class Overlong(ApiObject):
+    """What a step does with completions that ran into generation.maxNewTokens."""
+
+    filter: bool = Field(
+        default=False,
+        strict=True,
+        description=(
+            "true: a completion cut off at generation.maxNewTokens is left out of the loss (its reward still counts "
+            "in its group's advantages), as DAPO's overlong filtering does."
+        ),
+    )
+    soft_penalty: SoftPenalty | None = Field(
+        default=None, description="DAPO's overlong reward shaping, added to the reward before the advantages."
+    )
+
+
 class Training(ApiObject):
     """The trainer: GRPO in plain torch, in one process or as a group of FSDP2 ranks."""
 
@@ -452,6 +484,10 @@ class Training(ApiObject):
     advantage: Advantage = Field(
         default_factory=Advantage,
         description="The advantage estimator: grpo (the default), rloo, reinforce++-baseline.",
+    )
+    overlong: Overlong = Field(
+        default_factory=Overlong,
+        description="Completions cut off at generation.maxNewTokens: left out of the loss (filter), or penalised.",
     )
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
         default="token-mean",
@@ -1055,6 +1091,21 @@ class RLJobSpec(ApiObject):
                 "(the rollouts of one step)"
             ),
             field="training.microBatchSize",
+        ),
+        Rule(
+            cel=(
+                "!has(self.training.overlong) || !has(self.training.overlong.softPenalty) || "
+                "self.training.overlong.softPenalty.buffer < self.generation.maxNewTokens"
+            ),
+            check=lambda s: (
+                s.training.overlong.soft_penalty is None
+                or s.training.overlong.soft_penalty.buffer < s.generation.max_new_tokens
+            ),
+            message=(
+                "training.overlong.softPenalty.buffer must be below generation.maxNewTokens (the penalty starts "
+                "buffer tokens before the limit): lower the buffer or raise maxNewTokens"
+            ),
+            field="training.overlong.softPenalty.buffer",
         ),
     )
 

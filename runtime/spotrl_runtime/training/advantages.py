@@ -13,6 +13,11 @@
 A group whose rewards are all equal has no preference to learn from under every estimator: it
 is left out of the step (:func:`contributes`), before any whitening.
 
+``spec.training.overlong`` (DAPO's): ``softPenalty`` adds :func:`overlong_penalty` to each
+reward before the advantages (so a group of equal rewards whose lengths differ near the limit
+has something to prefer); ``filter`` leaves each completion cut off at ``maxNewTokens`` out of
+the loss after the advantages (its reward still counts in its group's mean and spread).
+
 ``spec.training.lossAggregation`` says how the step's per-token losses become one number
 (veRL's ``loss_agg_mode``): :func:`row_scales` gives each trained row the weight of its tokens
 against a token of ``token-mean``, so that every micro-batch still divides its loss sum by the
@@ -44,16 +49,23 @@ class Objective:
     normalize_by_std: bool = True
     """``grpo`` only: divide by the group's standard deviation."""
     aggregation: str = "token-mean"
-    length_normalizer: int = 1
-    """``seq-mean-token-sum-norm``'s constant (``generation.maxNewTokens``)."""
+    max_new_tokens: int = 1
+    """``generation.maxNewTokens``: ``seq-mean-token-sum-norm``'s constant, and where the overlong
+    penalty ends."""
+    overlong_filter: bool = False
+    """Leave completions cut off at ``max_new_tokens`` out of the loss (``training.overlong.filter``)."""
+    soft_penalty: tuple[int, float] | None = None
+    """DAPO's overlong shaping, (buffer, factor) (``training.overlong.softPenalty``): :func:`overlong_penalty`."""
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"advantage estimator must be one of {', '.join(ESTIMATORS)}, got {self.estimator!r}")
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"loss aggregation must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}")
-        if self.length_normalizer < 1:
-            raise ValueError(f"length_normalizer must be at least 1, got {self.length_normalizer}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.soft_penalty is not None and not 1 <= self.soft_penalty[0] < self.max_new_tokens:
+            raise ValueError(f"the overlong buffer must be in [1, {self.max_new_tokens}), got {self.soft_penalty[0]}")
 
 
 DEFAULT_OBJECTIVE = Objective()
@@ -104,7 +116,7 @@ def row_scales(lengths: Sequence[int], rollouts: int, objective: Objective) -> l
     - ``token-mean``: 1 (every trained token alike);
     - ``seq-mean-token-mean``: ``T / (N * L_i)``: each rollout's token mean, averaged over rollouts;
     - ``seq-mean-token-sum-norm`` (Dr. GRPO): ``T / (N * C)``: each rollout's token sum over a
-      constant ``C`` (``length_normalizer``), averaged over rollouts: no length bias.
+      constant ``C`` (``max_new_tokens``), averaged over rollouts: no length bias.
 
     ``N`` is ``rollouts``: every rollout the step holds, those of groups with equal rewards (no
     gradient) included, as veRL's and TRL's batch means count them; so the normaliser does not
@@ -116,7 +128,18 @@ def row_scales(lengths: Sequence[int], rollouts: int, objective: Objective) -> l
     n = max(rollouts, 1)
     if objective.aggregation == "seq-mean-token-mean":
         return [total / (n * length) for length in lengths]
-    return [total / (n * objective.length_normalizer)] * len(lengths)
+    return [total / (n * objective.max_new_tokens)] * len(lengths)
+
+
+def overlong_penalty(length: int, objective: Objective) -> float:
+    """DAPO's soft overlong punishment of a completion of ``length`` tokens: 0 up to
+    ``max_new_tokens - buffer``, then falling linearly to ``-factor`` at ``max_new_tokens``
+    (0 without ``soft_penalty``)."""
+    if objective.soft_penalty is None:
+        return 0.0
+    buffer, factor = objective.soft_penalty
+    over = length - (objective.max_new_tokens - buffer)
+    return -factor * min(over, buffer) / buffer if over > 0 else 0.0
 
 
 def contributes(rewards: Sequence[float] | torch.Tensor) -> bool:

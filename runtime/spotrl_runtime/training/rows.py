@@ -16,11 +16,13 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from spotrl_runtime.core.types import FinishedGroup
+from spotrl_runtime.generation.types import FINISH_LENGTH
 from spotrl_runtime.training.advantages import (
     DEFAULT_OBJECTIVE,
     Objective,
     contributes,
     group_advantages,
+    overlong_penalty,
     row_scales,
     whiten,
 )
@@ -50,6 +52,10 @@ class StepRows:
     groups: int
     skipped: int
     """Groups that contribute nothing (fewer than 2 rollouts, or equal rewards)."""
+    overlong: dict[str, float] | None = None
+    """With ``training.overlong`` set: ``overlong_filtered`` (completions cut off at the limit
+    and left out of the loss) and ``overlong_penalty_mean`` (the soft penalty's mean over the
+    step's rollouts); None without."""
 
     @property
     def rows(self) -> list[Row]:
@@ -62,24 +68,28 @@ class StepRows:
 
 
 def step_rows(groups: Sequence[FinishedGroup], objective: Objective = DEFAULT_OBJECTIVE) -> StepRows:
-    """The rows of a step: advantages per group (whitened over the step's tokens for
-    ``reinforce++-baseline``), each row's loss scale; zero-variance groups and empty completions
-    left out."""
+    """The rows of a step: advantages per group (of the rewards with the overlong penalty, and
+    whitened over the step's tokens for ``reinforce++-baseline``), each row's loss scale; groups
+    without variance, empty completions and (with the overlong filter) cut-off ones left out."""
     by_group: list[list[Row]] = []
-    skipped = 0
+    skipped = filtered = 0
+    penalty = 0.0
     for group in groups:
-        group_rewards = [r.reward for r in group.rollouts]
-        if len(group_rewards) < 2 or not contributes(group_rewards):
+        shaped = [r.reward + overlong_penalty(len(r.completion_token_ids), objective) for r in group.rollouts]
+        penalty += sum(shaped) - sum(r.reward for r in group.rollouts)
+        if len(shaped) < 2 or not contributes(shaped):
             skipped += 1
             continue
         rows = []
-        for rollout, adv in zip(group.rollouts, group_advantages(group_rewards, objective).tolist(), strict=True):
+        for rollout, adv in zip(group.rollouts, group_advantages(shaped, objective).tolist(), strict=True):
             if len(rollout.logprobs) != len(rollout.completion_token_ids):
                 raise ValueError(
                     f"group {group.group_id} rollout {rollout.index}: {len(rollout.logprobs)} logprobs for "
                     f"{len(rollout.completion_token_ids)} completion tokens"
                 )
-            if rollout.completion_token_ids:
+            if objective.overlong_filter and rollout.finish_reason == FINISH_LENGTH:
+                filtered += 1
+            elif rollout.completion_token_ids:
                 rows.append(
                     Row(
                         rollout.prompt_token_ids,
@@ -92,7 +102,10 @@ def step_rows(groups: Sequence[FinishedGroup], objective: Objective = DEFAULT_OB
         if rows:
             by_group.append(rows)
     rewards = tuple(r.reward for g in groups for r in g.rollouts)
-    return StepRows(_shaped(by_group, len(rewards), objective), rewards, len(groups), skipped)
+    overlong = None
+    if objective.overlong_filter or objective.soft_penalty is not None:
+        overlong = {"overlong_filtered": float(filtered), "overlong_penalty_mean": penalty / max(len(rewards), 1)}
+    return StepRows(_shaped(by_group, len(rewards), objective), rewards, len(groups), skipped, overlong)
 
 
 def _shaped(by_group: list[list[Row]], rollouts: int, objective: Objective) -> tuple[tuple[Row, ...], ...]:
@@ -255,22 +268,26 @@ def step_metrics(step: StepRows, sums: LossSums) -> dict[str, float]:
     if sums.stale_diff_tokens:
         values = (sums.stale_diff / sums.stale_diff_tokens, sums.stale_diff_max, float(sums.stale_diff_tokens))
         gap |= dict(zip(STALE_GAP_METRICS, values, strict=True))
-    return gap | {
-        "reward_mean": sum(step.rewards) / len(step.rewards) if step.rewards else 0.0,
-        "groups": float(step.groups),
-        "groups_zero_variance": float(step.skipped),
-        "rollouts": float(len(step.rewards)),
-        "tokens": float(tokens),
-        "loss": sums.loss / denom,
-        "policy_loss": sums.policy / denom,
-        "kl": sums.kl / denom,
-        "entropy": sums.entropy / denom,
-        "clip_fraction": sums.clipped / denom,
-        "ratio_mean": sums.ratio / denom if tokens else 1.0,
-        "ratio_max": sums.ratio_max,
-        "is_weight_mean": sums.is_weight / denom if tokens else 1.0,
-        "is_weight_max": sums.is_weight_max,
-        "is_capped_fraction": sums.is_capped / denom,
-        "outside_nucleus_fraction": sums.outside_nucleus / denom,
-        "padding_share": 1.0 - sums.real_tokens / sums.padded_tokens if sums.padded_tokens else 0.0,
-    }
+    return (
+        gap
+        | (step.overlong or {})
+        | {
+            "reward_mean": sum(step.rewards) / len(step.rewards) if step.rewards else 0.0,
+            "groups": float(step.groups),
+            "groups_zero_variance": float(step.skipped),
+            "rollouts": float(len(step.rewards)),
+            "tokens": float(tokens),
+            "loss": sums.loss / denom,
+            "policy_loss": sums.policy / denom,
+            "kl": sums.kl / denom,
+            "entropy": sums.entropy / denom,
+            "clip_fraction": sums.clipped / denom,
+            "ratio_mean": sums.ratio / denom if tokens else 1.0,
+            "ratio_max": sums.ratio_max,
+            "is_weight_mean": sums.is_weight / denom if tokens else 1.0,
+            "is_weight_max": sums.is_weight_max,
+            "is_capped_fraction": sums.is_capped / denom,
+            "outside_nucleus_fraction": sums.outside_nucleus / denom,
+            "padding_share": 1.0 - sums.real_tokens / sums.padded_tokens if sums.padded_tokens else 0.0,
+        }
+    )

@@ -107,7 +107,9 @@ class TrainerConfig:
                 estimator=t.advantage.estimator,
                 normalize_by_std=t.advantage.normalize_by_std is not False,
                 aggregation=t.loss_aggregation,
-                length_normalizer=spec.generation.max_new_tokens,
+                max_new_tokens=spec.generation.max_new_tokens,
+                overlong_filter=t.overlong.filter,
+                soft_penalty=(penalty.buffer, penalty.factor) if (penalty := t.overlong.soft_penalty) else None,
             ),
         )
 

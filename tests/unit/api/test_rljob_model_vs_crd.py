@@ -98,6 +98,11 @@ GOOD = {
     "reinforce-plus-plus-baseline": with_(
         "spec.training", {"totalSteps": 3, "advantage": {"estimator": "reinforce++-baseline"}}
     ),
+    "dapo-overlong": with_(
+        "spec.training",
+        {"totalSteps": 3, "overlong": {"filter": True, "softPenalty": {"buffer": 4, "factor": 1.0}}},
+        with_("spec.generation", {"maxNewTokens": 16}),
+    ),
     "seconds-only-cuts": with_("spec.checkpoint", {"everySteps": 0, "everySeconds": 300}),
     "s3-with-endpoint": with_(
         "spec.checkpoint", {"storage": "s3://bucket-a/run1", "s3Endpoint": "http://127.0.0.1:7070"}
@@ -211,6 +216,18 @@ BAD = {
     "unknown-loss-aggregation": (
         with_("spec.training", {"totalSteps": 3, "lossAggregation": "seq-sum"}),
         "spec.training.lossAggregation",
+    ),
+    "overlong-buffer-not-below-max-new-tokens": (
+        with_(
+            "spec.training",
+            {"totalSteps": 3, "overlong": {"softPenalty": {"buffer": 16}}},
+            with_("spec.generation", {"maxNewTokens": 16}),
+        ),
+        "spec.training.overlong.softPenalty.buffer",
+    ),
+    "overlong-filter-not-a-bool": (
+        with_("spec.training", {"totalSteps": 3, "overlong": {"filter": "yes"}}),
+        "spec.training.overlong.filter",
     ),
     "schedule-unknown": (with_("spec.training", {"totalSteps": 4, "lrSchedule": "linear"}), "spec.training.lrSchedule"),
     "unknown-field": (with_("spec.generation", {"grupSize": 4}), "spec.generation"),

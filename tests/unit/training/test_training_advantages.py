@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 from training_helpers import make_group
 
-from spotrl_runtime.training.advantages import Objective, contributes, group_advantages, row_scales, whiten
+from spotrl_runtime.core.types import FinishedGroup
+from spotrl_runtime.training.advantages import (
+    Objective,
+    contributes,
+    group_advantages,
+    overlong_penalty,
+    row_scales,
+    whiten,
+)
 from spotrl_runtime.training.rows import step_rows
 
 REWARDS = [1.0, 0.0, 0.0, 1.0]
@@ -75,7 +84,7 @@ def test_row_scales_of_each_aggregation() -> None:
     # which is 5 / (4 L_i) tokens of token-mean's 1/5
     assert row_scales(lengths, rollouts, Objective(aggregation="seq-mean-token-mean")) == pytest.approx([5 / 8, 5 / 12])
     # Dr. GRPO: each rollout's token sum over the constant 8, averaged over the 4 rollouts
-    drgrpo = Objective(aggregation="seq-mean-token-sum-norm", length_normalizer=8)
+    drgrpo = Objective(aggregation="seq-mean-token-sum-norm", max_new_tokens=8)
     assert row_scales(lengths, rollouts, drgrpo) == pytest.approx([5 / 32, 5 / 32])
 
 
@@ -93,3 +102,54 @@ def test_an_unknown_estimator_or_aggregation_is_refused_by_name() -> None:
         Objective(estimator="ppo")
     with pytest.raises(ValueError, match="loss aggregation"):
         Objective(aggregation="seq-sum")
+
+
+def _rollouts_of_lengths(group: FinishedGroup, lengths: list[int], truncated: set[int] = frozenset()) -> FinishedGroup:
+    """``group`` with completions of ``lengths`` tokens; those at ``truncated`` indexes cut off."""
+    rollouts = tuple(
+        dataclasses.replace(
+            r,
+            completion_token_ids=(5,) * n,
+            logprobs=(-1.0,) * n,
+            finish_reason="length" if i in truncated else "stop",
+        )
+        for i, (r, n) in enumerate(zip(group.rollouts, lengths, strict=True))
+    )
+    return dataclasses.replace(group, rollouts=rollouts)
+
+
+def test_the_overlong_penalty_is_dapos_linear_ramp_over_the_buffer() -> None:
+    dapo = Objective(max_new_tokens=16, soft_penalty=(4, 1.0))
+    # 0 up to 16 - 4 = 12 tokens, then ((16 - 4) - L) / 4 down to -1 at 16
+    assert [overlong_penalty(n, dapo) for n in (1, 12, 13, 14, 16)] == [0.0, 0.0, -0.25, -0.5, -1.0]
+    assert overlong_penalty(14, Objective(max_new_tokens=16, soft_penalty=(4, 0.5))) == -0.25
+    assert overlong_penalty(16, Objective(max_new_tokens=16)) == 0.0
+
+
+def test_the_soft_penalty_shapes_the_rewards_before_the_advantages() -> None:
+    """A group of equal rewards has nothing to prefer, until the penalty tells its lengths apart."""
+    group = _rollouts_of_lengths(make_group("g", [1.0, 1.0, 1.0, 1.0]), [2, 6, 7, 8])
+    objective = Objective(max_new_tokens=8, soft_penalty=(4, 1.0))
+    assert step_rows([group]).skipped == 1
+    plan = step_rows([group], objective)
+    shaped = [1.0, 1.0 - 0.5, 1.0 - 0.75, 1.0 - 1.0]  # starts after 8 - 4 = 4 tokens
+    assert [r.advantage for r in plan.rows] == pytest.approx(group_advantages(shaped).tolist(), rel=1e-6)
+    assert plan.rewards == (1.0, 1.0, 1.0, 1.0)  # reward_mean reports the rewards as scored
+    assert plan.overlong == {"overlong_filtered": 0.0, "overlong_penalty_mean": pytest.approx(-2.25 / 4)}
+
+
+def test_the_overlong_filter_leaves_cut_off_completions_out_of_the_loss_but_not_out_of_the_advantages() -> None:
+    group = _rollouts_of_lengths(make_group("g", [1.0, 0.0, 0.0, 1.0]), [3, 8, 8, 2], truncated={1, 2})
+    plan = step_rows([group], Objective(max_new_tokens=8, overlong_filter=True))
+    everyone = group_advantages([1.0, 0.0, 0.0, 1.0]).tolist()
+    assert [len(r.completion_ids) for r in plan.rows] == [3, 2]
+    assert [r.advantage for r in plan.rows] == pytest.approx([everyone[0], everyone[3]], rel=1e-6)
+    assert plan.tokens == 5
+    assert plan.overlong == {"overlong_filtered": 2.0, "overlong_penalty_mean": 0.0}
+    assert [len(r.completion_ids) for r in step_rows([group]).rows] == [3, 8, 8, 2]
+    assert step_rows([group]).overlong is None
+
+
+def test_an_overlong_buffer_not_below_the_limit_is_refused() -> None:
+    with pytest.raises(ValueError, match="overlong buffer"):
+        Objective(max_new_tokens=8, soft_penalty=(8, 1.0))

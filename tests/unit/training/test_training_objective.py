@@ -3,6 +3,8 @@ of the same objective written out by hand, row by row (fp32 tightly, bf16 within
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from training_helpers import make_group, small_llama
@@ -22,12 +24,25 @@ def _behaviour(j: int) -> float:
 
 
 def _groups() -> list[FinishedGroup]:
+    """Four groups, one without variance; the completions of 5 tokens (the longest) were cut off."""
     behaviour = _behaviour
-    return [
+    groups = [
         make_group("a", [1.0, 0.0, 0.0, 1.0], logprob=behaviour),
         make_group("b", [0.0, 0.0, 1.0, 0.0], seed=1, logprob=behaviour),
         make_group("flat", [1.0, 1.0, 1.0, 1.0], seed=2),
         make_group("d", [0.5, 0.25, 0.0, 1.0], seed=3, logprob=behaviour),
+    ]
+    cut = {r.group_id + str(r.index) for g in groups for r in g.rollouts if len(r.completion_token_ids) == 5}
+    assert cut, "some completion is cut off"
+    return [
+        dataclasses.replace(
+            g,
+            rollouts=tuple(
+                dataclasses.replace(r, finish_reason="length" if r.group_id + str(r.index) in cut else "stop")
+                for r in g.rollouts
+            ),
+        )
+        for g in groups
     ]
 
 
@@ -37,8 +52,14 @@ def _hand_loss(model: torch.nn.Module, groups: list[FinishedGroup], objective: O
     rows = []
     for g in groups:
         rewards = [r.reward for r in g.rollouts]
+        if objective.soft_penalty is not None:  # DAPO: ((L_max - L_cache) - L) / L_cache past L_max - L_cache
+            buffer, factor = objective.soft_penalty
+            start = objective.max_new_tokens - buffer
+            rewards = [r.reward + factor * min(0, start - len(r.completion_token_ids)) / buffer for r in g.rollouts]
         if contributes(rewards):
             rows += list(zip(g.rollouts, group_advantages(rewards, objective).tolist(), strict=True))
+    if objective.overlong_filter:
+        rows = [(r, a) for r, a in rows if r.finish_reason != "length"]
     if objective.estimator == "reinforce++-baseline":
         whitened = whiten([a for _, a in rows], [len(r.completion_token_ids) for r, _ in rows])
         rows = [(r, a) for (r, _), a in zip(rows, whitened, strict=True)]
@@ -56,26 +77,27 @@ def _hand_loss(model: torch.nn.Module, groups: list[FinishedGroup], objective: O
         elif objective.aggregation == "seq-mean-token-mean":
             loss = loss + per_token.mean() / n
         else:
-            loss = loss + per_token.sum() / (MAX_NEW_TOKENS * n)
+            loss = loss + per_token.sum() / (objective.max_new_tokens * n)
     return loss
 
 
-CASES = [
-    ("grpo", True, "token-mean"),
-    ("grpo", False, "seq-mean-token-sum-norm"),  # Dr. GRPO
-    ("grpo", True, "seq-mean-token-mean"),  # GRPO's paper
-    ("rloo", True, "token-mean"),
-    ("reinforce++-baseline", True, "token-mean"),
-    ("rloo", True, "seq-mean-token-mean"),
-]
+CASES = {
+    "grpo": Objective(max_new_tokens=MAX_NEW_TOKENS),
+    "dr-grpo": Objective("grpo", False, "seq-mean-token-sum-norm", MAX_NEW_TOKENS),
+    "grpo-seq-mean": Objective("grpo", True, "seq-mean-token-mean", MAX_NEW_TOKENS),
+    "rloo": Objective("rloo", max_new_tokens=MAX_NEW_TOKENS),
+    "reinforce++-baseline": Objective("reinforce++-baseline", max_new_tokens=MAX_NEW_TOKENS),
+    "rloo-seq-mean": Objective("rloo", aggregation="seq-mean-token-mean", max_new_tokens=MAX_NEW_TOKENS),
+    # the completions here have 1 to 5 tokens: with a limit of 5, those of 4 and 5 are penalised
+    "dapo-overlong": Objective(max_new_tokens=5, overlong_filter=True, soft_penalty=(2, 1.0)),
+    "overlong-filter-seq-mean": Objective(aggregation="seq-mean-token-mean", max_new_tokens=5, overlong_filter=True),
+}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize(("estimator", "std", "aggregation"), CASES)
-def test_the_trainers_gradient_is_the_objective_written_out_by_hand(
-    estimator: str, std: bool, aggregation: str, dtype: str
-) -> None:
-    objective = Objective(estimator, std, aggregation, MAX_NEW_TOKENS)
+@pytest.mark.parametrize("case", CASES)
+def test_the_trainers_gradient_is_the_objective_written_out_by_hand(case: str, dtype: str) -> None:
+    objective = CASES[case]
     config = TrainerConfig(micro_batch_size=3, temperature=TEMPERATURE, compute_dtype=dtype, objective=objective)
     trainer = Trainer(small_llama(), config)
     metrics = trainer.compute_gradients(_groups())
@@ -102,7 +124,7 @@ def test_each_aggregation_gives_a_different_gradient() -> None:
     for aggregation in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
         trainer = Trainer(
             small_llama(),
-            TrainerConfig(temperature=TEMPERATURE, objective=Objective(aggregation=aggregation, length_normalizer=8)),
+            TrainerConfig(temperature=TEMPERATURE, objective=Objective(aggregation=aggregation, max_new_tokens=8)),
         )
         trainer.compute_gradients(_groups())
         grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None]))

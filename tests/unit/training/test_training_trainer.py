@@ -229,6 +229,7 @@ def test_config_from_the_rljob_spec() -> None:
                 "seed": 9,
                 "advantage": {"normalizeByStd": False},
                 "lossAggregation": "seq-mean-token-sum-norm",
+                "overlong": {"filter": True, "softPenalty": {"buffer": 6, "factor": 0.5}},
             },
             "generation": {"temperature": 0.9, "topP": 0.85, "maxNewTokens": 24},
         }
@@ -237,7 +238,7 @@ def test_config_from_the_rljob_spec() -> None:
     assert (config.learning_rate, config.micro_batch_size, config.kl_coef, config.seed) == (3e-4, 4, 0.05, 9)
     assert (config.temperature, config.top_p) == (0.9, 0.85)
     assert config.clip_epsilon == 0.2
-    assert config.objective == Objective("grpo", False, "seq-mean-token-sum-norm", 24)
+    assert config.objective == Objective("grpo", False, "seq-mean-token-sum-norm", 24, True, (6, 0.5))
     namespace = SimpleNamespace(training=spec.training, generation=spec.generation, policy=spec.policy)
     assert TrainerConfig.from_rljob(namespace) == config
 
