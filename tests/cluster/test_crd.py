@@ -227,13 +227,16 @@ def test_a_lora_policy_is_accepted_and_each_bad_field_is_rejected_by_name(
 def test_the_advantage_and_the_loss_aggregation_are_kept_and_each_bad_one_rejected_by_name(
     cluster: Cluster, crd: dict[str, Any], namespace: str
 ) -> None:
-    """training.advantage, lossAggregation and overlong on the real API server: a Dr. GRPO recipe
-    with DAPO's overlong shaping kept as written, an unknown estimator or aggregation refused
-    naming the field, normalizeByStd with an estimator other than grpo and an overlong buffer
-    not below generation.maxNewTokens refused by their CEL rules."""
+    """training.miniBatches, epochs, advantage, lossAggregation and overlong on the real API
+    server: a Dr. GRPO recipe with mini-batches and DAPO's overlong shaping kept as written, an
+    unknown estimator or aggregation refused naming the field; normalizeByStd with an estimator
+    other than grpo, an overlong buffer not below generation.maxNewTokens and more mini-batches
+    than prompts a step refused by their CEL rules."""
     job = copy.deepcopy(example_job())
     job["metadata"]["name"] = "dr-grpo"
     recipe = {
+        "miniBatches": 2,
+        "epochs": 2,
         "advantage": {"estimator": "grpo", "normalizeByStd": False},
         "lossAggregation": "seq-mean-token-sum-norm",
         "overlong": {"filter": True, "softPenalty": {"buffer": 4, "factor": 0.5}},
@@ -251,6 +254,7 @@ def test_the_advantage_and_the_loss_aggregation_are_kept_and_each_bad_one_reject
             "spec.training.advantage.normalizeByStd",
         ),
         ("long-buffer", {"overlong": {"softPenalty": {"buffer": 100000}}}, "spec.training.overlong.softPenalty.buffer"),
+        ("mini-batches-above-the-step", {"miniBatches": 1000}, "spec.training.miniBatches"),
     ):
         bad = copy.deepcopy(example_job())
         bad["metadata"]["name"] = name

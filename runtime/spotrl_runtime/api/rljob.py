@@ -467,6 +467,23 @@ class Training(ApiObject):
             "alone decides."
         ),
     )
+    mini_batches: int = Field(
+        default=1,
+        ge=1,
+        le=4096,
+        description=(
+            "Optimizer updates per pass over the step's groups (veRL's train_batch_size / ppo_mini_batch_size): "
+            "the groups in this many runs of whole groups, each an update of its own. Above 1 (or with epochs "
+            "above 1) the proximal log-probs are taken before the first update, so the ratio and its clips act "
+            "from the second update on. At most generation.promptsPerStep."
+        ),
+    )
+    epochs: int = Field(
+        default=1,
+        ge=1,
+        le=100,
+        description="Passes over the step's mini-batches (veRL's ppo_epochs, TRL's num_iterations).",
+    )
     clip_epsilon: float = Field(default=0.2, gt=0, le=1, description="PPO-style clip of the importance ratio.")
     clip_epsilon_high: float | None = Field(
         default=None,
@@ -1091,6 +1108,15 @@ class RLJobSpec(ApiObject):
                 "(the rollouts of one step)"
             ),
             field="training.microBatchSize",
+        ),
+        Rule(
+            cel="!has(self.training.miniBatches) || self.training.miniBatches <= self.generation.promptsPerStep",
+            check=lambda s: s.training.mini_batches <= s.generation.prompts_per_step,
+            message=(
+                "training.miniBatches must not exceed generation.promptsPerStep (each mini-batch holds whole "
+                "groups, at least one): lower miniBatches or raise promptsPerStep"
+            ),
+            field="training.miniBatches",
         ),
         Rule(
             cel=(

@@ -38,15 +38,19 @@ class StepFingerprint:
     """What a trained step produced, cheap to record and to compare: the loss, the gradient norm
     (before clipping) and a digest of a few slices of the parameters after the optimizer step.
     ``where`` is the trainer that took it (``cpu/1``: one CPU process); only two steps taken
-    in one CPU process each are compared bit for bit."""
+    in one CPU process each are compared bit for bit. ``layout`` is how the step's updates were
+    laid out (``training.miniBatches`` and ``epochs``; "" for one update a step, and in every
+    record written before mini-batches): a redo under another layout is refused by it."""
 
     loss: float
     grad_norm: float
     params: str
     where: str
+    layout: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"loss": self.loss, "grad_norm": self.grad_norm, "params": self.params, "where": self.where}
+        out = {"loss": self.loss, "grad_norm": self.grad_norm, "params": self.params, "where": self.where}
+        return out | ({"layout": self.layout} if self.layout else {})
 
     @classmethod
     def from_json(cls, data: Any) -> StepFingerprint:
@@ -58,10 +62,19 @@ class StepFingerprint:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
                 raise RecordFormatError(f"fingerprint {key} must be a finite number, got {v!r}")
             values.append(float(v))
-        return cls(values[0], values[1], require_str(data, "params", allow_empty=True), require_str(data, "where"))
+        layout = data.get("layout", "")
+        if not isinstance(layout, str):
+            raise RecordFormatError(f"fingerprint layout must be a string, got {layout!r}")
+        params = require_str(data, "params", allow_empty=True)
+        return cls(values[0], values[1], params, require_str(data, "where"), layout)
 
     def mismatch(self, redone: StepFingerprint) -> str | None:
         """None when ``redone`` reproduces this record, else what differs."""
+        if self.layout != redone.layout:
+            return (
+                f"the step was trained with {self.layout or 'one update'} and is redone with "
+                f"{redone.layout or 'one update'} (training.miniBatches and epochs changed since)"
+            )
         if self.where == redone.where == "cpu/1":
             for name in ("loss", "grad_norm", "params"):
                 if getattr(self, name) != getattr(redone, name):

@@ -192,19 +192,19 @@ class TrainerRank:
 
     # ------------------------------------------------------------------ the step
 
-    def train(self, rows: Sequence[Any], total_tokens: int, micro_batches: int, step: int) -> tuple[Any, float, float]:
-        """This rank's share of one optimizer step: (its loss sums, grad norm, learning rate), by
-        the single process's own :meth:`~spotrl_runtime.training.trainer.Trainer.optimizer_step`.
+    def train(self, updates: Sequence[tuple[Sequence[Any], int, int]], step: int) -> tuple[Any, float, float]:
+        """This rank's share of one step: (its loss sums, grad norm, learning rate), by the single
+        process's own :meth:`~spotrl_runtime.training.trainer.Trainer.run_updates`. ``updates``:
+        per optimizer update, this rank's rows, the update's tokens over every rank and the
+        passes every rank runs.
 
-        Every rank runs ``micro_batches`` passes and the clipping and the optimizer step, so their
-        collectives line up. FSDP averages gradients over the ranks; the loss is scaled by the
-        world size, so the ranks' gradients add up to the step's token mean, as in one process.
+        Every rank runs the same passes, clippings and optimizer updates, so their collectives
+        line up. FSDP averages gradients over the ranks; the loss is scaled by the world size, so
+        the ranks' gradients add up to the update's loss, as in one process.
         """
         with self._lock:
             self.trainer.step = step
-            return self.trainer.optimizer_step(
-                list(rows), total_tokens, micro_batches=micro_batches, loss_scale=self.world
-            )
+            return self.trainer.run_updates([(list(r), t, p) for r, t, p in updates], loss_scale=self.world)
 
     def full_state(self) -> dict[str, Any] | None:
         """The whole policy on rank 0's CPU in the compute dtype (every rank must call it: it

@@ -30,7 +30,7 @@ from typing import Any
 from spotrl_runtime.core.redo import StepFingerprint
 from spotrl_runtime.core.types import FinishedGroup, RankLostError
 from spotrl_runtime.models import lora
-from spotrl_runtime.training.rows import LossSums, micro_batches, split_rows, step_metrics, step_rows
+from spotrl_runtime.training.rows import LossSums, Row, micro_batches, split_rows, step_metrics, step_rows, step_updates
 from spotrl_runtime.training.trainer import TrainerConfig
 
 log = logging.getLogger("spotrl.trainer")
@@ -198,17 +198,18 @@ class TrainerGroup:
         for the group's step to end (the single process's stops between micro-batches)."""
         started = time.monotonic()
         plan = step_rows(groups, self.config.objective)
-        shares = split_rows(plan, self.world)
-        passes = micro_batches(shares, self.config.micro_batch_size, self.config.micro_batch_tokens)
+        per_rank: list[list[tuple[list[Row], int, int]]] = [[] for _ in range(self.world)]
+        for update in step_updates(groups, plan, self.config.objective, self.config.mini_batches):
+            shares = split_rows(update, self.world)
+            passes = micro_batches(shares, self.config.micro_batch_size, self.config.micro_batch_tokens)
+            for rank, share in enumerate(shares):
+                per_rank[rank].append((share, update.tokens, passes))
         results = self._get(
-            [
-                a.train.remote(share, plan.tokens, passes, self.step)
-                for a, share in zip(self._actors, shares, strict=True)
-            ]
+            [a.train.remote(updates, self.step) for a, updates in zip(self._actors, per_rank, strict=True)]
         )
         sums = LossSums.total([r[0] for r in results])
         self.step += 1
-        metrics = step_metrics(plan, sums)
+        metrics = step_metrics(plan, sums, epochs=self.config.epochs)
         metrics.update(
             grad_norm=results[0][1],
             learning_rate=results[0][2],
@@ -221,7 +222,8 @@ class TrainerGroup:
         """The fingerprint of the step just taken: its loss and gradient norm over every rank. No
         parameter digest: each rank holds a shard, and another rank count shards otherwise, so a
         group's steps are redone within :data:`~spotrl_runtime.core.redo.RELATIVE_TOLERANCE`."""
-        return StepFingerprint(float(metrics["loss"]), float(metrics["grad_norm"]), "", f"{self.device}/{self.world}")
+        loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
+        return StepFingerprint(loss, grad_norm, "", f"{self.device}/{self.world}", self.config.layout)
 
     def weight_sender(self, bucket_bytes: int, timeout: float, transport: str = "gloo") -> GroupSender:
         """The weight channel's sender: rank 0 serves it over ``transport`` and sends, out of the

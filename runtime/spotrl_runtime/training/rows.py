@@ -41,6 +41,9 @@ class Row:
     scale: float = 1.0
     """Each of its tokens' weight in the step's loss against a token of ``token-mean``
     (:func:`~spotrl_runtime.training.advantages.row_scales`)."""
+    proximal: tuple[float, ...] | None = None
+    """The trainer's log-probs of its completion before the step's first update, when the step
+    makes more than one (``training.miniBatches``, ``epochs``); None: the pass's own, detached."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,8 @@ class StepRows:
     groups: int
     skipped: int
     """Groups that contribute nothing (fewer than 2 rollouts, or equal rewards)."""
+    sources: tuple[int, ...] = ()
+    """For each of ``by_group``, the index of its group in the step's groups."""
     overlong: dict[str, float] | None = None
     """With ``training.overlong`` set: ``overlong_filtered`` (completions cut off at the limit
     and left out of the loss) and ``overlong_penalty_mean`` (the soft penalty's mean over the
@@ -72,9 +77,10 @@ def step_rows(groups: Sequence[FinishedGroup], objective: Objective = DEFAULT_OB
     whitened over the step's tokens for ``reinforce++-baseline``), each row's loss scale; groups
     without variance, empty completions and (with the overlong filter) cut-off ones left out."""
     by_group: list[list[Row]] = []
+    sources: list[int] = []
     skipped = filtered = 0
     penalty = 0.0
-    for group in groups:
+    for index, group in enumerate(groups):
         shaped = [r.reward + overlong_penalty(len(r.completion_token_ids), objective) for r in group.rollouts]
         penalty += sum(shaped) - sum(r.reward for r in group.rollouts)
         if len(shaped) < 2 or not contributes(shaped):
@@ -101,18 +107,48 @@ def step_rows(groups: Sequence[FinishedGroup], objective: Objective = DEFAULT_OB
                 )
         if rows:
             by_group.append(rows)
+            sources.append(index)
     rewards = tuple(r.reward for g in groups for r in g.rollouts)
     overlong = None
     if objective.overlong_filter or objective.soft_penalty is not None:
         overlong = {"overlong_filtered": float(filtered), "overlong_penalty_mean": penalty / max(len(rewards), 1)}
-    return StepRows(_shaped(by_group, len(rewards), objective), rewards, len(groups), skipped, overlong)
+    shaped = _shaped(by_group, len(rewards), objective)
+    return StepRows(shaped, rewards, len(groups), skipped, tuple(sources), overlong)
+
+
+def step_updates(
+    groups: Sequence[FinishedGroup], step: StepRows, objective: Objective, mini_batches: int
+) -> list[StepRows]:
+    """The step's optimizer updates (``training.miniBatches``): its groups in ``mini_batches``
+    contiguous runs, in the order the step trains them (the first ``len(groups) % mini_batches``
+    one group longer), never more runs than groups. Each run keeps the step's advantages (a
+    whitening is over the whole step) and is a loss of its own: its rows' scales are taken over
+    its own tokens and rollouts, as each of veRL's mini-batches is. One run: ``step`` itself."""
+    count = max(1, min(mini_batches, len(groups)))
+    if count == 1:
+        return [step]
+    size, longer = divmod(len(groups), count)
+    updates = []
+    first = 0
+    for run in range(count):
+        last = first + size + (run < longer)
+        chosen = [k for k, source in enumerate(step.sources) if first <= source < last]
+        by_group = [list(step.by_group[k]) for k in chosen]
+        rollouts = sum(len(g.rollouts) for g in groups[first:last])
+        rewards = tuple(r.reward for g in groups[first:last] for r in g.rollouts)
+        # the advantages are the step's already: only the scales are the run's own
+        reshaped = _shaped(by_group, rollouts, replace(objective, estimator="grpo"))
+        sources = tuple(step.sources[k] for k in chosen)
+        updates.append(StepRows(reshaped, rewards, last - first, last - first - len(chosen), sources))
+        first = last
+    return updates
 
 
 def _shaped(by_group: list[list[Row]], rollouts: int, objective: Objective) -> tuple[tuple[Row, ...], ...]:
-    """The rows with the step-wide parts of ``objective``: whitened advantages, loss scales."""
-    flat = [r for g in by_group for r in g]
-    lengths = [len(r.completion_ids) for r in flat]
-    advantages = [r.advantage for r in flat]
+    """The rows with the step-wide parts of ``objective``: whitened advantages (``reinforce++-baseline``),
+    loss scales over ``rollouts`` and the rows' tokens."""
+    lengths = [len(r.completion_ids) for g in by_group for r in g]
+    advantages = [r.advantage for g in by_group for r in g]
     if objective.estimator == "reinforce++-baseline":
         advantages = whiten(advantages, lengths)
     scales = row_scales(lengths, rollouts, objective)
@@ -244,7 +280,7 @@ STALE_GAP_METRICS = (
 """The step metrics that compare the generator's log-probs with the trainer's (:func:`step_metrics`)."""
 
 
-def step_metrics(step: StepRows, sums: LossSums) -> dict[str, float]:
+def step_metrics(step: StepRows, sums: LossSums, epochs: int = 1) -> dict[str, float]:
     """The step's loss metrics (token means), the same for one process and for a group of ranks.
 
     ``rollout_probs_diff_mean``/``_max`` (veRL's names; NeMo-RL's ``token_mult_prob_error`` and
@@ -258,9 +294,12 @@ def step_metrics(step: StepRows, sums: LossSums) -> dict[str, float]:
     ``outside_nucleus_fraction`` is the share of trained tokens outside the trainer's top-p
     nucleus, which the loss leaves out (0 at ``topP: 1``; a share far above the numerics' edge
     cases is what ``rollout_probs_diff_*`` shows too, as the generator's probability of them);
-    ``padding_share`` is the share of the positions computed that were padding."""
+    ``padding_share`` is the share of the positions computed that were padding.
+
+    With ``epochs`` passes over the step's rows (``training.epochs``), ``sums`` holds every
+    pass's: the token means are over every token of every pass."""
     tokens = step.tokens
-    denom = max(tokens, 1)
+    denom = max(tokens, 1) * epochs
     gap: dict[str, float] = {}
     if sums.probs_diff_tokens:
         values = (sums.probs_diff / sums.probs_diff_tokens, sums.probs_diff_max, float(sums.probs_diff_tokens))

@@ -36,7 +36,7 @@ from spotrl_runtime.training import logprobs as lp
 from spotrl_runtime.training import precision
 from spotrl_runtime.training.advantages import DEFAULT_OBJECTIVE, Objective
 from spotrl_runtime.training.losses import LossConfig, Tokens, token_loss_terms
-from spotrl_runtime.training.rows import LossSums, Row, plan_micro_batches, step_metrics, step_rows
+from spotrl_runtime.training.rows import LossSums, Row, plan_micro_batches, step_metrics, step_rows, step_updates
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -79,6 +79,18 @@ class TrainerConfig:
     activation_checkpointing: str = "auto"
     objective: Objective = DEFAULT_OBJECTIVE
     """The advantage estimator and the loss aggregation (``training.advantage``, ``lossAggregation``)."""
+    mini_batches: int = 1
+    """Optimizer updates per pass over the step's groups (``training.miniBatches``)."""
+    epochs: int = 1
+    """Passes over the step's groups (``training.epochs``)."""
+
+    @property
+    def layout(self) -> str:
+        """The step's updates as a fingerprint records them: "" for one update a step (what
+        every step was before mini-batches), else ``miniBatches=M,epochs=E``."""
+        if self.mini_batches * self.epochs == 1:
+            return ""
+        return f"miniBatches={self.mini_batches},epochs={self.epochs}"
 
     @classmethod
     def from_rljob(cls, spec: Any) -> TrainerConfig:
@@ -103,6 +115,8 @@ class TrainerConfig:
             dual_clip=t.dual_clip,
             compute_dtype=spec.policy.dtype,
             activation_checkpointing=t.activation_checkpointing,
+            mini_batches=t.mini_batches,
+            epochs=t.epochs,
             objective=Objective(
                 estimator=t.advantage.estimator,
                 normalize_by_std=t.advantage.normalize_by_std is not False,
@@ -183,22 +197,63 @@ class Trainer:
     def train_step(
         self, groups: Sequence[FinishedGroup], interrupted: Callable[[], bool] | None = None
     ) -> dict[str, float]:
-        """One optimizer step on ``groups``; returns its metrics.
+        """One step on ``groups``: ``epochs`` passes over its ``miniBatches`` updates
+        (:func:`~spotrl_runtime.training.rows.step_updates`); returns its metrics.
 
         Groups whose rewards are all equal contribute nothing (zero advantage). If no group
         contributes, the weights stay as they are but the step still counts, so the weight
         version keeps matching the step number.
 
-        ``interrupted`` is asked between micro-batches and before the optimizer step: once it
+        ``interrupted`` is asked between micro-batches until the step's first update: once it
         says yes, the step stops there with :class:`StepInterruptedError`, having changed nothing
-        (a barrier then waits one micro-batch, not a whole step).
+        (a barrier then waits one micro-batch, not a whole step). After the first update the
+        step runs to its end (a barrier waits for it).
         """
         started = time.monotonic()
         plan = step_rows(groups, self.config.objective)
-        sums, grad_norm, lr = self.optimizer_step(plan.rows, plan.tokens, interrupted=interrupted)
-        metrics = step_metrics(plan, sums)
+        runs = step_updates(groups, plan, self.config.objective, self.config.mini_batches)
+        sums, grad_norm, lr = self.run_updates([(u.rows, u.tokens, None) for u in runs], interrupted=interrupted)
+        metrics = step_metrics(plan, sums, epochs=self.config.epochs)
         metrics.update(grad_norm=grad_norm, learning_rate=lr, step=float(self.step), seconds=time.monotonic() - started)
         return metrics
+
+    def run_updates(
+        self,
+        updates: Sequence[tuple[Sequence[Row], int, int | None]],
+        *,
+        loss_scale: float = 1.0,
+        interrupted: Callable[[], bool] | None = None,
+    ) -> tuple[LossSums, float, float]:
+        """The step itself, one process's or one FSDP rank's: ``epochs`` passes over ``updates``
+        (rows, their loss's token count over every rank, the passes every rank runs), each an
+        optimizer update (:meth:`optimizer_step`); the step count goes up by one. With more than
+        one update, every row's proximal log-probs are taken first, before any update
+        (decoupled PPO's proximal policy: the ratio and its clips act from the second update on).
+        Returns (loss sums over every update, mean grad norm, learning rate)."""
+        count = len(updates) * self.config.epochs
+        if count == 1:
+            rows, tokens, passes = updates[0]
+            sums, grad_norm, lr = self.optimizer_step(
+                rows, tokens, micro_batches=passes, loss_scale=loss_scale, interrupted=interrupted
+            )
+            self.step += 1
+            return sums, grad_norm, lr
+        updates = [(self.proximal(rows, passes, interrupted), tokens, passes) for rows, tokens, passes in updates]
+        total, norms = LossSums(), []
+        for _ in range(self.config.epochs):
+            for rows, tokens, passes in updates:
+                sums, grad_norm, lr = self.optimizer_step(
+                    rows, tokens, micro_batches=passes, loss_scale=loss_scale, interrupted=interrupted
+                )
+                interrupted = None  # the first update is applied: the step runs to its end
+                if tokens:
+                    sums.loss /= tokens  # this update's loss
+                total.merge(sums)
+                norms.append(grad_norm)
+        # the reported loss is the mean of the updates' (step_metrics divides by tokens x epochs)
+        total.loss *= sum(t for _, t, _ in updates) * self.config.epochs / count
+        self.step += 1
+        return total, sum(norms) / len(norms), lr
 
     def optimizer_step(
         self,
@@ -209,11 +264,10 @@ class Trainer:
         loss_scale: float = 1.0,
         interrupted: Callable[[], bool] | None = None,
     ) -> tuple[LossSums, float, float]:
-        """The step itself, one process's or one FSDP rank's: the gradients of ``rows``
-        (:meth:`accumulate`), clipping, AdamW at this step's learning rate; the step count goes
-        up by one even when no row contributes. Returns (loss sums, grad norm, learning rate).
-        A rank passes the step's ``total_tokens`` over every rank, the passes every rank runs
-        and its world size as ``loss_scale``; FSDP makes clipping and AdamW collective."""
+        """One optimizer update: the gradients of ``rows`` (:meth:`accumulate`), clipping, AdamW
+        at this step's learning rate. Returns (loss sums, grad norm, learning rate). A rank
+        passes the update's ``total_tokens`` over every rank, the passes every rank runs and its
+        world size as ``loss_scale``; FSDP makes clipping and AdamW collective."""
         rng = capture_rng() if interrupted is not None else None
         self.optimizer.zero_grad(set_to_none=True)
         try:
@@ -238,7 +292,6 @@ class Trainer:
             self.wait_for_cuts()
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
         return sums, grad_norm, lr
 
     def compute_gradients(
@@ -286,6 +339,29 @@ class Trainer:
             self.model.eval()
         return sums
 
+    def proximal(
+        self, rows: Sequence[Row], passes: int | None = None, interrupted: Callable[[], bool] | None = None
+    ) -> list[Row]:
+        """``rows`` with their proximal log-probs: one forward pass without gradients (in eval
+        mode, as veRL's ``old_log_prob``; no dropout, so no RNG drawn) in the micro-batches their
+        update will run, before any update of the step. ``passes`` pads the count for a rank."""
+        chunks = plan_micro_batches(rows, self.config.micro_batch_size, self.config.micro_batch_tokens)
+        sampling = (self.config.temperature, self.config.top_p)
+        out: dict[int, Row] = {}
+        with torch.no_grad(), precision.autocast(self.device, self.compute_dtype):
+            for chunk in chunks:
+                if interrupted is not None and interrupted():
+                    raise StepInterruptedError(f"step {self.step} interrupted before its first update")
+                pairs = [(r.prompt_ids, r.completion_ids) for r in chunk]
+                logprobs, _ = lp.call(self.model, lp.token_batch(pairs, self.pad_token_id, self.device), *sampling)
+                values = iter(logprobs.float().cpu().tolist())
+                for row in chunk:
+                    out[id(row)] = replace(row, proximal=tuple(next(values) for _ in row.completion_ids))
+            for _ in range(max(0, (passes or 0) - len(chunks))):  # a rank's collectives line up with the others'
+                pad = [((self.pad_token_id,), (self.pad_token_id,))]
+                lp.call(self.model, lp.token_batch(pad, self.pad_token_id, self.device), *sampling)
+        return [out[id(r)] for r in rows]
+
     def warm_up(self, rows: int = 2, tokens: int = 16) -> float:
         """One forward and backward pass over ``rows`` dummy rows of ``tokens`` tokens, nothing
         kept: the weights, the optimizer, the step count, the gradients (None, as before any
@@ -322,6 +398,11 @@ class Trainer:
         )
         scale = torch.tensor([r.scale for r in rows], dtype=torch.float32).repeat_interleave(torch.tensor(per_row))
         fresh = torch.tensor([r.weight_version == self.step for r in rows]).repeat_interleave(torch.tensor(per_row))
+        proximal = None
+        if rows[0].proximal is not None:
+            proximal = torch.tensor(
+                [x for r in rows for x in r.proximal or ()], dtype=torch.float32, device=self.device
+            )
         with precision.autocast(self.device, self.compute_dtype):
             sampling = (self.config.temperature, self.config.top_p)
             logprobs, entropy = lp.call(self.model, batch, *sampling)
@@ -334,7 +415,7 @@ class Trainer:
                     reference, _ = lp.call(self.model, batch, *sampling)
         tokens = Tokens(
             logprobs=logprobs,
-            proximal=logprobs.detach(),
+            proximal=proximal if proximal is not None else logprobs.detach(),
             behaviour=behaviour,
             advantages=advantages.to(self.device),
             fresh=fresh.to(self.device),
@@ -355,7 +436,8 @@ class Trainer:
             digest.update(name.encode())
             digest.update(p.detach().reshape(-1)[:256].to("cpu", torch.float32).numpy().tobytes())
         where = f"{self.device.type}/1"
-        return StepFingerprint(float(metrics["loss"]), float(metrics["grad_norm"]), digest.hexdigest()[:32], where)
+        loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
+        return StepFingerprint(loss, grad_norm, digest.hexdigest()[:32], where, self.config.layout)
 
     # ------------------------------------------------------------------ state
 

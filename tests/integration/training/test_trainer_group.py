@@ -58,17 +58,23 @@ def run_single(cfg: TrainerConfig) -> tuple[list[dict[str, float]], dict[str, to
         (0.0, 1.0, Objective()),
         (0.1, 0.9, Objective()),
         (0.0, 1.0, Objective("reinforce++-baseline", aggregation="seq-mean-token-mean")),
+        (0.0, 1.0, "mini-batches"),
     ],
-    ids=["no-kl", "kl-top-p", "whitened-seq-mean"],
+    ids=["no-kl", "kl-top-p", "whitened-seq-mean", "mini-batches"],
 )
 def test_two_fsdp_ranks_train_what_one_process_trains(
-    ray_session: Any, kl_coef: float, top_p: float, objective: Objective
+    ray_session: Any, kl_coef: float, top_p: float, objective: Objective | str
 ) -> None:
     """With top-p the ranks take the log-probs over the same nucleus as one process (the random
     tokens of these groups fall outside it often: the rule for those is the same too). With a
     sequence mean and advantages whitened over the step, each rank's rows carry the weights and
-    advantages of the whole step, not of its share."""
-    cfg = config(kl_coef=kl_coef, top_p=top_p, objective=objective)
+    advantages of the whole step, not of its share. With mini-batches and epochs every rank runs
+    the same updates, each after the same proximal pass."""
+    if objective == "mini-batches":
+        cfg = config(mini_batches=2, epochs=2)
+    else:
+        assert isinstance(objective, Objective)
+        cfg = config(kl_coef=kl_coef, top_p=top_p, objective=objective)
     single_metrics, single_weights = run_single(cfg)
     group = TrainerGroup(POLICY, cfg, ranks=2, cpus_per_rank=0.5)
     try:
@@ -89,6 +95,9 @@ def test_two_fsdp_ranks_train_what_one_process_trains(
     for one, two in zip(single_metrics, group_metrics, strict=True):
         for key in ("loss", "policy_loss", "kl", "tokens", "groups_zero_variance", "grad_norm", "clip_fraction"):
             assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), (key, one, two)
+        # the largest ratio exponentiates the small differences of rounding the ranks make
+        assert two["ratio_max"] == pytest.approx(one["ratio_max"], rel=1e-3)
+        assert (one["ratio_max"] > 1.0) == (cfg.mini_batches > 1), "the ratio acts with mini-batches only"
         assert two["outside_nucleus_fraction"] == one["outside_nucleus_fraction"]
         assert (one["outside_nucleus_fraction"] > 0) == (top_p < 1)
     assert single_metrics[0]["tokens"] > 0

@@ -111,13 +111,13 @@ def test_a_stored_rljob_reads_a_newer_status_and_names_what_it_skipped() -> None
             "policy": {"model": "builtin:tiny-arith"},
             "dataset": {"uri": "builtin:arithmetic"},
             "reward": {"name": "arithmetic_exact"},
-            "training": {"totalSteps": 3, "epochs": 2},
+            "training": {"totalSteps": 3, "knobOfANewerRelease": 2},
         },
         "status": {"attempt": 2, "phase": "Draining", "turns": {"resumed": 1}},
     }
     job, skipped = read_stored_rljob(doc)
     assert job.status is not None
     assert (job.status.attempt, job.status.phase) == (2, None)
-    assert sorted(skipped) == ["spec.training.epochs", "status.phase", "status.turns"]
+    assert sorted(skipped) == ["spec.training.knobOfANewerRelease", "status.phase", "status.turns"]
     with pytest.raises(SpecError):
         parse_rljob(doc)

@@ -103,6 +103,11 @@ GOOD = {
         {"totalSteps": 3, "overlong": {"filter": True, "softPenalty": {"buffer": 4, "factor": 1.0}}},
         with_("spec.generation", {"maxNewTokens": 16}),
     ),
+    "ppo-mini-batches": with_(
+        "spec.training",
+        {"totalSteps": 3, "miniBatches": 4, "epochs": 2, "clipEpsilonHigh": 0.28},
+        with_("spec.generation", {"promptsPerStep": 8}),
+    ),
     "seconds-only-cuts": with_("spec.checkpoint", {"everySteps": 0, "everySeconds": 300}),
     "s3-with-endpoint": with_(
         "spec.checkpoint", {"storage": "s3://bucket-a/run1", "s3Endpoint": "http://127.0.0.1:7070"}
@@ -229,6 +234,11 @@ BAD = {
         with_("spec.training", {"totalSteps": 3, "overlong": {"filter": "yes"}}),
         "spec.training.overlong.filter",
     ),
+    "mini-batches-above-the-step": (
+        with_("spec.training", {"totalSteps": 3, "miniBatches": 9}, with_("spec.generation", {"promptsPerStep": 8})),
+        "spec.training.miniBatches",
+    ),
+    "zero-epochs": (with_("spec.training", {"totalSteps": 3, "epochs": 0}), "spec.training.epochs"),
     "schedule-unknown": (with_("spec.training", {"totalSteps": 4, "lrSchedule": "linear"}), "spec.training.lrSchedule"),
     "unknown-field": (with_("spec.generation", {"grupSize": 4}), "spec.generation"),
     "negative-lookahead": (with_("spec.generation", {"lookahead": -1}), "spec.generation.lookahead"),

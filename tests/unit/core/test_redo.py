@@ -142,6 +142,21 @@ def _manifest(**change: object) -> dict[str, object]:
     return {**m.to_json(), **change}
 
 
+def test_a_step_redone_under_another_layout_of_updates_is_refused_by_it() -> None:
+    """training.miniBatches and epochs are in the record: a redo under others says so, whatever
+    the numbers; a record written before mini-batches has none, and one update a step matches it."""
+    recorded = StepFingerprint(0.5, 1.25, "a" * 32, "cpu/1", "miniBatches=4,epochs=1")
+    problem = recorded.mismatch(StepFingerprint(0.5, 1.25, "a" * 32, "cpu/1"))
+    assert problem is not None
+    assert "miniBatches=4,epochs=1" in problem
+    assert "training.miniBatches and epochs" in problem
+    assert recorded.mismatch(StepFingerprint.from_json(recorded.to_json())) is None
+    old = {"loss": 0.5, "grad_norm": 1.25, "params": "a" * 32, "where": "cpu/1"}
+    assert StepFingerprint.from_json(old).layout == ""
+    assert StepFingerprint(0.5, 1.25, "a" * 32, "cpu/1").to_json() == old, "one update a step writes what it did"
+    assert StepFingerprint.from_json(old).mismatch(StepFingerprint(0.5, 1.25, "a" * 32, "cpu/1")) is None
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

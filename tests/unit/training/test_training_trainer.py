@@ -230,6 +230,8 @@ def test_config_from_the_rljob_spec() -> None:
                 "advantage": {"normalizeByStd": False},
                 "lossAggregation": "seq-mean-token-sum-norm",
                 "overlong": {"filter": True, "softPenalty": {"buffer": 6, "factor": 0.5}},
+                "miniBatches": 2,
+                "epochs": 3,
             },
             "generation": {"temperature": 0.9, "topP": 0.85, "maxNewTokens": 24},
         }
@@ -239,6 +241,7 @@ def test_config_from_the_rljob_spec() -> None:
     assert (config.temperature, config.top_p) == (0.9, 0.85)
     assert config.clip_epsilon == 0.2
     assert config.objective == Objective("grpo", False, "seq-mean-token-sum-norm", 24, True, (6, 0.5))
+    assert (config.mini_batches, config.epochs, config.layout) == (2, 3, "miniBatches=2,epochs=3")
     namespace = SimpleNamespace(training=spec.training, generation=spec.generation, policy=spec.policy)
     assert TrainerConfig.from_rljob(namespace) == config
 
