@@ -25,6 +25,7 @@ from controller_runs import (
     assert_admission_versions,
     assert_same_trainer_state,
     audit,
+    final_weights,
     newest_cut,
     stop,
     stream,
@@ -133,6 +134,48 @@ def test_killed_then_stopped_during_the_redo_the_resume_ends_with_the_uninterrup
     assert min(d["step"] for d in audit(root, "--all") if d["attempt"] > 0) == 6
     assert_same_trainer_state(root, runs.base / "baseline")
     assert_admission_versions(root)
+
+
+MINI_BATCHES = {**JOB, "training.miniBatches": 2, "training.epochs": 2}
+"""The same job, each step four optimizer updates (two mini-batches, two epochs)."""
+
+
+def test_a_job_of_mini_batches_resumes_a_delta_as_if_never_stopped_and_another_layout_is_refused(
+    runs: Runs, tmp_path: Path
+) -> None:
+    """PPO-style steps through a stop: a SIGTERM cuts a delta whose redo steps record their
+    layout; the resume redoes them bit for bit and ends with the uninterrupted run's stream,
+    weights and optimizer (four Adam updates a step). The same delta resumed by a job that now
+    says one update a step is refused by the redo, naming the fields."""
+    job = runs.job(MINI_BATCHES)
+    reference = runs.base / "mini-batches-baseline"
+    rc, log = runs.run(job, reference)
+    assert rc == 0, log
+
+    store = runs.base / "mini-batches"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    proc = runs.start(job, store, SPOTRL_FAILPOINTS="train.step@6=4", SPOTRL_FAILPOINT_DIR=str(marks))
+    wait_for(lambda: (marks / "train.step").exists(), 300, "the run to reach step 6", proc)
+    assert stop(proc) == 143, runs.log_of(proc)
+    cut_id, kind, step = newest_cut(store)
+    assert (kind, step) == ("barrier", 6), runs.log_of(proc)
+    redo = json.loads(next((store / "cuts" / cut_id).glob("**/redo.json")).read_text())["steps"]
+    assert [s["fingerprint"].get("layout") for s in redo] == ["miniBatches=2,epochs=2"] * 2
+
+    other = _copy(store, runs.base / "mini-batches-other-layout")
+    rc, log = runs.run(runs.job({**MINI_BATCHES, "training.miniBatches": 1, "training.epochs": 1}), other)
+    assert rc != 0, log
+    assert "is redone with one update (training.miniBatches and epochs changed since)" in log, log
+
+    rc, log = runs.run(job, store)
+    assert rc == 0, log
+    assert f"redid steps 4..5 of delta cut {cut_id}" in log, log
+    assert stream(store) == stream(reference)
+    assert_same_trainer_state(store, reference)
+    steps = final_weights(store, optimizer=True)
+    adam = {float(v) for k, v in steps.items() if k.startswith("optimizer/") and k.endswith("/step")}
+    assert adam == {4.0 * 16}, "four updates in each of the 16 steps"
 
 
 # ----------------------------------------------------------------------------- forgeries
