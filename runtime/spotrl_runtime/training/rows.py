@@ -112,8 +112,8 @@ def step_rows(groups: Sequence[FinishedGroup], objective: Objective = DEFAULT_OB
     overlong = None
     if objective.overlong_filter or objective.soft_penalty is not None:
         overlong = {"overlong_filtered": float(filtered), "overlong_penalty_mean": penalty / max(len(rewards), 1)}
-    shaped = _shaped(by_group, len(rewards), objective)
-    return StepRows(shaped, rewards, len(groups), skipped, tuple(sources), overlong)
+    trained = _shaped(by_group, len(rewards), objective)
+    return StepRows(trained, rewards, len(groups), skipped, tuple(sources), overlong)
 
 
 def step_updates(
