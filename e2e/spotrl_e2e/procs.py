@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import re
 import signal
 import socket
@@ -28,11 +29,39 @@ def die_with_parent() -> None:
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+FREE_PORTS_FROM = 20000
+"""The lowest port :func:`free_port` hands out: above Ray's worker ports (10002-19999 by default)."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (the caller binds it soon after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port nobody listens on right now (the caller binds it soon after), drawn at random
+    from below the kernel's ephemeral range. A port the kernel picks (a bind to port 0) is one
+    any process's outgoing connection may take before the caller binds it: in a CI run, Kueue's
+    webhook port was taken so while the other lane ran, and Kueue exited with "address already
+    in use"."""
+    low = _ephemeral_ports_from()
+    if low - FREE_PORTS_FROM < 1000:  # a kernel whose ephemeral range takes (nearly) every port
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            return int(s.getsockname()[1])
+    draw = random.SystemRandom()
+    for _ in range(200):
+        port = draw.randrange(FREE_PORTS_FROM, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port on {host} in [{FREE_PORTS_FROM}, {low}) after 200 draws")
+
+
+def _ephemeral_ports_from() -> int:
+    """The first port of the kernel's ephemeral range (``net.ipv4.ip_local_port_range``)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def port_open(host: str, port: int) -> bool:
