@@ -234,8 +234,9 @@ def test_an_account_that_spotrl_did_not_make_is_never_used_changed_or_deleted(
     assert (cond["type"], cond["status"]) == ("ReconcileError", "True")
     assert "ServiceAccount web-runtime" in cond["message"], cond
     assert "create the job under another name, or delete or rename the ServiceAccount" in cond["message"], cond
+    # The Event follows the condition's write (Actuator.report): wait for it, do not race it.
+    wait_until(lambda: "ReconcileFailed" in jobs.reasons("web"), 30, "the ReconcileFailed Event")
     failed = [e for e in jobs.events("web") if e["reason"] == "ReconcileFailed"]
-    assert failed, [e["reason"] for e in jobs.events("web")]
     assert failed[0]["type"] == "Warning"
     assert "ServiceAccount web-runtime" in failed[0]["message"], failed[0]
     assert jobs.pods("web") == [], "no pod runs as an account SpotRL did not make"

@@ -19,7 +19,7 @@ from spotrl_runtime.api.rljob import SpecError
 def newer(**status: Any) -> dict[str, Any]:
     """A job as a newer CRD stores it: new fields defaulted into the spec, a newer writer's status."""
     doc = job(**status)
-    doc["spec"]["training"]["miniBatches"] = 1
+    doc["spec"]["training"]["knobOfANewerRelease"] = 1
     doc["spec"]["sampling"] = {"dynamic": {"filter": "none"}}
     return doc
 
@@ -28,7 +28,7 @@ def test_fields_this_version_does_not_know_are_skipped_and_named() -> None:
     w = world_of(Snapshot(job=newer(attempt=2, episodes={"turns": 3})), SETTINGS, NOW)
     assert w.spec.training.total_steps == 10, "what this version knows is read as written"
     assert w.status.attempt == 2
-    assert set(w.skipped_fields) == {"spec.training.miniBatches", "spec.sampling", "status.episodes"}
+    assert set(w.skipped_fields) == {"spec.training.knobOfANewerRelease", "spec.sampling", "status.episodes"}
 
 
 def test_kopfs_own_status_is_not_a_skipped_field() -> None:
@@ -40,7 +40,7 @@ def test_a_value_this_version_cannot_read_is_still_refused_naming_it() -> None:
     doc["spec"]["checkpoint"] = {"retentionPolicy": "Archive"}
     with pytest.raises(SpecError, match=r"spec\.checkpoint\.retentionPolicy") as err:
         world_of(Snapshot(job=doc), SETTINGS, NOW)
-    assert "miniBatches" not in str(err.value), "the unknown key is skipped, not reported as the problem"
+    assert "knobOfANewerRelease" not in str(err.value), "the unknown key is skipped, not reported as the problem"
 
 
 def test_a_barrier_in_a_state_this_version_does_not_know_is_no_request() -> None:
