@@ -112,8 +112,9 @@ def step_rows(groups: Sequence[FinishedGroup], objective: Objective = DEFAULT_OB
     overlong = None
     if objective.overlong_filter or objective.soft_penalty is not None:
         overlong = {"overlong_filtered": float(filtered), "overlong_penalty_mean": penalty / max(len(rewards), 1)}
-    trained = _shaped(by_group, len(rewards), objective)
-    return StepRows(trained, rewards, len(groups), skipped, tuple(sources), overlong)
+    if objective.estimator == "reinforce++-baseline":
+        by_group = _whitened(by_group)
+    return StepRows(_scaled(by_group, len(rewards), objective), rewards, len(groups), skipped, tuple(sources), overlong)
 
 
 def step_updates(
@@ -133,33 +134,26 @@ def step_updates(
     for run in range(count):
         last = first + size + (run < longer)
         chosen = [k for k, source in enumerate(step.sources) if first <= source < last]
-        by_group = [list(step.by_group[k]) for k in chosen]
         rollouts = sum(len(g.rollouts) for g in groups[first:last])
         rewards = tuple(r.reward for g in groups[first:last] for r in g.rollouts)
-        # the advantages are the step's already: only the scales are the run's own
-        reshaped = _shaped(by_group, rollouts, replace(objective, estimator="grpo"))
+        scaled = _scaled([step.by_group[k] for k in chosen], rollouts, objective)  # the step's advantages kept
         sources = tuple(step.sources[k] for k in chosen)
-        updates.append(StepRows(reshaped, rewards, last - first, last - first - len(chosen), sources))
+        updates.append(StepRows(scaled, rewards, last - first, last - first - len(chosen), sources))
         first = last
     return updates
 
 
-def _shaped(by_group: list[list[Row]], rollouts: int, objective: Objective) -> tuple[tuple[Row, ...], ...]:
-    """The rows with the step-wide parts of ``objective``: whitened advantages (``reinforce++-baseline``),
-    loss scales over ``rollouts`` and the rows' tokens."""
-    lengths = [len(r.completion_ids) for g in by_group for r in g]
-    advantages = [r.advantage for g in by_group for r in g]
-    if objective.estimator == "reinforce++-baseline":
-        advantages = whiten(advantages, lengths)
-    scales = row_scales(lengths, rollouts, objective)
-    out: list[tuple[Row, ...]] = []
-    first = 0
-    for g in by_group:
-        out.append(
-            tuple(replace(row, advantage=advantages[first + j], scale=scales[first + j]) for j, row in enumerate(g))
-        )
-        first += len(g)
-    return tuple(out)
+def _whitened(by_group: Sequence[Sequence[Row]]) -> list[list[Row]]:
+    """The rows with their advantages whitened over the step's trained tokens (``reinforce++-baseline``)."""
+    flat = [r for g in by_group for r in g]
+    values = iter(whiten([r.advantage for r in flat], [len(r.completion_ids) for r in flat]))
+    return [[replace(r, advantage=next(values)) for r in g] for g in by_group]
+
+
+def _scaled(by_group: Sequence[Sequence[Row]], rollouts: int, objective: Objective) -> tuple[tuple[Row, ...], ...]:
+    """The rows with their loss scales over ``rollouts`` and their own tokens (:func:`row_scales`)."""
+    scales = iter(row_scales([len(r.completion_ids) for g in by_group for r in g], rollouts, objective))
+    return tuple(tuple(replace(r, scale=next(scales)) for r in g) for g in by_group)
 
 
 def split_rows(step: StepRows, ranks: int) -> list[list[Row]]:
