@@ -450,6 +450,42 @@ class Overlong(ApiObject):
     )
 
 
+class DynamicSampling(ApiObject):
+    """DAPO's dynamic sampling: a step's groups without learning signal are replaced by new prompts."""
+
+    filter: Literal["zero-std"] = Field(
+        default="zero-std",
+        description=(
+            "Which groups carry no signal: 'zero-std', those whose rollouts all scored the same reward (their "
+            "advantages are all 0). Each is filtered, with its reason, in the step's audit record and in "
+            "status.accounting.promptsFiltered."
+        ),
+    )
+    max_rounds: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description=(
+            "Refill rounds a step may take after its own batch (veRL's max_num_gen_batches - 1). Each round "
+            "generates one new prompt per place held by a group without signal, once every group of the step has "
+            "finished; a group of the last round trains as it is."
+        ),
+    )
+
+
+class Sampling(ApiObject):
+    """Which finished groups a step trains on."""
+
+    dynamic: DynamicSampling | None = Field(
+        default=None,
+        description=(
+            "Dynamic sampling (DAPO): groups without signal are filtered and their places refilled from the "
+            "dataset until the step holds generation.promptsPerStep groups with signal, or maxRounds run out. "
+            "Unset: off, every finished group trains."
+        ),
+    )
+
+
 class Training(ApiObject):
     """The trainer: GRPO in plain torch, in one process or as a group of FSDP2 ranks."""
 
@@ -505,6 +541,10 @@ class Training(ApiObject):
     overlong: Overlong = Field(
         default_factory=Overlong,
         description="Completions cut off at generation.maxNewTokens: left out of the loss (filter), or penalised.",
+    )
+    sampling: Sampling = Field(
+        default_factory=Sampling,
+        description="Which finished groups a step trains on: dynamic sampling (DAPO) refills those without signal.",
     )
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
         default="token-mean",

@@ -58,8 +58,8 @@ def run(args: argparse.Namespace) -> int:
             "weight_version": d["weight_version"],
             "reward": d.get("reward"),
         }
-        for key in ("version_mismatches", "generation_idle_share", "generation_idle_share_max"):
-            if key in d:  # the workers' idle share beside the groups generated off their version
+        for key in ("version_mismatches", "generation_idle_share", "generation_idle_share_max", "refill_rounds"):
+            if key in d:  # the workers' idle share beside the groups generated off their version; dynamic sampling's
                 line[key] = d[key]
         left = d.get("dropped") or []
         dropped = [x["idx"] for x in left if x.get("state", "dropped") == "dropped"]

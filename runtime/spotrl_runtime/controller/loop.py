@@ -52,6 +52,7 @@ from spotrl_runtime.controller.tensorboard import TensorBoardLog
 from spotrl_runtime.controller.validation import Validator
 from spotrl_runtime.core.cut_estimate import CutEstimator, barrier_form
 from spotrl_runtime.core.cut_schedule import CutSchedule
+from spotrl_runtime.core.dynamic_sampling import sampling_stats
 from spotrl_runtime.core.owners import Dispatch, OwnershipError, OwnersSnapshot, UnknownGroupError
 from spotrl_runtime.core.step_stats import LearningSignal, idle_shares, rollout_stats
 from spotrl_runtime.core.types import Rollout
@@ -72,6 +73,24 @@ EXIT_ERROR = 1
 EXIT_TERMINATED = 143
 EXIT_FENCED = 4
 """Another controller owns the job (a newer attempt claimed it): this one wrote nothing more."""
+
+
+def _refill_round(pumped: Sequence[Dispatch]) -> None:
+    """Logs the refill round among what the gate let through (a relaunched group is the cut's)."""
+    refills = [d for d in pumped if d.round and not d.relaunch]
+    if refills:
+        failpoint("dispatch.refill", refills[0].target_step)
+        log.info(
+            "dynamic sampling: step %d's refill round %d generates %d group(s) in place of those without signal",
+            refills[0].target_step,
+            refills[0].round,
+            len(refills),
+        )
+
+
+SHAPING_STATS = ("overlong_filtered", "overlong_penalty_mean")
+"""The trainer's metrics of ``training.overlong``, kept where it is set."""
+
 TRAINER_STATS = (
     "kl",
     "entropy",
@@ -323,6 +342,8 @@ class Controller:
             idle, idlest = idle_shares(self.parts.pool.busy_seconds(self._last_step_at, now).values(), since)
             self._last_step_at, self._last_generated = now, generated
             learned = {k: round(float(metrics.get(k, 0.0)), 6) for k in TRAINER_STATS}
+            learned |= {k: round(float(metrics[k]), 6) for k in SHAPING_STATS if k in metrics}
+            learned |= sampling_stats(record) if owners.config.dynamic_max_rounds is not None else {}
             step_stats = {
                 **{k: round(v, 6) for k, v in stats.items() if k != "reward_mean"},
                 **learned,
@@ -478,7 +499,9 @@ class Controller:
             # What the gate lets through first, then the trainer's new weights, every version in
             # order: a group asks for the version it was admitted with, and the pool sends each
             # version only after the groups that ask for an older one.
-            send(owners.pump())
+            pumped = owners.pump()
+            _refill_round(pumped)
+            send(pumped)
             while not self._weights.empty() and not self._parked.is_set():
                 version = self._weights.get_nowait()
                 pool.give(version)

@@ -68,6 +68,8 @@ class AuditRecord:
     idxs: tuple[int, ...]
     task_names: tuple[str, ...]
     dropped: tuple[DroppedPrompt, ...] = ()
+    rounds: int = 0
+    """Dynamic sampling: the refill rounds the step took (0: its groups are its own batch's)."""
 
     @property
     def prompts(self) -> tuple[tuple[int, str], ...]:
@@ -83,7 +85,7 @@ class AuditRecord:
             "idxs": list(self.idxs),
             "task_names": list(self.task_names),
             "dropped": [d.to_json() for d in self.dropped],
-        }
+        } | ({"rounds": self.rounds} if self.rounds else {})
 
     @classmethod
     def from_json(cls, data: Any) -> AuditRecord:
@@ -108,6 +110,7 @@ class AuditRecord:
             idxs=tuple(idxs),
             task_names=tuple(task_names),
             dropped=tuple(DroppedPrompt.from_json(d) for d in dropped),
+            rounds=require_int(data, "rounds") if "rounds" in data else 0,
         )
 
 

@@ -386,6 +386,7 @@ class ReplayLocator:
     weight_version: int | None
     fingerprint: str
     rollouts: int
+    round: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -398,7 +399,7 @@ class ReplayLocator:
             "weight_version": self.weight_version,
             "fingerprint": self.fingerprint,
             "rollouts": self.rollouts,
-        }
+        } | ({"round": self.round} if self.round else {})  # cuts without dynamic sampling stay as they were
 
     @classmethod
     def of(cls, entry: ReplayEntry) -> ReplayLocator:
@@ -414,6 +415,7 @@ class ReplayLocator:
             weight_version=entry.weight_version,
             fingerprint=prompt.fingerprint,
             rollouts=len(entry.group.rollouts),
+            round=entry.round,
         )
 
     def entry(self, prompt: Prompt, rows: tuple[Rollout, ...]) -> ReplayEntry:
@@ -423,6 +425,7 @@ class ReplayLocator:
             self.admission_id,
             self.order,
             self.weight_version,
+            self.round,
         )
 
     @classmethod
@@ -439,6 +442,7 @@ class ReplayLocator:
             weight_version=optional_int(data, "weight_version"),
             fingerprint=require_str(data, "fingerprint", allow_empty=True),
             rollouts=require_int(data, "rollouts", minimum=1),
+            round=require_int(data, "round") if "round" in data else 0,
         )
 
 

@@ -57,6 +57,8 @@ class LedgerRecord:
     """Policy version when the group was dispatched; None while RESERVED."""
     fingerprint: str = ""
     """sha256 of the dataset row at dispatch ('' if not recorded)."""
+    round: int = 0
+    """Dynamic sampling: the refill round the group belongs to (0: the step's own batch)."""
 
     def admitted(self, target_step: int, weight_version: int) -> LedgerRecord:
         """This record stamped for ``target_step``."""
@@ -75,7 +77,7 @@ class LedgerRecord:
             "expected_generations": self.expected_generations,
             "weight_version": self.weight_version,
             "fingerprint": self.fingerprint,
-        }
+        } | ({"round": self.round} if self.round else {})  # cuts without dynamic sampling stay as they were
 
     @classmethod
     def from_json(cls, data: Any) -> LedgerRecord:
@@ -97,6 +99,7 @@ class LedgerRecord:
             expected_generations=require_int(data, "expected_generations", minimum=1),
             weight_version=optional_int(data, "weight_version"),
             fingerprint=require_str(data, "fingerprint", allow_empty=True),
+            round=require_int(data, "round") if "round" in data else 0,
         )
 
 

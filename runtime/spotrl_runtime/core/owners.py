@@ -60,12 +60,13 @@ import copy
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from spotrl_runtime.core.admission import MAX_MODEL_LEN, PROMPT_TOO_LONG, AdmissionFilter, PromptLimit, prompt_limit
 from spotrl_runtime.core.audit import DROPPED, FILTERED, AuditLog, AuditRecord, DroppedPrompt
+from spotrl_runtime.core.dynamic_sampling import without_signal
 from spotrl_runtime.core.ledger import Ledger, LedgerRecord, Phase
 from spotrl_runtime.core.orders import OrderSet
 from spotrl_runtime.core.redo import RedoLog, RedoStep, StepFingerprint
@@ -132,6 +133,9 @@ class RecoveryConfig:
     max_new_tokens: int = 0
     max_model_len_source: str = MAX_MODEL_LEN
     """Where ``max_model_len`` came from, for the filter's reason."""
+    dynamic_max_rounds: int | None = None
+    """Dynamic sampling (``spec.training.sampling.dynamic``): the refill rounds a step may take
+    after its own batch; None: off. Kept in the cut, so a resume refills as its run did."""
 
     def __post_init__(self) -> None:
         if self.group_size < 1 or self.prompts_per_step < 1 or self.lookahead < 0:
@@ -140,6 +144,8 @@ class RecoveryConfig:
             raise ValueError(f"on_dropped_prompt must be 'shrink' or 'replace', got {self.on_dropped_prompt!r}")
         if not 0 < self.min_step_fraction <= 1:
             raise ValueError(f"min_step_fraction must be in (0, 1], got {self.min_step_fraction}")
+        if self.dynamic_max_rounds is not None and self.dynamic_max_rounds < 1:
+            raise ValueError(f"dynamic_max_rounds must be at least 1, got {self.dynamic_max_rounds}")
 
     @classmethod
     def from_spec(cls, spec: RLJobSpec, *, model_positions: int | None = None) -> RecoveryConfig:
@@ -147,6 +153,7 @@ class RecoveryConfig:
         ``max_position_embeddings``, the prompt limit where ``maxModelLen`` is unset."""
         gen = spec.generation
         limit = prompt_limit(gen.max_model_len, gen.max_new_tokens, model_positions)
+        dynamic = spec.training.sampling.dynamic
         return cls(
             group_size=gen.group_size,
             prompts_per_step=gen.prompts_per_step,
@@ -157,6 +164,7 @@ class RecoveryConfig:
             max_model_len=limit.max_model_len if limit else None,
             max_new_tokens=limit.max_new_tokens if limit else 0,
             max_model_len_source=limit.source if limit else MAX_MODEL_LEN,
+            dynamic_max_rounds=dynamic.max_rounds if dynamic else None,
         )
 
     @property
@@ -172,7 +180,7 @@ class RecoveryConfig:
         return math.ceil(self.min_step_fraction * self.prompts_per_step - 1e-9)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "group_size": self.group_size,
             "prompts_per_step": self.prompts_per_step,
             "lookahead": self.lookahead,
@@ -180,16 +188,17 @@ class RecoveryConfig:
             "min_step_fraction": self.min_step_fraction,
             "spare_pool_batches": self.spare_pool_batches,
             "audit_tail": self.audit_tail,
-        } | (
-            # Only where set: the cuts of runs without a limit stay byte for byte what they were.
-            {
+        }
+        # Each only where set: the cuts of runs without it stay byte for byte what they were.
+        if self.max_model_len is not None:
+            out |= {
                 "max_model_len": self.max_model_len,
                 "max_new_tokens": self.max_new_tokens,
                 "max_model_len_source": self.max_model_len_source,
             }
-            if self.max_model_len is not None
-            else {}
-        )
+        if self.dynamic_max_rounds is not None:
+            out["dynamic_max_rounds"] = self.dynamic_max_rounds
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RecoveryConfig:
@@ -233,6 +242,8 @@ class Dispatch:
     weight_version: int
     relaunch: bool = False
     """True for a group that was in flight when the cut it was restored from was taken."""
+    round: int = 0
+    """Dynamic sampling: the refill round the group belongs to (0: its step's own batch)."""
 
     @property
     def generations(self) -> int:
@@ -382,6 +393,8 @@ class Owners:
         pool, admit the oldest RESERVED batch (its prompts the admission filter refuses are
         filtered, their places filled as ``onDroppedPrompt`` says), take the next batch. One
         batch is always left RESERVED at the gate, so the next admission needs no loader read.
+        Last, under dynamic sampling, the refill round of the next step to train, when it is due
+        (:meth:`_refill`).
         """
         with self._cond:
             out: list[Dispatch] = []
@@ -397,7 +410,7 @@ class Owners:
                     self._take_batch()
                 batch = self._admissible()
                 if batch is None:
-                    return out
+                    return out + self._refill()
                 # The pool is topped up before the admission (the same loader reads, in the same
                 # order, as after it): the batch's filtered prompts may need spares.
                 self._top_up_spares()
@@ -446,13 +459,16 @@ class Owners:
         batch = self.config.prompts_per_step
         taken = 0
         while len(self._spares) + batch <= self.config.spare_pool_batches * batch:
-            batch_id = self._new_admission_id()
-            for prompt in self._source.next_batch():
-                gid, order = self._new_group_id()
-                spare = Spare(gid, batch_id, order, prompt.idx, prompt.task_name, prompt.fingerprint)
-                self._spares.add(spare, prompt)
+            self._read_spares()
             taken += 1
         return taken
+
+    def _read_spares(self) -> None:
+        """The loader's next batch into the spare pool."""
+        batch_id = self._new_admission_id()
+        for prompt in self._source.next_batch():
+            gid, order = self._new_group_id()
+            self._spares.add(Spare(gid, batch_id, order, prompt.idx, prompt.task_name, prompt.fingerprint), prompt)
 
     def _admissible(self) -> list[LedgerRecord] | None:
         """The oldest RESERVED batch if the gate lets it through now, else None."""
@@ -518,11 +534,12 @@ class Owners:
             return None
         return self._filter(prompt)
 
-    def _fill_plan(self, places: int) -> _Fill:
-        """Which spares fill ``places`` places under ``replace``: the oldest that the filter
-        admits, and those it refuses on the way (filtered in turn). Changes nothing."""
+    def _fill_plan(self, places: int, *, refill: bool = False) -> _Fill:
+        """Which spares fill ``places`` places under ``replace`` (or in a ``refill`` round of
+        dynamic sampling): the oldest that the filter admits, and those it refuses on the way
+        (filtered in turn). Changes nothing."""
         fill = _Fill(places)
-        if self.config.on_dropped_prompt != "replace":
+        if self.config.on_dropped_prompt != "replace" and not refill:
             return fill
         for spare, prompt in self._spares.items():
             if len(fill.take) == places:
@@ -534,10 +551,14 @@ class Owners:
                 fill.refused[spare.group_id] = why
         return fill
 
-    def _take_spares(self, fill: _Fill, filtered_at: int, stamp: int, version: int) -> list[Dispatch]:
+    def _take_spares(
+        self, fill: _Fill, filtered_at: int, stamp: int, version: int, rounds: Sequence[int] = ()
+    ) -> list[Dispatch]:
         """Carries out ``fill``: pops the spares it looked at, oldest first; each refused one is
-        filtered at step ``filtered_at``, each taken one is admitted with ``stamp`` and ``version``."""
+        filtered at step ``filtered_at``, each taken one is admitted with ``stamp``, ``version``
+        and the next of ``rounds`` (dynamic sampling's round of the place it fills; 0 past them)."""
         out = []
+        round_of = iter(rounds)
         for _ in range(len(fill.take) + len(fill.refused)):
             spare, prompt = self._spares.pop()
             why = fill.refused.get(spare.group_id)
@@ -558,6 +579,7 @@ class Owners:
                 expected_generations=self.config.group_size,
                 weight_version=version,
                 fingerprint=spare.fingerprint,
+                round=next(round_of, 0),
             )
             self._ledger.put(record, prompt)
             out.append(self._dispatch(record))
@@ -644,7 +666,7 @@ class Owners:
             _, prompt, rows = self._ledger.remove(group_id)
             assert rec.target_step is not None
             group = FinishedGroup(group_id=group_id, prompt=prompt, target_step=rec.target_step, rollouts=rows)
-            self._buffer.add(ReplayEntry(group, rec.admission_id, rec.order, rec.weight_version))
+            self._buffer.add(ReplayEntry(group, rec.admission_id, rec.order, rec.weight_version, rec.round))
             self._cond.notify_all()
             return group
 
@@ -681,7 +703,7 @@ class Owners:
                 self._check_room(step, 1, rec, reason, state)
             # Nothing below raises.
             self._leave(rec, step, reason, state)
-            out = self._replace_dropped(step, fill) if fill.take else self._take_spares(fill, step, step, 0)
+            out = self._replace_dropped(step, fill, rec.round) if fill.take else self._take_spares(fill, step, step, 0)
             if fill.short:
                 self._shortfall[step] = self._shortfall.get(step, 0) + 1
                 if self.config.on_dropped_prompt == "replace":
@@ -689,7 +711,7 @@ class Owners:
             self._cond.notify_all()
             return out
 
-    def _replace_dropped(self, step: int, fill: _Fill) -> list[Dispatch]:
+    def _replace_dropped(self, step: int, fill: _Fill, round: int) -> list[Dispatch]:
         """``replace``: the spare ``fill`` takes fills the dropped group's place, after the
         furthest later step lends the short step a finished group if one can."""
         lenders = [s for s in self._buffer.steps() if s > step]
@@ -699,7 +721,7 @@ class Owners:
             self._buffer.restamp(borrowed.group_id, step)
             self.counters.borrows += 1
         spare_step = lender_step if lender_step is not None else step
-        return self._take_spares(fill, step, spare_step, self._trainer_step)
+        return self._take_spares(fill, step, spare_step, self._trainer_step, (round,))
 
     # ------------------------------------------------------------ trainer side
 
@@ -714,7 +736,63 @@ class Owners:
         have = self._buffer.count(step)
         if have != expected:
             return f"step {step} holds {have} finished groups, expected {expected}"
+        if self._spent(step):
+            return f"step {step} holds groups without signal that a refill round replaces (dynamic sampling)"
         return None
+
+    # ---------------------------------------------------------- dynamic sampling
+
+    def _spent(self, step: int) -> list[ReplayEntry]:
+        """The finished groups of ``step`` that dynamic sampling filters: no signal, rounds left."""
+        rounds = self.config.dynamic_max_rounds
+        if rounds is None:
+            return []
+        return [e for e in self._buffer.groups(step) if e.round < rounds and without_signal(e.group)]
+
+    def _refill(self) -> list[Dispatch]:
+        """Dynamic sampling's refill round of the next step to train, once all its groups have
+        finished: those without signal leave filtered, and as many spares (loader batches read
+        into the pool as needed), one round on, take their places with the trainer's weights.
+
+        Due only between optimizer steps and after the gate's admissions (the end of
+        :meth:`pump`), and decided over the whole round, never group by group: which groups a
+        step trains, and the loader's reads, are then the same whatever order the groups finish
+        in, and a resume from any cut refills as the run would have."""
+        step = self._trainer_step
+        if self._training is not None or self._ledger.count_stamped(step):
+            return []
+        spent = self._spent(step)
+        if not spent:
+            return []
+        fill = self._refill_plan(len(spent))
+        taken = spent[: len(fill.take)]
+        assert self.config.dynamic_max_rounds is not None
+        for e in spent[len(fill.take) :]:  # no spare the filter admits: trained as they are
+            self._buffer.remove(e.group_id)
+            self._buffer.add(replace(e, round=self.config.dynamic_max_rounds))
+        for e in taken:
+            self._buffer.remove(e.group_id)
+            self._retired.add(e.order)
+            prompt = e.group.prompt
+            why = without_signal(e.group)
+            assert why is not None
+            self._dropped.setdefault(step, []).append(
+                DroppedPrompt(e.group_id, prompt.idx, prompt.task_name, why, FILTERED)
+            )
+            self.counters.prompts_filtered += 1
+        return self._take_spares(fill, step, step, self._trainer_step, [e.round + 1 for e in taken])
+
+    def _refill_plan(self, places: int) -> _Fill:
+        """The spares a refill round takes, loader batches read into the pool while it is short
+        (at most ``places`` + 1: an admission filter that refuses batch after batch leaves the
+        remaining places to the groups that hold them)."""
+        fill = self._fill_plan(places, refill=True)
+        for _ in range(places + 1):
+            if not fill.short:
+                break
+            self._read_spares()
+            fill = self._fill_plan(places, refill=True)
+        return fill
 
     def begin_step(self) -> list[FinishedGroup]:
         """The next step's finished groups, in loader order. They stay owned by the replay
@@ -756,6 +834,7 @@ class Owners:
                 idxs=tuple(e.group.prompt.idx for e in entries),
                 task_names=tuple(e.group.prompt.task_name for e in entries),
                 dropped=tuple(self._dropped.pop(step, ())),
+                rounds=max((e.round for e in entries), default=0),
             )
             self._shortfall.pop(step, None)
             self._audit.append(record)
@@ -891,4 +970,5 @@ class Owners:
         assert rec.weight_version is not None
         have = self._ledger.partial(rec.group_id)
         missing = tuple(i for i in range(rec.expected_generations) if i not in have)
-        return Dispatch(rec.group_id, self._ledger.prompt(rec.group_id), rec.target_step, missing, rec.weight_version)
+        prompt = self._ledger.prompt(rec.group_id)
+        return Dispatch(rec.group_id, prompt, rec.target_step, missing, rec.weight_version, round=rec.round)

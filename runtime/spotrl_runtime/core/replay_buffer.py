@@ -22,6 +22,8 @@ class ReplayEntry:
     order: int
     weight_version: int | None = None
     """Policy version the group was dispatched with (the ledger's, kept for inspection)."""
+    round: int = 0
+    """Dynamic sampling: the refill round that generated the group (0: the step's own batch)."""
 
     @property
     def group_id(self) -> str:
@@ -71,6 +73,14 @@ class ReplayBuffer:
         for e in entries:
             del self._step_of[e.group_id]
         return entries
+
+    def remove(self, group_id: str) -> ReplayEntry:
+        """Takes one finished group out (dynamic sampling filters it)."""
+        step = self._step_of.pop(group_id)
+        entry = self._by_step[step].pop(group_id)
+        if not self._by_step[step]:
+            del self._by_step[step]
+        return entry
 
     def restamp(self, group_id: str, step: int) -> ReplayEntry:
         """Moves one finished group to another step (a borrow); returns the new entry."""
