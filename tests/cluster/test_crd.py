@@ -227,9 +227,10 @@ def test_a_lora_policy_is_accepted_and_each_bad_field_is_rejected_by_name(
 def test_the_advantage_and_the_loss_aggregation_are_kept_and_each_bad_one_rejected_by_name(
     cluster: Cluster, crd: dict[str, Any], namespace: str
 ) -> None:
-    """training.miniBatches, epochs, advantage, lossAggregation and overlong on the real API
-    server: a Dr. GRPO recipe with mini-batches and DAPO's overlong shaping kept as written, an
-    unknown estimator or aggregation refused naming the field; normalizeByStd with an estimator
+    """training.miniBatches, epochs, advantage, lossAggregation, overlong and sampling on the real
+    API server: a Dr. GRPO recipe with mini-batches, DAPO's overlong shaping and dynamic sampling
+    kept as written, an unknown estimator, aggregation or filter, or no refill rounds, refused
+    naming the field; normalizeByStd with an estimator
     other than grpo, an overlong buffer not below generation.maxNewTokens and more mini-batches
     than prompts a step refused by their CEL rules."""
     job = copy.deepcopy(example_job())
@@ -240,6 +241,7 @@ def test_the_advantage_and_the_loss_aggregation_are_kept_and_each_bad_one_reject
         "advantage": {"estimator": "grpo", "normalizeByStd": False},
         "lossAggregation": "seq-mean-token-sum-norm",
         "overlong": {"filter": True, "softPenalty": {"buffer": 4, "factor": 0.5}},
+        "sampling": {"dynamic": {"filter": "zero-std", "maxRounds": 2}},
     }
     job["spec"]["training"].update(recipe)
     cluster.admin().create(RLJOBS.format(ns=namespace), job)
@@ -255,6 +257,8 @@ def test_the_advantage_and_the_loss_aggregation_are_kept_and_each_bad_one_reject
         ),
         ("long-buffer", {"overlong": {"softPenalty": {"buffer": 100000}}}, "spec.training.overlong.softPenalty.buffer"),
         ("mini-batches-above-the-step", {"miniBatches": 1000}, "spec.training.miniBatches"),
+        ("no-refill-rounds", {"sampling": {"dynamic": {"maxRounds": 0}}}, "spec.training.sampling.dynamic.maxRounds"),
+        ("unknown-filter", {"sampling": {"dynamic": {"filter": "acc"}}}, "spec.training.sampling.dynamic.filter"),
     ):
         bad = copy.deepcopy(example_job())
         bad["metadata"]["name"] = name

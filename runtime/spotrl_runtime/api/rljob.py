@@ -1370,8 +1370,9 @@ class Accounting(ApiObject):
     prompts_filtered: int = Field(
         default=0,
         ge=0,
-        description="Prompts filtered at admission, their places filled by policy (e.g. longer than "
-        "generation.maxModelLen leaves for maxNewTokens); the audit keeps each one's reason.",
+        description="Prompts set aside on purpose, never trained: longer than generation.maxModelLen leaves for "
+        "maxNewTokens (filtered at admission), or a group without signal under training.sampling.dynamic; the "
+        "audit keeps each one's reason.",
     )
     prompts_lost: int = Field(
         default=0, ge=0, description="Prompts trained by an attempt whose step was superseded and never trained again."

@@ -103,6 +103,10 @@ GOOD = {
         {"totalSteps": 3, "overlong": {"filter": True, "softPenalty": {"buffer": 4, "factor": 1.0}}},
         with_("spec.generation", {"maxNewTokens": 16}),
     ),
+    "dapo-dynamic-sampling": with_(
+        "spec.training", {"totalSteps": 3, "sampling": {"dynamic": {"filter": "zero-std", "maxRounds": 3}}}
+    ),
+    "dynamic-sampling-defaults": with_("spec.training", {"totalSteps": 3, "sampling": {"dynamic": {}}}),
     "ppo-mini-batches": with_(
         "spec.training",
         {"totalSteps": 3, "miniBatches": 4, "epochs": 2, "clipEpsilonHigh": 0.28},
@@ -233,6 +237,14 @@ BAD = {
     "overlong-filter-not-a-bool": (
         with_("spec.training", {"totalSteps": 3, "overlong": {"filter": "yes"}}),
         "spec.training.overlong.filter",
+    ),
+    "dynamic-sampling-unknown-filter": (
+        with_("spec.training", {"totalSteps": 3, "sampling": {"dynamic": {"filter": "acc"}}}),
+        "spec.training.sampling.dynamic.filter",
+    ),
+    "dynamic-sampling-no-rounds": (
+        with_("spec.training", {"totalSteps": 3, "sampling": {"dynamic": {"maxRounds": 0}}}),
+        "spec.training.sampling.dynamic.maxRounds",
     ),
     "mini-batches-above-the-step": (
         with_("spec.training", {"totalSteps": 3, "miniBatches": 9}, with_("spec.generation", {"promptsPerStep": 8})),
