@@ -227,8 +227,8 @@ def test_a_lora_policy_is_accepted_and_each_bad_field_is_rejected_by_name(
 def test_the_advantage_and_the_loss_aggregation_are_kept_and_each_bad_one_rejected_by_name(
     cluster: Cluster, crd: dict[str, Any], namespace: str
 ) -> None:
-    """training.miniBatches, epochs, advantage, lossAggregation, overlong and sampling on the real
-    API server: a Dr. GRPO recipe with mini-batches, DAPO's overlong shaping and dynamic sampling
+    """training.miniBatches, epochs, advantage, lossAggregation, overlong, sampling,
+    importanceSampling and kl on the real API server: a Dr. GRPO recipe with mini-batches, DAPO's overlong shaping and dynamic sampling
     kept as written, an unknown estimator, aggregation or filter, or no refill rounds, refused
     naming the field; normalizeByStd with an estimator
     other than grpo, an overlong buffer not below generation.maxNewTokens and more mini-batches
@@ -242,6 +242,8 @@ def test_the_advantage_and_the_loss_aggregation_are_kept_and_each_bad_one_reject
         "lossAggregation": "seq-mean-token-sum-norm",
         "overlong": {"filter": True, "softPenalty": {"buffer": 4, "factor": 0.5}},
         "sampling": {"dynamic": {"filter": "zero-std", "maxRounds": 2}},
+        "importanceSampling": {"level": "sequence", "mode": "mask"},
+        "kl": {"estimator": "k2"},
     }
     job["spec"]["training"].update(recipe)
     cluster.admin().create(RLJOBS.format(ns=namespace), job)
@@ -259,6 +261,8 @@ def test_the_advantage_and_the_loss_aggregation_are_kept_and_each_bad_one_reject
         ("mini-batches-above-the-step", {"miniBatches": 1000}, "spec.training.miniBatches"),
         ("no-refill-rounds", {"sampling": {"dynamic": {"maxRounds": 0}}}, "spec.training.sampling.dynamic.maxRounds"),
         ("unknown-filter", {"sampling": {"dynamic": {"filter": "acc"}}}, "spec.training.sampling.dynamic.filter"),
+        ("unknown-is-mode", {"importanceSampling": {"mode": "clip"}}, "spec.training.importanceSampling.mode"),
+        ("unknown-kl", {"kl": {"estimator": "k4"}}, "spec.training.kl.estimator"),
     ):
         bad = copy.deepcopy(example_job())
         bad["metadata"]["name"] = name

@@ -450,6 +450,39 @@ class Overlong(ApiObject):
     )
 
 
+class ImportanceSampling(ApiObject):
+    """How the off-policy correction weighs a token: its own ratio or its rollout's, truncated or masked."""
+
+    level: Literal["token", "sequence"] = Field(
+        default="token",
+        description=(
+            "'token': each token's ratio p_trainer / p_generator (veRL's rollout_is: token, TIS); 'sequence': "
+            "its rollout's, the product over the rollout's tokens, one weight for all of them (rollout_is: "
+            "sequence)."
+        ),
+    )
+    mode: Literal["truncate", "mask"] = Field(
+        default="truncate",
+        description=(
+            "'truncate': a ratio above importanceSamplingCap weighs the cap (truncated IS); 'mask': it weighs 0, "
+            "left out of the loss (masked IS, veRL's rollout_rs). The step reports is_capped_fraction either way."
+        ),
+    )
+
+
+class Kl(ApiObject):
+    """The KL penalty to the initial policy (its weight is klCoef)."""
+
+    estimator: Literal["k1", "k2", "k3"] = Field(
+        default="k3",
+        description=(
+            "Schulman's per-token estimator of KL(policy || reference), d = log p - log p_ref: 'k1' is d, 'k2' "
+            "d^2 / 2, 'k3' e^-d + d - 1, clamped as veRL's low_var_kl is (veRL's kl_loss_type: kl, mse, "
+            "low_var_kl; TRL's k3)."
+        ),
+    )
+
+
 class DynamicSampling(ApiObject):
     """DAPO's dynamic sampling: a step's groups without learning signal are replaced by new prompts."""
 
@@ -534,6 +567,7 @@ class Training(ApiObject):
         description="Dual-clip: a token with a negative advantage loses at most dualClip times |advantage|.",
     )
     kl_coef: float = Field(default=0.0, ge=0, le=100, description="Weight of the KL penalty to the initial policy.")
+    kl: Kl = Field(default_factory=Kl, description="How the KL penalty is estimated per token (with klCoef above 0).")
     advantage: Advantage = Field(
         default_factory=Advantage,
         description="The advantage estimator: grpo (the default), rloo, reinforce++-baseline.",
@@ -563,6 +597,13 @@ class Training(ApiObject):
             "The off-policy correction, always on: each trained token is weighted by min(p_trainer / p_generator, "
             "cap), detached, whether its rollout came from the current weights or one version behind "
             "(generation.lookahead), and whatever the generator's numerics. See docs/guides/numerics.md."
+        ),
+    )
+    importance_sampling: ImportanceSampling = Field(
+        default_factory=ImportanceSampling,
+        description=(
+            "How the off-policy correction applies its cap (importanceSamplingCap): per token or per sequence, "
+            "truncating or masking. The default is truncated per-token IS."
         ),
     )
     warmup_steps: int = Field(

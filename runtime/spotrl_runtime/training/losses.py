@@ -11,9 +11,12 @@ there is no mask and no padding to guard. Three policies meet in a step (decoupl
 - the policy being trained, whose log-probs carry the gradient.
 
 The policy-gradient term is PPO's clipped ratio against the proximal policy (with one optimizer
-update per batch the ratio is 1 and the clip never fires), weighted per token by the truncated
-importance weight ``min(p_proximal / p_behaviour, cap)`` (detached): the correction for stale
-weights and for the generator's numerics, applied to every row, stale or not.
+update per batch the ratio is 1 and the clip never fires), weighted per token by the importance
+weight of the proximal policy against the behaviour policy (detached): the correction for stale
+weights and for the generator's numerics, applied to every row, stale or not. By default it is
+``min(p_proximal / p_behaviour, cap)`` per token (truncated IS); ``training.importanceSampling``
+takes the ratio per sequence instead (the product over the rollout's tokens) and/or masks what
+exceeds the cap instead of truncating it (masked IS, rejection).
 
 With ``generation.topP < 1`` every log-prob here is under the top-p nucleus, renormalised
 (:mod:`~spotrl_runtime.training.logprobs`), and a generated token may lie outside the trainer's
@@ -46,6 +49,12 @@ class LossConfig:
     is_cap: float | None = 2.0
     """The importance weight's cap; None leaves the weight out (every token weighs 1)."""
     kl_coef: float = 0.0
+    is_level: str = "token"
+    """``token``: each token's own ratio; ``sequence``: the rollout's, the product of its tokens'."""
+    is_mode: str = "truncate"
+    """``truncate``: a ratio above the cap weighs the cap; ``mask``: it weighs 0 (left out)."""
+    kl_estimator: str = "k3"
+    """The KL term's per-token estimator: ``k1``, ``k2`` or ``k3`` (:func:`kl_estimate`)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,8 @@ class Tokens:
     """bool: generated with the very weights the step starts from (not ahead, with older ones)."""
     reference: torch.Tensor | None = None
     """The frozen reference policy's, for the KL term."""
+    rows: torch.Tensor | None = None
+    """Each token's row (rollout) in the micro-batch, 0-based: the sequence-level weight's sums."""
     scale: torch.Tensor | None = None
     """Each token's weight in the step's loss aggregation against a token of ``token-mean``
     (:func:`~spotrl_runtime.training.advantages.row_scales`); None: 1 for every token."""
@@ -100,11 +111,29 @@ class LossTerms:
     """Tokens outside the trainer's top-p nucleus, left out of the loss."""
 
 
-def importance_weight(proximal: torch.Tensor, behaviour: torch.Tensor, cap: float | None) -> torch.Tensor:
-    """``min(exp(proximal - behaviour), cap)``, detached; ones when ``cap`` is None."""
+def importance_weight(
+    proximal: torch.Tensor, behaviour: torch.Tensor, config: LossConfig, rows: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The detached importance weight per token and whether the cap acted on it: ``ratio =
+    exp(proximal - behaviour)`` per token, or per sequence (``rows`` says which tokens are one
+    rollout's: the exp of their summed log-ratios, every token of it the same), then truncated at
+    the cap (``min(ratio, cap)``) or masked above it (``ratio``, or 0 past the cap). Ones, acting
+    on none, when the cap is None. A sequence's product may overflow to inf: truncated it weighs
+    the cap, masked 0, never a NaN."""
+    cap = config.is_cap
     if cap is None:
-        return torch.ones_like(proximal)
-    return (proximal.detach() - behaviour).exp().clamp(max=cap)
+        return torch.ones_like(proximal), torch.zeros_like(proximal, dtype=torch.bool)
+    log_ratio = proximal.detach() - behaviour
+    if config.is_level == "sequence":
+        if rows is None:
+            raise ValueError("a sequence-level importance weight needs each token's row (Tokens.rows)")
+        sums = torch.zeros(int(rows.max()) + 1 if rows.numel() else 0, dtype=log_ratio.dtype, device=log_ratio.device)
+        log_ratio = sums.index_add(0, rows, log_ratio)[rows]
+    ratio = log_ratio.exp()
+    if config.is_mode == "mask":
+        over = ratio > cap
+        return torch.where(over, 0.0, ratio), over
+    return ratio.clamp(max=cap), ratio >= cap
 
 
 def clipped_policy_loss(
@@ -127,9 +156,24 @@ def clipped_policy_loss(
 
 
 def k3_kl(logprobs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """Schulman's k3 estimator of KL(policy ‖ reference) per token: ``e^d - d - 1``, ``d = ref - logp``."""
-    delta = reference - logprobs
-    return delta.exp() - delta - 1
+    """Schulman's k3 estimator of KL(policy ‖ reference) per token: ``e^d - d - 1``, ``d = ref - logp``,
+    clamped as veRL's ``low_var_kl`` is: ``d`` to [-20, 20] and the estimate to at most 10, so one
+    token the policy has left far behind cannot overflow the step (``e^d`` of a large ``d``)."""
+    delta = (reference - logprobs).clamp(-20.0, 20.0)
+    return (delta.exp() - delta - 1).clamp(max=10.0)
+
+
+def kl_estimate(logprobs: torch.Tensor, reference: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Schulman's estimators of KL(policy ‖ reference) per token, ``d = logp - ref``: ``k1`` is
+    ``d`` (unbiased, can be negative), ``k2`` is ``d² / 2`` (low variance, biased), ``k3`` is
+    :func:`k3_kl` (unbiased, low variance, never negative; the default)."""
+    if estimator == "k1":
+        return logprobs - reference
+    if estimator == "k2":
+        return 0.5 * (logprobs - reference).square()
+    if estimator == "k3":
+        return k3_kl(logprobs, reference)
+    raise ValueError(f"unknown KL estimator {estimator!r}: k1, k2 or k3")
 
 
 def probability_gap(logprobs: torch.Tensor, behaviour: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
@@ -152,7 +196,11 @@ def token_loss_terms(tokens: Tokens, config: LossConfig) -> LossTerms:
     kept = inside(tokens.logprobs, tokens.proximal)
     logprobs = torch.where(kept, tokens.logprobs, 0.0)
     proximal = torch.where(kept, tokens.proximal, 0.0)
-    weight = importance_weight(proximal, tokens.behaviour, config.is_cap) * kept
+    # Outside the nucleus the log-ratio is 0, so a sequence's product is over its kept tokens.
+    weight, capped = importance_weight(
+        torch.where(kept, proximal, tokens.behaviour), tokens.behaviour, config, tokens.rows
+    )
+    weight = weight * kept
     policy, ratio, clipped = clipped_policy_loss(logprobs, proximal, tokens.advantages, config)
     policy = policy * weight
     scale = tokens.scale if tokens.scale is not None else torch.ones_like(policy)
@@ -160,7 +208,9 @@ def token_loss_terms(tokens: Tokens, config: LossConfig) -> LossTerms:
     kl_sum = 0.0
     if tokens.reference is not None and config.kl_coef > 0:
         both = kept & inside(tokens.reference)
-        kl = k3_kl(torch.where(both, logprobs, 0.0), torch.where(both, tokens.reference, 0.0))
+        kl = kl_estimate(
+            torch.where(both, logprobs, 0.0), torch.where(both, tokens.reference, 0.0), config.kl_estimator
+        )
         loss = loss + config.kl_coef * (kl * scale).sum()
         kl_sum = float(kl.detach().sum())
     fresh = probability_gap(tokens.proximal, tokens.behaviour, tokens.fresh)
@@ -175,7 +225,7 @@ def token_loss_terms(tokens: Tokens, config: LossConfig) -> LossTerms:
         ratio_max=_max(ratio.detach()),
         is_weight_sum=float(weight.sum()),
         is_weight_max=_max(weight),
-        is_capped=int((weight >= config.is_cap).sum()) if config.is_cap is not None else 0,
+        is_capped=int((capped & kept).sum()),
         probs_diff_sum=float(fresh.sum()),
         probs_diff_max=_max(fresh),
         probs_diff_tokens=int(fresh.numel()),

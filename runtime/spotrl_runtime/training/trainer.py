@@ -72,6 +72,12 @@ class TrainerConfig:
     adam_eps: float = 1e-8
     is_cap: float | None = 2.0
     """The importance weight's cap (``training.importanceSamplingCap``; None, in tests only: no weight)."""
+    is_level: str = "token"
+    """``training.importanceSampling.level``: the ratio per token or per sequence."""
+    is_mode: str = "truncate"
+    """``training.importanceSampling.mode``: a ratio above the cap truncated to it, or masked."""
+    kl_estimator: str = "k3"
+    """``training.kl.estimator``: the KL term's per-token estimator."""
     clip_epsilon_high: float | None = None
     dual_clip: float | None = 3.0
     compute_dtype: str = "float32"
@@ -111,6 +117,9 @@ class TrainerConfig:
             schedule=t.lr_schedule,
             total_steps=t.total_steps,
             is_cap=t.importance_sampling_cap,
+            is_level=t.importance_sampling.level,
+            is_mode=t.importance_sampling.mode,
+            kl_estimator=t.kl.estimator,
             clip_epsilon_high=t.clip_epsilon_high,
             dual_clip=t.dual_clip,
             compute_dtype=spec.policy.dtype,
@@ -129,7 +138,16 @@ class TrainerConfig:
 
     @property
     def loss(self) -> LossConfig:
-        return LossConfig(self.clip_epsilon, self.clip_epsilon_high, self.dual_clip, self.is_cap, self.kl_coef)
+        return LossConfig(
+            self.clip_epsilon,
+            self.clip_epsilon_high,
+            self.dual_clip,
+            self.is_cap,
+            self.kl_coef,
+            self.is_level,
+            self.is_mode,
+            self.kl_estimator,
+        )
 
     def learning_rate_at(self, step: int) -> float:
         """The learning rate of step ``step`` (0-based): linear warmup, then the schedule."""
@@ -421,6 +439,7 @@ class Trainer:
             fresh=fresh.to(self.device),
             reference=reference,
             scale=scale.to(self.device),
+            rows=torch.arange(len(rows)).repeat_interleave(torch.tensor(per_row)).to(self.device),
         )
         terms = token_loss_terms(tokens, self.config.loss)
         return replace(terms, entropy_sum=float(entropy.sum())), batch

@@ -106,6 +106,10 @@ GOOD = {
     "dapo-dynamic-sampling": with_(
         "spec.training", {"totalSteps": 3, "sampling": {"dynamic": {"filter": "zero-std", "maxRounds": 3}}}
     ),
+    "rollout-correction-sequence-mask": with_(
+        "spec.training",
+        {"totalSteps": 3, "importanceSampling": {"level": "sequence", "mode": "mask"}, "kl": {"estimator": "k1"}},
+    ),
     "dynamic-sampling-defaults": with_("spec.training", {"totalSteps": 3, "sampling": {"dynamic": {}}}),
     "ppo-mini-batches": with_(
         "spec.training",
@@ -237,6 +241,14 @@ BAD = {
     "overlong-filter-not-a-bool": (
         with_("spec.training", {"totalSteps": 3, "overlong": {"filter": "yes"}}),
         "spec.training.overlong.filter",
+    ),
+    "importance-sampling-unknown-level": (
+        with_("spec.training", {"totalSteps": 3, "importanceSampling": {"level": "turn"}}),
+        "spec.training.importanceSampling.level",
+    ),
+    "kl-unknown-estimator": (
+        with_("spec.training", {"totalSteps": 3, "kl": {"estimator": "k4"}}),
+        "spec.training.kl.estimator",
     ),
     "dynamic-sampling-unknown-filter": (
         with_("spec.training", {"totalSteps": 3, "sampling": {"dynamic": {"filter": "acc"}}}),

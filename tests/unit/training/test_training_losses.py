@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from spotrl_runtime.training.losses import LossConfig, Tokens, k3_kl, token_loss_terms
+from spotrl_runtime.training.losses import LossConfig, Tokens, k3_kl, kl_estimate, token_loss_terms
 
 
 def _terms(
@@ -19,9 +19,11 @@ def _terms(
     behaviour: list[float] | None = None,
     fresh: list[bool] | None = None,
     reference: list[float] | None = None,
+    rows: list[int] | None = None,
+    dtype: torch.dtype = torch.float32,
     **config: object,
 ):  # type: ignore[no-untyped-def]
-    lp = torch.tensor(logp, requires_grad=True)
+    lp = torch.tensor(logp, dtype=dtype, requires_grad=True)
     tokens = Tokens(
         logprobs=lp,
         proximal=torch.tensor(proximal if proximal is not None else logp),
@@ -29,6 +31,7 @@ def _terms(
         advantages=torch.tensor(adv),
         fresh=torch.tensor(fresh if fresh is not None else [True] * len(logp)),
         reference=torch.tensor(reference) if reference is not None else None,
+        rows=torch.tensor(rows) if rows is not None else None,
     )
     terms = token_loss_terms(tokens, LossConfig(**config))  # type: ignore[arg-type]
     terms.loss_sum.backward()
@@ -114,3 +117,76 @@ def test_k3_kl_to_the_reference() -> None:
     assert terms.kl_sum == pytest.approx(math.exp(0.5) - 1.5)
     assert terms.loss_sum.item() == pytest.approx(2.0 * (math.exp(0.5) - 1.5))
     assert grad.item() == pytest.approx(2.0 * (1 - math.exp(0.5)))
+
+
+# ------------------------------------------------------------------ rollout correction
+
+# Two rollouts: tokens 0-1 are row 0 (ratios 1.5 and 1.2: product 1.8), token 2 is row 1 (0.5).
+TRAINER = [math.log(0.3), math.log(0.6), math.log(0.1)]
+GENERATOR = [math.log(0.2), math.log(0.5), math.log(0.2)]
+ROWS = [0, 0, 1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_sequence_level_weight_is_the_rollouts_ratio_on_each_of_its_tokens(dtype: torch.dtype) -> None:
+    tol = 1e-6 if dtype == torch.float32 else 2e-2
+    terms, grad = _terms(
+        TRAINER, [1.0] * 3, behaviour=GENERATOR, rows=ROWS, dtype=dtype, is_cap=2.0, is_level="sequence"
+    )
+    assert grad.float().tolist() == pytest.approx([-1.8, -1.8, -0.5], rel=tol)
+    assert terms.is_capped == 0
+    capped, grad = _terms(TRAINER, [1.0] * 3, behaviour=GENERATOR, rows=ROWS, is_cap=1.6, is_level="sequence")
+    assert grad.tolist() == pytest.approx([-1.6, -1.6, -0.5])
+    assert capped.is_capped == 2, "both tokens of the capped rollout"
+    # Per token, the same tokens weigh their own ratios.
+    _, grad = _terms(TRAINER, [1.0] * 3, behaviour=GENERATOR, rows=ROWS, is_cap=2.0)
+    assert grad.tolist() == pytest.approx([-1.5, -1.2, -0.5])
+
+
+def test_masking_leaves_a_token_above_the_cap_out_of_the_loss_where_truncation_weighs_it_the_cap() -> None:
+    truncated, grad_t = _terms(TRAINER, [1.0] * 3, behaviour=GENERATOR, is_cap=1.4)
+    masked, grad_m = _terms(TRAINER, [1.0] * 3, behaviour=GENERATOR, is_cap=1.4, is_mode="mask")
+    assert grad_t.tolist() == pytest.approx([-1.4, -1.2, -0.5])
+    assert grad_m.tolist() == pytest.approx([0.0, -1.2, -0.5])
+    assert truncated.is_capped == masked.is_capped == 1
+    assert masked.is_weight_sum == pytest.approx(1.7)
+    # Per sequence: the whole first rollout (1.8 > 1.6) is masked, the second kept.
+    _, grad = _terms(
+        TRAINER, [1.0] * 3, behaviour=GENERATOR, rows=ROWS, is_cap=1.6, is_level="sequence", is_mode="mask"
+    )
+    assert grad.tolist() == pytest.approx([0.0, 0.0, -0.5])
+
+
+@pytest.mark.parametrize("mode", ["truncate", "mask"])
+def test_a_sequence_ratio_that_overflows_weighs_the_cap_or_nothing_and_never_a_nan(mode: str) -> None:
+    n = 200  # 200 tokens each 2x likelier under the trainer: 2^200 overflows float32
+    terms, grad = _terms(
+        [math.log(0.5)] * n,
+        [1.0] * n,
+        behaviour=[math.log(0.25)] * n,
+        rows=[0] * n,
+        is_cap=2.0,
+        is_level="sequence",
+        is_mode=mode,
+    )
+    assert torch.isfinite(terms.loss_sum)
+    assert torch.isfinite(grad).all()
+    assert grad.tolist() == pytest.approx([-2.0 if mode == "truncate" else 0.0] * n)
+
+
+def test_each_kl_estimator_against_its_formula_and_k3_is_clamped() -> None:
+    logp, ref = torch.tensor([-1.5, -0.2]), torch.tensor([-1.0, -0.9])
+    d = logp - ref
+    assert kl_estimate(logp, ref, "k1").tolist() == pytest.approx(d.tolist())
+    assert kl_estimate(logp, ref, "k2").tolist() == pytest.approx((0.5 * d * d).tolist())
+    assert kl_estimate(logp, ref, "k3").tolist() == pytest.approx(((-d).exp() + d - 1).tolist())
+    # A token the policy has all but left (p = e^-60 where the reference gave e^-1): k3 would be
+    # e^59; clamped as veRL's low_var_kl, it is 10 and carries no gradient.
+    far, grad = _terms([-60.0], [0.0], reference=[-1.0], kl_coef=1.0)
+    assert far.kl_sum == pytest.approx(10.0)
+    assert grad.item() == 0.0
+    k1, grad = _terms([-1.5], [0.0], reference=[-1.0], kl_coef=2.0, kl_estimator="k1")
+    assert k1.kl_sum == pytest.approx(-0.5)
+    assert grad.item() == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="unknown KL estimator 'k4'"):
+        kl_estimate(logp, ref, "k4")

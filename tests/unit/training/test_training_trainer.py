@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -198,10 +199,13 @@ def test_the_spec_reaches_the_schedule_and_the_precision() -> None:
                 "clipEpsilonHigh": 0.28,
                 "dualClip": 4.0,
                 "importanceSamplingCap": 3.0,
+                "importanceSampling": {"level": "sequence", "mode": "mask"},
+                "kl": {"estimator": "k2"},
             },
         }
     )
     config = TrainerConfig.from_rljob(spec)
+    assert (config.loss.is_level, config.loss.is_mode, config.loss.kl_estimator) == ("sequence", "mask", "k2")
     assert (config.warmup_steps, config.schedule, config.total_steps) == (5, "cosine", 50)
     assert (config.compute_dtype, config.activation_checkpointing, config.micro_batch_tokens) == (
         "bfloat16",
@@ -359,6 +363,28 @@ def test_the_rollout_probs_diff_measures_the_generator_against_the_trainer() -> 
     ahead = [_as_generated(model, g, version=5, shift=-0.7) for g in raw]
     metrics = Trainer(copy.deepcopy(model), TrainerConfig()).train_step(ahead)
     assert "rollout_probs_diff_max" not in metrics
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_sequence_masked_correction_leaves_out_a_rollout_the_generator_sampled_far_off(dtype: str) -> None:
+    """One rollout's generator log-probs far below the trainer's (a ratio far above the cap):
+    masked per sequence, the step's update is the one of the other rollouts alone."""
+    model = small_llama()
+    group = make_group("g", [1.0, 0.0, 0.0, 1.0])
+    off = replace(
+        group,
+        rollouts=(
+            replace(group.rollouts[0], logprobs=tuple(x - 3.0 for x in group.rollouts[0].logprobs)),
+            *group.rollouts[1:],
+        ),
+    )
+    config = TrainerConfig(compute_dtype=dtype, is_cap=2.0, is_level="sequence", is_mode="mask", micro_batch_size=4)
+    masked = Trainer(copy.deepcopy(model), config).train_step([off])
+    truncated = Trainer(copy.deepcopy(model), replace(config, is_mode="truncate")).train_step([off])
+    assert math.isfinite(masked["loss"])
+    assert math.isfinite(truncated["loss"])
+    assert masked["is_capped_fraction"] > 0
+    assert masked["is_weight_max"] < truncated["is_weight_max"] == pytest.approx(2.0)
 
 
 def test_a_wrong_behaviour_logprob_changes_the_loss_through_the_importance_weight() -> None:
