@@ -228,11 +228,11 @@ def test_the_advantage_and_the_loss_aggregation_are_kept_and_each_bad_one_reject
     cluster: Cluster, crd: dict[str, Any], namespace: str
 ) -> None:
     """training.miniBatches, epochs, advantage, lossAggregation, overlong, sampling,
-    importanceSampling and kl on the real API server: a Dr. GRPO recipe with mini-batches, DAPO's overlong shaping and dynamic sampling
-    kept as written, an unknown estimator, aggregation or filter, or no refill rounds, refused
-    naming the field; normalizeByStd with an estimator
-    other than grpo, an overlong buffer not below generation.maxNewTokens and more mini-batches
-    than prompts a step refused by their CEL rules."""
+    importanceSampling and kl on the real API server: a recipe of each kept as written; an unknown
+    estimator, aggregation, filter, importance-sampling mode or KL estimator, or no refill rounds,
+    refused naming the field; normalizeByStd with an estimator other than grpo, an overlong buffer
+    not below generation.maxNewTokens and more mini-batches than prompts a step refused by their
+    CEL rules."""
     job = copy.deepcopy(example_job())
     job["metadata"]["name"] = "dr-grpo"
     recipe = {
