@@ -228,8 +228,9 @@ def test_the_advantage_and_the_loss_aggregation_are_kept_and_each_bad_one_reject
     cluster: Cluster, crd: dict[str, Any], namespace: str
 ) -> None:
     """training.miniBatches, epochs, advantage, lossAggregation, overlong, sampling,
-    importanceSampling and kl on the real API server: a recipe of each kept as written; an unknown
-    estimator, aggregation, filter, importance-sampling mode or KL estimator, or no refill rounds,
+    importanceSampling, kl and precision on the real API server: a recipe of each kept as written;
+    an unknown estimator, aggregation, filter, importance-sampling mode, KL estimator or head dtype,
+    or no refill rounds,
     refused naming the field; normalizeByStd with an estimator other than grpo, an overlong buffer
     not below generation.maxNewTokens and more mini-batches than prompts a step refused by their
     CEL rules."""
@@ -244,6 +245,7 @@ def test_the_advantage_and_the_loss_aggregation_are_kept_and_each_bad_one_reject
         "sampling": {"dynamic": {"filter": "zero-std", "maxRounds": 2}},
         "importanceSampling": {"level": "sequence", "mode": "mask"},
         "kl": {"estimator": "k2"},
+        "precision": {"lmHead": "float32"},
     }
     job["spec"]["training"].update(recipe)
     cluster.admin().create(RLJOBS.format(ns=namespace), job)
@@ -263,6 +265,7 @@ def test_the_advantage_and_the_loss_aggregation_are_kept_and_each_bad_one_reject
         ("unknown-filter", {"sampling": {"dynamic": {"filter": "acc"}}}, "spec.training.sampling.dynamic.filter"),
         ("unknown-is-mode", {"importanceSampling": {"mode": "clip"}}, "spec.training.importanceSampling.mode"),
         ("unknown-kl", {"kl": {"estimator": "k4"}}, "spec.training.kl.estimator"),
+        ("unknown-head-dtype", {"precision": {"lmHead": "float16"}}, "spec.training.precision.lmHead"),
     ):
         bad = copy.deepcopy(example_job())
         bad["metadata"]["name"] = name

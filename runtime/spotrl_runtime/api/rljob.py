@@ -483,6 +483,20 @@ class Kl(ApiObject):
     )
 
 
+class TrainingPrecision(ApiObject):
+    """Where the trainer computes in more than policy.dtype."""
+
+    lm_head: Literal["policy", "float32"] = Field(
+        default="policy",
+        description=(
+            "'policy': the language-model head's matrix product in policy.dtype, as every other (the log-softmax "
+            "is float32 either way); 'float32': in float32, from float32 weights, which narrows the trainer's gap "
+            "to the generator's probabilities (rollout_probs_diff) at the cost of a head product in float32 (with "
+            "FSDP, the root unit, embeddings included, is gathered in float32). See docs/guides/numerics.md."
+        ),
+    )
+
+
 class DynamicSampling(ApiObject):
     """DAPO's dynamic sampling: a step's groups without learning signal are replaced by new prompts."""
 
@@ -598,6 +612,9 @@ class Training(ApiObject):
             "cap), detached, whether its rollout came from the current weights or one version behind "
             "(generation.lookahead), and whatever the generator's numerics. See docs/guides/numerics.md."
         ),
+    )
+    precision: TrainingPrecision = Field(
+        default_factory=TrainingPrecision, description="Where the trainer computes in more than policy.dtype."
     )
     importance_sampling: ImportanceSampling = Field(
         default_factory=ImportanceSampling,

@@ -35,12 +35,15 @@ overlap another's, so two files beat one and match a plain torch.save + fsync of
 (docs/benchmarks.md)."""
 
 
-def shard_policy(model: Any, compute_dtype: Any, mesh: Any = None) -> Any:
+def shard_policy(model: Any, compute_dtype: Any, mesh: Any = None, float32_root: bool = False) -> Any:
     """FSDP2 over ``model``: each transformer block is its own unit (the classes the model names
     in ``_no_split_modules``), then the root (embeddings, final norm, head). In place. The shards
     stay float32; each unit is gathered in ``compute_dtype`` and its gradients reduced in float32
     (:func:`~spotrl_runtime.training.precision.fsdp_mixed_precision`). The trainer's log-prob
-    method (:mod:`~spotrl_runtime.training.logprobs`) runs under the root's hooks, as ``forward`` does."""
+    method (:mod:`~spotrl_runtime.training.logprobs`) runs under the root's hooks, as ``forward`` does.
+    ``float32_root`` (``training.precision.lmHead: float32``): the root is gathered in float32, so
+    the head multiplies float32 weights (a tied head is the embedding: it is gathered in float32
+    too, and its output cast to the compute dtype)."""
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     from spotrl_runtime.training import logprobs, precision
@@ -56,14 +59,26 @@ def shard_policy(model: Any, compute_dtype: Any, mesh: Any = None) -> Any:
     options: dict[str, Any] = {"mesh": mesh} if mp_policy is None else {"mesh": mesh, "mp_policy": mp_policy}
     for block in blocks:
         fully_shard(block, **options)
-    fully_shard(model, **options)
+    fully_shard(model, **({"mesh": mesh} if float32_root else options))
+    if float32_root and mp_policy is not None:
+        # The blocks still take the embedding's output in the compute dtype, as they would from a
+        # root gathered in it (the same values): cast by FSDP on the way in, a block's input
+        # would differ between its forward and its recomputation under activation checkpointing.
+        model.get_input_embeddings().register_forward_hook(lambda _m, _args, out: out.to(compute_dtype))
     logprobs.attach(model)
     register_fsdp_forward_method(model, logprobs.METHOD)
     return model
 
 
 def build_sharded(
-    policy: Any, device: str, compute_dtype: Any, rank: int, copies: int = 1, seed: int = 0, base: str = ""
+    policy: Any,
+    device: str,
+    compute_dtype: Any,
+    rank: int,
+    copies: int = 1,
+    seed: int = 0,
+    base: str = "",
+    float32_root: bool = False,
 ) -> tuple[list[Any], Any]:
     """``copies`` of the policy (the model, and the KL reference when there is one) as this
     rank's float32 shards on ``device`` (with ``policy.lora``: the base's shards in its dtype,
@@ -101,7 +116,7 @@ def build_sharded(
             model = AutoModelForCausalLM.from_config(config, dtype=precision.DTYPES[dtype])
             if adapter is not None:
                 identity = lora.add_adapter(model, adapter, base=base, seed=seed)
-        shard_policy(model, compute_dtype)
+        shard_policy(model, compute_dtype, float32_root=float32_root)
         model.to_empty(device=device)
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_model_state_dict(model, dict(full), options=options)  # it changes the dict it is given
@@ -184,7 +199,14 @@ class TrainerRank:
         copies = 2 if config.kl_coef > 0 and adapter is None else 1
         base = lora.base_digest(resolve_model_dir(policy.model)) if adapter is not None else ""
         (model, *rest), identity = build_sharded(
-            policy, self.device, dtype, self.rank, copies=copies, seed=config.seed, base=base
+            policy,
+            self.device,
+            dtype,
+            self.rank,
+            copies=copies,
+            seed=config.seed,
+            base=base,
+            float32_root=config.lm_head == "float32",
         )
         reference = rest[0].requires_grad_(False) if rest else None
         self.trainer = Trainer(model, config, pad_token_id=pad_token_id, reference=reference, adapter=identity)

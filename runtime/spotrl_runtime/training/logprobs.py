@@ -90,15 +90,16 @@ def token_batch(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id
 
 
 def token_logprobs(
-    model: Any, batch: TokenBatch, temperature: float, top_p: float = 1.0
+    model: Any, batch: TokenBatch, temperature: float, top_p: float = 1.0, float32_head: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs [tokens] in fp32, entropies [tokens] in nats, no gradient) of ``batch``'s trained
     tokens under the sampling distribution: ``sampling_logprobs(logits, temperature, top_p)``,
     the tempered softmax restricted to its top-p nucleus and renormalised. A token outside the
     nucleus gets -inf. The entropy is that distribution's too (the nucleus', renormalised; the
     tempered softmax's at ``top_p == 1``): the entropy of what the policy samples. Differentiable
-    in the log-probs when gradients are enabled. Call it through :func:`call` (FSDP2 needs its
-    hooks around it)."""
+    in the log-probs when gradients are enabled. ``float32_head`` (``training.precision.lmHead:
+    float32``): the head's matrix product in float32, outside autocast, from float32 weights
+    (:func:`_head_logits`). Call it through :func:`call` (FSDP2 needs its hooks around it)."""
     decoder = model.get_decoder()
     hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention, use_cache=False).last_hidden_state
     picked = hidden[batch.rows, batch.positions]
@@ -108,7 +109,14 @@ def token_logprobs(
     keep_graph = torch.is_grad_enabled() and picked.requires_grad
     logps, entropies = [], []
     for start in range(0, picked.shape[0], chunk):
-        args = (head, picked[start : start + chunk], batch.targets[start : start + chunk], temperature, top_p)
+        args = (
+            head,
+            picked[start : start + chunk],
+            batch.targets[start : start + chunk],
+            temperature,
+            top_p,
+            float32_head,
+        )
         if keep_graph:
             logp, entropy = checkpoint(_head_logprobs, *args, use_reentrant=False)
         else:
@@ -121,10 +129,27 @@ def token_logprobs(
     return torch.cat(logps), torch.cat(entropies)
 
 
+def _head_logits(head: torch.nn.Module, hidden: torch.Tensor, float32_head: bool) -> torch.Tensor:
+    """The head's logits: in the compute dtype (under autocast), or, with ``float32_head``, a
+    float32 product of the float32 weights and the hidden states cast up. Its bias, where it has
+    one, is added in float32 too."""
+    if not float32_head:
+        return head(hidden)
+    with torch.autocast(hidden.device.type, enabled=False):
+        weight: torch.Tensor = head.weight  # type: ignore[assignment]
+        bias: torch.Tensor | None = getattr(head, "bias", None)
+        return torch.nn.functional.linear(hidden.float(), weight.float(), bias.float() if bias is not None else None)
+
+
 def _head_logprobs(
-    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, top_p: float
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    float32_head: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    logp = sampling_logprobs(head(hidden), temperature, top_p)
+    logp = sampling_logprobs(_head_logits(head, hidden, float32_head), temperature, top_p)
     with torch.no_grad():
         # Tokens outside the nucleus have p = 0: 0 * (a finite floor) adds nothing, 0 * -inf would be NaN.
         entropy = -(logp.exp() * logp.clamp(min=torch.finfo(logp.dtype).min)).sum(-1)
@@ -160,9 +185,11 @@ def attach(model: Any) -> Any:
     return model
 
 
-def call(model: Any, batch: TokenBatch, temperature: float, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def call(
+    model: Any, batch: TokenBatch, temperature: float, top_p: float = 1.0, float32_head: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`token_logprobs` through the model's own method (attached on first use)."""
-    return getattr(attach(model), METHOD)(batch, temperature, top_p)
+    return getattr(attach(model), METHOD)(batch, temperature, top_p, float32_head)
 
 
 def full_softmax_logprobs(model: Any, batch: TokenBatch, temperature: float, top_p: float = 1.0) -> torch.Tensor:

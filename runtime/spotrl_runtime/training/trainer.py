@@ -78,6 +78,8 @@ class TrainerConfig:
     """``training.importanceSampling.mode``: a ratio above the cap truncated to it, or masked."""
     kl_estimator: str = "k3"
     """``training.kl.estimator``: the KL term's per-token estimator."""
+    lm_head: str = "policy"
+    """``training.precision.lmHead``: the head's matrix product in ``policy.dtype`` or in ``float32``."""
     clip_epsilon_high: float | None = None
     dual_clip: float | None = 3.0
     compute_dtype: str = "float32"
@@ -120,6 +122,7 @@ class TrainerConfig:
             is_level=t.importance_sampling.level,
             is_mode=t.importance_sampling.mode,
             kl_estimator=t.kl.estimator,
+            lm_head=t.precision.lm_head,
             clip_epsilon_high=t.clip_epsilon_high,
             dual_clip=t.dual_clip,
             compute_dtype=spec.policy.dtype,
@@ -135,6 +138,12 @@ class TrainerConfig:
                 soft_penalty=(penalty.buffer, penalty.factor) if (penalty := t.overlong.soft_penalty) else None,
             ),
         )
+
+    @property
+    def sampling(self) -> tuple[float, float, bool]:
+        """What every log-prob pass takes besides the batch (:func:`~spotrl_runtime.training.logprobs.call`):
+        the generation's temperature and top-p, and whether the head computes in float32."""
+        return self.temperature, self.top_p, self.lm_head == "float32"
 
     @property
     def loss(self) -> LossConfig:
@@ -364,7 +373,7 @@ class Trainer:
         mode, as veRL's ``old_log_prob``; no dropout, so no RNG drawn) in the micro-batches their
         update will run, before any update of the step. ``passes`` pads the count for a rank."""
         chunks = plan_micro_batches(rows, self.config.micro_batch_size, self.config.micro_batch_tokens)
-        sampling = (self.config.temperature, self.config.top_p)
+        sampling = self.config.sampling
         out: dict[int, Row] = {}
         with torch.no_grad(), precision.autocast(self.device, self.compute_dtype):
             for chunk in chunks:
@@ -422,7 +431,7 @@ class Trainer:
                 [x for r in rows for x in r.proximal or ()], dtype=torch.float32, device=self.device
             )
         with precision.autocast(self.device, self.compute_dtype):
-            sampling = (self.config.temperature, self.config.top_p)
+            sampling = self.config.sampling
             logprobs, entropy = lp.call(self.model, batch, *sampling)
             reference = None
             if self.reference is not None:

@@ -111,7 +111,8 @@ def test_two_fsdp_ranks_train_what_one_process_trains(
     assert moved > 1e-3, "the steps moved the weights (else parity proves nothing)"
 
 
-def test_two_bf16_fsdp_ranks_train_as_one_bf16_process(ray_session: Any) -> None:
+@pytest.mark.parametrize("lm_head", ["policy", "float32"])
+def test_two_bf16_fsdp_ranks_train_as_one_bf16_process(ray_session: Any, lm_head: str) -> None:
     """bf16 compute over float32 masters: FSDP2's mixed-precision policy on the ranks, autocast in
     one process. The two cast different tensors (FSDP every parameter, autocast the matrix
     products' inputs), so they agree to bf16's resolution, not bit for bit: the log-probs'
@@ -120,13 +121,31 @@ def test_two_bf16_fsdp_ranks_train_as_one_bf16_process(ray_session: Any) -> None
     against how far the steps moved them. And the ranks compute in bf16: their entropy is at
     least 0.5% off one float32 process's (2.2% measured), where ranks computing in float32 agree
     with it to 1e-4. Both recompute each block in the backward pass (activation checkpointing),
-    which changes no gradient."""
-    cfg = config(compute_dtype="bfloat16", activation_checkpointing="on")  # and AC under FSDP2
+    which changes no gradient. With ``lmHead: float32`` the ranks gather their root unit (the
+    embedding, the final norm and the tied head) in float32 and their blocks in bf16."""
+
+    def _gathered_dtypes(rank: Any) -> tuple[str, str]:
+        """(the root unit's, the first block's) dtype FSDP gathers parameters in, on a rank."""
+        model = rank.trainer.model
+        block = next(m for m in model.modules() if m is not model and hasattr(m, "_get_fsdp_state"))
+
+        def dtype(unit: Any) -> str:
+            return str(unit._get_fsdp_state()._mp_policy.param_dtype or "torch.float32")
+
+        return dtype(model), dtype(block)
+
+    cfg = config(compute_dtype="bfloat16", activation_checkpointing="on", lm_head=lm_head)  # and AC under FSDP2
     single_metrics, single_weights = run_single(cfg)
     fp32_metrics, _ = run_single(config(activation_checkpointing="on"))
     group = TrainerGroup(POLICY, cfg, ranks=2, cpus_per_rank=0.5)
     try:
         group.start(timeout=120)
+        gathered = ray_session.get(
+            [a.__ray_call__.remote(_gathered_dtypes) for a in group._actors],
+            timeout=60,
+        )
+        root = "torch.float32" if lm_head == "float32" else "torch.bfloat16"
+        assert gathered == [(root, "torch.bfloat16")] * 2, gathered
         group_metrics = [group.train_step(groups) for groups in steps_of_groups()]
         weights = group.policy_state_dict()
     finally:

@@ -106,6 +106,7 @@ GOOD = {
     "dapo-dynamic-sampling": with_(
         "spec.training", {"totalSteps": 3, "sampling": {"dynamic": {"filter": "zero-std", "maxRounds": 3}}}
     ),
+    "float32-lm-head": with_("spec.training", {"totalSteps": 3, "precision": {"lmHead": "float32"}}),
     "rollout-correction-sequence-mask": with_(
         "spec.training",
         {"totalSteps": 3, "importanceSampling": {"level": "sequence", "mode": "mask"}, "kl": {"estimator": "k1"}},
@@ -245,6 +246,10 @@ BAD = {
     "importance-sampling-unknown-level": (
         with_("spec.training", {"totalSteps": 3, "importanceSampling": {"level": "turn"}}),
         "spec.training.importanceSampling.level",
+    ),
+    "lm-head-unknown-dtype": (
+        with_("spec.training", {"totalSteps": 3, "precision": {"lmHead": "bfloat16"}}),
+        "spec.training.precision.lmHead",
     ),
     "kl-unknown-estimator": (
         with_("spec.training", {"totalSteps": 3, "kl": {"estimator": "k4"}}),

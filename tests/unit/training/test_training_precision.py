@@ -196,3 +196,41 @@ def test_a_model_that_transforms_its_logits_is_refused_by_name(field: str, value
         Trainer(model, TrainerConfig())
     setattr(model.config, field, None)
     Trainer(model, TrainerConfig())  # a plain head is taken
+
+
+def test_a_float32_head_multiplies_in_float32_where_the_default_multiplies_in_bf16() -> None:
+    """Under bf16 autocast the default head's product is bf16 (its logits off a float32 product
+    of the same hidden states by bf16's resolution); ``training.precision.lmHead: float32`` is the
+    float32 product, to float32's, in value and gradient."""
+    model = _qwen_wide_vocab()
+    batch = _batch(QWEN_VOCAB)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention).last_hidden_state
+        picked = hidden[batch.rows, batch.positions].detach()
+        default, _ = lp._head_logprobs(model.lm_head, picked, batch.targets, 1.0, 1.0)
+        default = default.detach()
+        head32 = picked.float().requires_grad_()
+        fp32, _ = lp._head_logprobs(model.lm_head, head32, batch.targets, 1.0, 1.0, True)
+    exact = torch.log_softmax(head32.detach().double() @ model.lm_head.weight.detach().double().T, -1)
+    exact = exact.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    assert float((fp32.detach().double() - exact).abs().max()) < 1e-5
+    assert float((default.double() - exact).abs().max()) > 1e-4, "the default head's product is bf16"
+    fp32.sum().backward()
+    assert head32.grad is not None
+    assert head32.grad.dtype == torch.float32
+
+
+def test_the_trainer_takes_the_head_dtype_from_its_config() -> None:
+    """Through the trainer's own passes: a bf16 step with a float32 head trains, and its entropy
+    differs from the default head's by the head's rounding (the rest of the pass is the same),
+    not by more."""
+    group = make_group("g", [1.0, 0.0, 0.0, 1.0])
+    steps = {}
+    for lm_head in ("policy", "float32"):
+        config = TrainerConfig(compute_dtype="bfloat16", lm_head=lm_head, micro_batch_size=4)
+        assert config.sampling[2] is (lm_head == "float32")
+        steps[lm_head] = Trainer(small_llama(), config).train_step([group])
+    default, fp32 = steps["policy"], steps["float32"]
+    assert fp32["tokens"] == default["tokens"] > 0
+    assert fp32["entropy"] != default["entropy"], "the head computed in another dtype"
+    assert fp32["entropy"] == pytest.approx(default["entropy"], rel=2e-2)
