@@ -16,6 +16,9 @@ fixed micro-batches, no activation checkpointing, the dtype's own weights steppe
 
 **fsdp**: the same step on 2 FSDP ranks (gloo): each rank's peak resident memory.
 
+The variants ``packed fp32`` and ``packed bf16`` are the step with ``training.packing`` (several
+rollouts a row of a micro-batch), against ``after fp32``/``after bf16``'s padded rows.
+
 On a GPU (``--device cuda``, as ``e2e/gpu/check.sh`` runs it) the step reports peak GPU memory
 (``torch.cuda.max_memory_allocated``) instead, the median of 3 steps after one of warm-up, and
 ``--policies 0.5b,1.5b`` adds a policy in Qwen2.5-1.5B's shape.
@@ -144,12 +147,15 @@ def one_step(variant: str, rows: int, completion: int, device: str = "cpu", poli
     """Runs in a fresh process: ``variant``'s step (on a GPU: one warm-up step, then the median
     of 3); the process's peak resident memory, or on a GPU its peak allocated memory."""
     dtype = "bfloat16" if variant.endswith("bf16") else "float32"
+    packing = variant.startswith("packed")
     model, _ = load_policy(policy_ref(policy), device, dtype="float32")
     groups = step_groups(model.config.vocab_size, rows, completion)
     cuda = device.startswith("cuda")
     trainer = None
     if not variant.startswith("before"):
-        config = TrainerConfig(learning_rate=1e-6, micro_batch_size=8, micro_batch_tokens=4096, compute_dtype=dtype)
+        config = TrainerConfig(
+            learning_rate=1e-6, micro_batch_size=8, micro_batch_tokens=4096, compute_dtype=dtype, packing="on" if packing else "off"
+        )
         trainer = Trainer(model, config)
     times, metrics = [], {}
     for _ in range(4 if cuda else 1):

@@ -550,6 +550,16 @@ class Training(ApiObject):
             "alone decides."
         ),
     )
+    packing: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description=(
+            "'on': a micro-batch's rollouts are packed several to a row (each attends within itself alone: "
+            "position ids from 0, no mask; flash-attention's varlen kernel on GPUs) instead of one a row padded "
+            "to the longest; 'auto' (the default): on where the policy's attention takes packed sequences apart "
+            "(transformers' decoder models), else off; 'off'. The step reports padding_share. See "
+            "docs/guides/numerics.md."
+        ),
+    )
     mini_batches: int = Field(
         default=1,
         ge=1,

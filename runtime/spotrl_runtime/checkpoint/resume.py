@@ -274,6 +274,7 @@ def redo(
     index = restored.manifest.file("redo_index")
     path = index.path if index is not None else None
     started = time.monotonic()
+    job_packed = trainer.config.packed
     for step in restored.redo:
         if trainer.step != step.step:
             raise TrainerStateError(
@@ -287,6 +288,11 @@ def redo(
                 f"stopped during the redo of delta cut {restored.cut_id}, before step {step.step}; nothing was "
                 "written, and the next controller resumes from the same cut"
             )
+        # A step trained before packing (or with it) is redone as it was trained.
+        packed = "packed" in step.fingerprint.layout.split(",")
+        if packed != trainer.config.packed:
+            log.info("redo step %d: %s, as it was trained", step.step, "packed" if packed else "padded rows")
+            trainer.use_packing(packed)
         metrics = trainer.train_step([e.group for e in step.entries])
         problem = step.fingerprint.mismatch(trainer.fingerprint(metrics))
         if problem is not None:
@@ -296,6 +302,8 @@ def redo(
                 f"redo step {step.step} does not reproduce its recorded step: {problem}",
                 "resume from the delta's base with --resume CUT (its steps are trained again, with generation)",
             )
+    if trainer.config.packed != job_packed:
+        trainer.use_packing(job_packed)  # the steps after the redo train as the job says
     if restored.redo:
         log.info(
             "redid steps %d..%d of delta cut %s on its base %s in %.2f s (no generation)",

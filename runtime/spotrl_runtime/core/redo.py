@@ -72,8 +72,8 @@ class StepFingerprint:
         """None when ``redone`` reproduces this record, else what differs."""
         if self.layout != redone.layout:
             return (
-                f"the step was trained with {self.layout or 'one update'} and is redone with "
-                f"{redone.layout or 'one update'} (training.miniBatches and epochs changed since)"
+                f"the step was trained with {_layout(self.layout)} and is redone with {_layout(redone.layout)} "
+                "(training.miniBatches, epochs or packing changed since)"
             )
         if self.where == redone.where == "cpu/1":
             for name in ("loss", "grad_norm", "params"):
@@ -152,3 +152,10 @@ class RedoLog:
 
     def __len__(self) -> int:
         return len(self._steps)
+
+
+def _layout(layout: str) -> str:
+    """A fingerprint's layout in words: "" is one update a step of padded rows."""
+    parts = layout.split(",") if layout else []
+    words = ",".join(p for p in parts if p != "packed") or "one update"
+    return words + (", packed" if "packed" in parts else "")

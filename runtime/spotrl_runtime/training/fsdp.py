@@ -210,7 +210,11 @@ class TrainerRank:
         )
         reference = rest[0].requires_grad_(False) if rest else None
         self.trainer = Trainer(model, config, pad_token_id=pad_token_id, reference=reference, adapter=identity)
-        return os.getpid(), identity.to_json() if identity is not None else None
+        return os.getpid(), identity.to_json() if identity is not None else None, self.trainer.config.packing
+
+    def use_packing(self, packed: bool) -> None:
+        """:meth:`~spotrl_runtime.training.trainer.Trainer.use_packing` on this rank."""
+        self.trainer.use_packing(packed)
 
     # ------------------------------------------------------------------ the step
 

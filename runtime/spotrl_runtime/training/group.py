@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from spotrl_runtime.core.redo import StepFingerprint
@@ -149,7 +150,9 @@ class TrainerGroup:
         ]
         master = self._get([self._actors[0].rendezvous.remote()])[0]
         started = self._get([a.start.remote(master, self.policy, self.config, self.pad_token_id) for a in self._actors])
-        self.pids = [pid for pid, _ in started]
+        self.pids = [pid for pid, _, _ in started]
+        # The ranks decided training.packing for the policy (auto): the driver plans as they pack.
+        self.config = replace(self.config, packing=started[0][2])
         identity = started[0][1]  # rank 0's: its node's base files are the ones it loaded the weights from
         self.adapter = lora.AdapterIdentity(**{**identity, "targets": tuple(identity["targets"])}) if identity else None
         log.info("trainer group: %d FSDP2 ranks on %s (pids %s)", self.world, self.device, self.pids)
@@ -190,6 +193,11 @@ class TrainerGroup:
 
     # ------------------------------------------------------------------ the step
 
+    def use_packing(self, packed: bool) -> None:
+        """:meth:`~spotrl_runtime.training.trainer.Trainer.use_packing` on every rank, and in the plan."""
+        self._get([a.use_packing.remote(packed) for a in self._actors])
+        self.config = replace(self.config, packing="on" if packed else "off")
+
     def train_step(
         self, groups: Sequence[FinishedGroup], interrupted: Callable[[], bool] | None = None
     ) -> dict[str, float]:
@@ -201,7 +209,7 @@ class TrainerGroup:
         per_rank: list[list[tuple[list[Row], int, int]]] = [[] for _ in range(self.world)]
         for update in step_updates(groups, plan, self.config.objective, self.config.mini_batches):
             shares = split_rows(update, self.world)
-            passes = micro_batches(shares, self.config.micro_batch_size, self.config.micro_batch_tokens)
+            passes = micro_batches(shares, self.config.micro_batch_size, self.config.micro_batch_tokens, self.config.packed)
             for rank, share in enumerate(shares):
                 per_rank[rank].append((share, update.tokens, passes))
         results = self._get(

@@ -32,6 +32,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from spotrl_runtime.generation.sampling import sampling_logprobs
+from spotrl_runtime.training.rows import pack, pack_width
 
 LOGITS_CHUNK_ELEMENTS = 2**26
 """Logit entries one chunk of the head computes at once: 256 MB in fp32, ~440 positions of a
@@ -57,6 +58,9 @@ class TokenBatch:
     """[tokens] the position whose hidden state predicts it (its own position minus one)."""
     targets: torch.Tensor
     """[tokens] the token ids."""
+    position_ids: torch.Tensor | None = None
+    """[rows, width] packed rows (``training.packing``): each sequence's positions from 0, so the
+    model attends within each sequence alone; None: one sequence a row, right-padded."""
 
     @property
     def padded_tokens(self) -> int:
@@ -67,25 +71,47 @@ class TokenBatch:
         return int(self.attention.sum())
 
 
-def token_batch(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, device: Any) -> TokenBatch:
-    """(prompt ids, completion ids) pairs as a :class:`TokenBatch` on ``device``."""
-    width = max(len(p) + len(c) for p, c in sequences)
-    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(sequences), width), dtype=torch.long)
+def token_batch(
+    sequences: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, device: Any, packed: bool = False
+) -> TokenBatch:
+    """(prompt ids, completion ids) pairs as a :class:`TokenBatch` on ``device``: one a row,
+    right-padded to the longest; or ``packed``, as many a row as fit :func:`pack_width`
+    (:func:`~spotrl_runtime.training.rows.pack`), each with positions from 0 (the padding left
+    at a row's end too)."""
+    lengths = [len(p) + len(c) for p, c in sequences]
+    layout = pack(lengths, pack_width(lengths)) if packed else [[i] for i in range(len(sequences))]
+    width = max(sum(lengths[i] for i in members) for members in layout)
+    input_ids = torch.full((len(layout), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(layout), width), dtype=torch.long)
+    position_ids = torch.zeros((len(layout), width), dtype=torch.long)
+    at: dict[int, tuple[int, int]] = {}  # sequence -> (row, offset)
+    for r, members in enumerate(layout):
+        offset = 0
+        for i in members:
+            prompt, completion = sequences[i]
+            input_ids[r, offset : offset + lengths[i]] = torch.tensor([*prompt, *completion], dtype=torch.long)
+            attention[r, offset : offset + lengths[i]] = 1
+            position_ids[r, offset : offset + lengths[i]] = torch.arange(lengths[i])
+            at[i] = (r, offset)
+            offset += lengths[i]
+        position_ids[r, offset:] = torch.arange(width - offset)
     rows: list[int] = []
     positions: list[int] = []
-    for i, (prompt, completion) in enumerate(sequences):
-        seq = list(prompt) + list(completion)
-        input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        attention[i, : len(seq)] = 1
-        first = len(prompt) - 1  # position t predicts token t + 1
-        rows += [i] * len(completion)
+    for i, (prompt, completion) in enumerate(sequences):  # the trained tokens in the sequences' order
+        r, offset = at[i]
+        first = offset + len(prompt) - 1  # position t predicts token t + 1
+        rows += [r] * len(completion)
         positions += range(first, first + len(completion))
     rows_t = torch.tensor(rows, dtype=torch.long)
     positions_t = torch.tensor(positions, dtype=torch.long)
     targets = input_ids[rows_t, positions_t + 1]
     return TokenBatch(
-        input_ids.to(device), attention.to(device), rows_t.to(device), positions_t.to(device), targets.to(device)
+        input_ids.to(device),
+        attention.to(device),
+        rows_t.to(device),
+        positions_t.to(device),
+        targets.to(device),
+        position_ids.to(device) if packed else None,
     )
 
 
@@ -101,7 +127,10 @@ def token_logprobs(
     float32``): the head's matrix product in float32, outside autocast, from float32 weights
     (:func:`_head_logits`). Call it through :func:`call` (FSDP2 needs its hooks around it)."""
     decoder = model.get_decoder()
-    hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention, use_cache=False).last_hidden_state
+    if batch.position_ids is None:
+        hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention, use_cache=False).last_hidden_state
+    else:  # packed: no mask, so transformers takes the sequences apart by their positions
+        hidden = decoder(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False).last_hidden_state
     picked = hidden[batch.rows, batch.positions]
     head = model.get_output_embeddings()
     elements = LOGITS_CHUNK_ELEMENTS if top_p >= 1 else LOGITS_CHUNK_ELEMENTS // 2
@@ -159,6 +188,19 @@ def _head_logprobs(
 HEAD_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 """Config fields of models whose logits are more than ``lm_head(hidden)`` (Gemma 2's soft-capping,
 Cohere's and Granite's scales)."""
+
+
+def packs_sequences(model: Any) -> bool:
+    """Whether ``model`` attends within each sequence of a packed row (:func:`token_batch`): its
+    decoder, a transformers model, builds its mask with transformers' ``create_causal_mask``,
+    which takes the sequences apart by their position ids when no mask is given (SDPA and eager
+    attention; flash-attention's varlen kernel takes them from the same position ids)."""
+    import sys
+
+    for cls in type(model.get_decoder()).__mro__:
+        if cls.__module__.startswith("transformers.models."):
+            return "create_causal_mask" in vars(sys.modules[cls.__module__])
+    return False
 
 
 def check_plain_head(model: Any) -> None:

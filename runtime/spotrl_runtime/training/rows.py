@@ -171,31 +171,71 @@ def split_rows(step: StepRows, ranks: int) -> list[list[Row]]:
     return shares
 
 
-def plan_micro_batches(rows: Sequence[Row], max_rows: int, max_tokens: int | None) -> list[list[Row]]:
+def plan_micro_batches(
+    rows: Sequence[Row], max_rows: int, max_tokens: int | None, packed: bool = False
+) -> list[list[Row]]:
     """``rows`` in micro-batches: longest first (so rows of like length pad each other), each
     batch at most ``max_rows`` rows and, padded to its longest row, at most ``max_tokens`` tokens
-    (a row longer than that goes alone). Deterministic: equal lengths keep their order."""
+    (a row longer than that goes alone). ``packed``: the tokens are those of the batch's rows
+    packed (:func:`pack`, :func:`pack_width`).
+    Deterministic: equal lengths keep their order."""
     order = sorted(range(len(rows)), key=lambda i: (-_length(rows[i]), i))
     batches: list[list[Row]] = []
     for i in order:
         row = rows[i]
         if batches:
             batch = batches[-1]
-            width = _length(batch[0])  # the batch's longest: rows come longest first
-            if len(batch) < max_rows and (max_tokens is None or width * (len(batch) + 1) <= max_tokens):
+            if len(batch) < max_rows and (max_tokens is None or _tokens([*batch, row], packed) <= max_tokens):
                 batch.append(row)
                 continue
         batches.append([row])
     return batches
 
 
+def pack(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Sequences of ``lengths`` in as few rows as ``capacity`` positions a row allow on average,
+    balanced: longest first, each in the row least filled so far (the first of equals). A row's
+    fill may pass ``capacity`` by less than one sequence; the rows come out about as full as each
+    other, so a micro-batch as wide as its fullest row has little padding. Deterministic."""
+    count = max(1, -(-sum(lengths) // capacity))
+    rows: list[list[int]] = [[] for _ in range(count)]
+    fill = [0] * count
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        at = min(range(count), key=lambda r: (fill[r], r))
+        rows[at].append(i)
+        fill[at] += lengths[i]
+    return [r for r in rows if r]
+
+
+PACK_ROW_TOKENS = 2048
+"""A packed row holds at most this many positions (or one rollout, if longer). Where attention is
+computed densely over a row (SDPA's block-diagonal mask, on a CPU), a row costs its width
+squared: rows this wide keep that to a fraction of the linear layers' cost for a chat model, and
+leave little padding at their ends. Flash-attention's varlen kernel (GPUs) computes each
+rollout's attention alone."""
+
+
+def pack_width(lengths: Sequence[int]) -> int:
+    """The widest a packed row of sequences of ``lengths`` may be."""
+    return max(PACK_ROW_TOKENS, *lengths)
+
+
+def _tokens(batch: Sequence[Row], packed: bool) -> int:
+    """The positions a micro-batch of ``batch`` computes: its rows times their width."""
+    lengths = [_length(r) for r in batch]
+    if not packed:
+        return len(batch) * max(lengths)
+    bins = pack(lengths, pack_width(lengths))
+    return len(bins) * max(sum(lengths[i] for i in b) for b in bins)
+
+
 def _length(row: Row) -> int:
     return len(row.prompt_ids) + len(row.completion_ids)
 
 
-def micro_batches(shares: Sequence[Sequence[Row]], max_rows: int, max_tokens: int | None) -> int:
+def micro_batches(shares: Sequence[Sequence[Row]], max_rows: int, max_tokens: int | None, packed: bool = False) -> int:
     """Forward/backward passes every rank runs: the most any rank's share needs."""
-    return max((len(plan_micro_batches(s, max_rows, max_tokens)) for s in shares), default=0)
+    return max((len(plan_micro_batches(s, max_rows, max_tokens, packed)) for s in shares), default=0)
 
 
 @dataclass

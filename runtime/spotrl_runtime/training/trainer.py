@@ -80,6 +80,11 @@ class TrainerConfig:
     """``training.kl.estimator``: the KL term's per-token estimator."""
     lm_head: str = "policy"
     """``training.precision.lmHead``: the head's matrix product in ``policy.dtype`` or in ``float32``."""
+    packing: str = "off"
+    """``training.packing``: ``on``, several rollouts a row of a micro-batch
+    (:func:`~spotrl_runtime.training.rows.pack`); ``off``; ``auto``, on where the policy's
+    attention takes packed sequences apart (:func:`~spotrl_runtime.training.logprobs.packs_sequences`),
+    decided when the trainer is built (:meth:`resolved`)."""
     clip_epsilon_high: float | None = None
     dual_clip: float | None = 3.0
     compute_dtype: str = "float32"
@@ -94,11 +99,31 @@ class TrainerConfig:
 
     @property
     def layout(self) -> str:
-        """The step's updates as a fingerprint records them: "" for one update a step (what
-        every step was before mini-batches), else ``miniBatches=M,epochs=E``."""
-        if self.mini_batches * self.epochs == 1:
-            return ""
-        return f"miniBatches={self.mini_batches},epochs={self.epochs}"
+        """The step's updates and micro-batches as a fingerprint records them: "" for one update
+        a step of padded rows (every step before mini-batches and packing), else
+        ``miniBatches=M,epochs=E`` and/or ``packed``, comma-separated."""
+        parts = [f"miniBatches={self.mini_batches},epochs={self.epochs}"] if self.mini_batches * self.epochs > 1 else []
+        return ",".join(parts + (["packed"] if self.packed else []))
+
+    @property
+    def packed(self) -> bool:
+        return self.packing == "on"
+
+    def resolved(self, model: Any) -> TrainerConfig:
+        """This config with ``packing`` ``on`` or ``off`` for ``model`` (``auto`` decided; ``on``
+        refused by name for a model that cannot take packed sequences)."""
+        fits = lp.packs_sequences(model)
+        if self.packing == "on" and not fits:
+            raise ValueError(
+                f"training.packing: on, but {type(model).__name__}'s attention does not take packed sequences apart "
+                "by their position ids (it does not build its mask with transformers' create_causal_mask); set "
+                "training.packing to auto or off"
+            )
+        return replace(self, packing="on" if self.packing == "on" or (self.packing == "auto" and fits) else "off")
+
+    def plan(self, rows: Sequence[Row]) -> list[list[Row]]:
+        """``rows`` in this trainer's micro-batches (:func:`~spotrl_runtime.training.rows.plan_micro_batches`)."""
+        return plan_micro_batches(rows, self.micro_batch_size, self.micro_batch_tokens, self.packed)
 
     @classmethod
     def from_rljob(cls, spec: Any) -> TrainerConfig:
@@ -123,6 +148,7 @@ class TrainerConfig:
             is_mode=t.importance_sampling.mode,
             kl_estimator=t.kl.estimator,
             lm_head=t.precision.lm_head,
+            packing=t.packing,
             clip_epsilon_high=t.clip_epsilon_high,
             dual_clip=t.dual_clip,
             compute_dtype=spec.policy.dtype,
@@ -198,7 +224,7 @@ class Trainer:
         if adapter is None and any(p.dtype != precision.MASTER_DTYPE for p in model.parameters()):
             model = cast(Any, model).to(precision.MASTER_DTYPE)
         self.model = lp.attach(model)
-        self.config = config
+        self.config = config.resolved(model)
         self.pad_token_id = pad_token_id
         self.device = next(model.parameters()).device
         self.step = 0
@@ -218,6 +244,11 @@ class Trainer:
         )
         self.lender = Lender()
         """Lends the weights and optimizer state to cuts; the optimizer step waits for it."""
+
+    def use_packing(self, packed: bool) -> None:
+        """Packs the next steps' micro-batches or not, whatever ``training.packing`` said: a delta
+        cut's redo trains each step as its record says it was trained."""
+        self.config = replace(self.config, packing="on" if packed else "off")
 
     # ------------------------------------------------------------------ the step
 
@@ -348,7 +379,7 @@ class Trainer:
         whatever its share of the step's rows. ``interrupted``: asked before each micro-batch
         (:class:`StepInterruptedError`); one process only, since ranks must run the same passes.
         """
-        chunks = plan_micro_batches(rows, self.config.micro_batch_size, self.config.micro_batch_tokens)
+        chunks = self.config.plan(rows)
         padding = max(0, (micro_batches or 0) - len(chunks))
         sums = LossSums()
         self.model.train()
@@ -372,7 +403,7 @@ class Trainer:
         """``rows`` with their proximal log-probs: one forward pass without gradients (in eval
         mode, as veRL's ``old_log_prob``; no dropout, so no RNG drawn) in the micro-batches their
         update will run, before any update of the step. ``passes`` pads the count for a rank."""
-        chunks = plan_micro_batches(rows, self.config.micro_batch_size, self.config.micro_batch_tokens)
+        chunks = self.config.plan(rows)
         sampling = self.config.sampling
         out: dict[int, Row] = {}
         with torch.no_grad(), precision.autocast(self.device, self.compute_dtype):
@@ -380,7 +411,7 @@ class Trainer:
                 if interrupted is not None and interrupted():
                     raise StepInterruptedError(f"step {self.step} interrupted before its first update")
                 pairs = [(r.prompt_ids, r.completion_ids) for r in chunk]
-                logprobs, _ = lp.call(self.model, lp.token_batch(pairs, self.pad_token_id, self.device), *sampling)
+                logprobs, _ = lp.call(self.model, lp.token_batch(pairs, self.pad_token_id, self.device, self.config.packed), *sampling)
                 values = iter(logprobs.float().cpu().tolist())
                 for row in chunk:
                     out[id(row)] = replace(row, proximal=tuple(next(values) for _ in row.completion_ids))
@@ -417,7 +448,8 @@ class Trainer:
 
     def _micro_batch(self, rows: Sequence[Row]) -> tuple[Any, lp.TokenBatch]:
         """One forward pass over ``rows`` (right-padded): the loss terms at their completion tokens."""
-        batch = lp.token_batch([(r.prompt_ids, r.completion_ids) for r in rows], self.pad_token_id, self.device)
+        pairs = [(r.prompt_ids, r.completion_ids) for r in rows]
+        batch = lp.token_batch(pairs, self.pad_token_id, self.device, self.config.packed)
         per_row = [len(r.completion_ids) for r in rows]
         behaviour = torch.tensor([x for r in rows for x in r.old_logprobs], dtype=torch.float32, device=self.device)
         advantages = torch.tensor([r.advantage for r in rows], dtype=torch.float32).repeat_interleave(

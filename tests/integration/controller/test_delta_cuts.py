@@ -166,7 +166,7 @@ def test_a_job_of_mini_batches_resumes_a_delta_as_if_never_stopped_and_another_l
     other = _copy(store, runs.base / "mini-batches-other-layout")
     rc, log = runs.run(runs.job({**MINI_BATCHES, "training.miniBatches": 1, "training.epochs": 1}), other)
     assert rc != 0, log
-    assert "is redone with one update (training.miniBatches and epochs changed since)" in log, log
+    assert "is redone with one update (training.miniBatches, epochs or packing changed since)" in log, log
 
     rc, log = runs.run(job, store)
     assert rc == 0, log

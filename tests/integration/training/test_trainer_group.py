@@ -59,8 +59,9 @@ def run_single(cfg: TrainerConfig) -> tuple[list[dict[str, float]], dict[str, to
         (0.1, 0.9, Objective()),
         (0.0, 1.0, Objective("reinforce++-baseline", aggregation="seq-mean-token-mean")),
         (0.0, 1.0, "mini-batches"),
+        (0.0, 1.0, "packed"),
     ],
-    ids=["no-kl", "kl-top-p", "whitened-seq-mean", "mini-batches"],
+    ids=["no-kl", "kl-top-p", "whitened-seq-mean", "mini-batches", "packed"],
 )
 def test_two_fsdp_ranks_train_what_one_process_trains(
     ray_session: Any, kl_coef: float, top_p: float, objective: Objective | str
@@ -69,9 +70,12 @@ def test_two_fsdp_ranks_train_what_one_process_trains(
     tokens of these groups fall outside it often: the rule for those is the same too). With a
     sequence mean and advantages whitened over the step, each rank's rows carry the weights and
     advantages of the whole step, not of its share. With mini-batches and epochs every rank runs
-    the same updates, each after the same proximal pass."""
+    the same updates, each after the same proximal pass. Packed, every rank runs as many passes
+    as the rank whose share packs into the most micro-batches."""
     if objective == "mini-batches":
         cfg = config(mini_batches=2, epochs=2)
+    elif objective == "packed":
+        cfg = config(packing="on")
     else:
         assert isinstance(objective, Objective)
         cfg = config(kl_coef=kl_coef, top_p=top_p, objective=objective)
