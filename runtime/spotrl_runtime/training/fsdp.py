@@ -169,9 +169,10 @@ class TrainerRank:
 
     def start(
         self, master: tuple[str, int], policy: Any, config: Any, pad_token_id: int
-    ) -> tuple[int, dict[str, Any] | None]:
-        """Joins the process group, loads and shards the policy. Returns this process's pid and,
-        with ``policy.lora``, the adapter's identity (its base digest is of this node's files)."""
+    ) -> tuple[int, dict[str, Any] | None, str]:
+        """Joins the process group, loads and shards the policy. Returns this process's pid, with
+        ``policy.lora`` the adapter's identity (its base digest is of this node's files), and
+        ``training.packing`` as this rank decided it for the policy (``on`` or ``off``)."""
         import torch
         import torch.distributed as dist
 

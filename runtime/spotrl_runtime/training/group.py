@@ -209,7 +209,9 @@ class TrainerGroup:
         per_rank: list[list[tuple[list[Row], int, int]]] = [[] for _ in range(self.world)]
         for update in step_updates(groups, plan, self.config.objective, self.config.mini_batches):
             shares = split_rows(update, self.world)
-            passes = micro_batches(shares, self.config.micro_batch_size, self.config.micro_batch_tokens, self.config.packed)
+            passes = micro_batches(
+                shares, self.config.micro_batch_size, self.config.micro_batch_tokens, self.config.packed
+            )
             for rank, share in enumerate(shares):
                 per_rank[rank].append((share, update.tokens, passes))
         results = self._get(

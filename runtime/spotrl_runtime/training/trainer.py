@@ -411,7 +411,9 @@ class Trainer:
                 if interrupted is not None and interrupted():
                     raise StepInterruptedError(f"step {self.step} interrupted before its first update")
                 pairs = [(r.prompt_ids, r.completion_ids) for r in chunk]
-                logprobs, _ = lp.call(self.model, lp.token_batch(pairs, self.pad_token_id, self.device, self.config.packed), *sampling)
+                logprobs, _ = lp.call(
+                    self.model, lp.token_batch(pairs, self.pad_token_id, self.device, self.config.packed), *sampling
+                )
                 values = iter(logprobs.float().cpu().tolist())
                 for row in chunk:
                     out[id(row)] = replace(row, proximal=tuple(next(values) for _ in row.completion_ids))

@@ -149,12 +149,16 @@ def test_a_step_redone_under_another_layout_of_updates_is_refused_by_it() -> Non
     problem = recorded.mismatch(StepFingerprint(0.5, 1.25, "a" * 32, "cpu/1"))
     assert problem is not None
     assert "miniBatches=4,epochs=1" in problem
-    assert "training.miniBatches and epochs" in problem
+    assert "training.miniBatches, epochs or packing changed since" in problem
     assert recorded.mismatch(StepFingerprint.from_json(recorded.to_json())) is None
     old = {"loss": 0.5, "grad_norm": 1.25, "params": "a" * 32, "where": "cpu/1"}
     assert StepFingerprint.from_json(old).layout == ""
     assert StepFingerprint(0.5, 1.25, "a" * 32, "cpu/1").to_json() == old, "one update a step writes what it did"
     assert StepFingerprint.from_json(old).mismatch(StepFingerprint(0.5, 1.25, "a" * 32, "cpu/1")) is None
+    packed = StepFingerprint(0.5, 1.25, "a" * 32, "cpu/1", "miniBatches=2,epochs=1,packed")
+    problem = packed.mismatch(StepFingerprint(0.5, 1.25, "a" * 32, "cpu/1", "packed"))
+    assert problem is not None
+    assert "trained with miniBatches=2,epochs=1, packed and is redone with one update, packed" in problem
 
 
 @pytest.mark.parametrize(

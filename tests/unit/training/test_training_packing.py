@@ -130,7 +130,7 @@ def test_auto_packs_a_transformers_decoder_and_on_refuses_a_model_that_cannot_by
 
     assert not lp.packs_sequences(Own())
     assert TrainerConfig(packing="auto").resolved(Own()).packing == "off"
-    with pytest.raises(ValueError, match="training.packing: on, but Own's attention"):
+    with pytest.raises(ValueError, match=r"training\.packing: on, but Own's attention"):
         TrainerConfig(packing="on").resolved(Own())
 
 
