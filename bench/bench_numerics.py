@@ -154,7 +154,11 @@ def one_step(variant: str, rows: int, completion: int, device: str = "cpu", poli
     trainer = None
     if not variant.startswith("before"):
         config = TrainerConfig(
-            learning_rate=1e-6, micro_batch_size=8, micro_batch_tokens=4096, compute_dtype=dtype, packing="on" if packing else "off"
+            learning_rate=1e-6,
+            micro_batch_size=8,
+            micro_batch_tokens=4096,
+            compute_dtype=dtype,
+            packing="on" if packing else "off",
         )
         trainer = Trainer(model, config)
     times, metrics = [], {}

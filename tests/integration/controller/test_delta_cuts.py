@@ -161,12 +161,12 @@ def test_a_job_of_mini_batches_resumes_a_delta_as_if_never_stopped_and_another_l
     cut_id, kind, step = newest_cut(store)
     assert (kind, step) == ("barrier", 6), runs.log_of(proc)
     redo = json.loads(next((store / "cuts" / cut_id).glob("**/redo.json")).read_text())["steps"]
-    assert [s["fingerprint"].get("layout") for s in redo] == ["miniBatches=2,epochs=2"] * 2
+    assert [s["fingerprint"].get("layout") for s in redo] == ["miniBatches=2,epochs=2,packed"] * 2
 
     other = _copy(store, runs.base / "mini-batches-other-layout")
     rc, log = runs.run(runs.job({**MINI_BATCHES, "training.miniBatches": 1, "training.epochs": 1}), other)
     assert rc != 0, log
-    assert "is redone with one update (training.miniBatches, epochs or packing changed since)" in log, log
+    assert "is redone with one update, packed (training.miniBatches, epochs or packing changed since)" in log, log
 
     rc, log = runs.run(job, store)
     assert rc == 0, log
@@ -176,6 +176,31 @@ def test_a_job_of_mini_batches_resumes_a_delta_as_if_never_stopped_and_another_l
     steps = final_weights(store, optimizer=True)
     adam = {float(v) for k, v in steps.items() if k.startswith("optimizer/") and k.endswith("/step")}
     assert adam == {4.0 * 16}, "four updates in each of the 16 steps"
+
+
+def test_a_delta_of_padded_steps_resumes_under_packing_redoing_them_padded(runs: Runs, tmp_path: Path) -> None:
+    """A delta cut written by a job that did not pack (as every cut before training.packing) is
+    resumed by the job packing (auto, the default now): the redo trains each logged step padded,
+    as its fingerprint says it was, so it reproduces them bit for bit, and the steps after it pack."""
+    store = runs.base / "padded-delta"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    padded = runs.job({**JOB, "training.packing": "off"})
+    proc = runs.start(padded, store, SPOTRL_FAILPOINTS="train.step@6=4", SPOTRL_FAILPOINT_DIR=str(marks))
+    wait_for(lambda: (marks / "train.step").exists(), 300, "the run to reach step 6", proc)
+    assert stop(proc) == 143, runs.log_of(proc)
+    cut_id, kind, step = newest_cut(store)
+    assert (kind, step) == ("barrier", 6), runs.log_of(proc)
+    redo = json.loads(next((store / "cuts" / cut_id).glob("**/redo.json")).read_text())["steps"]
+    assert [s["fingerprint"].get("layout", "") for s in redo] == ["", ""]
+
+    rc, log = runs.run(runs.job(JOB), store)
+    assert rc == 0, log
+    assert "redo step 4: padded rows, as it was trained" in log, log
+    assert f"redid steps 4..5 of delta cut {cut_id}" in log, log
+    later = [d for d in audit(store) if d["step"] >= 6]
+    assert later, "the steps after the redo trained"
+    assert all(d["attempt"] == 1 for d in later)
 
 
 # ----------------------------------------------------------------------------- forgeries
