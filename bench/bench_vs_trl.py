@@ -131,6 +131,10 @@ def run_spotrl(work: Path, job: Path, limit: int) -> dict[str, float]:
     return {
         "seconds_per_token": (records[-1]["at"] - records[0]["at"]) / tokens,
         "accuracy": evaluate(job, exported, limit),
+        # What DAPO's pieces acted on: completions cut off and masked, groups filtered and refilled.
+        "overlong_filtered": sum(r.get("overlong_filtered", 0.0) for r in records),
+        "dynamic_filtered": sum(r.get("dynamic_filtered", 0.0) for r in records),
+        "padding_share": sum(r.get("padding_share", 0.0) for r in records) / len(records),
     }
 
 
