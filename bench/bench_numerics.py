@@ -47,6 +47,7 @@ from bench_train_step import synthetic_groups  # noqa: E402
 from spotrl_runtime.core.types import FinishedGroup  # noqa: E402
 from spotrl_runtime.models import load_policy  # noqa: E402
 from spotrl_runtime.training import Trainer, TrainerConfig  # noqa: E402
+from spotrl_runtime.training.rows import pack, pack_width, step_rows  # noqa: E402
 
 STEP_POLICY = "builtin:random-0.5b"
 
@@ -107,8 +108,6 @@ def step_groups(vocab: int, rows: int, completion: int) -> list[FinishedGroup]:
 def baseline_step(model: Any, groups: list[FinishedGroup], micro: int, dtype: torch.dtype) -> dict[str, float]:
     """The step as the trainer took it before: whole-vocabulary logits and log-softmax at every
     position of right-padded rows in fixed micro-batches, AdamW on the model's own weights."""
-    from spotrl_runtime.training.rows import step_rows
-
     model.to(dtype)
     optimizer = getattr(model, "_bench_optimizer", None) or torch.optim.AdamW(model.parameters(), lr=1e-6)
     model._bench_optimizer = optimizer
@@ -143,6 +142,20 @@ def baseline_step(model: Any, groups: list[FinishedGroup], micro: int, dtype: to
     return {"tokens": float(plan.tokens), "padding_share": 1 - real / padded}
 
 
+def attention_pairs(rows: list[Any], config: TrainerConfig) -> tuple[int, int]:
+    """(query-key pairs a step's attention computes densely, as SDPA does over each micro-batch
+    row; pairs within each rollout alone, what flash-attention's varlen kernel computes), per layer
+    and head, under ``config``'s micro-batches and packing."""
+    dense = varlen = 0
+    for chunk in config.plan(rows):
+        lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in chunk]
+        layout = pack(lengths, pack_width(lengths)) if config.packed else [[i] for i in range(len(lengths))]
+        width = max(sum(lengths[i] for i in row) for row in layout)
+        dense += len(layout) * width * width
+        varlen += sum(n * n for n in lengths)
+    return dense, varlen
+
+
 def one_step(variant: str, rows: int, completion: int, device: str = "cpu", policy: str = "0.5b") -> dict[str, Any]:
     """Runs in a fresh process: ``variant``'s step (on a GPU: one warm-up step, then the median
     of 3); the process's peak resident memory, or on a GPU its peak allocated memory."""
@@ -162,6 +175,7 @@ def one_step(variant: str, rows: int, completion: int, device: str = "cpu", poli
         )
         trainer = Trainer(model, config)
     times, metrics = [], {}
+    pairs = attention_pairs(step_rows(groups).rows, trainer.config) if trainer is not None else (0, 0)
     for _ in range(4 if cuda else 1):
         started = time.perf_counter()
         if trainer is None:
@@ -180,6 +194,8 @@ def one_step(variant: str, rows: int, completion: int, device: str = "cpu", poli
         "peak_gib": peak / 2**30,
         "step_seconds": seconds,
         "padding_share": metrics["padding_share"],
+        "attention_pairs_dense": pairs[0],
+        "attention_pairs_varlen": pairs[1],
         "tokens_per_second": metrics["tokens"] / seconds,
     }
 
@@ -278,6 +294,8 @@ def main() -> None:
                 print(
                     f"  {r['variant']:12} {memory} {r['peak_gib']:6.2f} GiB  step {r['step_seconds']:7.2f} s"
                     f"  padding {r['padding_share']:.3f}  {r['tokens_per_second']:8.1f} tokens/s"
+                    f"  attention pairs {r.get('attention_pairs_dense', 0) / 1e6:.2f}M dense"
+                    f" ({r.get('attention_pairs_varlen', 0) / 1e6:.2f}M within rollouts)"
                 )
             by = {r["variant"]: r for r in rows if "error" not in r}
             for d in ("fp32", "bf16"):
