@@ -207,17 +207,17 @@ def pack(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     return [r for r in rows if r]
 
 
-PACK_ROW_TOKENS = 2048
-"""A packed row holds at most this many positions (or one rollout, if longer). Where attention is
-computed densely over a row (SDPA's block-diagonal mask, on a CPU), a row costs its width
-squared: rows this wide keep that to a fraction of the linear layers' cost for a chat model, and
-leave little padding at their ends. Flash-attention's varlen kernel (GPUs) computes each
-rollout's attention alone."""
+PACK_FACTOR = 2
+"""A packed row is at most this many times as wide as its micro-batch's longest rollout. SDPA (on
+CPUs) computes a row's attention densely, at its width squared: rows twice the longest rollout's
+width leave a few percent of padding once balanced (:func:`pack`), at about the padded batch's
+attention cost, where much wider rows would multiply it for short rollouts. Flash-attention's
+varlen kernel (GPUs) computes each rollout's attention alone, whatever the width."""
 
 
 def pack_width(lengths: Sequence[int]) -> int:
     """The widest a packed row of sequences of ``lengths`` may be."""
-    return max(PACK_ROW_TOKENS, *lengths)
+    return PACK_FACTOR * max(lengths)
 
 
 def _tokens(batch: Sequence[Row], packed: bool) -> int:

@@ -102,7 +102,7 @@ def test_a_packed_step_trains_as_the_padded_one_with_almost_no_padding() -> None
     for key in ("loss", "grad_norm", "entropy", "tokens"):
         assert packed[key] == pytest.approx(padded[key], rel=1e-5), key
     assert padded["padding_share"] > 0.3
-    assert packed["padding_share"] < 0.05
+    assert packed["padding_share"] < 0.1
     assert TrainerConfig(packing="on").layout == "packed"
     assert TrainerConfig(packing="on", mini_batches=2).layout == "miniBatches=2,epochs=1,packed"
     assert TrainerConfig(packing="auto").layout == "", "decided when the trainer is built"
