@@ -47,7 +47,7 @@ from bench_train_step import synthetic_groups  # noqa: E402
 from spotrl_runtime.core.types import FinishedGroup  # noqa: E402
 from spotrl_runtime.models import load_policy  # noqa: E402
 from spotrl_runtime.training import Trainer, TrainerConfig  # noqa: E402
-from spotrl_runtime.training.rows import pack, pack_width, step_rows  # noqa: E402
+from spotrl_runtime.training.rows import micro_batch_rows, step_rows  # noqa: E402
 
 STEP_POLICY = "builtin:random-0.5b"
 
@@ -149,7 +149,7 @@ def attention_pairs(rows: list[Any], config: TrainerConfig) -> tuple[int, int]:
     dense = varlen = 0
     for chunk in config.plan(rows):
         lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in chunk]
-        layout = pack(lengths, pack_width(lengths)) if config.packed else [[i] for i in range(len(lengths))]
+        layout = micro_batch_rows(lengths, config.packed)
         width = max(sum(lengths[i] for i in row) for row in layout)
         dense += len(layout) * width * width
         varlen += sum(n * n for n in lengths)

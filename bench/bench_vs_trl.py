@@ -16,6 +16,9 @@ does by default on a CPU (transformers' ``generate``, one batch after another). 
   the loss (``training.overlong.filter``; TRL's ``mask_truncated_completions``). Dynamic sampling,
   which TRL lacks, runs as a third row: SpotRL with it against SpotRL without it.
 
+Setting ``a`` has a SpotRL row with ``training.packing: off`` too: packed against padded
+micro-batches on this job.
+
 Each setting runs ``--seeds`` seeds (``training.seed``; TRL's ``seed``). Reported per row, mean
 and standard error over the seeds: seconds per generated token (from the end of the first step
 to the end of the last: SpotRL's audit clock and its generation rate, TRL's step clock and the
@@ -68,7 +71,7 @@ DAPO = {
     "training.overlong": {"filter": True},
 }
 SETTINGS: dict[str, list[Setting]] = {
-    "a": [Setting("a: defaults", {}, {})],
+    "a": [Setting("a: defaults", {}, {}), Setting("a: padded (packing off)", {"training.packing": "off"}, None)],
     "b": [
         Setting(
             f"b: {MINI_BATCHES} mini-batches, clip-higher",

@@ -32,7 +32,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from spotrl_runtime.generation.sampling import sampling_logprobs
-from spotrl_runtime.training.rows import pack, pack_width
+from spotrl_runtime.training.rows import micro_batch_rows
 
 LOGITS_CHUNK_ELEMENTS = 2**26
 """Logit entries one chunk of the head computes at once: 256 MB in fp32, ~440 positions of a
@@ -75,11 +75,12 @@ def token_batch(
     sequences: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, device: Any, packed: bool = False
 ) -> TokenBatch:
     """(prompt ids, completion ids) pairs as a :class:`TokenBatch` on ``device``: one a row,
-    right-padded to the longest; or ``packed``, as many a row as fit :func:`pack_width`
-    (:func:`~spotrl_runtime.training.rows.pack`), each with positions from 0 (the padding left
-    at a row's end too)."""
+    right-padded to the longest; or ``packed``, several a row where that computes fewer positions
+    (:func:`~spotrl_runtime.training.rows.micro_batch_rows`), each with positions from 0 (the
+    padding left at a row's end too)."""
     lengths = [len(p) + len(c) for p, c in sequences]
-    layout = pack(lengths, pack_width(lengths)) if packed else [[i] for i in range(len(sequences))]
+    layout = micro_batch_rows(lengths, packed)
+    packed = any(len(members) > 1 for members in layout)
     width = max(sum(lengths[i] for i in members) for members in layout)
     input_ids = torch.full((len(layout), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(layout), width), dtype=torch.long)

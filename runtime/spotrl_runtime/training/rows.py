@@ -220,13 +220,32 @@ def pack_width(lengths: Sequence[int]) -> int:
     return PACK_FACTOR * max(lengths)
 
 
-def _tokens(batch: Sequence[Row], packed: bool) -> int:
-    """The positions a micro-batch of ``batch`` computes: its rows times their width."""
-    lengths = [_length(r) for r in batch]
+PACK_MIN_SAVING = 0.1
+"""A micro-batch is packed only where that computes at least this share fewer positions: its
+rows are wider, so each position's attention costs more (densely computed, as SDPA does), and
+rows of like length, as the plan puts together, pad little to begin with."""
+
+
+def micro_batch_rows(lengths: Sequence[int], packed: bool) -> list[list[int]]:
+    """The rows a micro-batch of sequences of ``lengths`` computes, each a list of sequences:
+    one a row, or with ``packed`` the packed rows (:func:`pack`) where they compute
+    :data:`PACK_MIN_SAVING` fewer positions."""
+    single = [[i] for i in range(len(lengths))]
     if not packed:
-        return len(batch) * max(lengths)
-    bins = pack(lengths, pack_width(lengths))
-    return len(bins) * max(sum(lengths[i] for i in b) for b in bins)
+        return single
+    rows = pack(lengths, pack_width(lengths))
+    return rows if _positions(rows, lengths) <= (1 - PACK_MIN_SAVING) * _positions(single, lengths) else single
+
+
+def _positions(rows: Sequence[Sequence[int]], lengths: Sequence[int]) -> int:
+    """Rows times the fullest row's width."""
+    return len(rows) * max(sum(lengths[i] for i in row) for row in rows)
+
+
+def _tokens(batch: Sequence[Row], packed: bool) -> int:
+    """The positions a micro-batch of ``batch`` computes."""
+    lengths = [_length(r) for r in batch]
+    return _positions(micro_batch_rows(lengths, packed), lengths)
 
 
 def _length(row: Row) -> int:

@@ -15,7 +15,7 @@ from training_helpers import make_group, small_llama
 
 from spotrl_runtime.training import Trainer, TrainerConfig
 from spotrl_runtime.training import logprobs as lp
-from spotrl_runtime.training.rows import pack, plan_micro_batches, step_rows
+from spotrl_runtime.training.rows import micro_batch_rows, pack, plan_micro_batches, step_rows
 
 
 def pairs(n: int = 12, seed: int = 0) -> list[tuple[list[int], list[int]]]:
@@ -139,3 +139,14 @@ def test_use_packing_switches_a_trainer_and_its_layout() -> None:
     assert trainer.config.layout == "packed"
     trainer.use_packing(False)
     assert (trainer.config.packing, trainer.config.layout) == ("off", "")
+
+
+def test_a_micro_batch_packs_only_where_that_computes_fewer_positions() -> None:
+    """Rows of like length (as the plan puts them together) pad less than they pack: they stay one
+    a row, with their attention mask; mixed lengths pack."""
+    assert micro_batch_rows([80, 78, 77, 75], packed=True) == [[0], [1], [2], [3]]
+    assert micro_batch_rows([512, 129, 140, 300], packed=True) != [[0], [1], [2], [3]]
+    alike = [([1] * 40, [5] * 38), ([1] * 40, [5] * 37), ([1] * 40, [5] * 35)]
+    batch = lp.token_batch(alike, 0, "cpu", packed=True)
+    assert batch.position_ids is None
+    assert batch.input_ids.shape[0] == 3
