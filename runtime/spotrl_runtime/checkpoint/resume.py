@@ -256,6 +256,12 @@ class RedoStoppedError(Exception):
     controller resumes from the same delta cut)."""
 
 
+def _packed(trainer: Any) -> bool | None:
+    """Whether ``trainer`` packs its micro-batches; None for one that cannot (it has no config)."""
+    config = getattr(trainer, "config", None)
+    return None if config is None else bool(config.packed)
+
+
 def redo(
     trainer: Any,
     restored: RestoredRun,
@@ -274,7 +280,7 @@ def redo(
     index = restored.manifest.file("redo_index")
     path = index.path if index is not None else None
     started = time.monotonic()
-    job_packed = trainer.config.packed
+    job_packed = _packed(trainer)
     for step in restored.redo:
         if trainer.step != step.step:
             raise TrainerStateError(
@@ -290,7 +296,7 @@ def redo(
             )
         # A step trained before packing (or with it) is redone as it was trained.
         packed = "packed" in step.fingerprint.layout.split(",")
-        if packed != trainer.config.packed:
+        if job_packed is not None and packed != _packed(trainer):
             log.info("redo step %d: %s, as it was trained", step.step, "packed" if packed else "padded rows")
             trainer.use_packing(packed)
         metrics = trainer.train_step([e.group for e in step.entries])
@@ -302,7 +308,7 @@ def redo(
                 f"redo step {step.step} does not reproduce its recorded step: {problem}",
                 "resume from the delta's base with --resume CUT (its steps are trained again, with generation)",
             )
-    if trainer.config.packed != job_packed:
+    if job_packed is not None and _packed(trainer) != job_packed:
         trainer.use_packing(job_packed)  # the steps after the redo train as the job says
     if restored.redo:
         log.info(
