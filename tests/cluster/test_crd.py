@@ -232,8 +232,8 @@ def test_the_advantage_and_the_loss_aggregation_are_kept_and_each_bad_one_reject
     an unknown estimator, aggregation, filter, importance-sampling mode, KL estimator or head dtype,
     or no refill rounds,
     refused naming the field; normalizeByStd with an estimator other than grpo, an overlong buffer
-    not below generation.maxNewTokens and more mini-batches than prompts a step refused by their
-    CEL rules."""
+    not below generation.maxNewTokens, more mini-batches than prompts a step and the KL in the
+    reward without klCoef refused by their CEL rules."""
     job = copy.deepcopy(example_job())
     job["metadata"]["name"] = "dr-grpo"
     recipe = {
@@ -244,7 +244,8 @@ def test_the_advantage_and_the_loss_aggregation_are_kept_and_each_bad_one_reject
         "overlong": {"filter": True, "softPenalty": {"buffer": 4, "factor": 0.5}},
         "sampling": {"dynamic": {"filter": "zero-std", "maxRounds": 2}},
         "importanceSampling": {"level": "sequence", "mode": "mask"},
-        "kl": {"estimator": "k2"},
+        "klCoef": 0.01,
+        "kl": {"estimator": "k2", "inReward": True},
         "precision": {"lmHead": "float32"},
     }
     job["spec"]["training"].update(recipe)
@@ -266,6 +267,7 @@ def test_the_advantage_and_the_loss_aggregation_are_kept_and_each_bad_one_reject
         ("unknown-is-mode", {"importanceSampling": {"mode": "clip"}}, "spec.training.importanceSampling.mode"),
         ("unknown-kl", {"kl": {"estimator": "k4"}}, "spec.training.kl.estimator"),
         ("unknown-head-dtype", {"precision": {"lmHead": "float16"}}, "spec.training.precision.lmHead"),
+        ("kl-in-reward-unweighted", {"klCoef": 0, "kl": {"inReward": True}}, "spec.training.kl.inReward"),
     ):
         bad = copy.deepcopy(example_job())
         bad["metadata"]["name"] = name

@@ -481,6 +481,15 @@ class Kl(ApiObject):
             "low_var_kl; TRL's k3)."
         ),
     )
+    in_reward: bool = Field(
+        default=False,
+        description=(
+            "false: the KL penalty is a term of the loss (veRL's use_kl_loss, TRL's beta). true: it is taken "
+            "from each rollout's reward instead, reward - klCoef * (the estimator summed over its completion), "
+            "before the advantages (veRL's use_kl_in_reward, as PPO's RLHF does): the policy and the reference "
+            "score the step's rollouts in one pass without gradients first. Needs klCoef above 0."
+        ),
+    )
 
 
 class TrainingPrecision(ApiObject):
@@ -1240,6 +1249,16 @@ class RLJobSpec(ApiObject):
                 "buffer tokens before the limit): lower the buffer or raise maxNewTokens"
             ),
             field="training.overlong.softPenalty.buffer",
+        ),
+        Rule(
+            cel="!has(self.training.kl) || !has(self.training.kl.inReward) || !self.training.kl.inReward || "
+            "(has(self.training.klCoef) && self.training.klCoef > 0)",
+            check=lambda s: not s.training.kl.in_reward or s.training.kl_coef > 0,
+            message=(
+                "training.kl.inReward needs training.klCoef above 0 (the penalty's weight in the reward): set "
+                "klCoef, or unset inReward"
+            ),
+            field="training.kl.inReward",
         ),
     )
 

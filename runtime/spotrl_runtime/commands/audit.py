@@ -22,6 +22,17 @@ from typing import Any
 
 from spotrl_runtime.commands.ckpt import add_s3_flags, s3_options
 
+LINE_STATS = (
+    "version_mismatches",
+    "generation_idle_share",
+    "generation_idle_share_max",
+    "refill_rounds",
+    "reward_kl_penalty_mean",
+)
+"""The step statistics a line of ``spotrl audit`` shows where its record has them: the groups
+generated off their version beside the workers' idle share, dynamic sampling's refill rounds and
+the KL penalty taken from the rewards (``training.kl.inReward``)."""
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("audit", help="print a run's effective stream (prompts per trained step)", description=__doc__)
@@ -58,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
             "weight_version": d["weight_version"],
             "reward": d.get("reward"),
         }
-        for key in ("version_mismatches", "generation_idle_share", "generation_idle_share_max", "refill_rounds"):
-            if key in d:  # the workers' idle share beside the groups generated off their version; dynamic sampling's
+        for key in LINE_STATS:
+            if key in d:
                 line[key] = d[key]
         left = d.get("dropped") or []
         dropped = [x["idx"] for x in left if x.get("state", "dropped") == "dropped"]

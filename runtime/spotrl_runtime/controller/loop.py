@@ -88,8 +88,8 @@ def _refill_round(pumped: Sequence[Dispatch]) -> None:
         )
 
 
-SHAPING_STATS = ("overlong_filtered", "overlong_penalty_mean")
-"""The trainer's metrics of ``training.overlong``, kept where it is set."""
+SHAPING_STATS = ("overlong_filtered", "overlong_penalty_mean", "reward_kl_penalty_mean")
+"""The trainer's metrics of ``training.overlong`` and ``training.kl.inReward``, kept where they are set."""
 
 TRAINER_STATS = (
     "kl",

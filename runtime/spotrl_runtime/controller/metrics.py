@@ -71,6 +71,7 @@ STEP_GAUGES = {
     "padding_share": "Fraction of the positions the trainer computed that were padding",
     "overlong_filtered": "Completions cut off at maxNewTokens and left out of the loss (training.overlong.filter)",
     "overlong_penalty_mean": "Mean of DAPO's overlong penalty over the step's rollouts (training.overlong.softPenalty)",
+    "reward_kl_penalty_mean": "Mean KL penalty taken from the step's rewards (training.kl.inReward)",
     "dynamic_filtered": "Groups without signal that dynamic sampling filtered (training.sampling.dynamic)",
     "dynamic_filtered_share": "Share of the step's finished groups that dynamic sampling filtered",
     "refill_rounds": "Refill rounds dynamic sampling took to fill the step",

@@ -55,6 +55,7 @@ TAGS = {
     "padding_share": "perf/padding_share",
     "overlong_filtered": "response_length/overlong_filtered",
     "overlong_penalty_mean": "response_length/overlong_penalty_mean",
+    "reward_kl_penalty_mean": "actor/reward_kl_penalty",
     "dynamic_filtered": "dynamic_sampling/filtered",
     "dynamic_filtered_share": "dynamic_sampling/filtered_share",
     "refill_rounds": "dynamic_sampling/rounds",

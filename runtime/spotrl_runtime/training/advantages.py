@@ -18,6 +18,10 @@ reward before the advantages (so a group of equal rewards whose lengths differ n
 has something to prefer); ``filter`` leaves each completion cut off at ``maxNewTokens`` out of
 the loss after the advantages (its reward still counts in its group's mean and spread).
 
+``spec.training.kl.inReward`` (veRL's ``use_kl_in_reward``): each reward less ``klCoef`` times
+its rollout's KL to the reference, summed over its completion (``Objective.reward_kl``; the
+trainer scores the rollouts first), before the advantages, as the overlong penalty is.
+
 ``spec.training.lossAggregation`` says how the step's per-token losses become one number
 (veRL's ``loss_agg_mode``): :func:`row_scales` gives each trained row the weight of its tokens
 against a token of ``token-mean``, so that every micro-batch still divides its loss sum by the
@@ -56,6 +60,10 @@ class Objective:
     """Leave completions cut off at ``max_new_tokens`` out of the loss (``training.overlong.filter``)."""
     soft_penalty: tuple[int, float] | None = None
     """DAPO's overlong shaping, (buffer, factor) (``training.overlong.softPenalty``): :func:`overlong_penalty`."""
+    reward_kl: float = 0.0
+    """``training.klCoef`` with ``training.kl.inReward``: each reward less this times its rollout's
+    KL to the reference (summed over its completion) before the advantages; 0: the KL, if any, is
+    a term of the loss."""
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:

@@ -219,6 +219,13 @@ class TrainerRank:
 
     # ------------------------------------------------------------------ the step
 
+    def score(self, rows: Sequence[Any], passes: int, step: int) -> list[Any]:
+        """This rank's share of a step's scoring pass (:meth:`~spotrl_runtime.training.trainer.Trainer.score`),
+        ``passes`` forward passes as every rank runs."""
+        with self._lock:
+            self.trainer.step = step
+            return self.trainer.score(list(rows), passes)
+
     def train(self, updates: Sequence[tuple[Sequence[Any], int, int]], step: int) -> tuple[Any, float, float]:
         """This rank's share of one step: (its loss sums, grad norm, learning rate), by the single
         process's own :meth:`~spotrl_runtime.training.trainer.Trainer.run_updates`. ``updates``:

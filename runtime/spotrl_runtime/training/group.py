@@ -31,7 +31,19 @@ from typing import Any
 from spotrl_runtime.core.redo import StepFingerprint
 from spotrl_runtime.core.types import FinishedGroup, RankLostError
 from spotrl_runtime.models import lora
-from spotrl_runtime.training.rows import LossSums, Row, micro_batches, split_rows, step_metrics, step_rows, step_updates
+from spotrl_runtime.training.rows import (
+    LossSums,
+    Row,
+    Scored,
+    micro_batches,
+    score_rows,
+    scored_by_group,
+    split_groups,
+    split_rows,
+    step_metrics,
+    step_rows,
+    step_updates,
+)
 from spotrl_runtime.training.trainer import TrainerConfig
 
 log = logging.getLogger("spotrl.trainer")
@@ -205,7 +217,8 @@ class TrainerGroup:
         ``interrupted`` is not asked: the ranks must run the same passes, so a barrier waits
         for the group's step to end (the single process's stops between micro-batches)."""
         started = time.monotonic()
-        plan = step_rows(groups, self.config.objective)
+        scored = self.score_groups(groups) if self.config.objective.reward_kl else None
+        plan = step_rows(groups, self.config.objective, scored)
         per_rank: list[list[tuple[list[Row], int, int]]] = [[] for _ in range(self.world)]
         for update in step_updates(groups, plan, self.config.objective, self.config.mini_batches):
             shares = split_rows(update, self.world)
@@ -227,6 +240,22 @@ class TrainerGroup:
             seconds=time.monotonic() - started,
         )
         return metrics
+
+    def score_groups(self, groups: Sequence[FinishedGroup]) -> list[list[Scored]]:
+        """Every rollout of ``groups`` scored over the ranks (whole groups to each, as a step's
+        rows are split), per group, per rollout: ``training.kl.inReward``'s pass."""
+        by_group = score_rows(groups)
+        owners = split_groups(by_group, self.world)
+        shares = [[r for i in share for r in by_group[i]] for share in owners]
+        passes = micro_batches(shares, self.config.micro_batch_size, self.config.micro_batch_tokens, self.config.packed)
+        results = self._get(
+            [a.score.remote(share, passes, self.step) for a, share in zip(self._actors, shares, strict=True)]
+        )
+        found: dict[int, list[Scored]] = {}
+        for share, values in zip(owners, results, strict=True):
+            flat = iter(values)
+            found |= {i: [next(flat) for _ in by_group[i]] for i in share}
+        return scored_by_group(groups, [s for i in range(len(by_group)) for s in found[i]])
 
     def fingerprint(self, metrics: Mapping[str, float]) -> StepFingerprint:
         """The fingerprint of the step just taken: its loss and gradient norm over every rank. No

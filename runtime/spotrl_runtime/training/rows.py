@@ -43,7 +43,18 @@ class Row:
     (:func:`~spotrl_runtime.training.advantages.row_scales`)."""
     proximal: tuple[float, ...] | None = None
     """The trainer's log-probs of its completion before the step's first update, when the step
-    makes more than one (``training.miniBatches``, ``epochs``); None: the pass's own, detached."""
+    makes more than one (``training.miniBatches``, ``epochs``) or scores its rollouts first
+    (``training.kl.inReward``); None: the pass's own, detached."""
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A rollout as the trainer scored it before the step's first update (``training.kl.inReward``)."""
+
+    kl: float
+    """The KL estimator summed over its completion (policy against reference)."""
+    logprobs: tuple[float, ...]
+    """The policy's log-probs of its completion: the step's proximal log-probs."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,10 @@ class StepRows:
     """With ``training.overlong`` set: ``overlong_filtered`` (completions cut off at the limit
     and left out of the loss) and ``overlong_penalty_mean`` (the soft penalty's mean over the
     step's rollouts); None without."""
+    reward_kl: dict[str, float] | None = None
+    """With ``training.kl.inReward``: ``kl`` (the estimator's mean over the step's completion
+    tokens) and ``reward_kl_penalty_mean`` (what it took from the rewards, a rollout's mean);
+    None without."""
 
     @property
     def rows(self) -> list[Row]:
@@ -72,22 +87,36 @@ class StepRows:
         return sum(len(r.completion_ids) for g in self.by_group for r in g)
 
 
-def step_rows(groups: Sequence[FinishedGroup], objective: Objective = DEFAULT_OBJECTIVE) -> StepRows:
-    """The rows of a step: advantages per group (of the rewards with the overlong penalty, and
-    whitened over the step's tokens for ``reinforce++-baseline``), each row's loss scale; groups
-    without variance, empty completions and (with the overlong filter) cut-off ones left out."""
+def step_rows(
+    groups: Sequence[FinishedGroup],
+    objective: Objective = DEFAULT_OBJECTIVE,
+    scored: Sequence[Sequence[Scored]] | None = None,
+) -> StepRows:
+    """The rows of a step: advantages per group (of the rewards with the overlong penalty and,
+    with ``training.kl.inReward``, less the KL penalty of ``scored``; whitened over the step's
+    tokens for ``reinforce++-baseline``), each row's loss scale; groups without variance, empty
+    completions and (with the overlong filter) cut-off ones left out. ``scored``: per group, per
+    rollout (:func:`scored_by_group`); its log-probs become the rows' proximal ones."""
+    if objective.reward_kl and scored is None:
+        raise ValueError("training.kl.inReward: the step's rollouts must be scored first (Trainer.score)")
     by_group: list[list[Row]] = []
     sources: list[int] = []
     skipped = filtered = 0
     penalty = 0.0
     for index, group in enumerate(groups):
-        shaped = [r.reward + overlong_penalty(len(r.completion_token_ids), objective) for r in group.rollouts]
-        penalty += sum(shaped) - sum(r.reward for r in group.rollouts)
+        kl = [objective.reward_kl * s.kl for s in scored[index]] if scored is not None else [0.0] * len(group.rollouts)
+        shaped = [
+            r.reward + overlong_penalty(len(r.completion_token_ids), objective) - k
+            for r, k in zip(group.rollouts, kl, strict=True)
+        ]
+        penalty += sum(shaped) - sum(r.reward for r in group.rollouts) + sum(kl)
         if len(shaped) < 2 or not contributes(shaped):
             skipped += 1
             continue
         rows = []
-        for rollout, adv in zip(group.rollouts, group_advantages(shaped, objective).tolist(), strict=True):
+        for k, (rollout, adv) in enumerate(
+            zip(group.rollouts, group_advantages(shaped, objective).tolist(), strict=True)
+        ):
             if len(rollout.logprobs) != len(rollout.completion_token_ids):
                 raise ValueError(
                     f"group {group.group_id} rollout {rollout.index}: {len(rollout.logprobs)} logprobs for "
@@ -96,6 +125,7 @@ def step_rows(groups: Sequence[FinishedGroup], objective: Objective = DEFAULT_OB
             if objective.overlong_filter and rollout.finish_reason == FINISH_LENGTH:
                 filtered += 1
             elif rollout.completion_token_ids:
+                proximal = scored[index][k].logprobs if scored is not None else None
                 rows.append(
                     Row(
                         rollout.prompt_token_ids,
@@ -103,6 +133,7 @@ def step_rows(groups: Sequence[FinishedGroup], objective: Objective = DEFAULT_OB
                         rollout.logprobs,
                         float(adv),
                         rollout.weight_version,
+                        proximal=proximal,
                     )
                 )
         if rows:
@@ -114,7 +145,39 @@ def step_rows(groups: Sequence[FinishedGroup], objective: Objective = DEFAULT_OB
         overlong = {"overlong_filtered": float(filtered), "overlong_penalty_mean": penalty / max(len(rewards), 1)}
     if objective.estimator == "reinforce++-baseline":
         by_group = _whitened(by_group)
-    return StepRows(_scaled(by_group, len(rewards), objective), rewards, len(groups), skipped, tuple(sources), overlong)
+    scaled = _scaled(by_group, len(rewards), objective)
+    reward_kl = _reward_kl(scored, objective) if scored is not None else None
+    return StepRows(scaled, rewards, len(groups), skipped, tuple(sources), overlong, reward_kl)
+
+
+def _reward_kl(scored: Sequence[Sequence[Scored]], objective: Objective) -> dict[str, float]:
+    """``training.kl.inReward``'s step metrics (:attr:`StepRows.reward_kl`)."""
+    flat = [s for g in scored for s in g]
+    total = sum(s.kl for s in flat)
+    tokens = sum(len(s.logprobs) for s in flat)
+    return {"kl": total / max(tokens, 1), "reward_kl_penalty_mean": objective.reward_kl * total / max(len(flat), 1)}
+
+
+def score_rows(groups: Sequence[FinishedGroup]) -> list[list[Row]]:
+    """Per group, its rollouts with a completion as rows to score (:class:`Scored`; no advantage yet)."""
+    return [
+        [
+            Row(r.prompt_token_ids, r.completion_token_ids, r.logprobs, 0.0, r.weight_version)
+            for r in g.rollouts
+            if r.completion_token_ids
+        ]
+        for g in groups
+    ]
+
+
+def scored_by_group(groups: Sequence[FinishedGroup], values: Sequence[Scored]) -> list[list[Scored]]:
+    """``values`` (one per row of :func:`score_rows`, in its order) per group, per rollout: an
+    empty completion scores a KL of 0 and no log-probs."""
+    flat = iter(values)
+    out = [[next(flat) if r.completion_token_ids else Scored(0.0, ()) for r in g.rollouts] for g in groups]
+    if next(flat, None) is not None:
+        raise ValueError("more scores than the step's rollouts with a completion")
+    return out
 
 
 def step_updates(
@@ -157,17 +220,23 @@ def _scaled(by_group: Sequence[Sequence[Row]], rollouts: int, objective: Objecti
 
 
 def split_rows(step: StepRows, ranks: int) -> list[list[Row]]:
-    """Whole groups to ranks, the group with the most tokens first to the rank with the fewest
-    so far (ties: the lowest rank). Deterministic: the same step always splits the same way."""
+    """Whole groups to ranks (:func:`split_groups`), each rank's rows in its groups' order."""
+    return [[r for i in share for r in step.by_group[i]] for share in split_groups(step.by_group, ranks)]
+
+
+def split_groups(by_group: Sequence[Sequence[Row]], ranks: int) -> list[list[int]]:
+    """Whole groups to ranks (their indices), the group with the most tokens first to the rank
+    with the fewest so far (ties: the lowest rank). Deterministic: the same step always splits
+    the same way."""
     if ranks < 1:
         raise ValueError(f"ranks must be at least 1, got {ranks}")
-    shares: list[list[Row]] = [[] for _ in range(ranks)]
+    shares: list[list[int]] = [[] for _ in range(ranks)]
     load = [0] * ranks
-    order = sorted(range(len(step.by_group)), key=lambda i: (-sum(len(r.completion_ids) for r in step.by_group[i]), i))
+    order = sorted(range(len(by_group)), key=lambda i: (-sum(len(r.completion_ids) for r in by_group[i]), i))
     for i in order:
         rank = min(range(ranks), key=lambda k: (load[k], k))
-        shares[rank].extend(step.by_group[i])
-        load[rank] += sum(len(r.completion_ids) for r in step.by_group[i])
+        shares[rank].append(i)
+        load[rank] += sum(len(r.completion_ids) for r in by_group[i])
     return shares
 
 
@@ -382,4 +451,5 @@ def step_metrics(step: StepRows, sums: LossSums, epochs: int = 1) -> dict[str, f
             "outside_nucleus_fraction": sums.outside_nucleus / denom,
             "padding_share": 1.0 - sums.real_tokens / sums.padded_tokens if sums.padded_tokens else 0.0,
         }
+        | (step.reward_kl or {})  # the KL in the reward: ``kl`` is the scoring pass's, the loss has none
     )

@@ -35,8 +35,18 @@ from spotrl_runtime.models import lora
 from spotrl_runtime.training import logprobs as lp
 from spotrl_runtime.training import precision
 from spotrl_runtime.training.advantages import DEFAULT_OBJECTIVE, Objective
-from spotrl_runtime.training.losses import LossConfig, Tokens, token_loss_terms
-from spotrl_runtime.training.rows import LossSums, Row, plan_micro_batches, step_metrics, step_rows, step_updates
+from spotrl_runtime.training.losses import LossConfig, Tokens, inside, kl_estimate, token_loss_terms
+from spotrl_runtime.training.rows import (
+    LossSums,
+    Row,
+    Scored,
+    plan_micro_batches,
+    score_rows,
+    scored_by_group,
+    step_metrics,
+    step_rows,
+    step_updates,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -96,6 +106,13 @@ class TrainerConfig:
     """Optimizer updates per pass over the step's groups (``training.miniBatches``)."""
     epochs: int = 1
     """Passes over the step's groups (``training.epochs``)."""
+
+    def __post_init__(self) -> None:
+        if self.objective.reward_kl and self.objective.reward_kl != self.kl_coef:
+            raise ValueError(
+                f"objective.reward_kl ({self.objective.reward_kl}) must be kl_coef ({self.kl_coef}): the KL in the "
+                "reward is weighed by training.klCoef"
+            )
 
     @property
     def layout(self) -> str:
@@ -162,6 +179,7 @@ class TrainerConfig:
                 max_new_tokens=spec.generation.max_new_tokens,
                 overlong_filter=t.overlong.filter,
                 soft_penalty=(penalty.buffer, penalty.factor) if (penalty := t.overlong.soft_penalty) else None,
+                reward_kl=t.kl_coef if t.kl.in_reward else 0.0,
             ),
         )
 
@@ -173,12 +191,13 @@ class TrainerConfig:
 
     @property
     def loss(self) -> LossConfig:
+        """The loss's knobs: no KL term where the KL is in the reward (``objective.reward_kl``)."""
         return LossConfig(
             self.clip_epsilon,
             self.clip_epsilon_high,
             self.dual_clip,
             self.is_cap,
-            self.kl_coef,
+            0.0 if self.objective.reward_kl else self.kl_coef,
             self.is_level,
             self.is_mode,
             self.kl_estimator,
@@ -268,7 +287,8 @@ class Trainer:
         step runs to its end (a barrier waits for it).
         """
         started = time.monotonic()
-        plan = step_rows(groups, self.config.objective)
+        scored = self.score_groups(groups, interrupted) if self.config.objective.reward_kl else None
+        plan = step_rows(groups, self.config.objective, scored)
         runs = step_updates(groups, plan, self.config.objective, self.config.mini_batches)
         sums, grad_norm, lr = self.run_updates([(u.rows, u.tokens, None) for u in runs], interrupted=interrupted)
         metrics = step_metrics(plan, sums, epochs=self.config.epochs)
@@ -296,7 +316,10 @@ class Trainer:
             )
             self.step += 1
             return sums, grad_norm, lr
-        updates = [(self.proximal(rows, passes, interrupted), tokens, passes) for rows, tokens, passes in updates]
+        updates = [
+            (rows if all(r.proximal is not None for r in rows) else self.proximal(rows, passes, interrupted), t, passes)
+            for rows, t, passes in updates
+        ]
         total, norms = LossSums(), []
         for _ in range(self.config.epochs):
             for rows, tokens, passes in updates:
@@ -400,27 +423,73 @@ class Trainer:
     def proximal(
         self, rows: Sequence[Row], passes: int | None = None, interrupted: Callable[[], bool] | None = None
     ) -> list[Row]:
-        """``rows`` with their proximal log-probs: one forward pass without gradients (in eval
-        mode, as veRL's ``old_log_prob``; no dropout, so no RNG drawn) in the micro-batches their
-        update will run, before any update of the step. ``passes`` pads the count for a rank."""
+        """``rows`` with their proximal log-probs (:meth:`score`'s, without the reference)."""
+        scores = self.score(rows, passes, interrupted, kl=False)
+        return [replace(r, proximal=s.logprobs) for r, s in zip(rows, scores, strict=True)]
+
+    def score_groups(
+        self, groups: Sequence[FinishedGroup], interrupted: Callable[[], bool] | None = None
+    ) -> list[list[Scored]]:
+        """Every rollout of ``groups`` scored (:meth:`score`), per group, per rollout."""
+        by_group = score_rows(groups)
+        return scored_by_group(groups, self.score([r for g in by_group for r in g], interrupted=interrupted))
+
+    def score(
+        self,
+        rows: Sequence[Row],
+        passes: int | None = None,
+        interrupted: Callable[[], bool] | None = None,
+        *,
+        kl: bool = True,
+    ) -> list[Scored]:
+        """``rows``' completions as the policy sees them before any update of the step, one pass
+        without gradients (in eval mode, as veRL's ``old_log_prob``; no dropout, so no RNG drawn)
+        in the micro-batches an update would run: their log-probs (the proximal ones) and, with
+        ``kl``, the KL estimator against the reference summed over each (``training.kl.inReward``;
+        a token outside either's nucleus counts 0, as in the loss). ``passes`` pads the count
+        for a rank: every rank's collectives line up with the others'."""
         chunks = self.config.plan(rows)
         sampling = self.config.sampling
-        out: dict[int, Row] = {}
+        out: dict[int, Scored] = {}
         with torch.no_grad(), precision.autocast(self.device, self.compute_dtype):
             for chunk in chunks:
                 if interrupted is not None and interrupted():
                     raise StepInterruptedError(f"step {self.step} interrupted before its first update")
                 pairs = [(r.prompt_ids, r.completion_ids) for r in chunk]
-                logprobs, _ = lp.call(
-                    self.model, lp.token_batch(pairs, self.pad_token_id, self.device, self.config.packed), *sampling
-                )
-                values = iter(logprobs.float().cpu().tolist())
-                for row in chunk:
-                    out[id(row)] = replace(row, proximal=tuple(next(values) for _ in row.completion_ids))
-            for _ in range(max(0, (passes or 0) - len(chunks))):  # a rank's collectives line up with the others'
-                pad = [((self.pad_token_id,), (self.pad_token_id,))]
-                lp.call(self.model, lp.token_batch(pad, self.pad_token_id, self.device), *sampling)
+                batch = lp.token_batch(pairs, self.pad_token_id, self.device, self.config.packed)
+                logprobs, _ = lp.call(self.model, batch, *sampling)
+                lengths = [len(r.completion_ids) for r in chunk]
+                sums = self._kl_sums(logprobs, batch, lengths) if kl else [0.0] * len(chunk)
+                for row, values, total in zip(chunk, logprobs.float().cpu().split(lengths), sums, strict=True):
+                    out[id(row)] = Scored(total, tuple(values.tolist()))
+            for _ in range(max(0, (passes or 0) - len(chunks))):
+                pad = lp.token_batch([((self.pad_token_id,), (self.pad_token_id,))], self.pad_token_id, self.device)
+                logprobs, _ = lp.call(self.model, pad, *sampling)
+                if kl:
+                    self._kl_sums(logprobs, pad, [1])
         return [out[id(r)] for r in rows]
+
+    def _kl_sums(self, logprobs: torch.Tensor, batch: lp.TokenBatch, lengths: Sequence[int]) -> list[float]:
+        """The KL estimator of ``logprobs`` against the reference's, summed per row of ``lengths``."""
+        reference = self._reference(batch)
+        if reference is None:
+            raise ValueError("training.kl.inReward needs a reference policy (training.klCoef above 0)")
+        both = inside(logprobs, reference)
+        values = kl_estimate(
+            torch.where(both, logprobs, 0.0), torch.where(both, reference, 0.0), self.config.kl_estimator
+        )
+        return [float(v.sum()) for v in values.float().cpu().split(list(lengths))]
+
+    def _reference(self, batch: lp.TokenBatch) -> torch.Tensor | None:
+        """The frozen reference's log-probs of ``batch`` (None: no reference): the copy, or with
+        LoRA the base itself, the adapter switched off."""
+        with torch.no_grad():
+            if self.reference is not None:
+                return lp.call(self.reference, batch, *self.config.sampling)[0]
+            if self.adapter is not None and self.config.kl_coef > 0:
+                with lora.base_only(self.model):
+                    return lp.call(self.model, batch, *self.config.sampling)[0]
+        return None
 
     def warm_up(self, rows: int = 2, tokens: int = 16) -> float:
         """One forward and backward pass over ``rows`` dummy rows of ``tokens`` tokens, nothing
@@ -467,13 +536,7 @@ class Trainer:
         with precision.autocast(self.device, self.compute_dtype):
             sampling = self.config.sampling
             logprobs, entropy = lp.call(self.model, batch, *sampling)
-            reference = None
-            if self.reference is not None:
-                with torch.no_grad():
-                    reference, _ = lp.call(self.reference, batch, *sampling)
-            elif self.adapter is not None and self.config.kl_coef > 0:
-                with torch.no_grad(), lora.base_only(self.model):
-                    reference, _ = lp.call(self.model, batch, *sampling)
+            reference = self._reference(batch) if self.config.loss.kl_coef > 0 else None
         tokens = Tokens(
             logprobs=logprobs,
             proximal=proximal if proximal is not None else logprobs.detach(),

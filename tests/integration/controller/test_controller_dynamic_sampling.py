@@ -4,7 +4,8 @@ The tiny arithmetic job with ``training.sampling.dynamic``: groups whose rollout
 same reward are filtered, with their reason, and refill rounds take their places. SIGKILLed
 while a refill round is being sent, resumed, then SIGTERMed in another refill round (the
 barrier cuts the round's groups in flight) and resumed again, the run trains the uninterrupted
-run's stream to the same weights, and counts every filtered prompt once."""
+run's stream to the same weights, and counts every filtered prompt once. The job takes the KL
+penalty from its rewards (``training.kl.inReward``), so each step scores its rollouts first."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ from controller_runs import Runs, assert_same_trainer_state, audit, audit_summar
 
 pytestmark = pytest.mark.slow
 
-JOB = {"training.totalSteps": 8, "training.sampling": {"dynamic": {"maxRounds": 2}}, "checkpoint.everySteps": 2}
+JOB = {
+    "training.totalSteps": 8,
+    "training.sampling": {"dynamic": {"maxRounds": 2}},
+    "training.klCoef": 0.05,
+    "training.kl": {"inReward": True},  # a scoring pass before each step, redone as exactly on resume
+    "checkpoint.everySteps": 2,
+}
 
 
 def test_a_kill_and_a_stop_in_refill_rounds_end_with_the_uninterrupted_stream_and_weights(
@@ -32,6 +39,8 @@ def test_a_kill_and_a_stop_in_refill_rounds_end_with_the_uninterrupted_stream_an
     for f in filtered:
         assert f["reason"].startswith("zero-std: its 8 rewards were all "), f
     assert all(len(d["prompts"]) == 16 for d in docs), "every step trains promptsPerStep groups"
+    assert docs[0]["reward_kl_penalty_mean"] == 0.0, "the policy starts as its reference"
+    assert all(d["reward_kl_penalty_mean"] != 0.0 for d in docs[1:]), docs
     refilled = [d["step"] for d in docs if d["refill_rounds"]]
     assert refilled == [d["step"] for d in docs if d.get("filtered")], docs
     for step in refilled:

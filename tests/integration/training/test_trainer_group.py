@@ -60,8 +60,9 @@ def run_single(cfg: TrainerConfig) -> tuple[list[dict[str, float]], dict[str, to
         (0.0, 1.0, Objective("reinforce++-baseline", aggregation="seq-mean-token-mean")),
         (0.0, 1.0, "mini-batches"),
         (0.0, 1.0, "packed"),
+        (0.1, 1.0, Objective(reward_kl=0.1)),
     ],
-    ids=["no-kl", "kl-top-p", "whitened-seq-mean", "mini-batches", "packed"],
+    ids=["no-kl", "kl-top-p", "whitened-seq-mean", "mini-batches", "packed", "kl-in-reward"],
 )
 def test_two_fsdp_ranks_train_what_one_process_trains(
     ray_session: Any, kl_coef: float, top_p: float, objective: Objective | str
@@ -71,7 +72,8 @@ def test_two_fsdp_ranks_train_what_one_process_trains(
     sequence mean and advantages whitened over the step, each rank's rows carry the weights and
     advantages of the whole step, not of its share. With mini-batches and epochs every rank runs
     the same updates, each after the same proximal pass. Packed, every rank runs as many passes
-    as the rank whose share packs into the most micro-batches."""
+    as the rank whose share packs into the most micro-batches. With the KL in the reward the
+    ranks score the step's rollouts first, each its share, and the step's rewards are shaped alike."""
     if objective == "mini-batches":
         cfg = config(mini_batches=2, epochs=2)
     elif objective == "packed":
@@ -97,14 +99,18 @@ def test_two_fsdp_ranks_train_what_one_process_trains(
         group.shutdown()
     assert group.step == STEPS
     for one, two in zip(single_metrics, group_metrics, strict=True):
-        for key in ("loss", "policy_loss", "kl", "tokens", "groups_zero_variance", "grad_norm", "clip_fraction"):
+        keys = ("loss", "policy_loss", "kl", "tokens", "groups_zero_variance", "grad_norm", "clip_fraction")
+        for key in keys + (("reward_kl_penalty_mean",) if cfg.objective.reward_kl else ()):
             assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), (key, one, two)
         # the largest ratio exponentiates the small differences of rounding the ranks make
         assert two["ratio_max"] == pytest.approx(one["ratio_max"], rel=1e-3)
-        assert (one["ratio_max"] > 1.0) == (cfg.mini_batches > 1), "the ratio acts with mini-batches only"
+        if not cfg.objective.reward_kl:  # whose proximal log-probs are the scoring pass's (eval mode)
+            assert (one["ratio_max"] > 1.0) == (cfg.mini_batches > 1), "the ratio acts with mini-batches only"
         assert two["outside_nucleus_fraction"] == one["outside_nucleus_fraction"]
         assert (one["outside_nucleus_fraction"] > 0) == (top_p < 1)
     assert single_metrics[0]["tokens"] > 0
+    if cfg.objective.reward_kl:
+        assert single_metrics[-1]["reward_kl_penalty_mean"] != 0, "the policy moved: the rewards were shaped"
     assert single_metrics[-1]["grad_norm"] > 0
     assert set(weights) == set(single_weights)
     moved = 0.0

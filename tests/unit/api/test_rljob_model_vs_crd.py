@@ -107,6 +107,9 @@ GOOD = {
         "spec.training", {"totalSteps": 3, "sampling": {"dynamic": {"filter": "zero-std", "maxRounds": 3}}}
     ),
     "float32-lm-head": with_("spec.training", {"totalSteps": 3, "precision": {"lmHead": "float32"}}),
+    "kl-in-reward": with_(
+        "spec.training", {"totalSteps": 3, "klCoef": 0.05, "kl": {"inReward": True, "estimator": "k1"}}
+    ),
     "rollout-correction-sequence-mask": with_(
         "spec.training",
         {"totalSteps": 3, "importanceSampling": {"level": "sequence", "mode": "mask"}, "kl": {"estimator": "k1"}},
@@ -238,6 +241,10 @@ BAD = {
             with_("spec.generation", {"maxNewTokens": 16}),
         ),
         "spec.training.overlong.softPenalty.buffer",
+    ),
+    "kl-in-reward-without-a-coefficient": (
+        with_("spec.training", {"totalSteps": 3, "kl": {"inReward": True}}),
+        "spec.training.kl.inReward",
     ),
     "overlong-filter-not-a-bool": (
         with_("spec.training", {"totalSteps": 3, "overlong": {"filter": "yes"}}),

@@ -18,7 +18,7 @@ from spotrl_runtime.training.advantages import (
     row_scales,
     whiten,
 )
-from spotrl_runtime.training.rows import step_rows
+from spotrl_runtime.training.rows import LossSums, Scored, score_rows, scored_by_group, step_metrics, step_rows
 
 REWARDS = [1.0, 0.0, 0.0, 1.0]
 
@@ -153,3 +153,38 @@ def test_the_overlong_filter_leaves_cut_off_completions_out_of_the_loss_but_not_
 def test_an_overlong_buffer_not_below_the_limit_is_refused() -> None:
     with pytest.raises(ValueError, match="overlong buffer"):
         Objective(max_new_tokens=8, soft_penalty=(8, 1.0))
+
+
+def test_the_kl_in_the_reward_is_taken_from_each_reward_before_the_advantages() -> None:
+    """A group of equal rewards has nothing to prefer, until the KL penalty tells its rollouts apart;
+    the scoring pass's log-probs become the rows' proximal ones."""
+    group = _rollouts_of_lengths(make_group("g", [1.0, 1.0, 1.0, 1.0]), [2, 3, 1, 2])
+    scored = [
+        [
+            Scored(kl, tuple(-0.5 * (k + 1) for _ in range(n)))
+            for k, (kl, n) in enumerate(zip([0.0, 2.0, 4.0, 1.0], [2, 3, 1, 2], strict=True))
+        ]
+    ]
+    objective = Objective(reward_kl=0.5)
+    with pytest.raises(ValueError, match="inReward"):
+        step_rows([group], objective)
+    assert step_rows([group], Objective(), scored).skipped == 1, "without reward_kl the scores change nothing"
+    plan = step_rows([group], objective, scored)
+    shaped = [1.0, 1.0 - 1.0, 1.0 - 2.0, 1.0 - 0.5]
+    assert [r.advantage for r in plan.rows] == pytest.approx(group_advantages(shaped).tolist(), rel=1e-6)
+    assert [r.proximal for r in plan.rows] == [s.logprobs for s in scored[0]]
+    assert plan.rewards == (1.0, 1.0, 1.0, 1.0)  # reward_mean reports the rewards as scored
+    assert plan.reward_kl == {"kl": pytest.approx(7.0 / 8), "reward_kl_penalty_mean": pytest.approx(0.5 * 7.0 / 4)}
+    assert step_metrics(plan, LossSums(kl=123.0))["kl"] == pytest.approx(7.0 / 8), "the scoring pass's KL"
+
+
+def test_scores_come_back_to_their_rollouts_and_an_empty_completion_scores_nothing() -> None:
+    group = _rollouts_of_lengths(make_group("g", [1.0, 0.0, 1.0]), [2, 0, 1])
+    rows = score_rows([group, group])
+    assert [len(g) for g in rows] == [2, 2]
+    values = [Scored(float(i), (float(i),) * len(r.completion_ids)) for i, r in enumerate(rows[0] + rows[1])]
+    back = scored_by_group([group, group], values)
+    assert [[s.kl for s in g] for g in back] == [[0.0, 0.0, 1.0], [2.0, 0.0, 3.0]]
+    assert back[0][1].logprobs == ()
+    with pytest.raises(ValueError, match="more scores"):
+        scored_by_group([group], values)
