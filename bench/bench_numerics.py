@@ -43,6 +43,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+from _targets import Targets, add_check  # noqa: E402
 from bench_train_step import synthetic_groups  # noqa: E402
 from spotrl_runtime.core.types import FinishedGroup  # noqa: E402
 from spotrl_runtime.models import load_policy  # noqa: E402
@@ -266,6 +267,7 @@ def main() -> None:
     parser.add_argument("--policies", default="0.5b", help="0.5b and/or 1.5b (Qwen2.5 shapes, random weights)")
     parser.add_argument("--variants", default="before fp32,after fp32,before bf16,after bf16")
     parser.add_argument("--out", help="also write the step results here as JSON")
+    add_check(parser)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child == "fsdp":
@@ -275,6 +277,7 @@ def main() -> None:
         print(json.dumps(one_step(args.child, args.rows, args.completion, args.device, args.policies)))
         return
     only = set(args.only.split(","))
+    targets = Targets()
     if "movement" in only:
         print("== weights moved in 6 steps at lr 1e-6 (builtin:tiny-chat)")
         for r in movement():
@@ -303,6 +306,11 @@ def main() -> None:
                     b, a = by[f"before {d}"], by[f"after {d}"]
                     memory_ratio, time_ratio = a["peak_gib"] / b["peak_gib"], a["step_seconds"] / b["step_seconds"]
                     print(f"  {d}: {memory} after/before {memory_ratio:.2f}x, step time {time_ratio:.2f}x")
+            for d in ("fp32", "bf16"):  # packing's targets (issue 59), against the padded step of this run
+                if f"after {d}" in by and f"packed {d}" in by:
+                    a, p = by[f"after {d}"], by[f"packed {d}"]
+                    targets.at_most(f"{policy} {d}: packed padding share", p["padding_share"], 0.05)
+                    targets.at_most(f"{policy} {d}: packed / padded step", p["step_seconds"] / a["step_seconds"], 0.8)
             results += rows
         if args.out:
             Path(args.out).write_text(json.dumps(results, indent=2))
@@ -310,6 +318,7 @@ def main() -> None:
         r = in_child("fsdp", args)
         peaks = ", ".join(f"{p:.2f}" for p in r.get("peak_rss_gib_per_rank", []))
         print(f"== {r['variant']}: peak RSS per rank {peaks} GiB, step {r.get('step_seconds', float('nan')):.1f} s")
+    targets.report(args.check)
 
 
 if __name__ == "__main__":

@@ -48,12 +48,15 @@ from typing import Any
 import yaml
 
 from _chat_job import chat_job
+from _targets import Targets, add_check
 
 ROOT = Path(__file__).resolve().parents[1]
 HELD_OUT = ROOT / "examples" / "data" / "word-problems" / "test.parquet"
 TRL_PINS = ("trl==1.16.0", "accelerate==1.16.0")
 SITE = ROOT / ".out" / "bench" / "trl-site"
 MINI_BATCHES = 4
+TIME_GOAL = 0.75
+"""SpotRL's time per generated token against TRL's, at most, in every setting (issue 59)."""
 
 
 @dataclass(frozen=True)
@@ -265,6 +268,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--eval-limit", type=int, default=0, help="held-out rows scored (0: all)")
+    add_check(parser)
     parser.add_argument("--trl-child", help=argparse.SUPPRESS)
     parser.add_argument("--trl-config", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -273,6 +277,7 @@ def main() -> None:
         print(json.dumps(trl_child(Path(args.trl_child), json.loads(args.trl_config), Path(args.out))))
         return
     results: list[tuple[str, str, list[dict[str, float]]]] = []
+    targets = Targets()
     with tempfile.TemporaryDirectory(prefix="bench-vs-trl-") as tmp:
         work = Path(tmp)
         base = evaluate(job_file(work, args.steps, 0, {}), resolve_builtin(), args.eval_limit)
@@ -312,6 +317,10 @@ def main() -> None:
             f"  {name}: SpotRL / TRL time per generated token {t1 / t2:.2f}x; accuracy {a1 - a2:+.3f} "
             f"({'significantly below' if gap > 2 * math.hypot(s1, s2) else 'not significantly below'} TRL's, 2 SE)"
         )
+        targets.at_most(f"{name}: SpotRL / TRL time per generated token", t1 / t2, TIME_GOAL)
+        # Not significantly below: TRL's accuracy less SpotRL's within 2 standard errors of the difference.
+        targets.at_most(f"{name}: TRL's accuracy - SpotRL's, in 2 SE", gap / (2 * math.hypot(s1, s2) or math.nan), 1.0)
+    targets.report(args.check)
 
 
 def resolve_builtin() -> Path | str:

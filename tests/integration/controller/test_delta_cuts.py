@@ -54,13 +54,10 @@ JOB = {"checkpoint.barrier": "delta"}
 """The tiny job (16 steps, a periodic full cut every 4) whose barrier cuts are deltas."""
 
 
-@pytest.fixture(scope="module")
-def made(runs: Runs, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
-    """(job file, store, id of a delta barrier cut). The controller sleeps 4 s before step 6; a
-    SIGTERM then interrupts the step, and the barrier cuts a delta on the periodic cut of step 4."""
-    job = runs.job(JOB)
-    store = runs.base / "delta-source"
-    marks = tmp_path_factory.mktemp("marks")
+def stopped_at_step_6(runs: Runs, job: Path, store: Path, marks: Path) -> str:
+    """Runs ``job`` into ``store`` until it sleeps 4 s before step 6, SIGTERMs it there (the
+    barrier cuts a delta on the periodic cut of step 4, its redo log steps 4 and 5) and returns
+    the delta's id. ``marks``: an empty folder for the failpoint's mark."""
     proc = runs.start(job, store, SPOTRL_FAILPOINTS="train.step@6=4", SPOTRL_FAILPOINT_DIR=str(marks))
     wait_for(lambda: (marks / "train.step").exists(), 300, "the run to reach step 6", proc)
     assert stop(proc) == 143, runs.log_of(proc)
@@ -68,7 +65,21 @@ def made(runs: Runs, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
     assert "barrier cut: delta (checkpoint.barrier is delta)" in log, log
     cut_id, kind, step = newest_cut(store)
     assert (kind, step) == ("barrier", 6), log
-    return job, store, cut_id
+    return cut_id
+
+
+def redo_layouts(store: Path, cut_id: str) -> list[str]:
+    """The layout each step of a delta's redo log was trained in ("" padded, one update)."""
+    redo = json.loads(next((store / "cuts" / cut_id).glob("**/redo.json")).read_text())["steps"]
+    return [s["fingerprint"].get("layout", "") for s in redo]
+
+
+@pytest.fixture(scope="module")
+def made(runs: Runs, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """(job file, store, id of a delta barrier cut of step 6 on the full cut of step 4)."""
+    job = runs.job(JOB)
+    store = runs.base / "delta-source"
+    return job, store, stopped_at_step_6(runs, job, store, tmp_path_factory.mktemp("marks"))
 
 
 def stream_of(store: Any) -> list[tuple[int, list[int]]]:
@@ -136,8 +147,8 @@ def test_killed_then_stopped_during_the_redo_the_resume_ends_with_the_uninterrup
     assert_admission_versions(root)
 
 
-MINI_BATCHES = {**JOB, "training.miniBatches": 2, "training.epochs": 2}
-"""The same job, each step four optimizer updates (two mini-batches, two epochs)."""
+MINI_BATCHES = {**JOB, "training.miniBatches": 2, "training.epochs": 2, "training.totalSteps": 8}
+"""The same job, each of 8 steps four optimizer updates (two mini-batches, two epochs)."""
 
 
 def test_a_job_of_mini_batches_resumes_a_delta_as_if_never_stopped_and_another_layout_is_refused(
@@ -153,15 +164,8 @@ def test_a_job_of_mini_batches_resumes_a_delta_as_if_never_stopped_and_another_l
     assert rc == 0, log
 
     store = runs.base / "mini-batches"
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    proc = runs.start(job, store, SPOTRL_FAILPOINTS="train.step@6=4", SPOTRL_FAILPOINT_DIR=str(marks))
-    wait_for(lambda: (marks / "train.step").exists(), 300, "the run to reach step 6", proc)
-    assert stop(proc) == 143, runs.log_of(proc)
-    cut_id, kind, step = newest_cut(store)
-    assert (kind, step) == ("barrier", 6), runs.log_of(proc)
-    redo = json.loads(next((store / "cuts" / cut_id).glob("**/redo.json")).read_text())["steps"]
-    assert [s["fingerprint"].get("layout") for s in redo] == ["miniBatches=2,epochs=2,packed"] * 2
+    cut_id = stopped_at_step_6(runs, job, store, tmp_path)
+    assert redo_layouts(store, cut_id) == ["miniBatches=2,epochs=2,packed"] * 2
 
     other = _copy(store, runs.base / "mini-batches-other-layout")
     rc, log = runs.run(runs.job({**MINI_BATCHES, "training.miniBatches": 1, "training.epochs": 1}), other)
@@ -175,7 +179,7 @@ def test_a_job_of_mini_batches_resumes_a_delta_as_if_never_stopped_and_another_l
     assert_same_trainer_state(store, reference)
     steps = final_weights(store, optimizer=True)
     adam = {float(v) for k, v in steps.items() if k.startswith("optimizer/") and k.endswith("/step")}
-    assert adam == {4.0 * 16}, "four updates in each of the 16 steps"
+    assert adam == {4.0 * 8}, "four updates in each of the 8 steps"
 
 
 def test_a_delta_of_padded_steps_resumes_under_packing_redoing_them_padded(runs: Runs, tmp_path: Path) -> None:
@@ -183,18 +187,11 @@ def test_a_delta_of_padded_steps_resumes_under_packing_redoing_them_padded(runs:
     resumed by the job packing (auto, the default now): the redo trains each logged step padded,
     as its fingerprint says it was, so it reproduces them bit for bit, and the steps after it pack."""
     store = runs.base / "padded-delta"
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    padded = runs.job({**JOB, "training.packing": "off"})
-    proc = runs.start(padded, store, SPOTRL_FAILPOINTS="train.step@6=4", SPOTRL_FAILPOINT_DIR=str(marks))
-    wait_for(lambda: (marks / "train.step").exists(), 300, "the run to reach step 6", proc)
-    assert stop(proc) == 143, runs.log_of(proc)
-    cut_id, kind, step = newest_cut(store)
-    assert (kind, step) == ("barrier", 6), runs.log_of(proc)
-    redo = json.loads(next((store / "cuts" / cut_id).glob("**/redo.json")).read_text())["steps"]
-    assert [s["fingerprint"].get("layout", "") for s in redo] == ["", ""]
+    short = {**JOB, "training.totalSteps": 8}
+    cut_id = stopped_at_step_6(runs, runs.job({**short, "training.packing": "off"}), store, tmp_path)
+    assert redo_layouts(store, cut_id) == ["", ""]
 
-    rc, log = runs.run(runs.job(JOB), store)
+    rc, log = runs.run(runs.job(short), store)
     assert rc == 0, log
     assert "redo step 4: padded rows, as it was trained" in log, log
     assert f"redid steps 4..5 of delta cut {cut_id}" in log, log

@@ -84,6 +84,28 @@ def test_logprobs_match_a_separate_forward_pass(backend: TransformersBackend, te
     assert checked == 8 * len(PROMPTS)
 
 
+def test_groups_of_other_sizes_and_prompt_lengths_share_a_batch_row_for_row(backend: TransformersBackend) -> None:
+    """Groups of 3, 1 and 5 rows whose prompts differ in length (left-padded apart) in one batch:
+    each sample's log-probs are those of its own prompt and completion, and a group draws what it
+    draws alone."""
+    tok = backend.tokenizer
+    prompts, sizes = ["12+345=", "3+4=", "100-99="], [3, 1, 5]
+    requests = [
+        GenerationRequest(f"g{i}", tuple(tok(p)["input_ids"]), n=n, max_new_tokens=6, temperature=1.3, seed=i)
+        for i, (p, n) in enumerate(zip(prompts, sizes, strict=True))
+    ]
+    assert len({len(r.prompt_token_ids) for r in requests}) > 1
+    results = backend.generate(requests)
+    assert [len(r.samples) for r in results] == sizes
+    for result, request in zip(results, requests, strict=True):
+        assert result.prompt_token_ids == request.prompt_token_ids
+        for s in result.samples:
+            expected = _forward_logprobs(backend.model, request.prompt_token_ids, s.completion_token_ids, 1.3, 1.0)
+            assert s.logprobs == pytest.approx(expected, abs=1e-4)
+    alone = backend.generate([requests[2]])[0]
+    assert [s.completion_token_ids for s in alone.samples] == [s.completion_token_ids for s in results[2].samples]
+
+
 def test_the_seed_fixes_a_group_whatever_shares_its_batch(backend: TransformersBackend) -> None:
     reqs = _requests(backend.tokenizer, n=8, temperature=1.5)
     alone = backend.generate([reqs[2]])[0]
