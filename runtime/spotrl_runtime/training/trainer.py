@@ -316,10 +316,8 @@ class Trainer:
             )
             self.step += 1
             return sums, grad_norm, lr
-        updates = [
-            (rows if all(r.proximal is not None for r in rows) else self.proximal(rows, passes, interrupted), t, passes)
-            for rows, t, passes in updates
-        ]
+        if not self.config.objective.reward_kl:  # else the scoring pass took them (every rank alike)
+            updates = [(self.proximal(rows, passes, interrupted), t, passes) for rows, t, passes in updates]
         total, norms = LossSums(), []
         for _ in range(self.config.epochs):
             for rows, tokens, passes in updates:

@@ -60,7 +60,7 @@ def run_single(cfg: TrainerConfig) -> tuple[list[dict[str, float]], dict[str, to
         (0.0, 1.0, Objective("reinforce++-baseline", aggregation="seq-mean-token-mean")),
         (0.0, 1.0, "mini-batches"),
         (0.0, 1.0, "packed"),
-        (0.1, 1.0, Objective(reward_kl=0.1)),
+        (0.1, 1.0, "kl-in-reward"),
     ],
     ids=["no-kl", "kl-top-p", "whitened-seq-mean", "mini-batches", "packed", "kl-in-reward"],
 )
@@ -73,11 +73,15 @@ def test_two_fsdp_ranks_train_what_one_process_trains(
     advantages of the whole step, not of its share. With mini-batches and epochs every rank runs
     the same updates, each after the same proximal pass. Packed, every rank runs as many passes
     as the rank whose share packs into the most micro-batches. With the KL in the reward the
-    ranks score the step's rollouts first, each its share, and the step's rewards are shaped alike."""
+    ranks score the step's rollouts first, each its share, and the step's rewards are shaped alike;
+    the scores are the proximal log-probs of its three mini-batches, on every rank, even one whose
+    share of an update is empty."""
     if objective == "mini-batches":
         cfg = config(mini_batches=2, epochs=2)
     elif objective == "packed":
         cfg = config(packing="on")
+    elif objective == "kl-in-reward":  # with mini-batches: an update's share may be empty on a rank
+        cfg = config(kl_coef=0.1, objective=Objective(reward_kl=0.1), mini_batches=3)
     else:
         assert isinstance(objective, Objective)
         cfg = config(kl_coef=kl_coef, top_p=top_p, objective=objective)
