@@ -176,6 +176,13 @@ def kl_estimate(logprobs: torch.Tensor, reference: torch.Tensor, estimator: str)
     raise ValueError(f"unknown KL estimator {estimator!r}: k1, k2 or k3")
 
 
+def kl_inside(logprobs: torch.Tensor, reference: torch.Tensor, estimator: str) -> torch.Tensor:
+    """:func:`kl_estimate` per token, 0 at a token outside either policy's nucleus (its k3 would
+    be infinite, and a NaN in a masked-out term is a NaN gradient)."""
+    both = inside(logprobs, reference)
+    return kl_estimate(torch.where(both, logprobs, 0.0), torch.where(both, reference, 0.0), estimator)
+
+
 def probability_gap(logprobs: torch.Tensor, behaviour: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
     """``|p_trainer - p_generator|`` at the tokens ``where`` selects (no gradient)."""
     return (logprobs.detach().exp() - behaviour.exp()).abs()[where]
@@ -207,10 +214,7 @@ def token_loss_terms(tokens: Tokens, config: LossConfig) -> LossTerms:
     loss = (policy * scale).sum()
     kl_sum = 0.0
     if tokens.reference is not None and config.kl_coef > 0:
-        both = kept & inside(tokens.reference)
-        kl = kl_estimate(
-            torch.where(both, logprobs, 0.0), torch.where(both, tokens.reference, 0.0), config.kl_estimator
-        )
+        kl = kl_inside(torch.where(kept, tokens.logprobs, -torch.inf), tokens.reference, config.kl_estimator)
         loss = loss + config.kl_coef * (kl * scale).sum()
         kl_sum = float(kl.detach().sum())
     fresh = probability_gap(tokens.proximal, tokens.behaviour, tokens.fresh)

@@ -35,7 +35,7 @@ from spotrl_runtime.models import lora
 from spotrl_runtime.training import logprobs as lp
 from spotrl_runtime.training import precision
 from spotrl_runtime.training.advantages import DEFAULT_OBJECTIVE, Objective
-from spotrl_runtime.training.losses import LossConfig, Tokens, inside, kl_estimate, token_loss_terms
+from spotrl_runtime.training.losses import LossConfig, Tokens, kl_inside, token_loss_terms
 from spotrl_runtime.training.rows import (
     LossSums,
     Row,
@@ -472,10 +472,7 @@ class Trainer:
         reference = self._reference(batch)
         if reference is None:
             raise ValueError("training.kl.inReward needs a reference policy (training.klCoef above 0)")
-        both = inside(logprobs, reference)
-        values = kl_estimate(
-            torch.where(both, logprobs, 0.0), torch.where(both, reference, 0.0), self.config.kl_estimator
-        )
+        values = kl_inside(logprobs, reference, self.config.kl_estimator)
         return [float(v.sum()) for v in values.float().cpu().split(list(lengths))]
 
     def _reference(self, batch: lp.TokenBatch) -> torch.Tensor | None:
