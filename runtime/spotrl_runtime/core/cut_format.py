@@ -32,7 +32,9 @@ Version 2 added ``retired`` to ``sampler.json``; version 1 cuts lack what check
 
 ``rollouts.bin`` is ``SPOTRLR1`` + u64 little-endian length + a JSON row table, then three
 little-endian arrays: prompt token ids (int32), completion token ids (int32) and
-log-probabilities (float64, so a restored row is bit-identical).
+log-probabilities (float64, so a restored row is bit-identical). A row of a multi-turn
+episode has a tenth column, its observation spans (``[[start, end], ...]`` over the completion);
+rows without observations have nine, as before there were episodes.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from spotrl_runtime.core.owners import OwnersSnapshot, RecoveryConfig
 from spotrl_runtime.core.redo import DeltaBase, RedoStep, StepFingerprint
 from spotrl_runtime.core.replay_buffer import ReplayEntry
 from spotrl_runtime.core.spare_pool import Spare
-from spotrl_runtime.core.types import FinishedGroup, Prompt, Rollout
+from spotrl_runtime.core.types import FinishedGroup, Prompt, Rollout, check_observed
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMA_VERSIONS = (2,)
@@ -738,6 +740,9 @@ def encode_rollouts(groups: list[tuple[str, tuple[Rollout, ...]]]) -> bytes:
                     len(r.prompt_token_ids),
                     len(r.completion_token_ids),
                     len(r.logprobs),
+                    # A tenth column only where an episode had observations: a single-turn cut
+                    # stays readable by a controller from before them.
+                    *([[list(span) for span in r.observed]] if r.observed else []),
                 ]
             )
             prompt_ids.extend(r.prompt_token_ids)
@@ -763,11 +768,12 @@ def _row_ok(row: Any) -> bool:
     def count(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
-    if not isinstance(row, list) or len(row) != 9:
+    if not isinstance(row, list) or len(row) not in (9, 10):
         return False
-    group_id, index, reward, version, text, finish, *counts = row
+    group_id, index, reward, version, text, finish, *counts = row[:9]
     return (
-        isinstance(group_id, str)
+        _spans_ok(row[9:], row[7])
+        and isinstance(group_id, str)
         and bool(group_id)
         and count(index)
         and isinstance(reward, (int, float))
@@ -777,6 +783,22 @@ def _row_ok(row: Any) -> bool:
         and isinstance(finish, str)
         and all(count(c) for c in counts)
     )
+
+
+def _spans_ok(column: list[Any], completion: Any) -> bool:
+    """A row's observation spans (its tenth column, if any), as :func:`check_observed` takes them."""
+    if not column:
+        return True
+    spans = column[0]
+    if not (isinstance(spans, list) and spans and isinstance(completion, int)):
+        return False
+    if not all(isinstance(s, list) and len(s) == 2 and all(type(x) is int for x in s) for s in spans):
+        return False
+    try:
+        check_observed(spans, completion, "")
+    except ValueError:
+        return False
+    return True
 
 
 def decode_rollouts(blob: bytes) -> dict[str, tuple[Rollout, ...]]:
@@ -791,7 +813,7 @@ def decode_rollouts(blob: bytes) -> dict[str, tuple[Rollout, ...]]:
             if not _row_ok(row):
                 raise ValueError(
                     f"row {i} is not [group_id, index, reward, weight_version, text, finish_reason, "
-                    f"and three counts >= 0] of those types: {str(row)[:200]}"
+                    f"three counts >= 0, and optional observation spans] of those types: {str(row)[:200]}"
                 )
         n_prompt = sum(int(row[6]) for row in table)
         n_completion = sum(int(row[7]) for row in table)
@@ -816,7 +838,7 @@ def decode_rollouts(blob: bytes) -> dict[str, tuple[Rollout, ...]]:
     prompt_ids, completion_ids, logprobs = (a.tolist() for a in arrays)
     out: dict[str, list[Rollout]] = {}
     p = c = lp = 0
-    for group_id, index, reward, version, text, finish, np_, nc, nl in table:
+    for group_id, index, reward, version, text, finish, np_, nc, nl, *observed in table:
         out.setdefault(group_id, []).append(
             Rollout(
                 group_id=group_id,
@@ -828,6 +850,7 @@ def decode_rollouts(blob: bytes) -> dict[str, tuple[Rollout, ...]]:
                 weight_version=version,
                 text=text,
                 finish_reason=finish,
+                observed=tuple((a, b) for a, b in observed[0]) if observed else (),
             )
         )
         p, c, lp = p + np_, c + nc, lp + nl

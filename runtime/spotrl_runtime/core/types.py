@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -40,6 +42,22 @@ class Rollout:
     """The policy version (trained steps) the sample was generated with."""
     text: str = ""
     finish_reason: str = ""
+    observed: tuple[tuple[int, int], ...] = ()
+    """Spans ``[start, end)`` of the completion that an environment wrote, not the policy (a
+    multi-turn episode's observations); their ``logprobs`` are 0 and they are never trained."""
+
+
+def check_observed(observed: Sequence[Sequence[int]], length: int, what: str) -> tuple[tuple[int, int], ...]:
+    """``observed`` (:attr:`Rollout.observed`) as spans in order, each non-empty, apart and
+    inside ``length`` completion tokens; else a ``ValueError`` naming ``what``."""
+    spans = tuple((int(a), int(b)) for a, b in observed)
+    bounds = [0, *(x for span in spans for x in span), length]
+    if any(b < a for a, b in itertools.pairwise(bounds)) or any(a == b for a, b in spans):
+        raise ValueError(
+            f"{what}: observation spans {list(spans)[:8]} are not ordered, non-empty spans "
+            f"within its {length} completion tokens"
+        )
+    return spans
 
 
 @dataclass(frozen=True)

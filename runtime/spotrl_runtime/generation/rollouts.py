@@ -97,6 +97,7 @@ def score_group(
             weight_version=generated.weight_version,
             text=sample.text,
             finish_reason=sample.finish_reason,
+            observed=sample.observed,
         )
         for i, sample in enumerate(generated.samples)
     )

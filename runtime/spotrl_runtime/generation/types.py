@@ -56,6 +56,9 @@ class Sample:
     logprobs: tuple[float, ...]
     finish_reason: str
     text: str
+    observed: tuple[tuple[int, int], ...] = ()
+    """A multi-turn episode's observations: spans ``[start, end)`` of the completion that the
+    environment wrote (log-prob 0 each), between the turns the policy generated."""
 
 
 @dataclass(frozen=True)

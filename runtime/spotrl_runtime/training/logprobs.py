@@ -72,12 +72,18 @@ class TokenBatch:
 
 
 def token_batch(
-    sequences: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, device: Any, packed: bool = False
+    sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
+    pad_id: int,
+    device: Any,
+    packed: bool = False,
+    observed: Sequence[Sequence[tuple[int, int]]] | None = None,
 ) -> TokenBatch:
     """(prompt ids, completion ids) pairs as a :class:`TokenBatch` on ``device``: one a row,
     right-padded to the longest; or ``packed``, several a row where that computes fewer positions
     (:func:`~spotrl_runtime.training.rows.micro_batch_rows`), each with positions from 0 (the
-    padding left at a row's end too)."""
+    padding left at a row's end too). ``observed``: per sequence, the spans of its completion
+    that are observations (:attr:`~spotrl_runtime.training.rows.Row.observed`): in the rows as
+    context, not among the trained tokens."""
     lengths = [len(p) + len(c) for p, c in sequences]
     layout = micro_batch_rows(lengths, packed)
     packed = any(len(members) > 1 for members in layout)
@@ -101,8 +107,9 @@ def token_batch(
     for i, (prompt, completion) in enumerate(sequences):  # the trained tokens in the sequences' order
         r, offset = at[i]
         first = offset + len(prompt) - 1  # position t predicts token t + 1
-        rows += [r] * len(completion)
-        positions += range(first, first + len(completion))
+        trained = _generated(len(completion), observed[i] if observed is not None else ())
+        rows += [r] * len(trained)
+        positions += (first + k for k in trained)
     rows_t = torch.tensor(rows, dtype=torch.long)
     positions_t = torch.tensor(positions, dtype=torch.long)
     targets = input_ids[rows_t, positions_t + 1]
@@ -114,6 +121,12 @@ def token_batch(
         targets.to(device),
         position_ids.to(device) if packed else None,
     )
+
+
+def _generated(length: int, observed: Sequence[tuple[int, int]]) -> list[int]:
+    """The completion's offsets outside its ``observed`` spans."""
+    skip = {k for start, end in observed for k in range(start, end)}
+    return [k for k in range(length) if k not in skip]
 
 
 def token_logprobs(

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from spotrl_runtime.core.types import FinishedGroup
+from spotrl_runtime.core.types import FinishedGroup, Rollout, check_observed
 from spotrl_runtime.generation.types import FINISH_LENGTH
 from spotrl_runtime.training.advantages import (
     DEFAULT_OBJECTIVE,
@@ -45,6 +45,16 @@ class Row:
     """The trainer's log-probs of its completion before the step's first update, when the step
     makes more than one (``training.miniBatches``, ``epochs``) or scores its rollouts first
     (``training.kl.inReward``); None: the pass's own, detached."""
+    observed: tuple[tuple[int, int], ...] = ()
+    """Spans ``[start, end)`` of the completion the policy did not generate: an episode's
+    observations (a tool's output, an environment's reply, with the chat template's tokens
+    around them). They are context for the tokens after them and are never trained:
+    ``old_logprobs``, ``proximal`` and every count of trained tokens leave them out."""
+
+    @property
+    def trained(self) -> int:
+        """Its trained tokens: the completion less its observations."""
+        return len(self.completion_ids) - sum(end - start for start, end in self.observed)
 
 
 @dataclass(frozen=True)
@@ -84,7 +94,7 @@ class StepRows:
     @property
     def tokens(self) -> int:
         """Completion tokens of the whole step: what every rank divides its loss sums by."""
-        return sum(len(r.completion_ids) for g in self.by_group for r in g)
+        return sum(r.trained for g in self.by_group for r in g)
 
 
 def step_rows(
@@ -117,25 +127,11 @@ def step_rows(
         for k, (rollout, adv) in enumerate(
             zip(group.rollouts, group_advantages(shaped, objective).tolist(), strict=True)
         ):
-            if len(rollout.logprobs) != len(rollout.completion_token_ids):
-                raise ValueError(
-                    f"group {group.group_id} rollout {rollout.index}: {len(rollout.logprobs)} logprobs for "
-                    f"{len(rollout.completion_token_ids)} completion tokens"
-                )
             if objective.overlong_filter and rollout.finish_reason == FINISH_LENGTH:
                 filtered += 1
             elif rollout.completion_token_ids:
                 proximal = scored[index][k].logprobs if scored is not None else None
-                rows.append(
-                    Row(
-                        rollout.prompt_token_ids,
-                        rollout.completion_token_ids,
-                        rollout.logprobs,
-                        float(adv),
-                        rollout.weight_version,
-                        proximal=proximal,
-                    )
-                )
+                rows.append(replace(rollout_row(rollout), advantage=float(adv), proximal=proximal))
         if rows:
             by_group.append(rows)
             sources.append(index)
@@ -158,16 +154,39 @@ def _reward_kl(scored: Sequence[Sequence[Scored]], objective: Objective) -> dict
     return {"kl": total / max(tokens, 1), "reward_kl_penalty_mean": objective.reward_kl * total / max(len(flat), 1)}
 
 
+def rollout_row(rollout: Rollout) -> Row:
+    """``rollout`` as a row with no advantage yet: its generated tokens' log-probs only (an
+    observation's tokens carry none of the policy's)."""
+    if len(rollout.logprobs) != len(rollout.completion_token_ids):
+        raise ValueError(
+            f"group {rollout.group_id} rollout {rollout.index}: {len(rollout.logprobs)} logprobs for "
+            f"{len(rollout.completion_token_ids)} completion tokens"
+        )
+    what = f"group {rollout.group_id} rollout {rollout.index}"
+    observed = check_observed(rollout.observed, len(rollout.completion_token_ids), what)
+    return Row(
+        rollout.prompt_token_ids,
+        rollout.completion_token_ids,
+        generated_values(rollout.logprobs, observed),
+        0.0,
+        rollout.weight_version,
+        observed=observed,
+    )
+
+
+def generated_values(values: Sequence[float], observed: Sequence[tuple[int, int]]) -> tuple[float, ...]:
+    """``values`` (one per completion token) at the generated tokens alone, in order."""
+    out: list[float] = []
+    at = 0
+    for start, end in (*observed, (len(values), len(values))):
+        out.extend(values[at:start])
+        at = end
+    return tuple(out)
+
+
 def score_rows(groups: Sequence[FinishedGroup]) -> list[list[Row]]:
     """Per group, its rollouts with a completion as rows to score (:class:`Scored`; no advantage yet)."""
-    return [
-        [
-            Row(r.prompt_token_ids, r.completion_token_ids, r.logprobs, 0.0, r.weight_version)
-            for r in g.rollouts
-            if r.completion_token_ids
-        ]
-        for g in groups
-    ]
+    return [[rollout_row(r) for r in g.rollouts if r.completion_token_ids] for g in groups]
 
 
 def scored_by_group(groups: Sequence[FinishedGroup], values: Sequence[Scored]) -> list[list[Scored]]:
@@ -209,13 +228,13 @@ def step_updates(
 def _whitened(by_group: Sequence[Sequence[Row]]) -> list[list[Row]]:
     """The rows with their advantages whitened over the step's trained tokens (``reinforce++-baseline``)."""
     flat = [r for g in by_group for r in g]
-    values = iter(whiten([r.advantage for r in flat], [len(r.completion_ids) for r in flat]))
+    values = iter(whiten([r.advantage for r in flat], [r.trained for r in flat]))
     return [[replace(r, advantage=next(values)) for r in g] for g in by_group]
 
 
 def _scaled(by_group: Sequence[Sequence[Row]], rollouts: int, objective: Objective) -> tuple[tuple[Row, ...], ...]:
     """The rows with their loss scales over ``rollouts`` and their own tokens (:func:`row_scales`)."""
-    scales = iter(row_scales([len(r.completion_ids) for g in by_group for r in g], rollouts, objective))
+    scales = iter(row_scales([r.trained for g in by_group for r in g], rollouts, objective))
     return tuple(tuple(replace(r, scale=next(scales)) for r in g) for g in by_group)
 
 

@@ -453,10 +453,9 @@ class Trainer:
             for chunk in chunks:
                 if interrupted is not None and interrupted():
                     raise StepInterruptedError(f"step {self.step} interrupted before its first update")
-                pairs = [(r.prompt_ids, r.completion_ids) for r in chunk]
-                batch = lp.token_batch(pairs, self.pad_token_id, self.device, self.config.packed)
+                batch = self._token_batch(chunk)
                 logprobs, _ = lp.call(self.model, batch, *sampling)
-                lengths = [len(r.completion_ids) for r in chunk]
+                lengths = [r.trained for r in chunk]
                 sums = self._kl_sums(logprobs, batch, lengths) if kl else [0.0] * len(chunk)
                 for row, values, total in zip(chunk, logprobs.float().cpu().split(lengths), sums, strict=True):
                     out[id(row)] = Scored(total, tuple(values.tolist()))
@@ -514,9 +513,8 @@ class Trainer:
 
     def _micro_batch(self, rows: Sequence[Row]) -> tuple[Any, lp.TokenBatch]:
         """One forward pass over ``rows`` (right-padded): the loss terms at their completion tokens."""
-        pairs = [(r.prompt_ids, r.completion_ids) for r in rows]
-        batch = lp.token_batch(pairs, self.pad_token_id, self.device, self.config.packed)
-        per_row = [len(r.completion_ids) for r in rows]
+        batch = self._token_batch(rows)
+        per_row = [r.trained for r in rows]
         behaviour = torch.tensor([x for r in rows for x in r.old_logprobs], dtype=torch.float32, device=self.device)
         advantages = torch.tensor([r.advantage for r in rows], dtype=torch.float32).repeat_interleave(
             torch.tensor(per_row)
@@ -544,6 +542,12 @@ class Trainer:
         )
         terms = token_loss_terms(tokens, self.config.loss)
         return replace(terms, entropy_sum=float(entropy.sum())), batch
+
+    def _token_batch(self, rows: Sequence[Row]) -> lp.TokenBatch:
+        """``rows`` on the device, their observations as context only."""
+        pairs = [(r.prompt_ids, r.completion_ids) for r in rows]
+        observed = [r.observed for r in rows]
+        return lp.token_batch(pairs, self.pad_token_id, self.device, self.config.packed, observed)
 
     def fingerprint(self, metrics: Mapping[str, float]) -> StepFingerprint:
         """The fingerprint of the step just taken (``metrics``: what :meth:`train_step` returned):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 
 import pytest
 from scripted_generation import new_owners, rollout, rollouts
@@ -82,6 +83,36 @@ def test_rollout_rows_are_bit_exact() -> None:
         decode_rollouts(blob[:-3])
     with pytest.raises(OwnerFileError, match="SPOTRLR1"):
         decode_rollouts(b"garbage")
+
+
+def test_an_episodes_observation_spans_round_trip_and_single_turn_rows_keep_nine_columns() -> None:
+    episode = Rollout("g1", 0, (1, 2), (5, 6, 7, 8, 9), (-0.5, 0.0, 0.0, -0.25, -1.0), 1.0, 2, observed=((1, 3),))
+    plain = Rollout("g1", 1, (1, 2), (5, 6), (-0.5, -0.5), 0.0, 2)
+    blob = encode_rollouts([("g1", (episode, plain))])
+    assert decode_rollouts(blob) == {"g1": (episode, plain)}
+    table = _row_table(blob)
+    assert [len(row) for row in table] == [10, 9], "a row without observations is readable by an older controller"
+
+
+@pytest.mark.parametrize("spans", [[[3, 2]], [[0, 2], [1, 4]], [[4, 6]], [[2, 2]], [[1, True]], [], "x"])
+def test_forged_observation_spans_are_refused(spans: object) -> None:
+    """A row table consistent in everything but its spans: the file is refused, not half-read."""
+    good = encode_rollouts([("g1", (Rollout("g1", 0, (1,), (5, 6, 7, 8, 9), (0.0,) * 5, 1.0, 2, observed=((1, 3),)),))])
+    table = _row_table(good)
+    table[0][9] = spans
+    with pytest.raises(OwnerFileError, match="optional observation spans"):
+        decode_rollouts(_with_table(good, table))
+
+
+def _row_table(blob: bytes) -> list[list[object]]:
+    (length,) = struct.unpack_from("<Q", blob, 8)
+    return list(json.loads(blob[16 : 16 + length])["rows"])
+
+
+def _with_table(blob: bytes, table: list[list[object]]) -> bytes:
+    (length,) = struct.unpack_from("<Q", blob, 8)
+    header = json.dumps({"rows": table}).encode()
+    return blob[:8] + struct.pack("<Q", len(header)) + header + blob[16 + length :]
 
 
 def test_ledger_records_are_locators_of_a_few_hundred_bytes_whatever_the_prompt() -> None:
