@@ -1120,6 +1120,48 @@ class Validation(ApiObject):
     limit: int = Field(default=64, ge=1, le=100_000, description="Rows scored per pass (the first, in file order).")
 
 
+class Environment(ApiObject):
+    """Multi-turn episodes: each sample runs as turns against an environment's tools."""
+
+    name: Literal["builtin:calculator"] = Field(
+        description=(
+            "The environment each episode runs against. 'builtin:calculator': one tool, calculator(expression), "
+            "exact arithmetic. See docs/guides/agents.md."
+        ),
+    )
+    max_turns: int = Field(
+        default=8,
+        ge=1,
+        le=256,
+        description="Turns an episode generates at most; one that asks for a tool after its last turn ends truncated.",
+    )
+    max_episode_tokens: int = Field(
+        default=2048,
+        ge=1,
+        description=(
+            "An episode's completion at most, generated and observation tokens together; each turn also keeps to "
+            "generation.maxNewTokens and, when set, the prompt and the episode to generation.maxModelLen."
+        ),
+    )
+    max_episode_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="Wall-clock seconds an episode may run, checked at each turn's end (unset: no limit).",
+    )
+    tool_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="A tool call that has not answered by then gets an error observation, and the episode goes on.",
+    )
+    tool_parser: Literal["hermes"] = Field(
+        default="hermes",
+        description=(
+            "vLLM's tool-call parser for the policy's chat template: 'hermes' reads Qwen2.5's and Hermes' "
+            "<tool_call> JSON blocks."
+        ),
+    )
+
+
 class RLJobSpec(ApiObject):
     """What the user asks for."""
 
@@ -1136,6 +1178,13 @@ class RLJobSpec(ApiObject):
     generation: Generation = Field(default_factory=Generation, description="Rollout generation.")
     validation: Validation | None = Field(
         default=None, description="Validation during training: a held-out split scored every N steps (unset: none)."
+    )
+    environment: Environment | None = Field(
+        default=None,
+        description=(
+            "Multi-turn, tool-using episodes (agents): each sample's turns call the environment's tools and read "
+            "their answers until it answers without a call. Unset: one turn a sample."
+        ),
     )
     checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="Cuts: where and when.")
     preemption: Preemption = Field(default_factory=Preemption, description="Notices and dropped prompts.")
@@ -1259,6 +1308,15 @@ class RLJobSpec(ApiObject):
                 "klCoef, or unset inReward"
             ),
             field="training.kl.inReward",
+        ),
+        Rule(
+            cel="!has(self.environment) || (has(self.dataset.promptFormat) && self.dataset.promptFormat == 'chat')",
+            check=lambda s: s.environment is None or s.dataset.prompt_format == "chat",
+            message=(
+                "spec.environment needs dataset.promptFormat: chat (observations are written with the policy's chat "
+                "template between its turns)"
+            ),
+            field="environment",
         ),
     )
 

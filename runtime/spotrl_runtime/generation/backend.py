@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from spotrl_runtime.generation.types import GenerationRequest, GroupFailed, GroupGenerated
 
 if TYPE_CHECKING:
-    from spotrl_runtime.api.rljob import Lora
+    from spotrl_runtime.api.rljob import Environment, Lora
     from spotrl_runtime.generation.weights import ChannelAddress, SyncPlan
 
 
@@ -87,6 +87,10 @@ class GenerationBackend(ABC):
         :class:`~spotrl_runtime.generation.weights.WeightSyncError` if it did not all arrive: the
         weights are then torn, and the backend must not generate before a whole version."""
 
+    def context_tokens(self) -> int | None:
+        """The longest context (prompt and completion) the engine takes, if it has a bound."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Releases what the backend holds (GPU memory, engine processes)."""
 
@@ -117,6 +121,9 @@ class BackendSpec:
     """``spec.policy.lora``: the base is served once, with the trainer's adapter on it."""
     max_loras: int = 2
     """vLLM with LoRA: adapter versions served at once (``generation.lookahead`` + 2)."""
+    environment: Environment | None = None
+    """``spec.environment``: each sample an episode of turns against it
+    (:class:`~spotrl_runtime.rollouts.episodes.EpisodeBackend` around the engine)."""
 
     @classmethod
     def from_rljob(cls, spec: Any, *, device: str | None = None) -> BackendSpec:
@@ -139,6 +146,7 @@ class BackendSpec:
             seed=spec.training.seed,
             lora=spec.policy.lora,
             max_loras=gen.lookahead + 2,
+            environment=spec.environment,
         )
 
 

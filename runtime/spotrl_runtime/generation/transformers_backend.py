@@ -56,6 +56,10 @@ class TransformersBackend(GenerationBackend):
             lora.add_adapter(model, spec.lora, base="", seed=spec.seed, master=False)
         return cls(model, tokenizer, max_batch_rows=spec.max_batch_rows)
 
+    def context_tokens(self) -> int | None:
+        positions = getattr(self.model.config, "max_position_embeddings", None)
+        return int(positions) if positions else None
+
     def join_channel(self, address: ChannelAddress) -> None:
         self._channel.join(address)
 

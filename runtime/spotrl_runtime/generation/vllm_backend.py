@@ -294,6 +294,9 @@ class VLLMBackend(GenerationBackend):
             seconds=seconds,
         )
 
+    def context_tokens(self) -> int:
+        return int(self.llm.llm_engine.model_config.max_model_len)
+
     def kv_cache_tokens(self) -> int:
         """Tokens the engine's KV cache holds (blocks × block size)."""
         cache = self.llm.llm_engine.vllm_config.cache_config

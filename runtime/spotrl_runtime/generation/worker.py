@@ -28,7 +28,17 @@ from spotrl_runtime.generation.weights import ChannelAddress, SyncPlan, live_lin
 
 
 def build_backend(spec: BackendSpec) -> GenerationBackend:
-    """Builds the backend ``spec`` names, loading the policy (vLLM is imported only here)."""
+    """Builds the backend ``spec`` names, loading the policy (vLLM is imported only here); with
+    ``spec.environment``, the turn loop around it."""
+    engine = _engine(spec)
+    if spec.environment is None:
+        return engine
+    from spotrl_runtime.rollouts.episodes import EpisodeBackend
+
+    return EpisodeBackend.from_spec(engine, spec.environment, max_model_len=spec.max_model_len)
+
+
+def _engine(spec: BackendSpec) -> GenerationBackend:
     if spec.kind == "transformers":
         from spotrl_runtime.generation.transformers_backend import TransformersBackend
 

@@ -1,0 +1,385 @@
+"""The turn loop: a generation backend that runs each sample of a group as an episode.
+
+:class:`EpisodeBackend` wraps an engine's backend (transformers or vLLM). A group's first turn
+is the group's own request, unchanged (``n`` samples, the group's seed): a job without an
+environment, or an episode that calls no tool, is exactly today's single-turn completion. A
+sample whose turn calls a tool becomes an episode: its environment acts in a thread of its
+own while the engine goes on with every other episode's turn (the engine never waits on one
+tool call), then the observation is appended with the chat template and the episode's next
+turn goes back to the engine as a one-sample request with its context as the prompt (token
+in, token out) and the turn's own seed. The group comes back once every episode has ended,
+each sample one sequence: the turns' tokens with their log-probs, the observations between
+them as :attr:`~spotrl_runtime.generation.types.Sample.observed` spans (log-prob 0, never
+trained).
+
+Every turn of a group runs on the weights its first turn ran on: the worker loads a new version
+only once no group is unfinished, and a turn that comes back on another version fails its group.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import hashlib
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from spotrl_runtime.generation.backend import GenerationBackend
+from spotrl_runtime.generation.types import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    GenerationRequest,
+    GroupFailed,
+    GroupGenerated,
+    Sample,
+)
+from spotrl_runtime.rollouts.chat import ObservationRenderer
+from spotrl_runtime.rollouts.environments import Environment, Observation
+from spotrl_runtime.rollouts.tool_calls import ParsedTurn, ToolCallParser
+
+if TYPE_CHECKING:
+    from spotrl_runtime.generation.weights import ChannelAddress, SyncPlan
+
+WAIT_FOR_TOOLS_SECONDS = 0.5
+"""How long a step with nothing for the engine waits for a tool call to answer (then returns,
+so that the worker's loop can take new groups, aborts and weight loads)."""
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """``spec.environment``'s bounds on one episode."""
+
+    max_turns: int = 8
+    max_episode_tokens: int = 2048
+    """Its completion's tokens, observations included."""
+    max_episode_seconds: float | None = None
+    """Checked at each turn's end: an episode past it ends there (truncated)."""
+    max_model_len: int | None = None
+    """The engine's context: an episode whose next turn would not fit ends (truncated)."""
+    tool_seconds: float = 60.0
+    """A tool call that has not answered by then gets an error observation instead."""
+
+
+def turn_seed(group_seed: int, index: int, turn: int) -> int:
+    """The sampling seed of turn ``turn`` (from 1) of sample ``index``: stable across restarts."""
+    digest = hashlib.sha256(f"{group_seed}:{index}:{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+@dataclass
+class Episode:
+    """One sample's episode so far."""
+
+    group_id: str
+    index: int
+    prompt: tuple[int, ...]
+    environment: Environment | None = None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    observed: list[tuple[int, int]] = field(default_factory=list)
+    turns: int = 0
+    finish: str = ""
+    """Empty while it runs; then the last turn's finish, or ``length`` if a limit ended it."""
+    started: float = field(default_factory=time.monotonic)
+
+    first: Sample | None = None
+    """The first turn as the engine returned it: a one-turn episode is that sample."""
+
+    def add_turn(self, sample: Sample) -> None:
+        self.first = self.first or sample
+        self.tokens.extend(sample.completion_token_ids)
+        self.logprobs.extend(sample.logprobs)
+        self.turns += 1
+
+    def add_observation(self, tokens: Sequence[int]) -> None:
+        if tokens:
+            self.observed.append((len(self.tokens), len(self.tokens) + len(tokens)))
+            self.tokens.extend(tokens)
+            self.logprobs.extend([0.0] * len(tokens))
+
+    def sample(self, decode: Callable[[list[int]], str]) -> Sample:
+        if self.first is not None and self.turns == 1:
+            return replace(self.first, finish_reason=self.finish)
+        return Sample(
+            completion_token_ids=tuple(self.tokens),
+            logprobs=tuple(self.logprobs),
+            finish_reason=self.finish,
+            text=decode(self.tokens),
+            observed=tuple(self.observed),
+        )
+
+
+@dataclass
+class _Group:
+    request: GenerationRequest
+    episodes: list[Episode] = field(default_factory=list)
+    version: int | None = None
+    failed: str = ""
+
+
+class EpisodeBackend(GenerationBackend):
+    """Runs each group's samples as episodes against ``environment`` (a factory: one
+    environment an episode), on ``inner``'s engine."""
+
+    def __init__(
+        self,
+        inner: GenerationBackend,
+        tokenizer: Any,
+        environment: Callable[[], Environment],
+        limits: EpisodeLimits,
+        *,
+        tool_parser: str = "hermes",
+        tool_threads: int = 8,
+    ) -> None:
+        self.inner = inner
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self._environment = environment
+        self._parser = ToolCallParser(tokenizer, tool_parser)
+        self._renderer = ObservationRenderer(tokenizer)
+        self._tools = concurrent.futures.ThreadPoolExecutor(tool_threads, thread_name_prefix="tool")
+        self._groups: dict[str, _Group] = {}
+        self._turns: dict[str, Episode] = {}
+        """A later turn's request id -> its episode."""
+        self._acting: dict[concurrent.futures.Future[list[Observation]], tuple[Episode, float]] = {}
+        self._done: list[GroupGenerated | GroupFailed] = []
+
+    @classmethod
+    def from_spec(cls, engine: GenerationBackend, environment: Any, *, max_model_len: int | None) -> EpisodeBackend:
+        """The turn loop ``spec.environment`` asks for, around ``engine`` (its tokenizer's template)."""
+        from spotrl_runtime.rollouts.environments import make_environment
+
+        make_environment(environment.name).close()  # an unknown name fails here, not at the first tool call
+        limits = EpisodeLimits(
+            max_turns=environment.max_turns,
+            max_episode_tokens=environment.max_episode_tokens,
+            max_episode_seconds=environment.max_episode_seconds,
+            max_model_len=max_model_len or engine.context_tokens(),
+            tool_seconds=environment.tool_seconds,
+        )
+        tokenizer = getattr(engine, "tokenizer")  # noqa: B009 - every engine has one; the base class does not say
+        return cls(
+            engine, tokenizer, lambda: make_environment(environment.name), limits, tool_parser=environment.tool_parser
+        )
+
+    # ------------------------------------------------------------------ the engine's, passed on
+
+    @property
+    def weight_version(self) -> int:  # type: ignore[override]  # the engine's, never set here
+        return self.inner.weight_version
+
+    def join_channel(self, address: ChannelAddress) -> None:
+        self.inner.join_channel(address)
+
+    def receive_weights(self, plan: SyncPlan, version: int) -> int:
+        return self.inner.receive_weights(plan, version)
+
+    def close(self) -> None:
+        self.abort()
+        self._tools.shutdown(wait=False, cancel_futures=True)
+        self.inner.close()
+
+    def context_tokens(self) -> int | None:
+        return self.inner.context_tokens()
+
+    def kv_cache_tokens(self) -> int | None:
+        tokens = getattr(self.inner, "kv_cache_tokens", None)
+        return tokens() if callable(tokens) else None
+
+    # ------------------------------------------------------------------ streaming
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GroupGenerated]:
+        """Runs ``requests`` to the end, in order; raises if a group failed."""
+        self.start(requests)
+        done: dict[str, GroupGenerated | GroupFailed] = {}
+        while len(done) < len(requests):
+            done.update((o.group_id, o) for o in self.step())
+        failed = [o for o in done.values() if isinstance(o, GroupFailed)]
+        if failed:
+            raise RuntimeError(f"group {failed[0].group_id} failed: {failed[0].error}")
+        return [done[r.group_id] for r in requests]  # type: ignore[misc]
+
+    def start(self, requests: Iterable[GenerationRequest]) -> None:
+        new = list(requests)
+        for request in new:
+            self._groups[request.group_id] = _Group(request)
+        self.inner.start(new)
+
+    def unfinished(self) -> int:
+        return len(self._groups)
+
+    def step(self) -> list[GroupGenerated | GroupFailed]:
+        self._take_observations()
+        if self.inner.unfinished():
+            for outcome in self.inner.step():
+                self._take_turn(outcome)
+        elif self._acting:
+            concurrent.futures.wait(
+                list(self._acting), timeout=WAIT_FOR_TOOLS_SECONDS, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+            self._take_observations()
+        done, self._done = self._done, []
+        return done
+
+    def abort(self) -> list[str]:
+        self.inner.abort()
+        for future in self._acting:
+            future.cancel()
+        for group in self._groups.values():
+            self._close(group)
+        ids = list(self._groups)
+        self._groups.clear()
+        self._turns.clear()
+        self._acting.clear()
+        self._done.clear()
+        return ids
+
+    # ------------------------------------------------------------------ turns
+
+    def _take_turn(self, outcome: GroupGenerated | GroupFailed) -> None:
+        episode = self._turns.pop(outcome.group_id, None)
+        group = self._groups.get(episode.group_id if episode else outcome.group_id)
+        if group is None or group.failed:
+            return  # a turn of a group that already failed or was aborted
+        if isinstance(outcome, GroupFailed):
+            return self._fail(group, outcome.error)
+        if group.version is None:
+            group.version = outcome.weight_version
+        elif outcome.weight_version != group.version:
+            return self._fail(group, f"a turn ran on version {outcome.weight_version}, its group on {group.version}")
+        try:
+            if episode is None:  # the group's first turn: one sample an episode
+                group.episodes = [
+                    Episode(group.request.group_id, i, group.request.prompt_token_ids)
+                    for i in range(len(outcome.samples))
+                ]
+                for ep, sample in zip(group.episodes, outcome.samples, strict=True):
+                    ep.add_turn(sample)
+                for ep, sample in zip(group.episodes, outcome.samples, strict=True):
+                    self._after_turn(group, ep, sample.finish_reason)
+            else:
+                episode.add_turn(outcome.samples[0])
+                self._after_turn(group, episode, outcome.samples[0].finish_reason)
+        except Exception:
+            self._fail(group, traceback.format_exc(limit=8))
+
+    def _after_turn(self, group: _Group, episode: Episode, finish: str) -> None:
+        """Ends ``episode`` or sends its calls to its environment."""
+        parsed = self._parser.parse(self._turn_text(episode, finish)) if finish == FINISH_STOP else ParsedTurn()
+        if not parsed.wants_tools:
+            return self._end(group, episode, finish)
+        if episode.turns >= self.limits.max_turns or self._out_of_time(episode):
+            return self._end(group, episode, FINISH_LENGTH)
+        if episode.environment is None:
+            episode.environment = self._environment()
+            episode.environment.reset(
+                seed=turn_seed(group.request.seed, episode.index, 0), episode_id=self._id(episode)
+            )
+        future = self._tools.submit(_act, episode.environment, parsed)
+        self._acting[future] = (episode, time.monotonic())
+
+    def _take_observations(self) -> None:
+        now = time.monotonic()
+        for future, (episode, since) in list(self._acting.items()):
+            overdue = now - since > self.limits.tool_seconds
+            if not (future.done() or overdue):
+                continue
+            del self._acting[future]
+            group = self._groups.get(episode.group_id)
+            if group is None or group.failed:
+                continue
+            if future.done():
+                observations = future.result()
+            else:
+                observations = [Observation(f"error: the tool did not answer within {self.limits.tool_seconds:g} s")]
+            self._observe(group, episode, observations)
+
+    def _observe(self, group: _Group, episode: Episode, observations: list[Observation]) -> None:
+        if any(o.done for o in observations):
+            return self._end(group, episode, FINISH_STOP)
+        observation = self._renderer.render([{"role": "tool", "content": o.text} for o in observations])
+        used = len(episode.tokens) + len(observation)
+        budget = min(group.request.max_new_tokens, self.limits.max_episode_tokens - used)
+        if self.limits.max_model_len is not None:
+            budget = min(budget, self.limits.max_model_len - len(episode.prompt) - used)
+        if budget < 1:  # no room for a token after the observation: the episode ends before it
+            return self._end(group, episode, FINISH_LENGTH)
+        episode.add_observation(observation)
+        request = replace(
+            group.request,
+            group_id=f"{group.request.group_id}#s{episode.index}t{episode.turns}",
+            prompt_token_ids=episode.prompt + tuple(episode.tokens),
+            n=1,
+            max_new_tokens=budget,
+            seed=turn_seed(group.request.seed, episode.index, episode.turns),
+        )
+        self._turns[request.group_id] = episode
+        self.inner.start([request])
+
+    def _end(self, group: _Group, episode: Episode, finish: str) -> None:
+        episode.finish = finish
+        if all(ep.finish for ep in group.episodes):
+            self._close(group)
+            del self._groups[group.request.group_id]
+            decode = self._decode
+            self._done.append(
+                GroupGenerated(
+                    group_id=group.request.group_id,
+                    prompt_token_ids=group.request.prompt_token_ids,
+                    samples=tuple(ep.sample(decode) for ep in group.episodes),
+                    weight_version=group.version if group.version is not None else self.weight_version,
+                    seconds=time.monotonic() - min(ep.started for ep in group.episodes),
+                )
+            )
+
+    def _fail(self, group: _Group, error: str) -> None:
+        group.failed = error
+        self._close(group)
+        del self._groups[group.request.group_id]
+        self._done.append(GroupFailed(group.request.group_id, error))
+
+    def _close(self, group: _Group) -> None:
+        for episode in group.episodes:
+            if episode.environment is not None:
+                # An environment that fails to close changes nothing in the episode.
+                with contextlib.suppress(Exception):
+                    episode.environment.close()
+                episode.environment = None
+
+    def _out_of_time(self, episode: Episode) -> bool:
+        limit = self.limits.max_episode_seconds
+        return limit is not None and time.monotonic() - episode.started > limit
+
+    def _turn_text(self, episode: Episode, finish: str) -> str:
+        """The last turn's text with its special tokens (call markers may be), less its end token."""
+        start = episode.observed[-1][1] if episode.observed else 0
+        ids = episode.tokens[start:]
+        if finish == FINISH_STOP:
+            ids = ids[:-1]
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    @staticmethod
+    def _id(episode: Episode) -> str:
+        return f"{episode.group_id}/{episode.index}"
+
+
+def _act(environment: Environment, parsed: ParsedTurn) -> list[Observation]:
+    """The environment's answers to a turn's calls, in order; a call that raises answers with
+    its error (a tool's crash is an observation)."""
+    if parsed.malformed:
+        return [Observation(f"error: {parsed.malformed}")]
+    out = []
+    for call in parsed.calls:
+        try:
+            out.append(environment.step(call))
+        except Exception as err:
+            out.append(Observation(f"error: {call.name} raised {type(err).__name__}: {str(err)[:300]}"))
+        if out[-1].done:
+            break
+    return out
