@@ -34,9 +34,14 @@ class ScriptedEngine(GenerationBackend):
     (it ends with the end-of-turn token unless it is longer than the request allows). Log-probs
     are -0.5 per token; every call is recorded."""
 
-    def __init__(self, tokenizer: Any, script: Callable[[str, GenerationRequest], str], version: int = 3) -> None:
+    def __init__(
+        self, tokenizer: Any, script: Callable[[str, GenerationRequest], str], version: int = 3, split: bool = False
+    ) -> None:
+        """``split``: each character of a turn's text its own token(s), not the tokenizer's
+        merges (as a policy may sample): decoding and encoding again gives other tokens."""
         self.tokenizer = tokenizer
         self.script = script
+        self.split = split
         self.weight_version = version
         self.requests: list[GenerationRequest] = []
         self.steps = 0
@@ -51,7 +56,9 @@ class ScriptedEngine(GenerationBackend):
         samples = []
         for i in range(request.n):
             text = self.script(context, request if request.n == 1 else _nth(request, i))
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            pieces = list(text) if self.split else [text]
+            ids = [i for p in pieces for i in self.tokenizer(p, add_special_tokens=False)["input_ids"]]
+            ids.append(self.tokenizer.eos_token_id)
             finish = FINISH_STOP
             if len(ids) > request.max_new_tokens:
                 ids, finish = ids[: request.max_new_tokens], FINISH_LENGTH

@@ -34,14 +34,14 @@ def _calls_then_answers(context: str, request: GenerationRequest) -> str:
     return call("3*4") if request.seed == 1100 else "The answer is 7."
 
 
-def _backend(tokenizer: Any, script: Any, **limits: Any) -> tuple[EpisodeBackend, ScriptedEngine]:
-    engine = ScriptedEngine(tokenizer, script)
+def _backend(tokenizer: Any, script: Any, split: bool = False, **limits: Any) -> tuple[EpisodeBackend, ScriptedEngine]:
+    engine = ScriptedEngine(tokenizer, script, split=split)
     return EpisodeBackend(engine, tokenizer, Calculator, EpisodeLimits(**limits)), engine
 
 
 def test_a_tool_call_becomes_an_episode_of_turns_and_observations(chat_tokenizer: Any) -> None:
-    backend, engine = _backend(chat_tokenizer, _calls_then_answers)
-    request = _request(chat_tokenizer)
+    backend, engine = _backend(chat_tokenizer, _calls_then_answers, split=True)
+    request = _request(chat_tokenizer, max_new_tokens=256)
     (group,) = backend.generate([request])
     episode, single = group.samples
     assert group.weight_version == 3
