@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-BUILTIN_MODELS = ("tiny-arith", "tiny-chat", "random-100m", "random-0.5b")
+BUILTIN_MODELS = ("tiny-arith", "tiny-chat", "tiny-agent", "random-100m", "random-0.5b")
 """``spec.policy.model: builtin:<name>``; :data:`spotrl_runtime.models.loading.BUILTIN_MODELS`
 (imported there with torch, so named again here; a unit test keeps the two equal)."""
 MAX_SECONDS = 3600.0

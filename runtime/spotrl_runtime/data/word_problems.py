@@ -8,6 +8,7 @@ thousand parameters can learn them in seconds; what the demo is about is the for
 template and the verifier, not the arithmetic.
 
     python -m spotrl_runtime.data.word_problems examples/data/word-problems
+    python -m spotrl_runtime.data.word_problems examples/data/calculator-problems --digits=2
 
 writes ``train.parquet`` and ``test.parquet`` there (the files the example ships). The two
 splits use different seeds; a test checks that the shipped files are exactly what this module
@@ -25,6 +26,8 @@ from spotrl_runtime.data.dataset import Row
 
 SPLITS = {"train": (0, 2000), "test": (1, 200)}
 """Split → (seed, rows) of the shipped files."""
+CALCULATOR_SPLITS = {"train": (2, 2000), "test": (3, 200)}
+"""The calculator example's splits (two-digit operands), in ``examples/data/calculator-problems``."""
 HELD_OUT = {"train": False, "test": True}
 """Which side of the partition each split's questions come from (:func:`held_out`)."""
 
@@ -54,34 +57,36 @@ def held_out(question: str) -> bool:
     return hashlib.sha256(question.encode()).digest()[0] % 10 == 0
 
 
-def word_problem(seed: int, idx: int, held: bool = False) -> Row:
+def word_problem(seed: int, idx: int, held: bool = False, digits: int = 1) -> Row:
     """Row ``idx`` of the split generated from ``seed``, from the held-out side of the
-    partition if ``held``."""
+    partition if ``held``. ``digits`` 2: two-digit operands (the calculator example's problems,
+    :data:`CALCULATOR_SPLITS`), beyond what a tiny model computes in its head."""
     # random.Random seeded with an int is stable across Python versions and processes.
     rng = random.Random(seed * 1_000_003 + idx)
     while True:
-        row = _draw(rng, idx)
+        row = _draw(rng, idx, digits)
         if held_out(row["question"]) == held:
             return row
 
 
-def _draw(rng: random.Random, idx: int) -> Row:
+def _draw(rng: random.Random, idx: int, digits: int = 1) -> Row:
+    low, high = (1, 9) if digits == 1 else (10, 99)
     name, pronoun = rng.choice(NAMES)
     item = rng.choice(ITEMS)
     task = rng.choice(("add", "sub", "mul"))
     if task == "add":
-        a, b = rng.randint(1, 9), rng.randint(1, 9)
+        a, b = rng.randint(low, high), rng.randint(low, high)
         c = a + b
         question = f"{name} has {a} {item}. {pronoun} gets {b} more {item}. How many {item} does {name} have now?"
         work = f"{name} has {a} + {b} = {c} {item}."
     elif task == "sub":
-        b = rng.randint(1, 9)
-        c = rng.randint(1, 9)
+        b = rng.randint(low, high)
+        c = rng.randint(low, high)
         a = b + c
         question = f"{name} has {a} {item}. {pronoun} gives {b} {item} to a friend. How many {item} are left?"
         work = f"{name} has {a} - {b} = {c} {item} left."
     else:
-        a, b = rng.randint(2, 5), rng.randint(2, 5)
+        a, b = (rng.randint(2, 5), rng.randint(2, 5)) if digits == 1 else (rng.randint(11, 49), rng.randint(3, 9))
         c = a * b
         box = rng.choice(CONTAINERS)
         question = f"{name} buys {a} {box} with {b} {item} in each. How many {item} does {name} buy?"
@@ -95,10 +100,10 @@ def _draw(rng: random.Random, idx: int) -> Row:
     }
 
 
-def split_rows(split: str) -> list[Row]:
-    """Every row of a shipped split."""
-    seed, size = SPLITS[split]
-    return [word_problem(seed, i, HELD_OUT[split]) for i in range(size)]
+def split_rows(split: str, digits: int = 1) -> list[Row]:
+    """Every row of a shipped split (``digits`` 2: of the calculator example's)."""
+    seed, size = (SPLITS if digits == 1 else CALCULATOR_SPLITS)[split]
+    return [word_problem(seed, i, HELD_OUT[split], digits) for i in range(size)]
 
 
 def write_parquet(rows: list[Row], path: Path, row_group_size: int = 500) -> None:
@@ -114,12 +119,13 @@ def write_parquet(rows: list[Row], path: Path, row_group_size: int = 500) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m spotrl_runtime.data.word_problems FOLDER", file=sys.stderr)
+    if len(args) not in (1, 2) or args[1:] not in ([], ["--digits=2"]):
+        print("usage: python -m spotrl_runtime.data.word_problems FOLDER [--digits=2]", file=sys.stderr)
         return 2
+    digits = 2 if args[1:] else 1
     for split in SPLITS:
         path = Path(args[0]) / f"{split}.parquet"
-        write_parquet(split_rows(split), path)
+        write_parquet(split_rows(split, digits), path)
         print(path)
     return 0
 

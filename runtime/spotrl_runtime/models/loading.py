@@ -4,6 +4,7 @@
 
 - ``builtin:tiny-arith`` — the demo policy, built from code and cached (:mod:`.tiny_arith`);
 - ``builtin:tiny-chat`` — the chat demo policy, a Qwen2-shaped instruct model (:mod:`.tiny_chat`);
+- ``builtin:tiny-agent`` — tiny-chat's shape, pre-trained to call a calculator sometimes (:mod:`.tiny_agent`);
 - ``builtin:random-100m`` — random weights of about 100M parameters, for timing (:mod:`.random_policy`);
 - ``builtin:random-0.5b`` — random weights in Qwen2.5-0.5B's shape, for benchmarks (:mod:`.random_policy`);
 - a local folder in Hugging Face format (``config.json``, weights, tokenizer files);
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_MODELS = ("tiny-arith", "tiny-chat", "random-100m", "random-0.5b")
+BUILTIN_MODELS = ("tiny-arith", "tiny-chat", "tiny-agent", "random-100m", "random-0.5b")
 
 PrefixDownloader = Callable[[str, Path], None]
 """Copies every object under a URI prefix into a local folder, keeping the relative keys."""
@@ -74,6 +75,10 @@ def resolve_model_dir(model: str, *, downloader: PrefixDownloader | None = None)
             from spotrl_runtime.models.tiny_chat import tiny_chat_dir
 
             return tiny_chat_dir()
+        if name == "tiny-agent":
+            from spotrl_runtime.models.tiny_agent import tiny_agent_dir
+
+            return tiny_agent_dir()
         if name in ("random-100m", "random-0.5b"):
             from spotrl_runtime.models.random_policy import RANDOM_0_5B, RANDOM_100M, random_policy_dir
 

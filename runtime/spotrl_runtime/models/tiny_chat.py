@@ -105,9 +105,12 @@ def target_text(solution: str, answer: str, marked: bool) -> str:
     return f"{work}\n#### {answer}" if marked else f"{work}\nThe answer is {answer}."
 
 
-def build_bpe_tokenizer(texts: list[str], vocab_size: int) -> Any:
+def build_bpe_tokenizer(
+    texts: list[str], vocab_size: int, added: tuple[str, ...] = (), template: str = CHAT_TEMPLATE
+) -> Any:
     """A byte-level BPE tokenizer trained on ``texts``, with ChatML's special tokens, Qwen's
-    EOS and pad tokens, and the ChatML template."""
+    EOS and pad tokens, ``added`` as whole tokens that are not special (Qwen's tool-call
+    markers are such), and ``template`` as its chat template."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -132,7 +135,9 @@ def build_bpe_tokenizer(texts: list[str], vocab_size: int) -> Any:
         model_max_length=1 << 16,
         clean_up_tokenization_spaces=False,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    if added:
+        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
+    tokenizer.chat_template = template
     return tokenizer
 
 
@@ -151,17 +156,30 @@ def _corpus(recipe: TinyChatRecipe, rng: Any) -> list[tuple[list[dict[str, str]]
 def _build(recipe: TinyChatRecipe, out_dir: Path) -> None:
     import random
 
+    build_chat_model(recipe, out_dir, NAME, _corpus(recipe, random.Random(recipe.seed)))
+
+
+def build_chat_model(
+    recipe: TinyChatRecipe,
+    out_dir: Path,
+    name: str,
+    corpus: list[tuple[list[dict[str, str]], str]],
+    added: tuple[str, ...] = (),
+    template: str = CHAT_TEMPLATE,
+) -> None:
+    """A Qwen2-shaped chat model pre-trained on ``corpus`` ((chat turns, the assistant's reply)
+    pairs), its tokenizer trained on the corpus with ``added`` tokens and ``template``, saved
+    in ``out_dir`` with its recipe file."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     started = time.monotonic()
-    corpus = _corpus(recipe, random.Random(recipe.seed))
     texts = [
         "".join(f"{IM_START}{t['role']}\n{t['content']}{IM_END}\n" for t in turns) + f"{IM_START}assistant\n{reply}"
         for turns, reply in corpus
     ]
     # Train the BPE on the text between the special tokens (they are added whole).
     plain = [t.replace(IM_START, "\n").replace(IM_END, "\n") for t in texts]
-    tokenizer = build_bpe_tokenizer(plain, recipe.vocab_size)
+    tokenizer = build_bpe_tokenizer(plain, recipe.vocab_size, added, template)
     eos, pad = tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -189,7 +207,7 @@ def _build(recipe: TinyChatRecipe, out_dir: Path) -> None:
         bos_token_id=pad, eos_token_id=[eos, pad], pad_token_id=pad, do_sample=True, temperature=0.7, top_p=0.8
     )
     save_model_folder(model, tokenizer, out_dir)
-    write_recipe(out_dir, NAME, recipe, BUILD_CODE_VERSION, started)
+    write_recipe(out_dir, name, recipe, BUILD_CODE_VERSION, started)
 
 
 def _pretrain(model: Any, tokenizer: Any, corpus: list[Any], recipe: TinyChatRecipe, generator: Any) -> None:

@@ -23,20 +23,33 @@ OPS = {"add": (r"(\d+) \+ (\d+)", lambda a, b: a + b), "sub": (r"(\d+) - (\d+)",
 OPS["mul"] = (r"(\d+) \* (\d+)", lambda a, b: a * b)
 
 
-@pytest.mark.parametrize("split", sorted(SPLITS))
-def test_the_shipped_files_are_what_the_generator_makes(split: str, tmp_path: Path) -> None:
-    shipped = ParquetDataset.open(str(SHIPPED / f"{split}.parquet"))
-    assert [shipped[i] for i in range(len(shipped))] == split_rows(split)
-    assert main([str(tmp_path)]) == 0
-    assert (tmp_path / f"{split}.parquet").read_bytes() == (SHIPPED / f"{split}.parquet").read_bytes(), (
+SETS = [(split, digits) for split in sorted(SPLITS) for digits in (1, 2)]
+FOLDERS = {1: SHIPPED, 2: ROOT / "examples" / "data" / "calculator-problems"}
+
+
+@pytest.mark.parametrize(("split", "digits"), SETS)
+def test_the_shipped_files_are_what_the_generator_makes(split: str, digits: int, tmp_path: Path) -> None:
+    shipped_file = FOLDERS[digits] / f"{split}.parquet"
+    shipped = ParquetDataset.open(str(shipped_file))
+    assert [shipped[i] for i in range(len(shipped))] == split_rows(split, digits)
+    assert main([str(tmp_path), *(["--digits=2"] if digits == 2 else [])]) == 0
+    assert (tmp_path / f"{split}.parquet").read_bytes() == shipped_file.read_bytes(), (
         "the writer is deterministic: regenerate with python -m spotrl_runtime.data.word_problems "
-        "examples/data/word-problems after changing it"
+        f"{FOLDERS[digits].relative_to(ROOT)}{' --digits=2' if digits == 2 else ''} after changing it"
     )
 
 
-@pytest.mark.parametrize("split", sorted(SPLITS))
-def test_every_answer_is_right_and_marked_as_gsm8k_marks_it(split: str) -> None:
-    for row in split_rows(split):
+def test_the_calculator_problems_have_two_digit_operands() -> None:
+    rows = split_rows("train", 2)
+    operands = [int(n) for r in rows for n in re.findall(r"\d+", r["solution"].split("=")[0])]
+    assert min(operands) >= 3
+    assert sum(n >= 10 for n in operands) > 0.7 * len(operands)
+    assert {r["task_name"] for r in rows} == {"add", "sub", "mul"}
+
+
+@pytest.mark.parametrize(("split", "digits"), SETS)
+def test_every_answer_is_right_and_marked_as_gsm8k_marks_it(split: str, digits: int) -> None:
+    for row in split_rows(split, digits):
         pattern, op = OPS[row["task_name"]]
         a, b = (int(x) for x in re.search(pattern, row["solution"]).groups())  # type: ignore[union-attr]
         numbers = [int(n) for n in re.findall(r"\d+", row["question"])]
