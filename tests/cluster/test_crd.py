@@ -11,7 +11,7 @@ import yaml
 
 from spotrl_e2e.cluster import Cluster
 from spotrl_e2e.kube import ApiError, KubeClient, wait_crd_served
-from spotrl_runtime.api.rljob import parse_spec
+from spotrl_runtime.api.rljob import Environment, parse_spec
 from spotrl_runtime.api.rules import JOB_NAME_MAX, JOB_NAME_RULE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -308,3 +308,38 @@ def test_runtime_env_is_kept_as_written_and_each_bad_entry_is_rejected_by_name(
         assert message in err.message, (name, err.message)
         with pytest.raises(ValueError, match=message):
             parse_spec(bad["spec"])
+
+
+def test_an_environment_is_kept_with_its_defaults_and_each_bad_one_rejected_by_name(
+    cluster: Cluster, crd: dict[str, Any], namespace: str
+) -> None:
+    """spec.environment on the real API server: a chat job's calculator kept, its limits
+    defaulted as the model defaults them; a raw-prompt job's refused by the CEL rule, an unknown
+    environment, parser or a turn limit of 0 refused naming the field, as the model refuses them."""
+    job = copy.deepcopy(example_job())
+    job["metadata"]["name"] = "agent"
+    job["spec"]["dataset"]["promptFormat"] = "chat"
+    job["spec"]["environment"] = {"name": "builtin:calculator", "maxTurns": 4}
+    cluster.admin().create(RLJOBS.format(ns=namespace), job)
+    got = cluster.admin().get(RLJOBS.format(ns=namespace) + "/agent")["spec"]["environment"]
+    assert got == {"name": "builtin:calculator", "maxTurns": 4, **_environment_defaults()}
+    for name, chat, environment, field in (
+        ("raw-prompts", False, {"name": "builtin:calculator"}, "spec.environment"),
+        ("unknown-environment", True, {"name": "builtin:web"}, "spec.environment.name"),
+        ("no-turns", True, {"name": "builtin:calculator", "maxTurns": 0}, "spec.environment.maxTurns"),
+        ("unknown-parser", True, {"name": "builtin:calculator", "toolParser": "xml"}, "spec.environment.toolParser"),
+    ):
+        bad = copy.deepcopy(example_job())
+        bad["metadata"]["name"] = name
+        bad["spec"]["environment"] = environment
+        if chat:
+            bad["spec"]["dataset"]["promptFormat"] = "chat"
+        err = _create(cluster, namespace, bad)
+        assert field in err.message, (name, err.message)
+        with pytest.raises(ValueError, match="environment"):
+            parse_spec(bad["spec"])
+
+
+def _environment_defaults() -> dict[str, Any]:
+    defaults = Environment(name="builtin:calculator").model_dump(by_alias=True, exclude_none=True)
+    return {k: v for k, v in defaults.items() if k not in ("name", "maxTurns")}

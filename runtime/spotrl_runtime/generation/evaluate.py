@@ -119,7 +119,14 @@ def evaluate(
     dataset = open_dataset(spec.dataset)
     collate = collate_for(spec.dataset)
     generator = build_backend(
-        BackendSpec(kind=backend, model=spec.policy.model, dtype=spec.policy.dtype, device=device)  # type: ignore[arg-type]
+        BackendSpec(
+            kind=backend,  # type: ignore[arg-type]
+            model=spec.policy.model,
+            dtype=spec.policy.dtype,
+            device=device,
+            max_model_len=spec.generation.max_model_len,
+            environment=spec.environment,  # an agent job's episodes, scored as the job scores them
+        )
     )
     encode = prompt_encoder(generator.tokenizer, spec.dataset)  # type: ignore[attr-defined]
     rows = range(min(len(dataset), limit) if limit else len(dataset))

@@ -9,6 +9,7 @@ episode gets an observation saying so (the policy learns from it), never an exce
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -50,7 +51,11 @@ class ToolCallParser:
 
         self.name = name
         self._opens = _OPENS[name]
-        self._parser = ToolParserManager.get_tool_parser(name)(tokenizer)
+        parser = ToolParserManager.get_tool_parser(name)
+        # A policy in training writes malformed calls often; vLLM's parser logs each with its
+        # traceback at ERROR. Here one is an observation, and the episode's transcript holds it.
+        logging.getLogger(parser.__module__).setLevel(logging.CRITICAL)
+        self._parser = parser(tokenizer)
 
     def parse(self, text: str) -> ParsedTurn:
         """``text``: the turn decoded with its special tokens (a template's call markers may be
