@@ -58,6 +58,8 @@ STEP_GAUGES = {
     "response_length_max": "Longest completion in tokens",
     "response_clip_ratio": "Fraction of completions cut off at maxNewTokens",
     "frac_reward_zero_std": "Fraction of groups whose rewards were all equal (no learning signal)",
+    "turns_mean": "Mean turns per episode (spec.environment; 1 for single-turn completions)",
+    "observation_tokens_mean": "Mean tokens per episode that its environment wrote (tool answers), never trained",
     "steps_without_signal": "Steps in a row in which every group's rewards were equal",
     "reward_errors": "Completions the reward failed on, scored reward.errorScore",
     "version_mismatches": "Groups generated with other weights than they were admitted with (a lost worker's)",

@@ -36,6 +36,8 @@ TAGS = {
     "response_length_max": "response_length/max",
     "response_clip_ratio": "response_length/clip_ratio",
     "frac_reward_zero_std": "reward/frac_zero_std",
+    "turns_mean": "episode/turns_mean",
+    "observation_tokens_mean": "episode/observation_tokens_mean",
     "reward_errors": "reward/errors",
     "version_mismatches": "rollout/version_mismatches",
     "loss": "actor/loss",

@@ -7,8 +7,11 @@ flat names (an audit record is one JSON object, a Prometheus metric one name):
 - ``reward_mean``, ``reward_std``: over the step's rollouts;
 - ``accuracy``: the fraction of rollouts a verifiable reward scored 1.0 or more (a correct
   answer: ``gsm8k``, ``math_verify``, ``arithmetic_exact``);
-- ``response_length_mean``, ``response_length_max``: completion tokens;
+- ``response_length_mean``, ``response_length_max``: completion tokens (an episode's: its turns'
+  and its observations');
 - ``response_clip_ratio``: the fraction cut off at ``maxNewTokens`` (finish reason ``length``);
+- ``turns_mean``, ``observation_tokens_mean``: with ``spec.environment``, an episode's turns and
+  the tokens its environment wrote (1 and 0 for single-turn completions);
 - ``frac_reward_zero_std`` (TRL's name): the fraction of groups whose rewards are all equal,
   which teach nothing (a group's advantages are its rewards against each other). At 1.0 the
   step trains nothing; :class:`LearningSignal` says so when it lasts.
@@ -37,6 +40,8 @@ STEP_STATS = (
     "response_length_max",
     "response_clip_ratio",
     "frac_reward_zero_std",
+    "turns_mean",
+    "observation_tokens_mean",
 )
 
 
@@ -56,6 +61,9 @@ def rollout_stats(groups: Sequence[FinishedGroup]) -> dict[str, float]:
         "response_length_max": float(max(lengths)),
         "response_clip_ratio": sum(1 for r in rollouts if r.finish_reason == "length") / len(rollouts),
         "frac_reward_zero_std": sum(1 for g in groups if len({r.reward for r in g.rollouts}) <= 1) / len(groups),
+        # An episode's turns are the policy's runs between its observations (it never ends on one).
+        "turns_mean": sum(len(r.observed) + 1 for r in rollouts) / len(rollouts),
+        "observation_tokens_mean": sum(b - a for r in rollouts for a, b in r.observed) / len(rollouts),
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -34,6 +35,15 @@ def test_the_statistics_of_known_rollouts() -> None:
     assert stats["frac_reward_zero_std"] == 0.0
     flat = [*groups, _group("g2", [(0.0, 3, "stop"), (0.0, 1, "stop")])]
     assert rollout_stats(flat)["frac_reward_zero_std"] == pytest.approx(1 / 3)
+
+
+def test_episodes_count_their_turns_and_observation_tokens() -> None:
+    group = _group("g0", [(1.0, 9, "stop"), (0.0, 4, "stop")])
+    episode = replace(group.rollouts[0], observed=((2, 4), (6, 7)))
+    stats = rollout_stats([replace(group, rollouts=(episode, group.rollouts[1]))])
+    assert stats["turns_mean"] == 2.0, "three turns and one"
+    assert stats["observation_tokens_mean"] == 1.5
+    assert rollout_stats([group])["turns_mean"] == 1.0
 
 
 def test_the_learning_signal_is_lost_after_patience_steps_without_variance_and_found_again() -> None:
