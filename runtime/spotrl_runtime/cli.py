@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "spotrl_runtime.commands.validate",
     "spotrl_runtime.commands.run",
     "spotrl_runtime.commands.audit",
+    "spotrl_runtime.commands.episodes",
     "spotrl_runtime.commands.controller",
     "spotrl_runtime.commands.worker",
     "spotrl_runtime.commands.ckpt",

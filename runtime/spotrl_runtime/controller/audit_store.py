@@ -19,6 +19,9 @@ from spotrl_runtime.storage import Storage
 
 PREFIX = "audit/"
 STEP_PREFIX = f"{PREFIX}step-"
+EPISODES_PREFIX = f"{PREFIX}episodes/"
+"""``audit/episodes/step-00000012/attempt-0003.json``: a few episodes of step 12 as attempt 3
+trained them, turn by turn (jobs with ``spec.environment``; ``spotrl episodes`` prints them)."""
 RESTORE_PREFIX = f"{PREFIX}restores/"
 """``audit/restores/attempt-0003.json``: what attempt 3 found in the cut it resumed from (its
 restore counters) and when it started, restored and was ready. Under ``audit/``, so the job's
@@ -59,6 +62,17 @@ class AuditStore:
         """Every stored record, oldest step and attempt first."""
         keys = sorted(o.key for o in self.storage.list(STEP_PREFIX) if o.key.endswith(".json"))
         return [json.loads(self.storage.get_bytes(k)) for k in keys]
+
+    def write_episodes(self, record: AuditRecord, episodes: list[dict[str, Any]]) -> None:
+        """Stores a trained step's transcripts (:func:`~spotrl_runtime.rollouts.transcripts.transcripts`)."""
+        key = f"{EPISODES_PREFIX}step-{record.step:08d}/attempt-{record.attempt:04d}.json"
+        doc = {"step": record.step, "attempt": record.attempt, "episodes": episodes}
+        self.storage.put_bytes(key, json.dumps(doc, sort_keys=True).encode())
+
+    def episodes(self, step: int) -> dict[str, Any] | None:
+        """Step ``step``'s transcripts as its last attempt trained it, or None."""
+        keys = sorted(o.key for o in self.storage.list(f"{EPISODES_PREFIX}step-{step:08d}/") if o.key.endswith(".json"))
+        return json.loads(self.storage.get_bytes(keys[-1])) if keys else None
 
     def write_restore(self, record: RestoreRecord) -> None:
         """Stores what one resumed attempt found in its cut (one object per attempt)."""

@@ -62,6 +62,7 @@ from spotrl_runtime.generation.pool import SyncResult
 from spotrl_runtime.generation.rollouts import make_request, score_group
 from spotrl_runtime.generation.weights import WeightSyncCancelledError
 from spotrl_runtime.rewards.runner import RewardFailure
+from spotrl_runtime.rollouts.transcripts import transcripts
 from spotrl_runtime.training.group import CaptureRefusedError, TrainerGroup
 from spotrl_runtime.training.rows import ROLLOUT_GAP_METRICS, STALE_GAP_METRICS
 from spotrl_runtime.training.trainer import StepInterruptedError
@@ -365,6 +366,8 @@ class Controller:
             gap = {k: metrics[k] for k in (*ROLLOUT_GAP_METRICS, *STALE_GAP_METRICS) if k in metrics}
             entry.update(gap)
             self.parts.audit.write(record, reward=reward, seconds=round(seconds, 4), **step_stats, **gap)
+            if self.job.spec.environment is not None:
+                self.parts.audit.write_episodes(record, transcripts(groups, self._decode))
             self.history.append(entry)
             for sink in self.options.sinks:
                 sink.on_step(owners.trainer_step, entry)
@@ -431,6 +434,10 @@ class Controller:
         channel = ChannelHost(channel_host_address(), timeout=current.channel.timeout)
         bucket = max(b.nbytes for b in current.plan.buckets)
         return WeightSender(lambda: weights, current.plan.tensors[0].dtype, channel, bucket)
+
+    def _decode(self, ids: list[int]) -> str:
+        """Token ids as text, the chat template's markers kept (a transcript shows them)."""
+        return str(self.parts.tokenizer.decode(ids, skip_special_tokens=False))
 
     def _fingerprint(self, metrics: dict[str, float]) -> Any:
         """The step's fingerprint for the redo log, when delta cuts may be taken (periodic ones,

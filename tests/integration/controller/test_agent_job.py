@@ -72,6 +72,26 @@ def test_held_out_accuracy_rises_as_it_learns_to_call_the_tool(example: tuple[Pa
     assert after >= before + RISE, (before, after)
 
 
+def test_spotrl_episodes_prints_a_steps_turns(example: tuple[Path, Path, int], runs: Runs) -> None:
+    """A trained step's episodes, as a person debugging the environment reads them: the policy's
+    calls, the calculator's answers in the template's markers, the final answer."""
+    _, store, _ = example
+    out = _cli(runs, "episodes", str(store), "--step", "3")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("step 3 (attempt 0): 8 episodes")
+    assert "-- environment\n\n<|im_start|>user\n<tool_response>\n" in out.stdout
+    doc = json.loads(_cli(runs, "episodes", str(store), "--step", "3", "--json").stdout)
+    called = [e for e in doc["episodes"] if len(e["turns"]) > 1]
+    assert called, "some of the step's first episodes called the tool"
+    for episode in called:
+        roles = [t["role"] for t in episode["turns"]]
+        assert roles == [("policy", "environment")[k % 2] for k in range(len(roles))], "they alternate"
+        assert "<tool_call>" in episode["turns"][0]["text"]
+    missing = _cli(runs, "episodes", str(store), "--step", "4000")
+    assert missing.returncode == 1
+    assert "holds no episodes of step 4000" in missing.stderr
+
+
 @pytest.fixture(scope="module")
 def interrupted(example: tuple[Path, Path, int], runs: Runs, tmp_path_factory: pytest.TempPathFactory) -> CutSurgery:
     """The barrier cut of the example stopped by SIGTERM while step 5 trains (its episodes run
