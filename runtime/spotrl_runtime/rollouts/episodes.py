@@ -43,6 +43,9 @@ from spotrl_runtime.rollouts.tool_calls import ParsedTurn, ToolCallParser
 if TYPE_CHECKING:
     from spotrl_runtime.generation.weights import ChannelAddress, SyncPlan
 
+MAX_OBSERVATION_CHARS = 8192
+"""A tool's answer longer than this is cut to it, saying how much was left out: a huge output is
+an observation like any other, never tokenized whole."""
 WAIT_FOR_TOOLS_SECONDS = 0.5
 """How long a step with nothing for the engine waits for a tool call to answer (then returns,
 so that the worker's loop can take new groups, aborts and weight loads)."""
@@ -300,7 +303,7 @@ class EpisodeBackend(GenerationBackend):
     def _observe(self, group: _Group, episode: Episode, observations: list[Observation]) -> None:
         if any(o.done for o in observations):
             return self._end(group, episode, FINISH_STOP)
-        observation = self._renderer.render([{"role": "tool", "content": o.text} for o in observations])
+        observation = self._renderer.render([{"role": "tool", "content": _bounded(o.text)} for o in observations])
         used = len(episode.tokens) + len(observation)
         budget = min(group.request.max_new_tokens, self.limits.max_episode_tokens - used)
         if self.limits.max_model_len is not None:
@@ -367,6 +370,12 @@ class EpisodeBackend(GenerationBackend):
     @staticmethod
     def _id(episode: Episode) -> str:
         return f"{episode.group_id}/{episode.index}"
+
+
+def _bounded(text: str) -> str:
+    if len(text) <= MAX_OBSERVATION_CHARS:
+        return text
+    return f"{text[:MAX_OBSERVATION_CHARS]}\n[{len(text) - MAX_OBSERVATION_CHARS} more characters left out]"
 
 
 def _act(environment: Environment, parsed: ParsedTurn) -> list[Observation]:

@@ -137,7 +137,7 @@ class Broken(Calculator):
         if call.arguments["expression"] == "hang":
             time.sleep(3)
         if call.arguments["expression"] == "huge":
-            return Observation("x" * 10)
+            return Observation("x" * 10**7)
         return super().step(call)
 
 
@@ -147,8 +147,9 @@ class Broken(Calculator):
         ("crash", "error: calculator raised RuntimeError: segfault in the tool"),
         ("hang", "error: the tool did not answer within 0.2 s"),
         ("nonsense(", "error: "),
+        ("huge", "x\n[9991808 more characters left out]"),
     ],
-    ids=["tool-raises", "tool-hangs", "tool-errors"],
+    ids=["tool-raises", "tool-hangs", "tool-errors", "tool-floods"],
 )
 def test_a_tools_failure_is_an_observation_and_the_episode_goes_on(
     chat_tokenizer: Any, expression: str, observed: str
@@ -157,7 +158,7 @@ def test_a_tools_failure_is_an_observation_and_the_episode_goes_on(
         return "gave up" if "tool\n" in context else call(expression)
 
     engine = ScriptedEngine(chat_tokenizer, script)
-    backend = EpisodeBackend(engine, chat_tokenizer, Broken, EpisodeLimits(tool_seconds=0.2))
+    backend = EpisodeBackend(engine, chat_tokenizer, Broken, EpisodeLimits(tool_seconds=0.2, max_episode_tokens=20000))
     (group,) = backend.generate([_request(chat_tokenizer, n=1)])
     (sample,) = group.samples
     (span,) = sample.observed
