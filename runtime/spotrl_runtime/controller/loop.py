@@ -55,7 +55,7 @@ from spotrl_runtime.core.cut_schedule import CutSchedule
 from spotrl_runtime.core.dynamic_sampling import sampling_stats
 from spotrl_runtime.core.owners import Dispatch, OwnershipError, OwnersSnapshot, UnknownGroupError
 from spotrl_runtime.core.step_stats import LearningSignal, idle_shares, rollout_stats
-from spotrl_runtime.core.types import Rollout
+from spotrl_runtime.core.types import FinishedGroup, Rollout
 from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation import GroupFailed, GroupGenerated, GroupLost
 from spotrl_runtime.generation.pool import SyncResult
@@ -292,85 +292,10 @@ class Controller:
             if self._parked.is_set():  # a barrier came, maybe while the periodic cut was captured
                 return False
             t0 = time.monotonic()
-            holding = self._newest_cut  # the cut of the step before this one, if any was taken
-            groups = owners.begin_step()
-            try:
-                failpoint("train.step", owners.trainer_step)
-                # A barrier interrupts the step (between micro-batches: it waits for one, not
-                # for the whole step); the step's groups stay in the replay buffer, in the cut.
-                metrics = trainer.train_step(groups, interrupted=self._parked.is_set)
-            except StepInterruptedError as err:
-                owners.abort_step()
-                log.info("%s: a barrier came; its groups stay in the replay buffer", err)
+            trained = self._train_step()
+            if trained is None:
                 return False
-            except Exception:
-                owners.abort_step()
-                raise
-            cut_wait = self._wait_for_cut(holding)
-            record = owners.commit_step(weight_version=trainer.step, fingerprint=self._fingerprint(metrics))
-            # A fenced controller (a newer attempt claimed the job, or a cut found a newer
-            # writer) stops here: the step it just trained is never audited.
-            self._raise_failure()
-            self.parts.fence.check()
-            self._wake.set()
-            seconds = time.monotonic() - t0
-            stats = rollout_stats(groups)
-            stats["reward_errors"] = float(sum(self._reward_errors.pop(g.group_id, 0) for g in groups))
-            mismatched = {g.group_id for g in groups} & self._version_mismatches
-            self._version_mismatches -= mismatched
-            stats["version_mismatches"] = float(len(mismatched))
-            if self._signal.observe(stats["frac_reward_zero_std"]):
-                log.warning(
-                    "no learning signal: in each of the last %d steps every group's rollouts had equal rewards, so "
-                    "nothing was trained (mean reward %.3f); check the reward, the dataset's answerField, and that "
-                    "the policy can solve some of the prompts",
-                    self._signal.streak,
-                    stats["reward_mean"],
-                )
-            stats["steps_without_signal"] = float(self._signal.streak)
-            sync, self._last_sync = self._last_sync, None
-            stats["weight_sync_seconds"] = sync.seconds if sync is not None else 0.0
-            stats["weight_sync_bytes"] = float(sync.bytes) if sync is not None else 0.0
-            stats["cut_wait_seconds"] = cut_wait
-            for validated in self.validator.finished() if self.validator is not None else []:
-                stats.update(validated)  # the newest pass finished since the last step
-            reward = stats["reward_mean"]
-            # Generation's pace since the last step: what the workers produced meanwhile.
-            now, generated = time.monotonic(), self.stats["tokens_generated"]
-            since = now - self._last_step_at
-            gen_tps = (generated - self._last_generated) / since if since > 0 else 0.0
-            # And the share of that time each worker did not generate (the pool's timestamps).
-            idle, idlest = idle_shares(self.parts.pool.busy_seconds(self._last_step_at, now).values(), since)
-            self._last_step_at, self._last_generated = now, generated
-            learned = {k: round(float(metrics.get(k, 0.0)), 6) for k in TRAINER_STATS}
-            learned |= {k: round(float(metrics[k]), 6) for k in SHAPING_STATS if k in metrics}
-            learned |= sampling_stats(record) if owners.config.dynamic_max_rounds is not None else {}
-            step_stats = {
-                **{k: round(v, 6) for k, v in stats.items() if k != "reward_mean"},
-                **learned,
-                "train_tokens_per_second": round(metrics.get("tokens", 0.0) / seconds, 2) if seconds > 0 else 0.0,
-                "generation_tokens_per_second": round(gen_tps, 2),
-                "generation_idle_share": round(idle, 4),
-                "generation_idle_share_max": round(idlest, 4),
-            }
-            entry = {
-                "step": record.step,
-                "attempt": record.attempt,
-                "reward": reward,
-                "seconds": seconds,
-                "loss": metrics.get("loss", 0.0),
-                "tokens": metrics.get("tokens", 0.0),
-                **step_stats,
-            }
-            # The generator's mismatch with the trainer (training/rows.py: step_metrics), where measured.
-            gap = {k: metrics[k] for k in (*ROLLOUT_GAP_METRICS, *STALE_GAP_METRICS) if k in metrics}
-            entry.update(gap)
-            self.parts.audit.write(record, reward=reward, seconds=round(seconds, 4), **step_stats, **gap)
-            if self.job.spec.environment is not None:
-                self.parts.audit.write_episodes(record, transcripts(groups, self._decode))
-            self.history.append(entry)
-            for sink in self.options.sinks:
-                sink.on_step(owners.trainer_step, entry)
+            self._report_step(*trained, seconds=time.monotonic() - t0)
             # Not once a barrier was asked for while this step trained: the barrier's cut holds
             # it (and should one be captured after this check, a trainer group refuses the
             # periodic capture rather than replace the barrier's).
@@ -382,6 +307,104 @@ class Controller:
                 self._wake.set()
                 self._sync_weights(trainer.step, self.parts.sender)
         return True
+
+    def _train_step(self) -> tuple[Any, list[FinishedGroup], dict[str, float], float] | None:
+        """Trains the step whose groups are ready and commits it: (its audit record, its groups,
+        the trainer's metrics, the seconds it waited for the last cut); None if a barrier
+        interrupted it (its groups stay in the replay buffer)."""
+        owners, trainer = self.owners, self.trainer
+        holding = self._newest_cut  # the cut of the step before this one, if any was taken
+        groups = owners.begin_step()
+        try:
+            failpoint("train.step", owners.trainer_step)
+            # A barrier interrupts the step (between micro-batches: it waits for one, not
+            # for the whole step); the step's groups stay in the replay buffer, in the cut.
+            metrics = trainer.train_step(groups, interrupted=self._parked.is_set)
+        except StepInterruptedError as err:
+            owners.abort_step()
+            log.info("%s: a barrier came; its groups stay in the replay buffer", err)
+            return None
+        except Exception:
+            owners.abort_step()
+            raise
+        cut_wait = self._wait_for_cut(holding)
+        record = owners.commit_step(weight_version=trainer.step, fingerprint=self._fingerprint(metrics))
+        # A fenced controller (a newer attempt claimed the job, or a cut found a newer
+        # writer) stops here: the step it just trained is never audited.
+        self._raise_failure()
+        self.parts.fence.check()
+        self._wake.set()
+        return record, groups, metrics, cut_wait
+
+    def _report_step(
+        self, record: Any, groups: list[FinishedGroup], metrics: dict[str, float], cut_wait: float, *, seconds: float
+    ) -> None:
+        """A trained step's statistics to the audit, the history and every sink (TensorBoard,
+        /metrics, the console)."""
+        reward, step_stats = self._step_stats(record, groups, metrics, cut_wait, seconds)
+        entry = {
+            "step": record.step,
+            "attempt": record.attempt,
+            "reward": reward,
+            "seconds": seconds,
+            "loss": metrics.get("loss", 0.0),
+            "tokens": metrics.get("tokens", 0.0),
+            **step_stats,
+        }
+        # The generator's mismatch with the trainer (training/rows.py: step_metrics), where measured.
+        gap = {k: metrics[k] for k in (*ROLLOUT_GAP_METRICS, *STALE_GAP_METRICS) if k in metrics}
+        entry.update(gap)
+        self.parts.audit.write(record, reward=reward, seconds=round(seconds, 4), **step_stats, **gap)
+        if self.job.spec.environment is not None:
+            self.parts.audit.write_episodes(record, transcripts(groups, self._decode))
+        self.history.append(entry)
+        for sink in self.options.sinks:
+            sink.on_step(self.owners.trainer_step, entry)
+
+    def _step_stats(
+        self, record: Any, groups: list[FinishedGroup], metrics: dict[str, float], cut_wait: float, seconds: float
+    ) -> tuple[float, dict[str, float]]:
+        """(the mean reward, the step's statistics as its audit record keeps them)."""
+        stats = rollout_stats(groups)
+        stats["reward_errors"] = float(sum(self._reward_errors.pop(g.group_id, 0) for g in groups))
+        mismatched = {g.group_id for g in groups} & self._version_mismatches
+        self._version_mismatches -= mismatched
+        stats["version_mismatches"] = float(len(mismatched))
+        if self._signal.observe(stats["frac_reward_zero_std"]):
+            log.warning(
+                "no learning signal: in each of the last %d steps every group's rollouts had equal rewards, so "
+                "nothing was trained (mean reward %.3f); check the reward, the dataset's answerField, and that "
+                "the policy can solve some of the prompts",
+                self._signal.streak,
+                stats["reward_mean"],
+            )
+        stats["steps_without_signal"] = float(self._signal.streak)
+        sync, self._last_sync = self._last_sync, None
+        stats["weight_sync_seconds"] = sync.seconds if sync is not None else 0.0
+        stats["weight_sync_bytes"] = float(sync.bytes) if sync is not None else 0.0
+        stats["cut_wait_seconds"] = cut_wait
+        for validated in self.validator.finished() if self.validator is not None else []:
+            stats.update(validated)  # the newest pass finished since the last step
+        reward = stats["reward_mean"]
+        # Generation's pace since the last step: what the workers produced meanwhile.
+        now, generated = time.monotonic(), self.stats["tokens_generated"]
+        since = now - self._last_step_at
+        gen_tps = (generated - self._last_generated) / since if since > 0 else 0.0
+        # And the share of that time each worker did not generate (the pool's timestamps).
+        idle, idlest = idle_shares(self.parts.pool.busy_seconds(self._last_step_at, now).values(), since)
+        self._last_step_at, self._last_generated = now, generated
+        learned = {k: round(float(metrics.get(k, 0.0)), 6) for k in TRAINER_STATS}
+        learned |= {k: round(float(metrics[k]), 6) for k in SHAPING_STATS if k in metrics}
+        learned |= sampling_stats(record) if self.owners.config.dynamic_max_rounds is not None else {}
+        step_stats = {
+            **{k: round(v, 6) for k, v in stats.items() if k != "reward_mean"},
+            **learned,
+            "train_tokens_per_second": round(metrics.get("tokens", 0.0) / seconds, 2) if seconds > 0 else 0.0,
+            "generation_tokens_per_second": round(gen_tps, 2),
+            "generation_idle_share": round(idle, 4),
+            "generation_idle_share_max": round(idlest, 4),
+        }
+        return reward, step_stats
 
     def _sync_weights(self, version: int, sender: Any) -> None:
         """Sends weight ``version`` to the workers when its turn comes (the dispatcher gives it
