@@ -58,6 +58,46 @@ def chat_example(name: str = "cpu-chat-gsm8k.yaml") -> dict[str, Any]:
     return doc
 
 
+def run_example(runs: Runs, name: str, folder: str) -> tuple[Path, Path, int]:
+    """(job file, store, steps) of ``examples/<name>`` (:func:`chat_example`) run once to its
+    end under ``runs.base / folder``, never stopped."""
+    doc = chat_example(name)
+    job = runs.job(base=doc)
+    store = runs.base / folder
+    rc, log = runs.run(job, store)
+    assert rc == 0, log
+    steps = doc["spec"]["training"]["totalSteps"]
+    assert [s for s, _ in stream(store)] == list(range(steps))
+    return job, store, steps
+
+
+def accuracy_before_and_after(
+    runs: Runs, example: tuple[Path, Path, int], model: str, split: Path, prompts: int, limit: int | None = None
+) -> tuple[float, float]:
+    """Held-out accuracy (mean@4 over ``prompts`` rows of ``split``: its first ``limit``, or all)
+    of ``model`` and of what ``example`` trained (`spotrl ckpt export`, then `spotrl eval`)."""
+    job, store, steps = example
+    exported = store.with_name(f"{store.name}-trained")
+    out = spotrl(
+        "ckpt", "export", str(store), "-f", str(job), "--out", str(exported), "--json",
+        timeout=300, env=runs.env(), cwd=runs.base,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["trainer_step"] == steps
+    found = []
+    for policy in (model, str(exported)):
+        args = ["eval", "-f", str(job), "--dataset", str(split), "--model", policy, "--samples", "4", "--json"]
+        out = spotrl(*args, *(["--limit", str(limit)] if limit else []), timeout=300, env=runs.env(), cwd=runs.base)
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        assert result["prompts"] == prompts
+        assert result["completions"] == 4 * prompts
+        assert result["reward_failed"] == 0
+        found.append(float(result["accuracy"]))
+    print(f"held-out accuracy (mean@4, {prompts} prompts): {found[0]:.3f} -> {found[1]:.3f}")
+    return found[0], found[1]
+
+
 def fsdp(ranks: int) -> dict[str, Any]:
     """:meth:`Runs.job` overrides for a trainer group of ``ranks`` FSDP2 ranks (gloo on CPU)."""
     # The controller's Ray has 2 CPUs and the generation worker takes one: the ranks share the other.

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from controller_runs import ROOT, Runs, chat_example, spotrl, stop, stream, wait_for
+from controller_runs import ROOT, Runs, accuracy_before_and_after, run_example, spotrl, stop, stream, wait_for
 
 from spotrl_e2e.forgery import CutSurgery
 from spotrl_runtime.core.cut_format import decode_rollouts
@@ -38,37 +38,11 @@ def example(runs: Runs) -> tuple[Path, Path, int]:
     from spotrl_runtime.models.tiny_agent import tiny_agent_dir
 
     tiny_agent_dir()  # built once into the shared cache (the runs find it prebuilt)
-    doc = chat_example("cpu-agent-calculator.yaml")
-    job = runs.job(base=doc)
-    store = runs.base / "agent-example"
-    rc, log = runs.run(job, store)
-    assert rc == 0, log
-    steps = doc["spec"]["training"]["totalSteps"]
-    assert [s for s, _ in stream(store)] == list(range(steps))
-    return job, store, steps
-
-
-def _accuracy(runs: Runs, job: Path, model: str) -> float:
-    out = _cli(
-        runs, "eval", "-f", str(job), "--dataset", str(TEST_SPLIT), "--model", model,
-        "--samples", "4", "--limit", str(HELD_OUT), "--json",
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout)
-    assert result["completions"] == 4 * HELD_OUT
-    assert result["reward_failed"] == 0
-    return float(result["accuracy"])
+    return run_example(runs, "cpu-agent-calculator.yaml", "agent-example")
 
 
 def test_held_out_accuracy_rises_as_it_learns_to_call_the_tool(example: tuple[Path, Path, int], runs: Runs) -> None:
-    job, store, steps = example
-    exported = runs.base / "agent-trained"
-    out = _cli(runs, "ckpt", "export", str(store), "-f", str(job), "--out", str(exported), "--json")
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["trainer_step"] == steps
-    before = _accuracy(runs, job, "builtin:tiny-agent")
-    after = _accuracy(runs, job, str(exported))
-    print(f"held-out accuracy (mean@4, {HELD_OUT} prompts): {before:.3f} -> {after:.3f}")
+    before, after = accuracy_before_and_after(runs, example, "builtin:tiny-agent", TEST_SPLIT, HELD_OUT, HELD_OUT)
     assert after >= before + RISE, (before, after)
 
 

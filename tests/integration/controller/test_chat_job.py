@@ -8,7 +8,6 @@ name."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import time
@@ -16,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from controller_runs import ROOT, Runs, chat_example, spotrl, stop, stream, wait_for
+from controller_runs import ROOT, Runs, accuracy_before_and_after, run_example, spotrl, stop, stream, wait_for
 
 from spotrl_e2e.forgery import CutSurgery
 from spotrl_runtime.core.cut_format import decode_rollouts, encode_rollouts
@@ -40,35 +39,12 @@ def example(runs: Runs) -> tuple[Path, Path, int]:
     from spotrl_runtime.models.tiny_chat import tiny_chat_dir
 
     tiny_chat_dir()  # built once into the shared cache (the runs find it prebuilt)
-    doc = chat_example()
-    job = runs.job(base=doc)
-    store = runs.base / "chat-example"
-    rc, log = runs.run(job, store)
-    assert rc == 0, log
-    steps = doc["spec"]["training"]["totalSteps"]
-    assert [s for s, _ in stream(store)] == list(range(steps))
-    return job, store, steps
-
-
-def _accuracy(runs: Runs, job: Path, model: str) -> float:
-    out = _cli(runs, "eval", "-f", str(job), "--dataset", str(TEST_SPLIT), "--model", model, "--samples", "4", "--json")
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout)
-    assert result["prompts"] == len(split_rows("test"))
-    assert result["completions"] == 4 * result["prompts"]
-    assert result["reward_failed"] == 0
-    return float(result["accuracy"])
+    return run_example(runs, "cpu-chat-gsm8k.yaml", "chat-example")
 
 
 def test_held_out_accuracy_rises(example: tuple[Path, Path, int], runs: Runs) -> None:
-    job, store, steps = example
-    exported = runs.base / "chat-trained"
-    out = _cli(runs, "ckpt", "export", str(store), "-f", str(job), "--out", str(exported), "--json")
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["trainer_step"] == steps
-    before = _accuracy(runs, job, "builtin:tiny-chat")
-    after = _accuracy(runs, job, str(exported))
-    print(f"held-out accuracy (mean@4, {len(split_rows('test'))} prompts): {before:.3f} -> {after:.3f}")
+    prompts = len(split_rows("test"))
+    before, after = accuracy_before_and_after(runs, example, "builtin:tiny-chat", TEST_SPLIT, prompts)
     assert after >= before + RISE, (before, after)
 
 
