@@ -73,6 +73,7 @@ def test_render_has_every_set_and_pod(rendered: Path) -> None:
     assert sets == [
         "chart",
         "chart-watch-namespaces",
+        "operator-cpu-agent-calculator",
         "operator-cpu-chat-gsm8k",
         "operator-cpu-chat-gsm8k-lora",
         "operator-gpu-qwen-7b-lora",

@@ -85,6 +85,14 @@ PLACEMENTS: dict[str, tuple[Any, str, int, Place, list[Place], str]] = {
         [_w(C, (), "transformers", 0)],
         "gloo",
     ),
+    "cpu-agent-calculator.yaml": (
+        lambda: _file("examples/cpu-agent-calculator.yaml"),
+        "cpu",
+        0,
+        Place(C, (), name=TRAINER),
+        [_w(C, (), "transformers", 0)],
+        "gloo",
+    ),
     # The trainer's GPU 1 is kept out of Ray, which hands the vLLM worker GPU 0.
     "gpu-qwen-7b-lora.yaml": (
         lambda: _file("examples/gpu-qwen-7b-lora.yaml"),
