@@ -133,10 +133,12 @@ def test_two_bf16_fsdp_ranks_train_as_one_bf16_process(ray_session: Any, lm_head
     statistics within 4% (2.6% for the entropy, 3.2% for the importance weight, measured), the
     loss absolutely (a sum of advantages that nearly cancel), and the weights' difference small
     against how far the steps moved them. And the ranks compute in bf16: their entropy is at
-    least 0.5% off one float32 process's (2.2% measured), where ranks computing in float32 agree
-    with it to 1e-4. Both recompute each block in the backward pass (activation checkpointing),
-    which changes no gradient. With ``lmHead: float32`` the ranks gather their root unit (the
-    embedding, the final norm and the tied head) in float32 and their blocks in bf16."""
+    least 0.1% off one float32 process's (2.2% measured on an AVX-512 CPU; 0.3% with
+    ``lmHead: float32`` on an AMD Zen 3 CPU, whose bf16 kernels round differently), where ranks
+    computing in float32 agree with it to 1e-4. Both recompute each block in the backward pass
+    (activation checkpointing), which changes no gradient. With ``lmHead: float32`` the ranks
+    gather their root unit (the embedding, the final norm and the tied head) in float32 and their
+    blocks in bf16."""
 
     def _gathered_dtypes(rank: Any) -> tuple[str, str]:
         """(the root unit's, the first block's) dtype FSDP gathers parameters in, on a rank."""
@@ -173,7 +175,7 @@ def test_two_bf16_fsdp_ranks_train_as_one_bf16_process(ray_session: Any, lm_head
         assert two["tokens"] == one["tokens"]
     pairs = zip(group_metrics, fp32_metrics, strict=True)
     drift = max(abs(two["entropy"] - fp32["entropy"]) / fp32["entropy"] for two, fp32 in pairs)
-    assert drift > 5e-3, f"the bf16 ranks' entropy is float32's to {drift:.1e}: they compute in float32"
+    assert drift > 1e-3, f"the bf16 ranks' entropy is float32's to {drift:.1e}: they compute in float32"
     assert {w.dtype for w in weights.values()} == {w.dtype for w in single_weights.values()} == {torch.bfloat16}
     initial, _ = load_policy(POLICY)
     moved = diff = 0.0
@@ -273,7 +275,12 @@ def test_two_fsdp_ranks_train_a_lora_adapter_as_one_process_does(ray_session: An
         rel, loss_abs = (1e-4, 1e-6) if dtype == "float32" else (5e-2, 5e-3)
         assert two["loss"] == pytest.approx(one["loss"], rel=rel, abs=loss_abs), (one, two)
         for key in ("kl", "entropy", "grad_norm"):
-            assert two[key] == pytest.approx(one[key], rel=rel, abs=1e-6), (key, one, two)
+            # The KL in bf16 is the difference of two bf16 passes (policy and base), the most
+            # sensitive of the three: on an AMD Zen 3 CPU the group's was 6% off in a late step
+            # and 4e-5 off in the first, where the KL is 4e-4 (bf16's own rounding).
+            kl16 = key == "kl" and dtype == "bfloat16"
+            tolerance = {"rel": 0.1, "abs": 1e-4} if kl16 else {"rel": rel, "abs": 1e-6}
+            assert two[key] == pytest.approx(one[key], **tolerance), (key, one, two)
     moved = diff = 0.0
     for name, w in adapter.items():
         if ".lora_B." in name:  # B starts at zero: its norm is how far the steps moved it
