@@ -8,18 +8,18 @@ same process would already hold in memory.)"""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 from test_vllm_cpu import PROMPTS, pytestmark  # noqa: F401  (the same skip)
+from vllm_cpu import cpu_engine
 
 from spotrl_runtime.generation import GenerationRequest
 from spotrl_runtime.generation.vllm_backend import VLLMBackend
 from spotrl_runtime.generation.weights import give_weights
-from spotrl_runtime.models import load_policy, resolve_model_dir
+from spotrl_runtime.models import load_policy
 from spotrl_runtime.training import Trainer, TrainerConfig, precision
 from spotrl_runtime.training import logprobs as lp
 
@@ -32,14 +32,7 @@ BF16_FAULT_FLOOR = 1.0
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMBackend]:
-    from vllm.model_executor.models import registry
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
-        mp.setattr(registry, "_SUBPROCESS_COMMAND", [sys.executable, "-c", "raise SystemExit(3)"])
-        backend = VLLMBackend(
-            str(resolve_model_dir("builtin:tiny-arith")), dtype="bfloat16", device="cpu", threads=1, block_size=16
-        )
+    backend = cpu_engine(tmp_path_factory, "builtin:tiny-arith", "bfloat16")
     try:
         yield backend
     finally:

@@ -6,13 +6,13 @@ each turn from is exactly the context the trainer scores, token for token."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 from test_vllm_cpu import pytestmark  # noqa: F401  (the same skip)
+from vllm_cpu import cpu_engine
 
 from spotrl_runtime.api.rljob import Environment
 from spotrl_runtime.core.types import Prompt
@@ -20,7 +20,7 @@ from spotrl_runtime.data.word_problems import split_rows
 from spotrl_runtime.generation import GenerationRequest
 from spotrl_runtime.generation.rollouts import encode_prompt
 from spotrl_runtime.generation.vllm_backend import VLLMBackend
-from spotrl_runtime.models import load_policy, resolve_model_dir
+from spotrl_runtime.models import load_policy
 from spotrl_runtime.models.tiny_agent import SYSTEM_PROMPT
 from spotrl_runtime.rewards.builtin import gsm8k
 from spotrl_runtime.rollouts.episodes import EpisodeBackend
@@ -34,14 +34,7 @@ GAP_BOUND = {"float32": 1e-4, "bfloat16": 0.25}
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def episodes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EpisodeBackend]:
-    from vllm.model_executor.models import registry
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
-        mp.setattr(registry, "_SUBPROCESS_COMMAND", [sys.executable, "-c", "raise SystemExit(3)"])
-        engine = VLLMBackend(
-            str(resolve_model_dir("builtin:tiny-agent")), dtype=request.param, device="cpu", threads=1, block_size=16
-        )
+    engine = cpu_engine(tmp_path_factory, "builtin:tiny-agent", request.param)
     environment = Environment(name="builtin:calculator", maxTurns=3, maxEpisodeTokens=160)
     backend = EpisodeBackend.from_spec(engine, environment, max_model_len=None)
     try:

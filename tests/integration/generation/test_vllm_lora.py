@@ -6,19 +6,19 @@ let go. In float32 and in the users' bf16 (one engine each)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 from test_vllm_cpu import PROMPTS, pytestmark  # noqa: F401  (the same skip)
+from vllm_cpu import cpu_engine
 
 from spotrl_runtime.api.rljob import Lora
 from spotrl_runtime.generation import GenerationRequest
 from spotrl_runtime.generation.vllm_backend import VLLMBackend
 from spotrl_runtime.generation.weights import give_weights
-from spotrl_runtime.models import lora, resolve_model_dir
+from spotrl_runtime.models import lora
 from spotrl_runtime.training import Trainer, TrainerConfig, precision
 from spotrl_runtime.training import logprobs as lp
 
@@ -30,20 +30,7 @@ BOUNDS = {"float32": (1e-3, 0.05), "bfloat16": (0.25, 1.0)}
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMBackend]:
-    from vllm.model_executor.models import registry
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
-        mp.setattr(registry, "_SUBPROCESS_COMMAND", [sys.executable, "-c", "raise SystemExit(3)"])
-        backend = VLLMBackend(
-            str(resolve_model_dir("builtin:tiny-arith")),
-            dtype=request.param,
-            device="cpu",
-            threads=1,
-            block_size=16,
-            lora=SPEC,
-            max_loras=KEEP,
-        )
+    backend = cpu_engine(tmp_path_factory, "builtin:tiny-arith", request.param, lora=SPEC, max_loras=KEEP)
     try:
         yield backend
     finally:

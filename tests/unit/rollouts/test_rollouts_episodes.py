@@ -10,8 +10,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from rollout_helpers import ScriptedEngine, call
 
-from conftest import ScriptedEngine, call
 from spotrl_runtime.generation.types import FINISH_LENGTH, FINISH_STOP, GenerationRequest, GroupFailed
 from spotrl_runtime.rollouts.chat import ObservationRenderer
 from spotrl_runtime.rollouts.environments import Calculator, Observation

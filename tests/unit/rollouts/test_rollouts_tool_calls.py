@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from rollout_helpers import call
 
-from conftest import call
 from spotrl_runtime.rollouts.tool_calls import ToolCall, ToolCallParser
 
 
