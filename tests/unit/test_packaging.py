@@ -78,18 +78,12 @@ def test_no_two_test_modules_share_a_basename() -> None:
 def _imported(package: str) -> dict[str, set[str]]:
     """For each module of ``spotrl_runtime.<package>``: the spotrl_runtime packages it imports
     (at the top or inside a function)."""
-    import ast
-
-    out: dict[str, set[str]] = {}
-    for path in sorted((ROOT / "runtime" / "spotrl_runtime" / package).glob("*.py")):
-        names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names.add(node.module)
-            elif isinstance(node, ast.Import):
-                names.update(a.name for a in node.names)
-        out[path.name] = {n.split(".")[1] for n in names if n.startswith("spotrl_runtime.") and n.count(".") >= 1}
-    return out
+    package = f"spotrl_runtime.{package}"
+    return {
+        name: {m.split(".")[1] for m in deps}
+        for name, deps in _module_imports().items()
+        if name == package or name.startswith(f"{package}.")
+    }
 
 
 def test_the_checkpoint_package_does_not_import_the_training_package() -> None:

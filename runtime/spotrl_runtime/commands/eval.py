@@ -57,10 +57,9 @@ def run(args: argparse.Namespace) -> int:
     preflight.check_job_inputs(job, f"-f {args.filename}")
     if not preflight.DEVICE.fullmatch(args.device) or args.device == "auto":
         raise UsageError(f"--device {args.device!r}: use cpu or cuda[:N]")
-    if args.backend == "vllm" or job.spec.environment is not None:
-        # vLLM (the engine, or the tool parser of an agent job's episodes) logs to stdout by
-        # default, which is the result's (and --json's) alone.
-        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    # vLLM (the engine, or an agent job's tool parser) logs to stdout by default, which is the
+    # result's (and --json's) alone.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     from spotrl_runtime.generation.evaluate import evaluate
 
     result = evaluate(

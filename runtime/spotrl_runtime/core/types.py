@@ -60,6 +60,17 @@ def check_observed(observed: Sequence[Sequence[int]], length: int, what: str) ->
     return spans
 
 
+def generated_offsets(length: int, observed: Sequence[tuple[int, int]]) -> list[int]:
+    """The offsets of a completion of ``length`` tokens outside its ``observed`` spans, in order:
+    the tokens the policy generated."""
+    out: list[int] = []
+    at = 0
+    for start, end in (*observed, (length, length)):
+        out.extend(range(at, start))
+        at = end
+    return out
+
+
 @dataclass(frozen=True)
 class FinishedGroup:
     """All G rollouts of one prompt, as the replay buffer holds them."""

@@ -120,7 +120,6 @@ class _Group:
     request: GenerationRequest
     episodes: list[Episode] = field(default_factory=list)
     version: int | None = None
-    failed: str = ""
 
 
 class EpisodeBackend(GenerationBackend):
@@ -155,7 +154,6 @@ class EpisodeBackend(GenerationBackend):
         """The turn loop ``spec.environment`` asks for, around ``engine`` (its tokenizer's template)."""
         from spotrl_runtime.rollouts.environments import make_environment
 
-        make_environment(environment.name).close()  # an unknown name fails here, not at the first tool call
         limits = EpisodeLimits(
             max_turns=environment.max_turns,
             max_episode_tokens=environment.max_episode_tokens,
@@ -245,7 +243,7 @@ class EpisodeBackend(GenerationBackend):
     def _take_turn(self, outcome: GroupGenerated | GroupFailed) -> None:
         episode = self._turns.pop(outcome.group_id, None)
         group = self._groups.get(episode.group_id if episode else outcome.group_id)
-        if group is None or group.failed:
+        if group is None:
             return  # a turn of a group that already failed or was aborted
         if isinstance(outcome, GroupFailed):
             return self._fail(group, outcome.error)
@@ -261,7 +259,6 @@ class EpisodeBackend(GenerationBackend):
                 ]
                 for ep, sample in zip(group.episodes, outcome.samples, strict=True):
                     ep.add_turn(sample)
-                for ep, sample in zip(group.episodes, outcome.samples, strict=True):
                     self._after_turn(group, ep, sample.finish_reason)
             else:
                 episode.add_turn(outcome.samples[0])
@@ -292,7 +289,7 @@ class EpisodeBackend(GenerationBackend):
                 continue
             del self._acting[future]
             group = self._groups.get(episode.group_id)
-            if group is None or group.failed:
+            if group is None:
                 continue
             if future.done():
                 observations = future.result()
@@ -339,10 +336,10 @@ class EpisodeBackend(GenerationBackend):
             )
 
     def _fail(self, group: _Group, error: str) -> None:
-        group.failed = error
         self._close(group)
-        del self._groups[group.request.group_id]
-        self._done.append(GroupFailed(group.request.group_id, error))
+        # Its turns still in the engine or at a tool find no group when they come back.
+        if self._groups.pop(group.request.group_id, None) is not None:
+            self._done.append(GroupFailed(group.request.group_id, error))
 
     def _close(self, group: _Group) -> None:
         for episode in group.episodes:

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from spotrl_runtime.core.types import generated_offsets
 from spotrl_runtime.generation.sampling import sampling_logprobs
 from spotrl_runtime.training.rows import micro_batch_rows
 
@@ -107,7 +108,7 @@ def token_batch(
     for i, (prompt, completion) in enumerate(sequences):  # the trained tokens in the sequences' order
         r, offset = at[i]
         first = offset + len(prompt) - 1  # position t predicts token t + 1
-        trained = _generated(len(completion), observed[i] if observed is not None else ())
+        trained = generated_offsets(len(completion), observed[i] if observed is not None else ())
         rows += [r] * len(trained)
         positions += (first + k for k in trained)
     rows_t = torch.tensor(rows, dtype=torch.long)
@@ -121,12 +122,6 @@ def token_batch(
         targets.to(device),
         position_ids.to(device) if packed else None,
     )
-
-
-def _generated(length: int, observed: Sequence[tuple[int, int]]) -> list[int]:
-    """The completion's offsets outside its ``observed`` spans."""
-    skip = {k for start, end in observed for k in range(start, end)}
-    return [k for k in range(length) if k not in skip]
 
 
 def token_logprobs(

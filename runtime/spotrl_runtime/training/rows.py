@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from spotrl_runtime.core.types import FinishedGroup, Rollout, check_observed
+from spotrl_runtime.core.types import FinishedGroup, Rollout, check_observed, generated_offsets
 from spotrl_runtime.generation.types import FINISH_LENGTH
 from spotrl_runtime.training.advantages import (
     DEFAULT_OBJECTIVE,
@@ -176,12 +176,7 @@ def rollout_row(rollout: Rollout) -> Row:
 
 def generated_values(values: Sequence[float], observed: Sequence[tuple[int, int]]) -> tuple[float, ...]:
     """``values`` (one per completion token) at the generated tokens alone, in order."""
-    out: list[float] = []
-    at = 0
-    for start, end in (*observed, (len(values), len(values))):
-        out.extend(values[at:start])
-        at = end
-    return tuple(out)
+    return tuple(values[k] for k in generated_offsets(len(values), observed))
 
 
 def score_rows(groups: Sequence[FinishedGroup]) -> list[list[Row]]:
