@@ -54,7 +54,9 @@ RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --
 # should a torch release link one of them, instead of a CPU job failing at its first import.
 # vLLM's CPU build (extra cpu) adds 1.26 GB; without OpenCV (multimodal video only), numba and
 # llvmlite (n-gram speculative decoding only), 0.92 GB. Its engine starts, reloads weights and
-# generates without them (and the import check below fails the build should that change).
+# generates without them (and the import check below fails the build should that change). The
+# check loads vLLM's kernels as its engine does (import_kernels picks _C, _C_AVX512 or _C_AVX2 by
+# the CPU): `import vllm._C` itself needs AVX-512 BF16 and dies with SIGILL on an AVX2 machine.
 RUN --mount=type=cache,target=/var/cache/uv,id=spotrl-uv \
     uv pip install -c constraints.txt --override overrides.txt -r pyproject.toml --extra operator --extra runtime \
       --extra cpu \
@@ -70,7 +72,9 @@ RUN --mount=type=cache,target=/var/cache/uv,id=spotrl-uv \
  && cd / && python -c "import torch, torch.distributed.checkpoint, transformers; \
 from torch.distributed.fsdp import fully_shard; m = torch.nn.Linear(4, 4); \
 torch.optim.AdamW(m.parameters()).step(); torch.linalg.inv(torch.eye(3) + 1); torch.fft.fft(torch.ones(4)); \
-import vllm._C, vllm.entrypoints.llm, vllm.v1.engine.core, vllm.v1.worker.cpu_worker, vllm.v1.worker.cpu_model_runner"
+from vllm.platforms import current_platform; current_platform.import_kernels(); \
+assert hasattr(torch.ops._C, 'rms_norm'), 'vLLM CPU kernels did not load'; \
+import vllm.entrypoints.llm, vllm.v1.engine.core, vllm.v1.worker.cpu_worker, vllm.v1.worker.cpu_model_runner"
 COPY README.md ./
 COPY operator ./operator
 COPY runtime ./runtime

@@ -1,8 +1,8 @@
 """vLLM's CPU build serving a LoRA job (policy.lora): the base once, each adapter version the
 trainer sends hot-loaded under its own name. The engine's log-probs agree with the trainer's
-own pass (base + adapter); a skipped adapter update, or one tensor of it loaded wrongly, shows far
-above that; groups started on one version finish on it after the next arrives; old versions are
-let go. In float32 and in the users' bf16 (one engine each)."""
+own pass (base + adapter) on average over the sampled tokens; a skipped adapter update, or one
+tensor of it loaded wrongly, shows far above that; groups started on one version finish on it
+after the next arrives; old versions are let go. In float32 and in the users' bf16 (one engine each)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,10 @@ from spotrl_runtime.training import logprobs as lp
 
 SPEC = Lora(rank=8)
 KEEP = 3
-# dtype -> (the gap bound, the floor a fault clears)
-BOUNDS = {"float32": (1e-3, 0.05), "bfloat16": (0.25, 1.0)}
+# dtype -> (the mean gap bound, the floor a fault clears). The mean, not the worst token: in bf16
+# the worst of a few hundred tokens is one token near a rounding edge and moves with the CPU's
+# kernels (0.13 to 0.66 for one adapter on AVX2), the mean stays near 0.015 and a fault is near 1.
+BOUNDS = {"float32": (1e-4, 0.5), "bfloat16": (0.05, 0.5)}
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
@@ -57,16 +59,17 @@ def requests(tok: Any, tag: str = "g") -> list[GenerationRequest]:
     return [GenerationRequest(f"{tag}{i}", tuple(tok(p)["input_ids"]), 8, 8, seed=i) for i, p in enumerate(PROMPTS)]
 
 
-def worst_gap(trainer: Trainer, results: list[Any], *, base: bool = False) -> float:
-    """The largest |generator log-prob - trainer log-prob| over every sampled token, the trainer's
-    as it trains (autocast to the compute dtype); ``base``: its adapter off."""
+def mean_gap(trainer: Trainer, results: list[Any], *, base: bool = False) -> float:
+    """The mean |generator log-prob - trainer log-prob| over every sampled token (what the job
+    reports as rollout_probs_diff_mean), the trainer's as it trains (autocast to the compute
+    dtype); ``base``: its adapter off."""
     pairs = [(r.prompt_token_ids, s.completion_token_ids) for r in results for s in r.samples]
     generated = torch.tensor([x for r in results for s in r.samples for x in s.logprobs])
     batch = lp.token_batch(pairs, 0, "cpu")
     off = lora.base_only(trainer.model) if base else precision.autocast("cpu", torch.float32)
     with torch.no_grad(), precision.autocast("cpu", trainer.compute_dtype), off:
         own, _ = lp.call(trainer.model, batch, 1.0)
-    return float((generated - own).abs().max())
+    return float((generated - own).abs().mean())
 
 
 def test_adapter_versions_reach_the_engine_and_a_skipped_or_wrong_one_shows(engine: VLLMBackend) -> None:
@@ -74,7 +77,7 @@ def test_adapter_versions_reach_the_engine_and_a_skipped_or_wrong_one_shows(engi
     bound, floor = BOUNDS[dtype]
     trainer, tok = lora_trainer(dtype)
     start = engine.generate(requests(tok))
-    assert worst_gap(trainer, start) < bound, "version 0 is the base: B starts at zero"
+    assert mean_gap(trainer, start) < bound, "version 0 is the base: B starts at zero"
 
     move(trainer, seed=1)
     sent = trainer.policy_state_dict()
@@ -83,16 +86,16 @@ def test_adapter_versions_reach_the_engine_and_a_skipped_or_wrong_one_shows(engi
     give_weights(engine, sent, version=1)
     after = engine.generate(requests(tok))
     assert {r.weight_version for r in after} == {1}
-    gap = worst_gap(trainer, after)
-    print(f"vLLM CPU {dtype} with a rank-8 adapter: worst per-token log-prob gap against the trainer {gap:.2e}")
+    gap = mean_gap(trainer, after)
+    print(f"vLLM CPU {dtype} with a rank-8 adapter: mean per-token log-prob gap against the trainer {gap:.2e}")
     assert gap < bound
-    assert worst_gap(trainer, after, base=True) > floor, "an adapter that did not arrive shows"
+    assert mean_gap(trainer, after, base=True) > floor, "an adapter that did not arrive shows"
 
     wrong = dict(sent)
     name = next(n for n in sent if "layers.1.mlp.down_proj.lora_B" in n)
     wrong[name] = sent[name] * -3
     give_weights(engine, wrong, version=2)
-    assert worst_gap(trainer, engine.generate(requests(tok))) > floor, "one tensor loaded wrongly shows"
+    assert mean_gap(trainer, engine.generate(requests(tok))) > floor, "one tensor loaded wrongly shows"
 
 
 def test_groups_started_on_a_version_finish_on_it_and_old_versions_go(engine: VLLMBackend) -> None:
@@ -113,9 +116,9 @@ def test_groups_started_on_a_version_finish_on_it_and_old_versions_go(engine: VL
     late = [r for g, r in done.items() if g.startswith("late")]
     assert {r.weight_version for r in early} == {10}
     assert {r.weight_version for r in late} == {11}
-    assert worst_gap(trainer, late) < bound
+    assert mean_gap(trainer, late) < bound
     trainer.load_trained_state(old)
-    assert worst_gap(trainer, early) < bound, "the early groups finished on their own adapter"
+    assert mean_gap(trainer, early) < bound, "the early groups finished on their own adapter"
 
     for version in range(12, 12 + KEEP + 1):
         give_weights(engine, trainer.policy_state_dict(), version=version)
