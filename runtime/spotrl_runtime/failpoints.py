@@ -18,8 +18,10 @@ is the cut's trainer step) and ``redo.step`` (a resume from a delta cut
 about to redo step N), and in a generation worker
 ``worker.generate`` (a batch of groups about to be generated; its step is the weight version
 the worker holds), ``worker.stepped`` (the worker's backend just ran its Nth step, and its
-groups not finished in it are in the engine) and ``worker.load_weights`` (new weights received, not yet loaded into the
-backend; its step is their version). A worker reads the variables from its Ray node's environment.
+groups not finished in it are in the engine), ``worker.load_weights`` (new weights received, not yet loaded into the
+backend; its step is their version) and ``worker.turns_reported`` (a multi-turn worker about to step, having
+reported N finished turns of its episodes, which are in flight with it). A worker reads the
+variables from its Ray node's environment.
 The weight sync's lifecycle (:mod:`~spotrl_runtime.generation.sync_lifecycle`): at a member,
 ``weights.announce`` (drained, about to announce it is ready) and ``weights.received`` (its first
 bucket loaded, the rest on the wire), each with the member's channel rank as its step; at the

@@ -253,7 +253,9 @@ def _controller_metrics() -> list[Any]:
         census=lambda: {"ledger": 0},
         counters=SimpleNamespace(groups_found=0, groups_relaunched=0, groups_discarded=0, prompts_dropped=0),
     )
-    stats = {k: 0 for k in ("tokens_generated", "groups_generated", "groups_retried", "groups_lost_redispatched")}
+    from spotrl_runtime.controller.loop import STATS
+
+    stats = dict.fromkeys(STATS, 0)
     cuts = [SimpleNamespace(kind=k, seconds=0.0) for k in ("periodic", "barrier")]
     controller = SimpleNamespace(
         owners=owners, job=SimpleNamespace(name="job"), target_steps=1, history=[step], stats=stats, cuts=cuts

@@ -1533,6 +1533,13 @@ class Accounting(ApiObject):
     siblings_reused: int = Field(
         default=0, ge=0, description="Finished sibling rollouts of restored groups kept, not generated again."
     )
+    turns_restored: int = Field(
+        default=0,
+        ge=0,
+        description="Finished turns of unfinished episodes (spec.environment) found in cuts: each resumes from "
+        "its last finished turn, not generated again, unless its environment does not replay "
+        "(spotrl_episodes_restarted_total).",
+    )
     restores: int = Field(default=0, ge=0, description="Attempts that resumed from a cut.")
     steps_redone: int = Field(
         default=0,

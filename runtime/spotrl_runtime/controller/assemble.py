@@ -371,6 +371,7 @@ def _record_restore(audit: AuditStore, restored: RestoredRun, attempt: int, at: 
         cut_committed_at=times.unix(restored.manifest.created_at),
         groups_redispatched=counters.groups_found,
         siblings_reused=counters.rollouts_reused,
+        turns_restored=counters.turns_found,
         finished_found=counters.finished_found,
         started_at=round(at.started_at, 3),
         restored_at=round(at.restored_at, 3),

@@ -57,7 +57,7 @@ from spotrl_runtime.core.owners import Dispatch, OwnershipError, OwnersSnapshot,
 from spotrl_runtime.core.step_stats import LearningSignal, idle_shares, rollout_stats
 from spotrl_runtime.core.types import FinishedGroup, Rollout
 from spotrl_runtime.failpoints import failpoint
-from spotrl_runtime.generation import GroupFailed, GroupGenerated, GroupLost
+from spotrl_runtime.generation import GroupFailed, GroupGenerated, GroupLost, TurnsFinished
 from spotrl_runtime.generation.pool import SyncResult
 from spotrl_runtime.generation.rollouts import make_request, score_group
 from spotrl_runtime.generation.weights import WeightSyncCancelledError
@@ -116,8 +116,14 @@ STATS = (
     "prompts_dropped",
     "tokens_generated",
     "version_mismatches",
+    "turns_kept",
+    "turns_resumed",
+    "episodes_restarted",
 )
-"""What :attr:`Controller.stats` counts."""
+"""What :attr:`Controller.stats` counts (``turns_kept``: an episode's finished turns the ledger
+took; ``turns_resumed``: finished turns a resumed episode went on from, not generated again;
+``episodes_restarted``: episodes with finished turns that started again from turn 0, their
+environment having not replayed)."""
 
 
 @dataclass
@@ -502,7 +508,15 @@ class Controller:
                 req = make_request(
                     d.group_id, ids, gen, run_seed=self.spec.training.seed, attempt=tries.get(d.group_id, 0)
                 )
-                reqs.append(replace(req, n=d.generations, weight_version=d.weight_version))
+                reqs.append(
+                    replace(
+                        req,
+                        n=d.generations,
+                        weight_version=d.weight_version,
+                        indexes=d.rollout_indexes,
+                        resume=d.resume,
+                    )
+                )
             if reqs:
                 pool.submit(reqs)
 
@@ -543,6 +557,10 @@ class Controller:
                 # trainer commits a step. Sleep until then, at most 50 ms.
                 self._wake.wait(0.05)
             for outcome in outcomes:
+                if isinstance(outcome, TurnsFinished):
+                    if outcome.group_id in inflight and not self._parked.is_set():
+                        self.stats["turns_kept"] += int(owners.keep_turns(outcome.episode))
+                    continue
                 if validator is not None and validator.owns(outcome.group_id):
                     if not self._parked.is_set():
                         pool.submit(validator.take(outcome))
@@ -555,7 +573,8 @@ class Controller:
                 elif isinstance(outcome, GroupLost):
                     self.stats["groups_lost_redispatched"] += 1
                     log.warning("group %s lost with its worker (%s); redispatching", d.group_id, outcome.reason)
-                    send([d])
+                    again = owners.dispatch_again(d.group_id)  # with the turns its episodes finished
+                    send([replace(again, relaunch=d.relaunch)] if again is not None else [])
                 elif isinstance(outcome, GroupFailed):
                     tries[d.group_id] = tries.get(d.group_id, 0) + 1
                     if tries[d.group_id] <= gen.max_retries:
@@ -618,6 +637,15 @@ class Controller:
                 d.weight_version,
             )
         self.stats["groups_generated"] += 1
+        self.stats["turns_resumed"] += generated.turns_resumed
+        self.stats["episodes_restarted"] += generated.episodes_restarted
+        if generated.turns_resumed or generated.episodes_restarted:
+            log.info(
+                "group %s: %d finished turn(s) resumed, %d episode(s) restarted from turn 0 (did not replay)",
+                d.group_id,
+                generated.turns_resumed,
+                generated.episodes_restarted,
+            )
         self.stats["tokens_generated"] += sum(len(r.completion_token_ids) for r in rollouts)
         return []
 

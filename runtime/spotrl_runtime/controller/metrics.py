@@ -136,6 +136,16 @@ def _counters(job: str, stats: dict[str, float], rc: Any) -> Iterator[Metric]:
         "Groups redispatched after their worker died.",
         stats["groups_lost_redispatched"],
     )
+    yield _counter(
+        job, "spotrl_turns_kept", "Finished turns of unfinished episodes the ledger took.", stats["turns_kept"]
+    )
+    yield _counter(job, "spotrl_turns_resumed", "Finished turns resumed episodes went on from.", stats["turns_resumed"])
+    yield _counter(
+        job,
+        "spotrl_episodes_restarted",
+        "Episodes with finished turns started again from turn 0 (their environment did not replay).",
+        stats["episodes_restarted"],
+    )
     yield _counter(job, "spotrl_restore_groups_found", "Ledger groups found in the cut restored from.", rc.groups_found)
     yield _counter(job, "spotrl_restore_groups_relaunched", "Restored groups dispatched again.", rc.groups_relaunched)
     yield _counter(

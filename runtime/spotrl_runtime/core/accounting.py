@@ -41,6 +41,9 @@ class RestoreRecord:
     through the gate)."""
     siblings_reused: int = 0
     """Finished sibling rollouts of restored ADMITTED groups kept, not generated again."""
+    turns_restored: int = 0
+    """Finished turns of unfinished episodes in the cut (multi-turn jobs): they resume, not
+    generated again, unless their environment does not replay."""
     finished_found: int = 0
     """Finished groups (replay buffer) in the cut: they train without generation."""
     started_at: float | None = None
@@ -78,6 +81,7 @@ class RunAccounting:
     steps_retrained: int = 0
     groups_redispatched: int = 0
     siblings_reused: int = 0
+    turns_restored: int = 0
     restores: int = 0
     steps_redone: int = 0
     """Steps of delta cuts trained again from their rows while restoring (no new prompts: the
@@ -122,6 +126,7 @@ def summarize(docs: Iterable[Mapping[str, Any]], restores: Iterable[RestoreRecor
         out.restores += 1
         out.groups_redispatched += rec.groups_redispatched
         out.siblings_reused += rec.siblings_reused
+        out.turns_restored += rec.turns_restored
         out.steps_redone += rec.steps_redone
         first = first_step_at.get(rec.attempt)
         if first is not None and rec.cut_committed_at is not None:
@@ -173,6 +178,7 @@ def format_summary(acc: RunAccounting, gap: RolloutGap | None = None) -> str:
         "steps_retrained": "stepsRetrained",
         "groups_redispatched": "groupsRedispatched",
         "siblings_reused": "siblingsReused",
+        "turns_restored": "turnsRestored",
         "restores": "restores",
         "steps_redone": "stepsRedone",
     }

@@ -57,7 +57,7 @@ from spotrl_runtime.core.owners import OwnersSnapshot, RecoveryConfig
 from spotrl_runtime.core.redo import DeltaBase, RedoStep, StepFingerprint
 from spotrl_runtime.core.replay_buffer import ReplayEntry
 from spotrl_runtime.core.spare_pool import Spare
-from spotrl_runtime.core.types import FinishedGroup, Prompt, Rollout, check_observed
+from spotrl_runtime.core.types import EpisodeState, FinishedGroup, Prompt, Rollout, check_observed
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMA_VERSIONS = (2,)
@@ -77,6 +77,11 @@ OWNER_FILES: dict[str, str] = {
     "audit": "audit.json",
 }
 """Role -> file name of the owner files every cut has."""
+
+EPISODE_FILES: dict[str, str] = {"episodes": "episodes.json"}
+"""Role -> file name of the owner file a cut has when episodes of its ledger groups have finished
+turns (multi-turn jobs): a single-turn job's cut is unchanged, and a controller that does not
+know the file starts those episodes again (it reads the roles it knows only)."""
 
 DELTA_FILES: dict[str, str] = {"redo_index": "redo.json", "redo_rows": "redo_rows.bin"}
 """Role -> file name of the files a delta cut adds (:mod:`spotrl_runtime.core.redo`)."""
@@ -475,6 +480,8 @@ class CutDocuments:
     """A delta cut's redo steps (``redo.json``); empty in a full cut."""
     redo_rollouts: Mapping[str, tuple[Rollout, ...]] = field(default_factory=dict)
     """A delta cut's redo rows by group (``redo_rows.bin``)."""
+    episodes: tuple[EpisodeState, ...] = ()
+    """Unfinished episodes' finished turns (``episodes.json``; absent: none)."""
 
     @property
     def partial_ids(self) -> set[str]:
@@ -510,7 +517,9 @@ def encode_owner_files(snapshot: OwnersSnapshot) -> dict[str, bytes]:
     replay = [ReplayLocator.of(e).to_json() for e in snapshot.replay]
     rows: list[tuple[str, tuple[Rollout, ...]]] = [(e.group_id, e.group.rollouts) for e in snapshot.replay]
     rows += [(gid, rs) for gid, rs in snapshot.partial.items()]
+    episodes = [e.to_json() for gid in sorted(snapshot.episodes) for e in snapshot.episodes[gid]]
     return {
+        **({"episodes": _json({"episodes": episodes})} if episodes else {}),
         "sampler": _json(sampler),
         "loader": _json(snapshot.loader_state),
         "ledger": _json({"records": [r.to_json() for r in snapshot.ledger]}),
@@ -597,6 +606,7 @@ def decode_owner_files(blobs: Mapping[str, bytes]) -> CutDocuments:
     except RecordFormatError as err:
         raise OwnerFileError("audit", str(err)) from None
     rollouts = decode_rollouts(blobs["rollouts"])
+    episodes = decode_episodes(blobs["episodes"]) if "episodes" in blobs else ()
     return CutDocuments(
         config=config,
         config_raw=config_raw,
@@ -615,7 +625,19 @@ def decode_owner_files(blobs: Mapping[str, bytes]) -> CutDocuments:
         replay=replay,
         rollouts=rollouts,
         audit_tail=audit,
+        episodes=episodes,
     )
+
+
+def decode_episodes(blob: bytes) -> tuple[EpisodeState, ...]:
+    """``episodes.json``; an episode that does not parse raises :class:`OwnerFileError`."""
+    out = []
+    for i, data in enumerate(_list("episodes", _load("episodes", blob), "episodes")):
+        try:
+            out.append(EpisodeState.from_json(data))
+        except ValueError as err:
+            raise OwnerFileError("episodes", f"episode {i}: {err}") from None
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -697,6 +719,7 @@ def to_snapshot(docs: CutDocuments, prompts: Mapping[str, Prompt]) -> OwnersSnap
         loader_state=docs.loader_state,
         ledger=docs.ledger,
         partial={r.group_id: docs.rollouts[r.group_id] for r in docs.ledger if r.group_id in docs.rollouts},
+        episodes=_by_group(docs.episodes),
         spares=docs.spares,
         replay=replay,
         shortfall=docs.shortfall,
@@ -706,6 +729,13 @@ def to_snapshot(docs: CutDocuments, prompts: Mapping[str, Prompt]) -> OwnersSnap
         redo=redo_steps(docs, prompts),
         prompts=prompts,
     )
+
+
+def _by_group(episodes: Iterable[EpisodeState]) -> dict[str, tuple[EpisodeState, ...]]:
+    out: dict[str, list[EpisodeState]] = {}
+    for e in episodes:
+        out.setdefault(e.group_id, []).append(e)
+    return {gid: tuple(sorted(es, key=lambda e: e.index)) for gid, es in out.items()}
 
 
 def redo_steps(docs: CutDocuments, prompts: Mapping[str, Prompt]) -> tuple[RedoStep, ...]:

@@ -28,7 +28,7 @@ from enum import StrEnum
 from typing import Any
 
 from spotrl_runtime.core.fields import RecordFormatError, optional_int, require_int, require_str
-from spotrl_runtime.core.types import Prompt, Rollout
+from spotrl_runtime.core.types import EpisodeState, Prompt, Rollout
 
 
 class Phase(StrEnum):
@@ -115,6 +115,7 @@ class Ledger:
         self._records: dict[str, LedgerRecord] = {}
         self._prompts: dict[str, Prompt] = {}
         self._partial: dict[str, dict[int, Rollout]] = {}
+        self._episodes: dict[str, dict[int, EpisodeState]] = {}
         self._reserved: dict[str, list[str]] = {}
         self._per_step: Counter[int] = Counter()
 
@@ -132,13 +133,21 @@ class Ledger:
         """The live prompt of a ledger group."""
         return self._prompts[group_id]
 
-    def put(self, record: LedgerRecord, prompt: Prompt, partial: tuple[Rollout, ...] = ()) -> None:
-        """Adds a record with its prompt and any finished sibling rollouts (restore passes those)."""
+    def put(
+        self,
+        record: LedgerRecord,
+        prompt: Prompt,
+        partial: tuple[Rollout, ...] = (),
+        episodes: tuple[EpisodeState, ...] = (),
+    ) -> None:
+        """Adds a record with its prompt, and any finished sibling rollouts and unfinished
+        episodes' finished turns (restore passes those)."""
         if record.group_id in self._records:
             raise KeyError(f"group {record.group_id} is already in the ledger")
         self._records[record.group_id] = record
         self._prompts[record.group_id] = prompt
         self._partial[record.group_id] = {r.index: r for r in partial}
+        self._episodes[record.group_id] = {e.index: e for e in episodes}
         self._index(record, +1)
 
     def restamp(self, record: LedgerRecord) -> None:
@@ -154,6 +163,7 @@ class Ledger:
         self._index(record, -1)
         prompt = self._prompts.pop(group_id)
         partial = self._partial.pop(group_id)
+        del self._episodes[group_id]
         return record, prompt, tuple(sorted(partial.values(), key=lambda r: r.index))
 
     def _index(self, record: LedgerRecord, sign: int) -> None:
@@ -173,6 +183,11 @@ class Ledger:
     def partial(self, group_id: str) -> dict[int, Rollout]:
         """The finished rollouts of a group, by rollout index (mutable, owned by the ledger)."""
         return self._partial[group_id]
+
+    def episodes(self, group_id: str) -> dict[int, EpisodeState]:
+        """The finished turns of a group's unfinished episodes, by rollout index (mutable, owned
+        by the ledger)."""
+        return self._episodes[group_id]
 
     def records(self) -> list[LedgerRecord]:
         """Every record, in loader order."""

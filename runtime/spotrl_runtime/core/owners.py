@@ -73,7 +73,7 @@ from spotrl_runtime.core.redo import RedoLog, RedoStep, StepFingerprint
 from spotrl_runtime.core.replay_buffer import ReplayBuffer, ReplayEntry
 from spotrl_runtime.core.sampler import LookaheadSampler
 from spotrl_runtime.core.spare_pool import Spare, SparePool
-from spotrl_runtime.core.types import FinishedGroup, Prompt, Rollout
+from spotrl_runtime.core.types import EpisodeState, FinishedGroup, Prompt, Rollout
 
 if TYPE_CHECKING:
     from spotrl_runtime.api.rljob import RLJobSpec
@@ -244,6 +244,8 @@ class Dispatch:
     """True for a group that was in flight when the cut it was restored from was taken."""
     round: int = 0
     """Dynamic sampling: the refill round the group belongs to (0: its step's own batch)."""
+    resume: tuple[EpisodeState, ...] = ()
+    """Finished turns of its unfinished episodes (multi-turn jobs): they continue from there."""
 
     @property
     def generations(self) -> int:
@@ -264,6 +266,8 @@ class RecoveryCounters:
     groups_discarded: int = 0
     rollouts_reused: int = 0
     """Finished sibling rollouts of restored ADMITTED groups that were kept, not regenerated."""
+    turns_found: int = 0
+    """Finished turns of unfinished episodes in that cut (they resume, not regenerated)."""
     prompts_dropped: int = 0
     prompts_filtered: int = 0
     """Prompts the admission filter refused (:mod:`spotrl_runtime.core.admission`)."""
@@ -299,6 +303,8 @@ class OwnersSnapshot:
     """The steps trained since the newest committed full cut (what a delta cut holds)."""
     """Orders that left every live owner: trained, or dropped."""
     prompts: Mapping[str, Prompt] = field(default_factory=dict)
+    episodes: Mapping[str, tuple[EpisodeState, ...]] = field(default_factory=dict)
+    """The finished turns of the ledger groups' unfinished episodes."""
     extra: Any = None
     """What the cut's state function returned under the lock (trainer state, RNG); opaque here."""
     captured_at: float = 0.0
@@ -360,6 +366,14 @@ class Owners:
         """Dispatches for every ADMITTED group, e.g. to resend the work of a lost worker."""
         with self._cond:
             return [self._dispatch(r) for r in self._ledger.records() if r.phase is Phase.ADMITTED]
+
+    def dispatch_again(self, group_id: str) -> Dispatch | None:
+        """The dispatch of an ADMITTED group as the ledger holds it now (its finished siblings
+        left out, its episodes' finished turns to resume), to send again after its worker was
+        lost; None if it is no longer in flight."""
+        with self._cond:
+            rec = self._ledger.get(group_id)
+            return self._dispatch(rec) if rec is not None and rec.phase is Phase.ADMITTED else None
 
     def census(self) -> dict[str, int]:
         """Groups per owner right now (the loader's unread rows are not counted)."""
@@ -620,6 +634,22 @@ class Owners:
 
     # --------------------------------------------------------- generation side
 
+    def keep_turns(self, episode: EpisodeState) -> bool:
+        """An unfinished episode of an ADMITTED group finished a turn: the ledger keeps its state
+        (the newest of each episode), so that no cut after this loses the turn. False for a
+        group or episode that is not in flight (a late report), which changes nothing."""
+        with self._cond:
+            rec = self._ledger.get(episode.group_id)
+            if rec is None or rec.phase is not Phase.ADMITTED or not 0 <= episode.index < rec.expected_generations:
+                return False
+            if episode.index in self._ledger.partial(episode.group_id):
+                return False
+            kept = self._ledger.episodes(episode.group_id)
+            if episode.index in kept and kept[episode.index].turns >= episode.turns:
+                return False
+            kept[episode.index] = episode
+            return True
+
     def add_rollout(self, group_id: str, rollout: Rollout) -> FinishedGroup | None:
         """One rollout of an ADMITTED group finished. The last one finishes the group (see below)."""
         return self.finish_group(group_id, [rollout], partial_ok=True)
@@ -661,6 +691,7 @@ class Owners:
                 )
             for r in new:
                 have[r.index] = r
+                self._ledger.episodes(group_id).pop(r.index, None)
             if total < rec.expected_generations:
                 return None
             _, prompt, rows = self._ledger.remove(group_id)
@@ -895,6 +926,11 @@ class Owners:
                         for r in records
                         if self._ledger.partial(r.group_id)
                     },
+                    episodes={
+                        r.group_id: tuple(v for _, v in sorted(self._ledger.episodes(r.group_id).items()))
+                        for r in records
+                        if self._ledger.episodes(r.group_id)
+                    },
                     spares=tuple(self._spares.spares()),
                     replay=tuple(self._buffer.entries()),
                     shortfall=dict(self._shortfall),
@@ -934,10 +970,12 @@ class Owners:
         owners._next_admission = snapshot.next_admission
         for rec in sorted(snapshot.ledger, key=lambda r: r.order):
             partial = tuple(snapshot.partial.get(rec.group_id, ()))
-            owners._ledger.put(rec, snapshot.prompts[rec.group_id], partial)
+            episodes = tuple(snapshot.episodes.get(rec.group_id, ()))
+            owners._ledger.put(rec, snapshot.prompts[rec.group_id], partial, episodes)
             if rec.phase is Phase.ADMITTED:
                 owners._redispatch.append(rec.group_id)
                 owners.counters.rollouts_reused += len(partial)
+                owners.counters.turns_found += sum(e.turns for e in episodes)
             else:
                 owners._restored_reserved.add(rec.group_id)
         for spare in snapshot.spares:
@@ -971,4 +1009,8 @@ class Owners:
         have = self._ledger.partial(rec.group_id)
         missing = tuple(i for i in range(rec.expected_generations) if i not in have)
         prompt = self._ledger.prompt(rec.group_id)
-        return Dispatch(rec.group_id, prompt, rec.target_step, missing, rec.weight_version, round=rec.round)
+        kept = self._ledger.episodes(rec.group_id)
+        resume = tuple(kept[i] for i in missing if i in kept)
+        return Dispatch(
+            rec.group_id, prompt, rec.target_step, missing, rec.weight_version, round=rec.round, resume=resume
+        )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,111 @@ def generated_offsets(length: int, observed: Sequence[tuple[int, int]]) -> list[
         out.extend(range(at, start))
         at = end
     return out
+
+
+@dataclass(frozen=True)
+class ToolTurn:
+    """One turn's entry in an episode's action log: the tool calls the policy made (name and
+    arguments as JSON, in order) and the sha256 of the observation the environment answered."""
+
+    calls: tuple[tuple[str, str], ...]
+    digest: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"calls": [list(c) for c in self.calls], "digest": self.digest}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ToolTurn:
+        calls = data.get("calls") if isinstance(data, dict) else None
+        digest = data.get("digest") if isinstance(data, dict) else None
+        if (
+            not isinstance(calls, list)
+            or not all(isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c) for c in calls)
+            or not isinstance(digest, str)
+            or len(digest) != 64
+        ):
+            raise ValueError("an action must be {calls: [[name, arguments], ...], digest: <sha256 hex>}")
+        return cls(tuple((c[0], c[1]) for c in calls), digest)
+
+
+@dataclass(frozen=True)
+class EpisodeState:
+    """An unfinished episode's finished turns: what the ledger keeps so that a resume continues
+    the episode instead of generating them again (``docs/guides/agents.md``).
+
+    ``completion_token_ids`` are the turns' tokens and the observations after them, as the
+    episode's sample will hold them; ``actions`` the action log, one entry a finished turn.
+    """
+
+    group_id: str
+    index: int
+    """The rollout index (0 .. G-1) of the episode's sample."""
+    completion_token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    observed: tuple[tuple[int, int], ...]
+    actions: tuple[ToolTurn, ...]
+    weight_version: int
+    environment: str
+    """The environment's name (``spec.environment.name``): another one never resumes it."""
+
+    @property
+    def turns(self) -> int:
+        return len(self.actions)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "index": self.index,
+            "completion_token_ids": list(self.completion_token_ids),
+            "logprobs": list(self.logprobs),
+            "observed": [list(s) for s in self.observed],
+            "actions": [a.to_json() for a in self.actions],
+            "weight_version": self.weight_version,
+            "environment": self.environment,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> EpisodeState:
+        """Parses and checks one episode; a ``ValueError`` names what is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError("an episode must be a JSON object")
+        ids, logprobs = data.get("completion_token_ids"), data.get("logprobs")
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ValueError("completion_token_ids must be a list of integers")
+        if not isinstance(logprobs, list) or len(logprobs) != len(ids):
+            raise ValueError(f"logprobs must be a list of {len(ids)} numbers, one a token")
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x <= 0 for x in logprobs):
+            raise ValueError("logprobs must be numbers <= 0")
+        observed = data.get("observed")
+        actions = data.get("actions")
+        if not isinstance(observed, list) or not all(isinstance(s, list) and len(s) == 2 for s in observed):
+            raise ValueError("observed must be a list of [start, end] spans")
+        if not isinstance(actions, list) or not actions or len(actions) != len(observed):
+            raise ValueError("actions must hold one entry a finished turn, as many as the observation spans")
+        index, version = _whole(data, "index"), _whole(data, "weight_version")
+        environment = data.get("environment")
+        if not isinstance(data.get("group_id"), str) or not isinstance(environment, str):
+            raise ValueError("group_id and environment must be strings")
+        spans = check_observed(observed, len(ids), f"episode {data['group_id']}/{index}")
+        if spans[-1][1] != len(ids):
+            raise ValueError("an episode's tokens must end with its last observation (its next turn starts there)")
+        return cls(
+            group_id=data["group_id"],
+            index=index,
+            completion_token_ids=tuple(ids),
+            logprobs=tuple(float(x) for x in logprobs),
+            observed=spans,
+            actions=tuple(ToolTurn.from_json(a) for a in actions),
+            weight_version=version,
+            environment=environment,
+        )
+
+
+def _whole(data: dict[str, Any], key: str) -> int:
+    value = data.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{key} must be an integer >= 0, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)

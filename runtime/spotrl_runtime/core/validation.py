@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Protocol
 
 from spotrl_runtime.core.cut_format import (
     DELTA_FILES,
+    EPISODE_FILES,
     MANIFEST_NAME,
     OWNER_FILES,
     READABLE_SCHEMA_VERSIONS,
@@ -247,7 +248,8 @@ class DoubleOwnerError(CutCheckError):
 
 
 class RolloutRowsError(CutCheckError):
-    """Refuses a finished group without all G rows; rows of no group."""
+    """Refuses a finished group without all G rows; rows of no group; an unfinished episode's
+    turns that belong to no ADMITTED group's missing rollout, or to one twice."""
 
     check = "rollout_rows"
 
@@ -464,7 +466,7 @@ def validate_cut(
     manifest = check_manifest(loc, source.read_manifest())
     check_expectations(loc, manifest, expect)
     check_files(loc, manifest, source, trainer_digests=trainer_digests)
-    blobs = {f.role: source.read(f.path) for f in manifest.files if f.role in OWNER_FILES}
+    blobs = {f.role: source.read(f.path) for f in manifest.files if f.role in OWNER_FILES | EPISODE_FILES}
     docs = decode_documents(loc, manifest, blobs)
     if manifest.is_delta:
         redo_blobs = {f.role: source.read(f.path) for f in manifest.files if f.role in DELTA_FILES}
@@ -712,6 +714,28 @@ def check_rollout_rows(loc: str, manifest: Manifest, docs: CutDocuments) -> None
     missing = [gid for gid in replay if gid not in docs.rollouts]
     if missing:
         raise RolloutRowsError(loc, path, f"finished group {missing[0]} has no rows", _NEWER)
+    check_episodes(loc, manifest, docs)
+
+
+def check_episodes(loc: str, manifest: Manifest, docs: CutDocuments) -> None:
+    """Part of ``rollout_rows``: each unfinished episode is a missing rollout of an ADMITTED
+    group, once."""
+    path = _path_of(manifest, "episodes")
+    ledger = {r.group_id: r for r in docs.ledger}
+    seen: set[tuple[str, int]] = set()
+    for e in docs.episodes:
+        rec = ledger.get(e.group_id)
+        finished = {r.index for r in docs.rollouts.get(e.group_id, ())}
+        if rec is None or rec.phase is not Phase.ADMITTED:
+            raise RolloutRowsError(loc, path, f"episode {e.group_id}/{e.index}: no ADMITTED group holds it", _NEWER)
+        if not 0 <= e.index < rec.expected_generations or e.index in finished or (e.group_id, e.index) in seen:
+            raise RolloutRowsError(
+                loc,
+                path,
+                f"episode {e.group_id}/{e.index} is not one of the group's missing rollouts, or is listed twice",
+                _NEWER,
+            )
+        seen.add((e.group_id, e.index))
 
 
 def check_stamps(loc: str, manifest: Manifest, docs: CutDocuments) -> None:

@@ -16,6 +16,7 @@ from spotrl_runtime.generation.types import (
     GroupLost,
     GroupOutcome,
     Sample,
+    TurnsFinished,
 )
 from spotrl_runtime.generation.worker import build_backend
 
@@ -30,6 +31,7 @@ __all__ = [
     "GroupLost",
     "GroupOutcome",
     "Sample",
+    "TurnsFinished",
     "build_backend",
     "encode_prompt",
     "group_seed",

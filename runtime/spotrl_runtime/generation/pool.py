@@ -8,7 +8,9 @@ dispatched group from :meth:`GenerationPool.poll`, as the groups complete:
 - :class:`GroupLost`: its worker died first (``ray.kill``, a crash, a lost node or worker
   pod). Redispatch it with the same ``group_id``; nothing else needs restoring. The dead
   worker is replaced (up to ``max_restarts`` times each) and the replacement loads the
-  newest weights first.
+  newest weights first;
+- :class:`TurnsFinished` (not an outcome: its group goes on): an episode of a multi-turn group
+  finished a turn, which the ledger keeps.
 
 Each worker is fed up to a budget (``max_in_flight_groups``, else by its KV cache): the groups
 sent to it are all generating at once in its engine, and each comes back as it finishes (the
@@ -69,7 +71,13 @@ from typing import TYPE_CHECKING, Any, Literal
 from spotrl_runtime.core.step_stats import BusyClock
 from spotrl_runtime.generation.backend import BackendSpec
 from spotrl_runtime.generation.sync_lifecycle import Phase, SenderSync
-from spotrl_runtime.generation.types import GenerationRequest, GroupFailed, GroupLost, GroupOutcome
+from spotrl_runtime.generation.types import (
+    GenerationRequest,
+    GroupFailed,
+    GroupLost,
+    TurnsFinished,
+    WorkerReport,
+)
 from spotrl_runtime.generation.worker import GenerationWorker
 
 if TYPE_CHECKING:
@@ -277,7 +285,7 @@ class GenerationPool:
         """A client of a remote sender's store (a trainer group's rank 0) for the sync's lifecycle."""
         self._calls: dict[Any, _Call] = {}
         self._assigned: dict[str, str] = {}
-        self._outbox: list[GroupOutcome] = []
+        self._outbox: list[WorkerReport] = []
         self._workers: dict[str, _Worker] = {}
         self._frozen = False
         """:meth:`freeze` was called: nothing more is sent to a worker."""
@@ -306,7 +314,7 @@ class GenerationPool:
                 self._place(request)
             self._dispatch()
 
-    def poll(self, timeout: float | None = 0.0) -> list[GroupOutcome]:
+    def poll(self, timeout: float | None = 0.0) -> list[WorkerReport]:
         """Outcomes of the groups that completed, waiting up to ``timeout`` seconds (None: until
         at least one completes) when none is ready. Returns [] when nothing is in flight."""
         import ray
@@ -1007,10 +1015,14 @@ class GenerationPool:
             worker.restarts,
         )
 
-    def _report(self, worker: _Worker, outcomes: Iterable[GroupOutcome]) -> None:
+    def _report(self, worker: _Worker, outcomes: Iterable[WorkerReport]) -> None:
         """Outcomes a worker's ``collect`` returned go to the outbox (a group it no longer
-        holds, one already declared lost, is dropped)."""
+        holds, one already declared lost, is dropped); so do the turns of a group it holds."""
         for outcome in outcomes:
+            if isinstance(outcome, TurnsFinished):
+                if outcome.group_id in worker.in_flight:  # the group is still this worker's
+                    self._outbox.append(outcome)
+                continue
             if worker.in_flight.pop(outcome.group_id, None) is None:
                 continue
             self._assigned.pop(outcome.group_id, None)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from spotrl_runtime.core.types import EpisodeState
+
 FINISH_STOP = "stop"
 """The sample ended with the end-of-sequence token (which is part of its completion ids)."""
 FINISH_LENGTH = "length"
@@ -34,7 +36,22 @@ class GenerationRequest:
     the next version is sent is left out of that sync, finishes its groups on the weights they
     ask for, then gets the newest version as a joiner."""
 
+    indexes: tuple[int, ...] = ()
+    """The rollout indexes of the ``n`` samples, in order (empty: 0 .. n-1). A multi-turn
+    episode's seeds follow its rollout index, so that a group sent again for some of its
+    samples gives each the seeds it had."""
+    resume: tuple[EpisodeState, ...] = ()
+    """Episodes of this group with finished turns (a restored ledger's): each continues from its
+    last finished turn instead of starting again (:mod:`spotrl_runtime.rollouts.episodes`)."""
+
+    def sample_indexes(self) -> tuple[int, ...]:
+        return self.indexes or tuple(range(self.n))
+
     def __post_init__(self) -> None:
+        if self.indexes and len(self.indexes) != self.n:
+            raise ValueError(f"group {self.group_id}: {len(self.indexes)} indexes for {self.n} samples")
+        if any(e.group_id != self.group_id or e.index not in self.sample_indexes() for e in self.resume):
+            raise ValueError(f"group {self.group_id}: an episode to resume is not one of its samples")
         if not self.prompt_token_ids:
             raise ValueError(f"group {self.group_id}: prompt_token_ids is empty")
         if self.n < 1 or self.max_new_tokens < 1:
@@ -71,6 +88,21 @@ class GroupGenerated:
     weight_version: int
     worker: str = ""
     seconds: float = 0.0
+    turns_resumed: int = 0
+    """Finished turns of its episodes that a resume kept (not generated again)."""
+    episodes_restarted: int = 0
+    """Episodes with finished turns that started again from turn 0: their environment did not
+    replay its action log to the same observations, or is another one."""
+
+
+@dataclass(frozen=True)
+class TurnsFinished:
+    """An episode of an unfinished group finished a turn: its state for the ledger (not an
+    outcome: its group is still generating)."""
+
+    group_id: str
+    episode: EpisodeState
+    worker: str = ""
 
 
 @dataclass(frozen=True)
@@ -92,3 +124,5 @@ class GroupLost:
 
 
 GroupOutcome = GroupGenerated | GroupFailed | GroupLost
+WorkerReport = GroupOutcome | TurnsFinished
+"""What a worker's ``collect`` returns."""

@@ -23,7 +23,14 @@ import torch
 
 from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation.backend import BackendSpec, GenerationBackend
-from spotrl_runtime.generation.types import GenerationRequest, GroupFailed, GroupGenerated, GroupLost
+from spotrl_runtime.generation.types import (
+    GenerationRequest,
+    GroupFailed,
+    GroupGenerated,
+    GroupLost,
+    TurnsFinished,
+    WorkerReport,
+)
 from spotrl_runtime.generation.weights import ChannelAddress, SyncPlan, live_links
 
 
@@ -73,7 +80,7 @@ class GenerationWorker:
         self._next = 0
         """The sequence number of the next ordered call."""
         self._inbox: list[GenerationRequest] = []
-        self._outbox: list[GroupGenerated | GroupFailed | GroupLost] = []
+        self._outbox: list[WorkerReport] = []
         self._unfinished = 0
         """Groups submitted and not yet in the outbox."""
         self._engine = threading.Lock()
@@ -126,8 +133,9 @@ class GenerationWorker:
 
     # ------------------------------------------------------------------ unordered calls
 
-    def collect(self, timeout: float = 1.0) -> list[GroupGenerated | GroupFailed | GroupLost]:
-        """The outcomes finished since the last call, waiting up to ``timeout`` s for one."""
+    def collect(self, timeout: float = 1.0) -> list[WorkerReport]:
+        """The outcomes finished since the last call, and the turns a multi-turn group's episodes
+        finished, waiting up to ``timeout`` s for one."""
         with self._cv:
             self._cv.wait_for(lambda: self._outbox or self._closed, timeout)
             out, self._outbox = self._outbox, []
@@ -159,7 +167,8 @@ class GenerationWorker:
         done: dict[str, GroupGenerated | GroupFailed | GroupLost] = {}
         while wanted - done.keys():
             for outcome in self.collect(timeout=1.0):
-                done[outcome.group_id] = outcome
+                if not isinstance(outcome, TurnsFinished):
+                    done[outcome.group_id] = outcome
         return [done[r.group_id] for r in requests]
 
     def weight_version(self) -> int:
@@ -225,14 +234,14 @@ class GenerationWorker:
                 if new:
                     failpoint("worker.generate", self.backend.weight_version)
                 outcomes = self._step(new)
-                generating = self.backend.unfinished() + len(outcomes)
+                generating = self.backend.unfinished() + sum(1 for o in outcomes if not isinstance(o, TurnsFinished))
                 self.peak_generating = max(self.peak_generating, generating)
                 self._generating_sum += generating
                 self.steps += 1
             failpoint("worker.stepped", self.steps)
             with self._cv:
                 self._outbox.extend(replace(outcome, worker=self.worker_id) for outcome in outcomes)
-                self._unfinished -= len(outcomes)
+                self._unfinished -= sum(1 for o in outcomes if not isinstance(o, TurnsFinished))
                 self._cv.notify_all()
 
     def _in_thread(self) -> None:
@@ -242,12 +251,12 @@ class GenerationWorker:
         if torch.get_num_threads() != self._threads:
             torch.set_num_threads(self._threads)
 
-    def _step(self, new: list[GenerationRequest]) -> list[GroupGenerated | GroupFailed]:
+    def _step(self, new: list[GenerationRequest]) -> list[GroupGenerated | GroupFailed | TurnsFinished]:
         """One step of the backend, having started ``new``; an engine that raises fails every
         group it held (each may be retried elsewhere)."""
         try:
             self.backend.start(new)
-            return self.backend.step()
+            return list(self.backend.step())
         except Exception:
             error = traceback.format_exc(limit=8)
             ids = {r.group_id for r in new} | set(self.backend.abort())

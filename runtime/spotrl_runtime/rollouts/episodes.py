@@ -14,6 +14,12 @@ trained).
 
 Every turn of a group runs on the weights its first turn ran on: the worker loads a new version
 only once no group is unfinished, and a turn that comes back on another version fails its group.
+
+Each finished turn (its tokens, the observation after it, the action log so far) is reported as
+:class:`~spotrl_runtime.generation.types.TurnsFinished`, for the ledger. A request that carries
+such states (``resume``) continues those episodes from their last finished turn, with the seeds
+they had, once their environment replayed the action log (:mod:`.action_log`); an environment that
+does not replay restarts its episode from turn 0, counted in ``episodes_restarted``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from spotrl_runtime.core.types import EpisodeState, ToolTurn
+from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation.backend import GenerationBackend
 from spotrl_runtime.generation.types import (
     FINISH_LENGTH,
@@ -35,7 +43,9 @@ from spotrl_runtime.generation.types import (
     GroupFailed,
     GroupGenerated,
     Sample,
+    TurnsFinished,
 )
+from spotrl_runtime.rollouts.action_log import act, replay, tool_turn
 from spotrl_runtime.rollouts.chat import ObservationRenderer
 from spotrl_runtime.rollouts.environments import Environment, Observation
 from spotrl_runtime.rollouts.tool_calls import ParsedTurn, ToolCallParser
@@ -67,7 +77,8 @@ class EpisodeLimits:
 
 
 def turn_seed(group_seed: int, index: int, turn: int) -> int:
-    """The sampling seed of turn ``turn`` (from 1) of sample ``index``: stable across restarts."""
+    """The sampling seed of the turn after ``turn`` finished turns of sample ``index`` (its
+    environment's seed at 0): stable across restarts."""
     digest = hashlib.sha256(f"{group_seed}:{index}:{turn}".encode()).digest()
     return int.from_bytes(digest[:8], "big") & 0x7FFF_FFFF_FFFF_FFFF
 
@@ -83,6 +94,8 @@ class Episode:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     observed: list[tuple[int, int]] = field(default_factory=list)
+    actions: list[ToolTurn] = field(default_factory=list)
+    """The action log: one entry a turn that called tools."""
     turns: int = 0
     finish: str = ""
     """Empty while it runs; then the last turn's finish, or ``length`` if a limit ended it."""
@@ -97,11 +110,37 @@ class Episode:
         self.logprobs.extend(sample.logprobs)
         self.turns += 1
 
-    def add_observation(self, tokens: Sequence[int]) -> None:
-        if tokens:
-            self.observed.append((len(self.tokens), len(self.tokens) + len(tokens)))
-            self.tokens.extend(tokens)
-            self.logprobs.extend([0.0] * len(tokens))
+    def add_observation(self, tokens: Sequence[int], action: ToolTurn) -> None:
+        self.actions.append(action)
+        self.observed.append((len(self.tokens), len(self.tokens) + len(tokens)))
+        self.tokens.extend(tokens)
+        self.logprobs.extend([0.0] * len(tokens))
+
+    @classmethod
+    def resumed(cls, state: EpisodeState, prompt: tuple[int, ...]) -> Episode:
+        """The episode a ledger's state describes, at its last finished turn."""
+        return cls(
+            state.group_id,
+            state.index,
+            prompt,
+            tokens=list(state.completion_token_ids),
+            logprobs=list(state.logprobs),
+            observed=list(state.observed),
+            actions=list(state.actions),
+            turns=state.turns,
+        )
+
+    def state(self, weight_version: int, environment: str) -> EpisodeState:
+        return EpisodeState(
+            group_id=self.group_id,
+            index=self.index,
+            completion_token_ids=tuple(self.tokens),
+            logprobs=tuple(self.logprobs),
+            observed=tuple(self.observed),
+            actions=tuple(self.actions),
+            weight_version=weight_version,
+            environment=environment,
+        )
 
     def sample(self, decode: Callable[[list[int]], str]) -> Sample:
         if self.first is not None and self.turns == 1:
@@ -118,8 +157,26 @@ class Episode:
 @dataclass
 class _Group:
     request: GenerationRequest
-    episodes: list[Episode] = field(default_factory=list)
+    episodes: dict[int, Episode] = field(default_factory=dict)
+    """By rollout index."""
+    fresh: tuple[int, ...] = ()
+    """The rollout indexes its first turn generates (every one but the episodes resumed)."""
     version: int | None = None
+    turns_resumed: int = 0
+    restarted: int = 0
+
+    @property
+    def done(self) -> bool:
+        indexes = self.request.sample_indexes()
+        return all(i in self.episodes and self.episodes[i].finish for i in indexes)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """Work at the tool threads: ``then`` gets its result, or None once ``deadline`` passed."""
+
+    then: Callable[[Any], None]
+    deadline: float
 
 
 class EpisodeBackend(GenerationBackend):
@@ -135,8 +192,11 @@ class EpisodeBackend(GenerationBackend):
         *,
         tool_parser: str = "hermes",
         tool_threads: int = 8,
+        name: str = "",
     ) -> None:
         self.inner = inner
+        self.name = name
+        """The environment's name, kept with each episode's state: another one never resumes it."""
         self.tokenizer = tokenizer
         self.limits = limits
         self._environment = environment
@@ -146,8 +206,10 @@ class EpisodeBackend(GenerationBackend):
         self._groups: dict[str, _Group] = {}
         self._turns: dict[str, Episode] = {}
         """A later turn's request id -> its episode."""
-        self._acting: dict[concurrent.futures.Future[list[Observation]], tuple[Episode, float]] = {}
-        self._done: list[GroupGenerated | GroupFailed] = []
+        self._pending: dict[concurrent.futures.Future[Any], _Pending] = {}
+        self._done: list[GroupGenerated | GroupFailed | TurnsFinished] = []
+        self.turns_reported = 0
+        """Finished turns :meth:`step` has returned (a failpoint's step)."""
 
     @classmethod
     def from_spec(cls, engine: GenerationBackend, environment: Any, *, max_model_len: int | None) -> EpisodeBackend:
@@ -163,7 +225,12 @@ class EpisodeBackend(GenerationBackend):
         )
         tokenizer = getattr(engine, "tokenizer")  # noqa: B009 - every engine has one; the base class does not say
         return cls(
-            engine, tokenizer, lambda: make_environment(environment.name), limits, tool_parser=environment.tool_parser
+            engine,
+            tokenizer,
+            lambda: make_environment(environment.name),
+            limits,
+            tool_parser=environment.tool_parser,
+            name=environment.name,
         )
 
     # ------------------------------------------------------------------ the engine's, passed on
@@ -197,44 +264,54 @@ class EpisodeBackend(GenerationBackend):
         self.start(requests)
         done: dict[str, GroupGenerated | GroupFailed] = {}
         while len(done) < len(requests):
-            done.update((o.group_id, o) for o in self.step())
+            done.update((o.group_id, o) for o in self.step() if not isinstance(o, TurnsFinished))
         failed = [o for o in done.values() if isinstance(o, GroupFailed)]
         if failed:
             raise RuntimeError(f"group {failed[0].group_id} failed: {failed[0].error}")
         return [done[r.group_id] for r in requests]  # type: ignore[misc]
 
     def start(self, requests: Iterable[GenerationRequest]) -> None:
-        new = list(requests)
-        for request in new:
-            self._groups[request.group_id] = _Group(request)
-        self.inner.start(new)
+        first = []
+        for request in requests:
+            resume = {e.index: e for e in request.resume if e.environment == self.name}
+            group = _Group(request, restarted=len(request.resume) - len(resume))
+            group.fresh = tuple(i for i in request.sample_indexes() if i not in resume)
+            self._groups[request.group_id] = group
+            if group.fresh:
+                first.append(replace(request, n=len(group.fresh), indexes=group.fresh, resume=()))
+            for state in resume.values():
+                self._replay(group, state)
+        self.inner.start(first)
 
     def unfinished(self) -> int:
         return len(self._groups)
 
-    def step(self) -> list[GroupGenerated | GroupFailed]:
-        self._take_observations()
+    def step(self) -> list[GroupGenerated | GroupFailed | TurnsFinished]:  # type: ignore[override]
+        """The groups that ended, and the turns that finished, since the last step."""
+        failpoint("worker.turns_reported", self.turns_reported)
+        self._take_tool_results()
         if self.inner.unfinished():
             for outcome in self.inner.step():
                 self._take_turn(outcome)
-        elif self._acting:
+        elif self._pending:
             concurrent.futures.wait(
-                list(self._acting), timeout=WAIT_FOR_TOOLS_SECONDS, return_when=concurrent.futures.FIRST_COMPLETED
+                list(self._pending), timeout=WAIT_FOR_TOOLS_SECONDS, return_when=concurrent.futures.FIRST_COMPLETED
             )
-            self._take_observations()
+            self._take_tool_results()
         done, self._done = self._done, []
+        self.turns_reported += sum(1 for o in done if isinstance(o, TurnsFinished))
         return done
 
     def abort(self) -> list[str]:
         self.inner.abort()
-        for future in self._acting:
+        for future in self._pending:
             future.cancel()
         for group in self._groups.values():
             self._close(group)
         ids = list(self._groups)
         self._groups.clear()
         self._turns.clear()
-        self._acting.clear()
+        self._pending.clear()
         self._done.clear()
         return ids
 
@@ -253,13 +330,11 @@ class EpisodeBackend(GenerationBackend):
             return self._fail(group, f"a turn ran on version {outcome.weight_version}, its group on {group.version}")
         try:
             if episode is None:  # the group's first turn: one sample an episode
-                group.episodes = [
-                    Episode(group.request.group_id, i, group.request.prompt_token_ids)
-                    for i in range(len(outcome.samples))
-                ]
-                for ep, sample in zip(group.episodes, outcome.samples, strict=True):
-                    ep.add_turn(sample)
-                    self._after_turn(group, ep, sample.finish_reason)
+                prompt = group.request.prompt_token_ids
+                for index, sample in zip(group.fresh, outcome.samples, strict=True):
+                    group.episodes[index] = Episode(group.request.group_id, index, prompt)
+                    group.episodes[index].add_turn(sample)
+                    self._after_turn(group, group.episodes[index], sample.finish_reason)
             else:
                 episode.add_turn(outcome.samples[0])
                 self._after_turn(group, episode, outcome.samples[0].finish_reason)
@@ -275,65 +350,112 @@ class EpisodeBackend(GenerationBackend):
             return self._end(group, episode, FINISH_LENGTH)
         if episode.environment is None:
             episode.environment = self._environment()
-            episode.environment.reset(
-                seed=turn_seed(group.request.seed, episode.index, 0), episode_id=self._id(episode)
-            )
-        future = self._tools.submit(_act, episode.environment, parsed)
-        self._acting[future] = (episode, time.monotonic())
+            episode.environment.reset(seed=self._env_seed(group, episode), episode_id=self._id(episode))
+        future = self._tools.submit(act, episode.environment, parsed)
+        self._pending[future] = _Pending(
+            lambda observations: self._observe(group, episode, parsed, observations),
+            time.monotonic() + self.limits.tool_seconds,
+        )
 
-    def _take_observations(self) -> None:
+    def _take_tool_results(self) -> None:
         now = time.monotonic()
-        for future, (episode, since) in list(self._acting.items()):
-            overdue = now - since > self.limits.tool_seconds
-            if not (future.done() or overdue):
-                continue
-            del self._acting[future]
-            group = self._groups.get(episode.group_id)
-            if group is None:
-                continue
-            if future.done():
-                observations = future.result()
-            else:
-                observations = [Observation(f"error: the tool did not answer within {self.limits.tool_seconds:g} s")]
-            self._observe(group, episode, observations)
+        for future, pending in list(self._pending.items()):
+            if future.done() or now > pending.deadline:
+                del self._pending[future]
+                pending.then(future.result() if future.done() else None)
 
-    def _observe(self, group: _Group, episode: Episode, observations: list[Observation]) -> None:
+    def _observe(
+        self, group: _Group, episode: Episode, parsed: ParsedTurn, observations: list[Observation] | None
+    ) -> None:
+        if self._groups.get(group.request.group_id) is not group:
+            return  # the group failed or was aborted meanwhile
+        if observations is None:
+            observations = [Observation(f"error: the tool did not answer within {self.limits.tool_seconds:g} s")]
         if any(o.done for o in observations):
             return self._end(group, episode, FINISH_STOP)
         observation = self._renderer.render([{"role": "tool", "content": _bounded(o.text)} for o in observations])
-        used = len(episode.tokens) + len(observation)
+        if self._budget(group, episode, len(observation)) < 1:
+            return self._end(group, episode, FINISH_LENGTH)  # no room for a token after the observation
+        episode.add_observation(observation, tool_turn(parsed, observations))
+        version = group.version if group.version is not None else self.weight_version
+        self._done.append(TurnsFinished(group.request.group_id, episode.state(version, self.name)))
+        self._next_turn(group, episode)
+
+    def _budget(self, group: _Group, episode: Episode, extra: int = 0) -> int:
+        """How many tokens the episode's next turn may generate, ``extra`` more in its context."""
+        used = len(episode.tokens) + extra
         budget = min(group.request.max_new_tokens, self.limits.max_episode_tokens - used)
         if self.limits.max_model_len is not None:
             budget = min(budget, self.limits.max_model_len - len(episode.prompt) - used)
-        if budget < 1:  # no room for a token after the observation: the episode ends before it
-            return self._end(group, episode, FINISH_LENGTH)
-        episode.add_observation(observation)
+        return budget
+
+    def _next_turn(self, group: _Group, episode: Episode) -> None:
+        """Sends the episode's next turn to the engine: one sample, its context as the prompt,
+        the turn's own seed (turn 0: a restarted episode's first turn, alone)."""
         request = replace(
             group.request,
             group_id=f"{group.request.group_id}#s{episode.index}t{episode.turns}",
             prompt_token_ids=episode.prompt + tuple(episode.tokens),
             n=1,
-            max_new_tokens=budget,
+            max_new_tokens=self._budget(group, episode),
             seed=turn_seed(group.request.seed, episode.index, episode.turns),
+            indexes=(),
+            resume=(),
         )
         self._turns[request.group_id] = episode
         self.inner.start([request])
 
+    # ------------------------------------------------------------------ resume
+
+    def _replay(self, group: _Group, state: EpisodeState) -> None:
+        """Restores a resumed episode's environment at the tool threads (a replay is tool calls)."""
+        episode = Episode.resumed(state, group.request.prompt_token_ids)
+        environment = self._environment()
+        future = self._tools.submit(
+            replay, environment, state.actions, seed=self._env_seed(group, episode), episode_id=self._id(episode)
+        )
+        self._pending[future] = _Pending(
+            lambda replayed: self._resumed(group, episode, environment, replayed is True),
+            time.monotonic() + self.limits.tool_seconds * (state.turns + 1),
+        )
+
+    def _resumed(self, group: _Group, episode: Episode, environment: Environment, replayed: bool) -> None:
+        """Continues a resumed episode from its last finished turn, or (its environment did not
+        replay) from turn 0 with a fresh environment."""
+        if not replayed or self._groups.get(group.request.group_id) is not group:
+            with contextlib.suppress(Exception):
+                environment.close()
+        if self._groups.get(group.request.group_id) is not group:
+            return
+        if replayed:
+            episode.environment = environment
+            group.turns_resumed += episode.turns
+        else:
+            group.restarted += 1
+            episode = Episode(episode.group_id, episode.index, episode.prompt)
+        group.episodes[episode.index] = episode
+        self._next_turn(group, episode)
+
+    # ------------------------------------------------------------------ ends
+
     def _end(self, group: _Group, episode: Episode, finish: str) -> None:
         episode.finish = finish
-        if all(ep.finish for ep in group.episodes):
-            self._close(group)
-            del self._groups[group.request.group_id]
-            decode = self._decode
-            self._done.append(
-                GroupGenerated(
-                    group_id=group.request.group_id,
-                    prompt_token_ids=group.request.prompt_token_ids,
-                    samples=tuple(ep.sample(decode) for ep in group.episodes),
-                    weight_version=group.version if group.version is not None else self.weight_version,
-                    seconds=time.monotonic() - min(ep.started for ep in group.episodes),
-                )
+        if not group.done:
+            return
+        self._close(group)
+        del self._groups[group.request.group_id]
+        episodes = [group.episodes[i] for i in group.request.sample_indexes()]
+        self._done.append(
+            GroupGenerated(
+                group_id=group.request.group_id,
+                prompt_token_ids=group.request.prompt_token_ids,
+                samples=tuple(ep.sample(self._decode) for ep in episodes),
+                weight_version=group.version if group.version is not None else self.weight_version,
+                seconds=time.monotonic() - min(ep.started for ep in episodes),
+                turns_resumed=group.turns_resumed,
+                episodes_restarted=group.restarted,
             )
+        )
 
     def _fail(self, group: _Group, error: str) -> None:
         self._close(group)
@@ -342,7 +464,7 @@ class EpisodeBackend(GenerationBackend):
             self._done.append(GroupFailed(group.request.group_id, error))
 
     def _close(self, group: _Group) -> None:
-        for episode in group.episodes:
+        for episode in group.episodes.values():
             if episode.environment is not None:
                 # An environment that fails to close changes nothing in the episode.
                 with contextlib.suppress(Exception):
@@ -365,6 +487,11 @@ class EpisodeBackend(GenerationBackend):
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     @staticmethod
+    def _env_seed(group: _Group, episode: Episode) -> int:
+        """What the episode's environment is reset with: the same on every resume."""
+        return turn_seed(group.request.seed, episode.index, 0)
+
+    @staticmethod
     def _id(episode: Episode) -> str:
         return f"{episode.group_id}/{episode.index}"
 
@@ -373,19 +500,3 @@ def _bounded(text: str) -> str:
     if len(text) <= MAX_OBSERVATION_CHARS:
         return text
     return f"{text[:MAX_OBSERVATION_CHARS]}\n[{len(text) - MAX_OBSERVATION_CHARS} more characters left out]"
-
-
-def _act(environment: Environment, parsed: ParsedTurn) -> list[Observation]:
-    """The environment's answers to a turn's calls, in order; a call that raises answers with
-    its error (a tool's crash is an observation)."""
-    if parsed.malformed:
-        return [Observation(f"error: {parsed.malformed}")]
-    out = []
-    for call in parsed.calls:
-        try:
-            out.append(environment.step(call))
-        except Exception as err:
-            out.append(Observation(f"error: {call.name} raised {type(err).__name__}: {str(err)[:300]}"))
-        if out[-1].done:
-            break
-    return out

@@ -3,7 +3,9 @@ may call a calculator before it answers, each sample an episode of turns on the 
 Ray and transformers workers. Its held-out accuracy rises (sampled, `spotrl eval` before and
 after: it learns to call the tool); the episodes it trained on hold their tools' answers as
 observation spans, never trained; a SIGTERM and a resume train the same prompts as the
-uninterrupted run."""
+uninterrupted run; a SIGTERM while episodes are between turns keeps their finished turns in the
+barrier cut, and the resume goes on from them (the calculator replays) instead of generating them
+again."""
 
 from __future__ import annotations
 
@@ -113,3 +115,46 @@ def test_the_cut_holds_episodes_with_their_observations(interrupted: CutSurgery)
         generated = [lp for k, lp in enumerate(r.logprobs) if not any(a <= k < b for a, b in r.observed)]
         assert all(lp <= 0 for lp in generated)
         assert sum(generated) < 0, "the generated tokens carry their log-probs"
+
+
+@pytest.fixture(scope="module")
+def mid_episode(
+    example: tuple[Path, Path, int], runs: Runs, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[CutSurgery, str, Path]:
+    """(barrier cut, resumed run's log, store) of the example stopped by SIGTERM while its worker
+    is held with episodes between turns (after it reported 6 finished turns), resumed to
+    RESUMED_TO."""
+    job, _, _ = example
+    store = runs.base / "agent-mid-episode"
+    marks = tmp_path_factory.mktemp("agent-turn-marks")
+    proc = runs.start(job, store, SPOTRL_FAILPOINTS="worker.turns_reported@6+=120", SPOTRL_FAILPOINT_DIR=str(marks))
+    wait_for(lambda: (marks / "worker.turns_reported").exists(), 300, "the worker to report 6 turns", proc)
+    time.sleep(3)  # the reported turns reach the ledger (the worker's collect goes on while it is held)
+    assert stop(proc) == 143, runs.log_of(proc)
+    cuts = sorted(p for p in (store / "cuts").iterdir() if (p / "manifest.json").exists())
+    barrier = CutSurgery(cuts[-1])
+    assert barrier.m["kind"] == "barrier", runs.log_of(proc)
+    rc, log = runs.run(job, store, "--max-steps", str(RESUMED_TO))
+    assert rc == 0, log
+    return barrier, log, store
+
+
+def test_a_barrier_between_turns_keeps_the_finished_turns_and_the_resume_goes_on_from_them(
+    example: tuple[Path, Path, int], mid_episode: tuple[CutSurgery, str, Path], runs: Runs
+) -> None:
+    barrier, log, store = mid_episode
+    doc = json.loads(barrier.path("episodes").read_bytes())
+    ledger = {r["group_id"] for r in json.loads(barrier.path("ledger").read_bytes())["records"]}
+    kept = doc["episodes"]
+    assert kept, "the held worker's episodes had finished turns"
+    assert {e["group_id"] for e in kept} <= ledger, "each belongs to a group in flight"
+    assert all(len(e["actions"]) >= 1 and e["actions"][0]["calls"][0][0] == "calculator" for e in kept)
+    turns = sum(len(e["actions"]) for e in kept)
+
+    resumed = [line for line in log.splitlines() if "finished turn(s) resumed" in line]
+    assert sum(int(line.split(": ")[-1].split()[0]) for line in resumed) == turns, "every kept turn went on"
+    assert all(" 0 episode(s) restarted" in line for line in resumed), "the calculator replays"
+    summary = _cli(runs, "audit", str(store), "--summary")
+    assert f"turnsRestored             {turns}" in summary.stdout, summary.stdout
+    _, reference, _ = example
+    assert stream(store) == stream(reference)[:RESUMED_TO], "the same prompts as the uninterrupted run"

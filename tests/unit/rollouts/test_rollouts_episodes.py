@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 from rollout_helpers import ScriptedEngine, call
 
-from spotrl_runtime.generation.types import FINISH_LENGTH, FINISH_STOP, GenerationRequest, GroupFailed
+from spotrl_runtime.generation.types import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    GenerationRequest,
+    GroupFailed,
+    TurnsFinished,
+)
 from spotrl_runtime.rollouts.chat import ObservationRenderer
 from spotrl_runtime.rollouts.environments import Calculator, Observation
 from spotrl_runtime.rollouts.episodes import EpisodeBackend, EpisodeLimits, turn_seed
@@ -182,7 +188,7 @@ def test_a_turn_on_other_weights_fails_its_group(chat_tokenizer: Any) -> None:
     backend.start([_request(chat_tokenizer)])
     outcomes: list[Any] = []
     while not outcomes:
-        outcomes = backend.step()
+        outcomes = [o for o in backend.step() if not isinstance(o, TurnsFinished)]
         engine.weight_version = 4
     (failed,) = outcomes
     assert isinstance(failed, GroupFailed)
