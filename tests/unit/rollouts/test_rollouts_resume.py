@@ -176,3 +176,29 @@ def test_a_request_refuses_an_episode_that_is_not_one_of_its_samples(chat_tokeni
         replace(_request(chat_tokenizer, n=1), indexes=(1,), resume=(states[0],))
     with pytest.raises(ValueError, match="indexes for"):
         replace(_request(chat_tokenizer, n=2), indexes=(1,))
+
+
+def test_a_worker_streams_the_turns_beside_its_groups(chat_tokenizer: Any) -> None:
+    """Through a generation worker: each finished turn comes back from ``collect``, stamped with
+    the worker, before its group; a turn is not an outcome (the worker's count of unfinished
+    groups, which a weight load waits on, ends at 0)."""
+    import time
+
+    from spotrl_runtime.generation import BackendSpec
+    from spotrl_runtime.generation.worker import GenerationWorker
+
+    worker = GenerationWorker(BackendSpec(kind="transformers", model="scripted"), "w7", _backend(chat_tokenizer))
+    try:
+        worker.submit(0, [_request(chat_tokenizer)])
+        got: list[Any] = []
+        deadline = time.monotonic() + 60
+        while not any(isinstance(o, GroupGenerated) for o in got):
+            assert time.monotonic() < deadline, got
+            got.extend(worker.collect(timeout=0.5))
+        turns = [o for o in got if isinstance(o, TurnsFinished)]
+        assert len(turns) == 2 * CALLS
+        assert {o.worker for o in got} == {"w7"}
+        assert isinstance(got[-1], GroupGenerated)
+        assert worker._unfinished == 0
+    finally:
+        worker.stop()
