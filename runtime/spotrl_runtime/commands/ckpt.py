@@ -261,6 +261,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     from spotrl_runtime.checkpoint.reader import StorageCutSource
     from spotrl_runtime.core.cut_format import (
         DELTA_FILES,
+        EPISODE_FILES,
         OWNER_FILES,
         OwnerFileError,
         decode_delta_files,
@@ -277,8 +278,8 @@ def run_inspect(args: argparse.Namespace) -> int:
     with StorageCutSource(target.storage, target.cut_id) as source:
         try:
             manifest = check_manifest(source.location, source.read_manifest())
-            blobs = {f.role: source.read(f.path) for f in manifest.files if f.role in OWNER_FILES}
-            docs = decode_owner_files(blobs)
+            roles = OWNER_FILES | EPISODE_FILES
+            docs = decode_owner_files({f.role: source.read(f.path) for f in manifest.files if f.role in roles})
             if manifest.is_delta:
                 redo = {f.role: source.read(f.path) for f in manifest.files if f.role in DELTA_FILES}
                 docs = decode_delta_files(docs, redo)
@@ -315,6 +316,10 @@ def run_inspect(args: argparse.Namespace) -> int:
                 "rollouts": g.rollouts,
             }
             for g in replay
+        ],
+        "episodes": [
+            {"group_id": e.group_id, "index": e.index, "turns": e.turns, "tokens": len(e.completion_token_ids)}
+            for e in docs.episodes
         ],
         "spare_pool": [s.to_json() for s in docs.spares],
         "shortfall": {str(k): v for k, v in docs.shortfall.items()},
@@ -363,6 +368,11 @@ def _inspect_text(d: dict[str, Any]) -> str:
             f"  {g['group_id']:<10} step {g['target_step']:<5} idx {g['idx']:<8} {g['task_name']:<12} "
             f"{g['rollouts']} rollouts"
         )
+    if d["episodes"]:
+        turns = sum(e["turns"] for e in d["episodes"])
+        out.append(f"episodes       {len(d['episodes'])} unfinished, {turns} finished turns kept")
+        for e in d["episodes"]:
+            out.append(f"  {e['group_id'] + '/' + str(e['index']):<12} {e['turns']} turns, {e['tokens']} tokens")
     out.append(
         f"spare pool     {len(d['spare_pool'])} prompts: "
         + ", ".join(f"{s['group_id']} (idx {s['idx']})" for s in d["spare_pool"])

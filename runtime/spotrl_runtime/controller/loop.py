@@ -60,6 +60,7 @@ from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation import GroupFailed, GroupGenerated, GroupLost, TurnsFinished
 from spotrl_runtime.generation.pool import SyncResult
 from spotrl_runtime.generation.rollouts import make_request, score_group
+from spotrl_runtime.generation.types import WorkerReport
 from spotrl_runtime.generation.weights import WeightSyncCancelledError
 from spotrl_runtime.rewards.runner import RewardFailure
 from spotrl_runtime.rollouts.transcripts import transcripts
@@ -557,31 +558,45 @@ class Controller:
                 # trainer commits a step. Sleep until then, at most 50 ms.
                 self._wake.wait(0.05)
             for outcome in outcomes:
-                if isinstance(outcome, TurnsFinished):
-                    if outcome.group_id in inflight and not self._parked.is_set():
-                        self.stats["turns_kept"] += int(owners.keep_turns(outcome.episode))
-                    continue
-                if validator is not None and validator.owns(outcome.group_id):
-                    if not self._parked.is_set():
-                        pool.submit(validator.take(outcome))
-                    continue
-                d = inflight.pop(outcome.group_id, None)
-                if d is None or self._parked.is_set():
-                    continue  # after a barrier nothing moves; the cut holds this group as ADMITTED
-                if isinstance(outcome, GroupGenerated):
-                    send(self._finish(d, outcome))
-                elif isinstance(outcome, GroupLost):
-                    self.stats["groups_lost_redispatched"] += 1
-                    log.warning("group %s lost with its worker (%s); redispatching", d.group_id, outcome.reason)
-                    again = owners.dispatch_again(d.group_id)  # with the turns its episodes finished
-                    send([replace(again, relaunch=d.relaunch)] if again is not None else [])
-                elif isinstance(outcome, GroupFailed):
-                    tries[d.group_id] = tries.get(d.group_id, 0) + 1
-                    if tries[d.group_id] <= gen.max_retries:
-                        self.stats["groups_retried"] += 1
-                        send([d])
-                    else:
-                        send(self._drop(d, f"generation failed: {outcome.error}"))
+                self._take(outcome, inflight, tries, send)
+
+    def _take(
+        self,
+        outcome: WorkerReport,
+        inflight: dict[str, Dispatch],
+        tries: dict[str, int],
+        send: Callable[[Sequence[Dispatch]], None],
+    ) -> None:
+        """One report of the pool: a finished turn goes to the ledger; a group generated to the
+        replay buffer; a group lost is sent again (its episodes' finished turns with it); a
+        group failed is retried from its first turn (new seeds), then dropped."""
+        owners, validator = self.owners, self.validator
+        if isinstance(outcome, TurnsFinished):
+            if outcome.group_id in inflight and not self._parked.is_set():
+                self.stats["turns_kept"] += int(owners.keep_turns(outcome.episode))
+            return
+        if validator is not None and validator.owns(outcome.group_id):
+            if not self._parked.is_set():
+                self.parts.pool.submit(validator.take(outcome))
+            return
+        d = inflight.pop(outcome.group_id, None)
+        if d is None or self._parked.is_set():
+            return  # after a barrier nothing moves; the cut holds this group as ADMITTED
+        if isinstance(outcome, GroupGenerated):
+            send(self._finish(d, outcome))
+        elif isinstance(outcome, GroupLost):
+            self.stats["groups_lost_redispatched"] += 1
+            log.warning("group %s lost with its worker (%s); redispatching", d.group_id, outcome.reason)
+            again = owners.dispatch_again(d.group_id)
+            send([replace(again, relaunch=d.relaunch)] if again is not None else [])
+        elif isinstance(outcome, GroupFailed):
+            tries[d.group_id] = tries.get(d.group_id, 0) + 1
+            owners.forget_turns(d.group_id)  # the retry's episodes start again, with its own seeds
+            if tries[d.group_id] <= self.spec.generation.max_retries:
+                self.stats["groups_retried"] += 1
+                send([replace(d, resume=())])
+            else:
+                send(self._drop(d, f"generation failed: {outcome.error}"))
 
     def _drop(self, d: Dispatch, reason: str) -> list[Dispatch]:
         """Gives up on a group (``reason`` goes to the log and the step's audit record), by the

@@ -650,6 +650,13 @@ class Owners:
             kept[episode.index] = episode
             return True
 
+    def forget_turns(self, group_id: str) -> None:
+        """Lets go of the finished turns kept for a group's episodes (its generation is retried
+        from the first turn, with other seeds)."""
+        with self._cond:
+            if self._ledger.get(group_id) is not None:
+                self._ledger.episodes(group_id).clear()
+
     def add_rollout(self, group_id: str, rollout: Rollout) -> FinishedGroup | None:
         """One rollout of an ADMITTED group finished. The last one finishes the group (see below)."""
         return self.finish_group(group_id, [rollout], partial_ok=True)

@@ -150,6 +150,8 @@ def test_a_barrier_between_turns_keeps_the_finished_turns_and_the_resume_goes_on
     assert {e["group_id"] for e in kept} <= ledger, "each belongs to a group in flight"
     assert all(len(e["actions"]) >= 1 and e["actions"][0]["calls"][0][0] == "calculator" for e in kept)
     turns = sum(len(e["actions"]) for e in kept)
+    inspected = json.loads(_cli(runs, "ckpt", "inspect", str(barrier.cut), "--json").stdout)
+    assert sum(e["turns"] for e in inspected["episodes"]) == turns
 
     resumed = [line for line in log.splitlines() if "finished turn(s) resumed" in line]
     assert sum(int(line.split(": ")[-1].split()[0]) for line in resumed) == turns, "every kept turn went on"

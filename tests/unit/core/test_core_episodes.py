@@ -144,3 +144,12 @@ def test_episodes_of_no_missing_rollout_are_refused() -> None:
     ):
         with pytest.raises(RolloutRowsError, match="episode"):
             check_episodes("s3://b/cut", manifest, _docs(snap, *bad))
+
+
+def test_a_retried_group_lets_go_of_its_kept_turns() -> None:
+    """A group whose generation failed is retried from its first turn with other seeds: the turns
+    kept from the failed try must not resume the retry's episodes."""
+    owners, _ = _with_turns()
+    owners.forget_turns("g0")
+    assert owners.capture().episodes == {}
+    assert owners.keep_turns(episode("g0", 2, 1)), "the retry's first turn is kept afresh"
