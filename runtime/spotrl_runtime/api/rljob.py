@@ -1123,10 +1123,19 @@ class Validation(ApiObject):
 class Environment(ApiObject):
     """Multi-turn episodes: each sample runs as turns against an environment's tools."""
 
-    name: Literal["builtin:calculator"] = Field(
+    name: Literal["builtin:calculator", "openenv"] = Field(
         description=(
             "The environment each episode runs against. 'builtin:calculator': one tool, calculator(expression), "
-            "exact arithmetic. See docs/guides/agents.md."
+            "exact arithmetic. 'openenv': an OpenEnv environment server at url, one session per episode, the "
+            "policy's tool calls sent as its CallToolAction. See docs/guides/agents.md."
+        ),
+    )
+    url: str | None = Field(
+        default=None,
+        pattern=r"^(https?|wss?)://[^/\s]+(/\S*)?$",
+        description=(
+            "The OpenEnv server's address (name: openenv), e.g. http://calculator.my-namespace:8000; its WebSocket "
+            "session endpoint /ws is used. The job's workers must be able to reach it."
         ),
     )
     max_turns: int = Field(
@@ -1158,6 +1167,15 @@ class Environment(ApiObject):
         description=(
             "vLLM's tool-call parser for the policy's chat template: 'hermes' reads Qwen2.5's and Hermes' "
             "<tool_call> JSON blocks."
+        ),
+    )
+
+    rules = (
+        Rule(
+            cel="(self.name == 'openenv') == has(self.url)",
+            check=lambda e: (e.name == "openenv") == (e.url is not None),
+            message="environment.url is the openenv server's address: set it with name openenv, and only then",
+            field="url",
         ),
     )
 

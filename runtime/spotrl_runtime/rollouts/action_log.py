@@ -52,14 +52,16 @@ def tool_turn(parsed: ParsedTurn, observations: Sequence[Observation]) -> ToolTu
     )
 
 
-def replay(environment: Environment, actions: Sequence[ToolTurn], *, seed: int, episode_id: str) -> bool:
-    """Resets ``environment`` with the episode's seed and sends it ``actions``; True when every
-    answer matches its digest (the environment is then where the episode left it)."""
-    environment.reset(seed=seed, episode_id=episode_id)
+def replay(environment: Environment, actions: Sequence[ToolTurn]) -> bool:
+    """Sends a freshly reset ``environment`` the episode's ``actions``; True when every answer
+    matches its digest (the environment is then where the episode left it)."""
     for turn in actions:
         if not turn.calls:
             continue  # a malformed call: the parser answered, the environment saw nothing
-        calls = tuple(ToolCall(name, json.loads(arguments)) for name, arguments in turn.calls)
+        try:
+            calls = tuple(ToolCall(name, json.loads(arguments)) for name, arguments in turn.calls)
+        except ValueError:
+            return False  # not what this code records: not the action log it claims to be
         if digest(act(environment, ParsedTurn(calls=calls))) != turn.digest:
             return False
     return True

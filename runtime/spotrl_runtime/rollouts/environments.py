@@ -13,6 +13,9 @@ Built in (``spec.environment.name``):
 - ``builtin:calculator``: one tool, ``calculator(expression)``, exact arithmetic on integers
   and decimals (``+ - * / // % **`` and parentheses), evaluated from the expression's syntax
   tree (never ``eval``). No reward of its own: the job's reward scores the episode.
+
+``openenv``: an OpenEnv environment server at ``spec.environment.url``, one session an episode
+(:mod:`.openenv`).
 """
 
 from __future__ import annotations
@@ -111,12 +114,21 @@ def _number(value: Fraction) -> str:
 
 
 BUILTIN: dict[str, Callable[[], Any]] = {"builtin:calculator": Calculator}
+SERVED = ("openenv",)
+"""Environments served by a server of their own at ``spec.environment.url``."""
 
 
-def make_environment(name: str) -> Environment:
-    """A fresh environment for one episode (``spec.environment.name``)."""
+def make_environment(name: str, url: str | None = None, seconds: float = 60.0) -> Environment:
+    """A fresh environment for one episode (``spec.environment.name``; a served one at ``url``,
+    each of its waits bounded by ``seconds``)."""
+    if name == "openenv":
+        from spotrl_runtime.rollouts.openenv import OpenEnvSession
+
+        if not url:
+            raise ValueError("spec.environment.url: an openenv environment needs its server's address")
+        return OpenEnvSession(url, seconds)
     factory = BUILTIN.get(name)
     if factory is None:
-        raise ValueError(f"spec.environment.name: {name!r} is not one of {', '.join(sorted(BUILTIN))}")
+        raise ValueError(f"spec.environment.name: {name!r} is not one of {', '.join(sorted([*BUILTIN, *SERVED]))}")
     env: Environment = factory()
     return env

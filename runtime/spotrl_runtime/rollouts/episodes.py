@@ -76,6 +76,12 @@ class EpisodeLimits:
     """A tool call that has not answered by then gets an error observation instead."""
 
 
+class EnvironmentStartError(RuntimeError):
+    """An episode's environment did not start (a server not there, at capacity, refusing the
+    reset): its group fails, and is retried or dropped by the job's policy, never trained on
+    episodes whose tools were never there."""
+
+
 def turn_seed(group_seed: int, index: int, turn: int) -> int:
     """The sampling seed of the turn after ``turn`` finished turns of sample ``index`` (its
     environment's seed at 0): stable across restarts."""
@@ -173,8 +179,10 @@ class _Group:
 
 @dataclass(frozen=True)
 class _Pending:
-    """Work at the tool threads: ``then`` gets its result, or None once ``deadline`` passed."""
+    """Work at the tool threads: ``then`` gets its result, or None once ``deadline`` passed; an
+    environment that did not start fails ``group``."""
 
+    group: _Group
     then: Callable[[Any], None]
     deadline: float
 
@@ -227,7 +235,7 @@ class EpisodeBackend(GenerationBackend):
         return cls(
             engine,
             tokenizer,
-            lambda: make_environment(environment.name),
+            lambda: make_environment(environment.name, environment.url, environment.tool_seconds),
             limits,
             tool_parser=environment.tool_parser,
             name=environment.name,
@@ -348,20 +356,40 @@ class EpisodeBackend(GenerationBackend):
             return self._end(group, episode, finish)
         if episode.turns >= self.limits.max_turns or self._out_of_time(episode):
             return self._end(group, episode, FINISH_LENGTH)
-        if episode.environment is None:
-            episode.environment = self._environment()
-            episode.environment.reset(seed=self._env_seed(group, episode), episode_id=self._id(episode))
-        future = self._tools.submit(act, episode.environment, parsed)
+        future = self._tools.submit(self._act, group, episode, parsed)
         self._pending[future] = _Pending(
+            group,
             lambda observations: self._observe(group, episode, parsed, observations),
             time.monotonic() + self.limits.tool_seconds,
         )
 
+    def _act(self, group: _Group, episode: Episode, parsed: ParsedTurn) -> list[Observation]:
+        """At a tool thread: the episode's environment, started and reset at its first call (a
+        server's session may take a while to open), answers the turn's calls. One that does not
+        start raises :class:`EnvironmentStartError`: not the policy's doing, so no observation."""
+        if episode.environment is None:
+            episode.environment = self._start(self._environment(), group, episode)
+        return act(episode.environment, parsed)
+
+    def _start(self, environment: Environment, group: _Group, episode: Episode) -> Environment:
+        """``environment`` reset with the episode's seed, or :class:`EnvironmentStartError`."""
+        try:
+            environment.reset(seed=self._env_seed(group, episode), episode_id=self._id(episode))
+        except Exception as err:
+            with contextlib.suppress(Exception):
+                environment.close()
+            raise EnvironmentStartError(f"episode {self._id(episode)}: {str(err)[:300]}") from None
+        return environment
+
     def _take_tool_results(self) -> None:
         now = time.monotonic()
         for future, pending in list(self._pending.items()):
-            if future.done() or now > pending.deadline:
-                del self._pending[future]
+            if not (future.done() or now > pending.deadline):
+                continue
+            del self._pending[future]
+            if future.done() and isinstance(future.exception(), EnvironmentStartError):
+                self._fail(pending.group, f"the environment did not start: {future.exception()}")
+            else:
                 pending.then(future.result() if future.done() else None)
 
     def _observe(
@@ -411,10 +439,9 @@ class EpisodeBackend(GenerationBackend):
         """Restores a resumed episode's environment at the tool threads (a replay is tool calls)."""
         episode = Episode.resumed(state, group.request.prompt_token_ids)
         environment = self._environment()
-        future = self._tools.submit(
-            replay, environment, state.actions, seed=self._env_seed(group, episode), episode_id=self._id(episode)
-        )
+        future = self._tools.submit(lambda: replay(self._start(environment, group, episode), state.actions))
         self._pending[future] = _Pending(
+            group,
             lambda replayed: self._resumed(group, episode, environment, replayed is True),
             time.monotonic() + self.limits.tool_seconds * (state.turns + 1),
         )

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import rollout_helpers
+
+from spotrl_e2e import scripted_engine
 
 
 @pytest.fixture(scope="session")
 def chat_tokenizer() -> Any:
-    return rollout_helpers.chat_tokenizer()
+    return scripted_engine.chat_tokenizer()

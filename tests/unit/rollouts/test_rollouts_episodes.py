@@ -10,8 +10,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from rollout_helpers import ScriptedEngine, call
 
+from spotrl_e2e.scripted_engine import ScriptedEngine, call
 from spotrl_runtime.generation.types import (
     FINISH_LENGTH,
     FINISH_STOP,

@@ -10,8 +10,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from rollout_helpers import ScriptedEngine, call
 
+from spotrl_e2e.scripted_engine import ScriptedEngine, call
 from spotrl_runtime.core.types import EpisodeState, ToolTurn
 from spotrl_runtime.generation.types import GenerationRequest, GroupGenerated, TurnsFinished
 from spotrl_runtime.rollouts.action_log import digest

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rollout_helpers import call
 
+from spotrl_e2e.scripted_engine import call
 from spotrl_runtime.rollouts.tool_calls import ToolCall, ToolCallParser
 
 

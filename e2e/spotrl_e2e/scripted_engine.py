@@ -1,5 +1,5 @@
 """A ChatML tokenizer (tiny-chat's, trained in a second on a few texts) and a scripted engine
-for the turn loop's tests (imported by name: a conftest module's name is shared by every
+for the turn loop's tests, unit and integration (a conftest module's name is shared by every
 folder's, and which one ``from conftest import`` finds depends on the order of collection)."""
 
 from __future__ import annotations
