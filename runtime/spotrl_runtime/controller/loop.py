@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeoutError
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from spotrl_runtime.api.rljob import EXIT_RANK_LOST, EXIT_REFUSED, RLJob
@@ -60,7 +60,7 @@ from spotrl_runtime.failpoints import failpoint
 from spotrl_runtime.generation import GroupFailed, GroupGenerated, GroupLost, TurnsFinished
 from spotrl_runtime.generation.pool import SyncResult
 from spotrl_runtime.generation.rollouts import make_request, score_group
-from spotrl_runtime.generation.types import WorkerReport
+from spotrl_runtime.generation.types import EpisodeCounts, WorkerReport
 from spotrl_runtime.generation.weights import WeightSyncCancelledError
 from spotrl_runtime.rewards.runner import RewardFailure
 from spotrl_runtime.rollouts.transcripts import transcripts
@@ -120,11 +120,16 @@ STATS = (
     "turns_kept",
     "turns_resumed",
     "episodes_restarted",
+    "tool_calls",
+    "tool_errors",
+    "environment_seconds",
 )
 """What :attr:`Controller.stats` counts (``turns_kept``: an episode's finished turns the ledger
 took; ``turns_resumed``: finished turns a resumed episode went on from, not generated again;
 ``episodes_restarted``: episodes with finished turns that started again from turn 0, their
-environment having not replayed)."""
+environment having not replayed; ``tool_calls``, ``tool_errors``, ``environment_seconds``: what
+the episodes' environments answered, how many of the answers were errors, and how long the
+episodes waited on them)."""
 
 
 @dataclass
@@ -652,17 +657,20 @@ class Controller:
                 d.weight_version,
             )
         self.stats["groups_generated"] += 1
-        self.stats["turns_resumed"] += generated.turns_resumed
-        self.stats["episodes_restarted"] += generated.episodes_restarted
-        if generated.turns_resumed or generated.episodes_restarted:
-            log.info(
-                "group %s: %d finished turn(s) resumed, %d episode(s) restarted from turn 0 (did not replay)",
-                d.group_id,
-                generated.turns_resumed,
-                generated.episodes_restarted,
-            )
+        self._count_episodes(d.group_id, generated.episodes)
         self.stats["tokens_generated"] += sum(len(r.completion_token_ids) for r in rollouts)
         return []
+
+    def _count_episodes(self, group_id: str, counts: EpisodeCounts) -> None:
+        for f in fields(counts):
+            self.stats[f.name] += getattr(counts, f.name)
+        if counts.turns_resumed or counts.episodes_restarted:
+            log.info(
+                "group %s: %d finished turn(s) resumed, %d episode(s) restarted from turn 0 (did not replay)",
+                group_id,
+                counts.turns_resumed,
+                counts.episodes_restarted,
+            )
 
     # ================================================================== cuts
 

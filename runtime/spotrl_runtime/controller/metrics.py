@@ -136,6 +136,14 @@ def _counters(job: str, stats: dict[str, float], rc: Any) -> Iterator[Metric]:
         "Groups redispatched after their worker died.",
         stats["groups_lost_redispatched"],
     )
+    yield _counter(job, "spotrl_tool_calls", "Tool calls episodes' environments answered.", stats["tool_calls"])
+    yield _counter(job, "spotrl_tool_errors", "Tool calls answered with an error.", stats["tool_errors"])
+    yield _counter(
+        job,
+        "spotrl_environment_seconds",
+        "Seconds episodes waited on their environments (overlapping generation).",
+        stats["environment_seconds"],
+    )
     yield _counter(
         job, "spotrl_turns_kept", "Finished turns of unfinished episodes the ledger took.", stats["turns_kept"]
     )

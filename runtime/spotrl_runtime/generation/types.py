@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spotrl_runtime.core.types import EpisodeState
 
@@ -88,6 +88,20 @@ class GroupGenerated:
     weight_version: int
     worker: str = ""
     seconds: float = 0.0
+    episodes: EpisodeCounts = field(default_factory=lambda: EpisodeCounts())
+    """What its episodes did (multi-turn jobs; zeros otherwise)."""
+
+
+@dataclass(frozen=True)
+class EpisodeCounts:
+    """A multi-turn group's tallies, for the job's metrics."""
+
+    tool_calls: int = 0
+    """Calls its episodes' environments answered (a call that could not be parsed counts)."""
+    tool_errors: int = 0
+    """Of those, the answers that were errors (a tool missing, raising, timing out, bad arguments)."""
+    environment_seconds: float = 0.0
+    """Wall-clock seconds its episodes waited on their environments (they overlap generation)."""
     turns_resumed: int = 0
     """Finished turns of its episodes that a resume kept (not generated again)."""
     episodes_restarted: int = 0

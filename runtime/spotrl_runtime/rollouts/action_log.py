@@ -24,13 +24,13 @@ def act(environment: Environment, parsed: ParsedTurn) -> list[Observation]:
     """The environment's answers to a turn's calls, in order; a call that raises answers with
     its error (a tool's crash is an observation)."""
     if parsed.malformed:
-        return [Observation(f"error: {parsed.malformed}")]
+        return [Observation(f"error: {parsed.malformed}", error=True)]
     out = []
     for call in parsed.calls:
         try:
             out.append(environment.step(call))
         except Exception as err:
-            out.append(Observation(f"error: {call.name} raised {type(err).__name__}: {str(err)[:300]}"))
+            out.append(Observation(f"error: {call.name} raised {type(err).__name__}: {str(err)[:300]}", error=True))
         if out[-1].done:
             break
     return out

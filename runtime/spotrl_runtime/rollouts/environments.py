@@ -40,6 +40,9 @@ class Observation:
     """The environment's reward for the episode so far (None: the job's reward scores it)."""
     done: bool = False
     """The environment ended the episode."""
+    error: bool = False
+    """An error answer (a tool missing, raising, timing out, bad arguments): counted in the job's
+    ``spotrl_tool_errors_total``; the policy reads it like any answer."""
 
 
 class Environment(Protocol):
@@ -64,14 +67,16 @@ class Calculator:
 
     def step(self, call: ToolCall) -> Observation:
         if call.name != self.TOOL:
-            return Observation(f"error: there is no tool {call.name!r}; the one tool is {self.TOOL}(expression)")
+            return Observation(
+                f"error: there is no tool {call.name!r}; the one tool is {self.TOOL}(expression)", error=True
+            )
         expression = call.arguments.get("expression")
         if not isinstance(expression, str) or not expression.strip():
-            return Observation('error: calculator takes {"expression": "<arithmetic>"}')
+            return Observation('error: calculator takes {"expression": "<arithmetic>"}', error=True)
         try:
             return Observation(_number(_evaluate(ast.parse(expression.strip(), mode="eval").body)))
         except (SyntaxError, ValueError, ZeroDivisionError, OverflowError) as err:
-            return Observation(f"error: {err or type(err).__name__}")
+            return Observation(f"error: {err or type(err).__name__}", error=True)
 
     def close(self) -> None:
         """Nothing to release."""

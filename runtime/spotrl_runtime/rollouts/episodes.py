@@ -39,6 +39,7 @@ from spotrl_runtime.generation.backend import GenerationBackend
 from spotrl_runtime.generation.types import (
     FINISH_LENGTH,
     FINISH_STOP,
+    EpisodeCounts,
     GenerationRequest,
     GroupFailed,
     GroupGenerated,
@@ -168,8 +169,7 @@ class _Group:
     fresh: tuple[int, ...] = ()
     """The rollout indexes its first turn generates (every one but the episodes resumed)."""
     version: int | None = None
-    turns_resumed: int = 0
-    restarted: int = 0
+    counts: EpisodeCounts = field(default_factory=EpisodeCounts)
 
     @property
     def done(self) -> bool:
@@ -185,6 +185,7 @@ class _Pending:
     group: _Group
     then: Callable[[Any], None]
     deadline: float
+    since: float = field(default_factory=time.monotonic)
 
 
 class EpisodeBackend(GenerationBackend):
@@ -282,7 +283,7 @@ class EpisodeBackend(GenerationBackend):
         first = []
         for request in requests:
             resume = {e.index: e for e in request.resume if e.environment == self.name}
-            group = _Group(request, restarted=len(request.resume) - len(resume))
+            group = _Group(request, counts=EpisodeCounts(episodes_restarted=len(request.resume) - len(resume)))
             group.fresh = tuple(i for i in request.sample_indexes() if i not in resume)
             self._groups[request.group_id] = group
             if group.fresh:
@@ -387,6 +388,7 @@ class EpisodeBackend(GenerationBackend):
             if not (future.done() or now > pending.deadline):
                 continue
             del self._pending[future]
+            self._tally(pending.group, environment_seconds=now - pending.since)
             if future.done() and isinstance(future.exception(), EnvironmentStartError):
                 self._fail(pending.group, f"the environment did not start: {future.exception()}")
             else:
@@ -398,7 +400,10 @@ class EpisodeBackend(GenerationBackend):
         if self._groups.get(group.request.group_id) is not group:
             return  # the group failed or was aborted meanwhile
         if observations is None:
-            observations = [Observation(f"error: the tool did not answer within {self.limits.tool_seconds:g} s")]
+            observations = [
+                Observation(f"error: the tool did not answer within {self.limits.tool_seconds:g} s", error=True)
+            ]
+        self._tally(group, tool_calls=len(observations), tool_errors=sum(o.error for o in observations))
         if any(o.done for o in observations):
             return self._end(group, episode, FINISH_STOP)
         observation = self._renderer.render([{"role": "tool", "content": _bounded(o.text)} for o in observations])
@@ -456,9 +461,9 @@ class EpisodeBackend(GenerationBackend):
             return
         if replayed:
             episode.environment = environment
-            group.turns_resumed += episode.turns
+            self._tally(group, turns_resumed=episode.turns)
         else:
-            group.restarted += 1
+            self._tally(group, episodes_restarted=1)
             episode = Episode(episode.group_id, episode.index, episode.prompt)
         group.episodes[episode.index] = episode
         self._next_turn(group, episode)
@@ -479,10 +484,13 @@ class EpisodeBackend(GenerationBackend):
                 samples=tuple(ep.sample(self._decode) for ep in episodes),
                 weight_version=group.version if group.version is not None else self.weight_version,
                 seconds=time.monotonic() - min(ep.started for ep in episodes),
-                turns_resumed=group.turns_resumed,
-                episodes_restarted=group.restarted,
+                episodes=group.counts,
             )
         )
+
+    @staticmethod
+    def _tally(group: _Group, **more: float) -> None:
+        group.counts = replace(group.counts, **{k: getattr(group.counts, k) + v for k, v in more.items()})
 
     def _fail(self, group: _Group, error: str) -> None:
         self._close(group)

@@ -67,11 +67,12 @@ class OpenEnvSession:
     def step(self, call: ToolCall) -> Observation:
         action = {"type": "call_tool", "tool_name": call.name, "arguments": call.arguments}
         data = self._call({"type": "step", "data": action})
-        reward = data.get("reward")
+        reward, observation = data.get("reward"), data.get("observation")
         return Observation(
-            observation_text(data.get("observation")),
+            observation_text(observation),
             reward=float(reward) if isinstance(reward, int | float) else None,
             done=data.get("done") is True,
+            error=is_error(observation),
         )
 
     def close(self) -> None:
@@ -99,6 +100,15 @@ class OpenEnvSession:
         if reply.get("type") == "error":
             raise EnvironmentServerError(f"{self.url} refused the {message['type']}: {data.get('message')}")
         return data
+
+
+def is_error(observation: Any) -> bool:
+    """An MCP tool's error: the tool missing or refusing its arguments (``error``), or raising
+    (its result's ``is_error``)."""
+    if not isinstance(observation, dict):
+        return False
+    result = observation.get("result")
+    return bool(observation.get("error")) or (isinstance(result, dict) and result.get("is_error") is True)
 
 
 def observation_text(observation: Any) -> str:

@@ -107,7 +107,7 @@ def test_a_resumed_episode_replays_its_actions_into_a_fresh_session(tokenizer: A
     finally:
         resumed_backend.close()
     assert resumed.samples == (whole.samples[1],), "the replayed session is where the episode left it"
-    assert (resumed.turns_resumed, resumed.episodes_restarted) == (2, 0)
+    assert (resumed.episodes.turns_resumed, resumed.episodes.episodes_restarted) == (2, 0)
 
 
 def test_a_tool_the_server_lacks_is_an_observation(tokenizer: Any, url: str) -> None:
@@ -120,6 +120,7 @@ def test_a_tool_the_server_lacks_is_an_observation(tokenizer: Any, url: str) -> 
     finally:
         backend.close()
     assert "error: Unknown tool: 'subtract'" in group.samples[0].text
+    assert (group.episodes.tool_calls, group.episodes.tool_errors) == (1, 1)
     assert group.samples[0].text.rstrip().endswith("Done.")
 
 

@@ -172,6 +172,8 @@ def test_a_tools_failure_is_an_observation_and_the_episode_goes_on(
     assert observed in text
     assert sample.text.endswith("gave up")
     assert sample.finish_reason == FINISH_STOP
+    errors = 0 if expression == "huge" else 1  # a huge answer is an answer, not an error
+    assert (group.episodes.tool_calls, group.episodes.tool_errors) == (1, errors)
 
 
 def test_a_malformed_call_is_an_observation(chat_tokenizer: Any) -> None:

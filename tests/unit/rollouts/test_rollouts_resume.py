@@ -60,6 +60,8 @@ def _backend(tokenizer: Any, environment: Any = Calculator, name: str = "builtin
 def test_every_finished_turn_is_reported_with_its_action_log(chat_tokenizer: Any) -> None:
     group, states = _run(_backend(chat_tokenizer), _request(chat_tokenizer))
     assert [(s.index, s.turns) for s in states] == [(0, 1), (1, 1), (0, 2), (1, 2), (0, 3), (1, 3)]
+    assert (group.episodes.tool_calls, group.episodes.tool_errors) == (2 * CALLS, 0)
+    assert group.episodes.environment_seconds > 0
     renderer = ObservationRenderer(chat_tokenizer)
     for state in states:
         sample = group.samples[state.index]
@@ -88,7 +90,7 @@ def test_a_resumed_episode_is_the_episode_that_would_have_run(chat_tokenizer: An
     assert isinstance(engine, ScriptedEngine)
     resumed, _ = _run(backend, replace(_request(chat_tokenizer, n=1), indexes=(1,), resume=(state,)))
     assert resumed.samples == (whole.samples[1],), "the same tokens, log-probs, spans and text"
-    assert (resumed.turns_resumed, resumed.episodes_restarted) == (turns, 0)
+    assert (resumed.episodes.turns_resumed, resumed.episodes.episodes_restarted) == (turns, 0)
     first = engine.requests[0]
     assert first.seed == turn_seed(11, 1, turns), "it goes on with the seed its next turn had"
     assert first.prompt_token_ids == whole.prompt_token_ids + state.completion_token_ids
@@ -104,7 +106,7 @@ def test_a_group_with_a_finished_rollout_and_a_resumed_episode(chat_tokenizer: A
     resumed, _ = _run(backend, again)
     assert resumed.samples[1] == whole.samples[3]
     assert len(resumed.samples) == 2
-    assert resumed.turns_resumed == 2
+    assert resumed.episodes.turns_resumed == 2
     assert isinstance(backend.inner, ScriptedEngine)
     fresh = backend.inner.requests[0]
     assert (fresh.n, fresh.indexes) == (1, (1,)), "only the episode without finished turns starts at turn 0"
@@ -126,7 +128,7 @@ class _Drifting(Calculator):
 
 def _restarted(chat_tokenizer: Any, state: EpisodeState, backend: EpisodeBackend) -> GroupGenerated:
     resumed, _ = _run(backend, replace(_request(chat_tokenizer, n=1), indexes=(0,), resume=(state,)))
-    assert (resumed.turns_resumed, resumed.episodes_restarted) == (0, 1)
+    assert (resumed.episodes.turns_resumed, resumed.episodes.episodes_restarted) == (0, 1)
     assert isinstance(backend.inner, ScriptedEngine)
     first = backend.inner.requests[0]
     assert first.prompt_token_ids == _request(chat_tokenizer).prompt_token_ids, "from turn 0"
@@ -164,7 +166,7 @@ def test_a_replay_that_hangs_is_bounded(chat_tokenizer: Any) -> None:
     try:
         state = next(s for s in states if s.index == 0 and s.turns == 1)
         resumed, _ = _run(backend, replace(_request(chat_tokenizer, n=1), indexes=(0,), resume=(state,)))
-        assert resumed.episodes_restarted == 1
+        assert resumed.episodes.episodes_restarted == 1
     finally:
         release.set()
         backend.close()
