@@ -196,6 +196,10 @@ def test_a_ray_worker_is_forked_from_the_server_with_the_shims_argv_env_cwd_and_
 def test_the_shim_forwards_signals_and_its_death_ends_the_worker(ray_server: ForkServer, tmp_path: Path) -> None:
     shim, seen = _start_worker(ray_server, tmp_path, "sleep")
     worker = int(seen["pid"])  # type: ignore[call-overload]
+    # The server's note of the fork comes on its own stream, maybe after the worker's first line.
+    deadline = time.monotonic() + 30
+    while ray_server.workers_with("run-1") != [worker] and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert ray_server.workers_with("run-1") == [worker]
     assert ray_server.workers_with("run-2") == []
     shim.send_signal(signal.SIGTERM)
