@@ -20,7 +20,7 @@ about to redo step N), and in a generation worker
 the worker holds), ``worker.stepped`` (the worker's backend just ran its Nth step, and its
 groups not finished in it are in the engine), ``worker.load_weights`` (new weights received, not yet loaded into the
 backend; its step is their version) and ``worker.turns_reported`` (a multi-turn worker about to step, having
-reported N finished turns of its episodes, which are in flight with it). A worker reads the
+reported N finished turns of its training groups' episodes, which are in flight with it). A worker reads the
 variables from its Ray node's environment.
 The weight sync's lifecycle (:mod:`~spotrl_runtime.generation.sync_lifecycle`): at a member,
 ``weights.announce`` (drained, about to announce it is ready) and ``weights.received`` (its first

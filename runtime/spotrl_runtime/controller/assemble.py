@@ -178,76 +178,25 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
     """Starts generation, restores or starts the run, and waits for the workers (``stop``, set
     by a SIGTERM, ends that wait early). Stops what it started if anything fails."""
     spec = job.spec
-    par = spec.training.parallelism
     try:  # before anything starts: a placement whose workers no transport reaches is refused
         transport = weight_transport(spec, options.device, options.remote_workers)
     except TransportError as err:
         if options.prestart is not None:
             options.prestart.close()
         raise ControllerError(str(err)) from None
-    pool: GenerationPool | None = None
-    prestart = options.prestart
-    if prestart is not None and prestart.matches(options.ray_host, options.remote_workers, options.ray_num_cpus):
-        ray, pool = prestart.take()
-    else:
-        if prestart is not None:
-            prestart.close()
-        ray = start_ray(
-            options.ray_host,
-            options.remote_workers,
-            options.ray_num_cpus,
-            remote_nodes=par.trainer_pods,
-            num_gpus=controller_ray_gpus(spec, options.device),
-        )
+    ray, pool = _ray_and_pool(spec, options)
     trainer: Trainer | TrainerGroup | None = None
     reward: RewardRunner | None = None
     try:
         if pool is None:
             pool = generation_pool(spec, options.device, options.remote_workers)
-        if options.remote_workers or par.trainer_pods:
-            workers = spec.generation.workers if options.remote_workers else 0
-            trainers = par.ranks if par.trainer_pods else 0
-            log.info(
-                "Ray head at %s: waiting for %d generation worker node(s) and %d trainer node(s) to join",
-                ray.address,
-                workers,
-                trainers,
-            )
-            for hook in options.on_ray_head:
-                hook(ray.address, workers, trainers)
+        _announce_head(spec, options, ray)
         # The reward's process loads the reward while the policy loads here (ready() below).
-        reward = RewardRunner(
-            spec.reward,
-            timeout=spec.reward.timeout_seconds,
-            batched=spec.reward.batched,
-            isolation=RewardIsolation.of(os.environ, (e.name for e in spec.runtime_env)),
-            workers=spec.reward.workers,
-        )
+        reward = _reward_runner(spec)
         storage = open_storage(options.storage_uri)
         audit = AuditStore(storage)
-        dataset, collate = open_dataset(spec.dataset), collate_for(spec.dataset)
-        try:
-            check_fields(dataset, spec.dataset, answers=spec.reward.name != "format_only")
-        except DatasetError as err:
-            raise ControllerError(f"spec.dataset.uri {spec.dataset.uri!r}: {err}") from None
-        batch = spec.generation.prompts_per_step
-        loader = PromptLoader(dataset, collate, batch_size=batch, shuffle=spec.dataset.shuffle, seed=spec.dataset.seed)
-        if par.strategy == "fsdp":
-            # The ranks load and shard the policy; this process needs its tokenizer only.
-            tokenizer = load_tokenizer(spec.policy.model)
-            trainer = TrainerGroup.from_rljob(spec, options.device, pad_token_id=tokenizer.pad_token_id or 0)
-            trainer.start(timeout=options.worker_wait_seconds, stop=stop)
-        else:
-            device = trainer_device(spec, options.device)
-            try:
-                model, tokenizer, adapter = lora.load_trainable(
-                    spec.policy, device, seed=spec.training.seed, loaded=options.policy
-                )
-            except PolicyError as err:
-                raise ControllerError(str(err)) from None
-            options.policy = None
-            config = TrainerConfig.from_rljob(spec)
-            trainer = Trainer(model, config, pad_token_id=tokenizer.pad_token_id or 0, adapter=adapter)
+        dataset, collate, loader = _prompt_source(spec)
+        trainer, tokenizer = _trainer(spec, options, stop)
         try:
             encode = prompt_encoder(tokenizer, spec.dataset)
         except PromptFormatError as err:
@@ -274,16 +223,7 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         limit = start.owners.config.prompt_limit
         if limit is not None:
             start.owners.set_admission_filter(_length_filter(limit, encode))
-        writer = CutWriter(
-            storage,
-            job=job.name,
-            dataset=describe_dataset(spec.dataset, dataset),
-            keep=spec.checkpoint.keep,
-            progress=lambda phase, step: failpoint(f"cut.{phase}", step),
-            fence=start.fence,
-        )
-        if start.restored is not None:
-            writer.base = start.restored.base  # the full cut the next delta cuts extend
+        writer = _cut_writer(job, storage, dataset, start)
         gen = spec.generation
         sender = trainer.weight_sender(gen.weight_bucket_mi_b << 20, gen.weight_sync_timeout_seconds, transport)
         versions: list[tuple[dict[str, Any] | None, int]] = [*start.older_weights, (None, trainer.step)]
@@ -292,14 +232,7 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
             # While the workers start (their own processes): the first pass's one-time costs.
             log.info("trainer warmed up in %.2f s while the generation workers start", trainer.warm_up())
         _wait_for_workers(job, options, pool, stop)
-        restored = start.restored
-        start_times = StartTimes(
-            options.started_at or process_started_at(),
-            restored_at,
-            time.time(),
-            restored.manifest.form if restored is not None else None,
-            len(restored.redo) if restored is not None else 0,
-        )
+        start_times = _start_times(options, start.restored, restored_at)
         if start.restored is not None:
             _record_restore(audit, start.restored, start.owners.attempt, start_times)
     except BaseException:
@@ -329,6 +262,112 @@ def assemble(job: RLJob, options: ControllerOptions, stop: threading.Event) -> P
         start_times,
         sender,
         tuple(versions),
+    )
+
+
+def _ray_and_pool(spec: Any, options: ControllerOptions) -> tuple[Any, GenerationPool | None]:
+    """The Ray head, and the generation pool where a prestart already made both for this
+    placement (else None: made once the head is up)."""
+    prestart = options.prestart
+    if prestart is not None and prestart.matches(options.ray_host, options.remote_workers, options.ray_num_cpus):
+        return prestart.take()
+    if prestart is not None:
+        prestart.close()
+    ray = start_ray(
+        options.ray_host,
+        options.remote_workers,
+        options.ray_num_cpus,
+        remote_nodes=spec.training.parallelism.trainer_pods,
+        num_gpus=controller_ray_gpus(spec, options.device),
+    )
+    return ray, None
+
+
+def _announce_head(spec: Any, options: ControllerOptions, ray: Any) -> None:
+    """Tells the hooks where the Ray head is, when worker or trainer pods are to join it."""
+    par = spec.training.parallelism
+    if not (options.remote_workers or par.trainer_pods):
+        return
+    workers = spec.generation.workers if options.remote_workers else 0
+    trainers = par.ranks if par.trainer_pods else 0
+    log.info(
+        "Ray head at %s: waiting for %d generation worker node(s) and %d trainer node(s) to join",
+        ray.address,
+        workers,
+        trainers,
+    )
+    for hook in options.on_ray_head:
+        hook(ray.address, workers, trainers)
+
+
+def _reward_runner(spec: Any) -> RewardRunner:
+    return RewardRunner(
+        spec.reward,
+        timeout=spec.reward.timeout_seconds,
+        batched=spec.reward.batched,
+        isolation=RewardIsolation.of(os.environ, (e.name for e in spec.runtime_env)),
+        workers=spec.reward.workers,
+    )
+
+
+def _prompt_source(spec: Any) -> tuple[Any, Any, PromptLoader]:
+    """The dataset (its fields checked), its collate, and the loader over it."""
+    dataset, collate = open_dataset(spec.dataset), collate_for(spec.dataset)
+    try:
+        check_fields(dataset, spec.dataset, answers=spec.reward.name != "format_only")
+    except DatasetError as err:
+        raise ControllerError(f"spec.dataset.uri {spec.dataset.uri!r}: {err}") from None
+    loader = PromptLoader(
+        dataset,
+        collate,
+        batch_size=spec.generation.prompts_per_step,
+        shuffle=spec.dataset.shuffle,
+        seed=spec.dataset.seed,
+    )
+    return dataset, collate, loader
+
+
+def _trainer(spec: Any, options: ControllerOptions, stop: threading.Event) -> tuple[Trainer | TrainerGroup, Any]:
+    """The trainer (in this process, or FSDP ranks of their own) and the policy's tokenizer."""
+    if spec.training.parallelism.strategy == "fsdp":
+        # The ranks load and shard the policy; this process needs its tokenizer only.
+        tokenizer = load_tokenizer(spec.policy.model)
+        group = TrainerGroup.from_rljob(spec, options.device, pad_token_id=tokenizer.pad_token_id or 0)
+        group.start(timeout=options.worker_wait_seconds, stop=stop)
+        return group, tokenizer
+    device = trainer_device(spec, options.device)
+    try:
+        model, tokenizer, adapter = lora.load_trainable(
+            spec.policy, device, seed=spec.training.seed, loaded=options.policy
+        )
+    except PolicyError as err:
+        raise ControllerError(str(err)) from None
+    options.policy = None
+    config = TrainerConfig.from_rljob(spec)
+    return Trainer(model, config, pad_token_id=tokenizer.pad_token_id or 0, adapter=adapter), tokenizer
+
+
+def _cut_writer(job: RLJob, storage: Storage, dataset: Any, start: Any) -> CutWriter:
+    writer = CutWriter(
+        storage,
+        job=job.name,
+        dataset=describe_dataset(job.spec.dataset, dataset),
+        keep=job.spec.checkpoint.keep,
+        progress=lambda phase, step: failpoint(f"cut.{phase}", step),
+        fence=start.fence,
+    )
+    if start.restored is not None:
+        writer.base = start.restored.base  # the full cut the next delta cuts extend
+    return writer
+
+
+def _start_times(options: ControllerOptions, restored: RestoredRun | None, restored_at: float) -> StartTimes:
+    return StartTimes(
+        options.started_at or process_started_at(),
+        restored_at,
+        time.time(),
+        restored.manifest.form if restored is not None else None,
+        len(restored.redo) if restored is not None else 0,
     )
 
 

@@ -218,7 +218,8 @@ class EpisodeBackend(GenerationBackend):
         self._pending: dict[concurrent.futures.Future[Any], _Pending] = {}
         self._done: list[GroupGenerated | GroupFailed | TurnsFinished] = []
         self.turns_reported = 0
-        """Finished turns :meth:`step` has returned (a failpoint's step)."""
+        """Finished turns of groups that train (not a validation pass's) reported so far: the
+        step of failpoint ``worker.turns_reported``."""
 
     @classmethod
     def from_spec(cls, engine: GenerationBackend, environment: Any, *, max_model_len: int | None) -> EpisodeBackend:
@@ -308,7 +309,6 @@ class EpisodeBackend(GenerationBackend):
             )
             self._take_tool_results()
         done, self._done = self._done, []
-        self.turns_reported += sum(1 for o in done if isinstance(o, TurnsFinished))
         return done
 
     def abort(self) -> list[str]:
@@ -412,6 +412,7 @@ class EpisodeBackend(GenerationBackend):
         episode.add_observation(observation, tool_turn(parsed, observations))
         version = group.version if group.version is not None else self.weight_version
         self._done.append(TurnsFinished(group.request.group_id, episode.state(version, self.name)))
+        self.turns_reported += 0 if group.request.yields else 1
         self._next_turn(group, episode)
 
     def _budget(self, group: _Group, episode: Episode, extra: int = 0) -> int:

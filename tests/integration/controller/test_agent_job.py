@@ -122,13 +122,13 @@ def mid_episode(
     example: tuple[Path, Path, int], runs: Runs, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[CutSurgery, str, Path]:
     """(barrier cut, resumed run's log, store) of the example stopped by SIGTERM while its worker
-    is held with episodes between turns (after it reported 6 finished turns), resumed to
-    RESUMED_TO."""
+    is held with episodes between turns (after it reported 12 finished turns of training groups:
+    a validation pass's turns are not kept), resumed to RESUMED_TO."""
     job, _, _ = example
     store = runs.base / "agent-mid-episode"
     marks = tmp_path_factory.mktemp("agent-turn-marks")
-    proc = runs.start(job, store, SPOTRL_FAILPOINTS="worker.turns_reported@6+=120", SPOTRL_FAILPOINT_DIR=str(marks))
-    wait_for(lambda: (marks / "worker.turns_reported").exists(), 300, "the worker to report 6 turns", proc)
+    proc = runs.start(job, store, SPOTRL_FAILPOINTS="worker.turns_reported@12+=120", SPOTRL_FAILPOINT_DIR=str(marks))
+    wait_for(lambda: (marks / "worker.turns_reported").exists(), 300, "the worker to report 12 turns", proc)
     time.sleep(3)  # the reported turns reach the ledger (the worker's collect goes on while it is held)
     assert stop(proc) == 143, runs.log_of(proc)
     cuts = sorted(p for p in (store / "cuts").iterdir() if (p / "manifest.json").exists())
