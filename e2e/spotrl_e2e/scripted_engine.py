@@ -77,3 +77,23 @@ def _nth(request: GenerationRequest, i: int) -> GenerationRequest:
     from dataclasses import replace
 
     return replace(request, seed=request.seed * 100 + i)
+
+
+def run_group(backend: Any, request: GenerationRequest, seconds: float = 120) -> tuple[GroupGenerated, list[Any]]:
+    """Runs one group on a turn loop (:class:`~spotrl_runtime.rollouts.episodes.EpisodeBackend`)
+    to its end: (the group, the episode states its finished turns reported, in order)."""
+    import time
+
+    from spotrl_runtime.generation.types import TurnsFinished
+
+    backend.start([request])
+    states: list[Any] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for outcome in backend.step():
+            if isinstance(outcome, TurnsFinished):
+                states.append(outcome.episode)
+            else:
+                assert isinstance(outcome, GroupGenerated), outcome
+                return outcome, states
+    raise AssertionError(f"group {request.group_id} did not finish within {seconds} s")

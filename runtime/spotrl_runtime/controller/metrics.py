@@ -126,40 +126,39 @@ def _training(job: str, history: list[dict[str, Any]]) -> Iterator[Metric]:
         yield _gauge(job, "spotrl_train_tokens_per_second", "Trained tokens per second (last 10 steps).", tokens)
 
 
-def _counters(job: str, stats: dict[str, float], rc: Any) -> Iterator[Metric]:
-    yield _counter(job, "spotrl_generated_tokens", "Completion tokens generated.", stats["tokens_generated"])
-    yield _counter(job, "spotrl_groups_generated", "Groups whose rollouts all finished.", stats["groups_generated"])
-    yield _counter(job, "spotrl_groups_retried", "Group generations retried after a failure.", stats["groups_retried"])
-    yield _counter(
-        job,
-        "spotrl_groups_lost_redispatched",
-        "Groups redispatched after their worker died.",
-        stats["groups_lost_redispatched"],
-    )
-    yield _counter(job, "spotrl_tool_calls", "Tool calls episodes' environments answered.", stats["tool_calls"])
-    yield _counter(job, "spotrl_tool_errors", "Tool calls answered with an error.", stats["tool_errors"])
-    yield _counter(
-        job,
+STAT_COUNTERS = {
+    "tokens_generated": ("spotrl_generated_tokens", "Completion tokens generated."),
+    "groups_generated": ("spotrl_groups_generated", "Groups whose rollouts all finished."),
+    "groups_retried": ("spotrl_groups_retried", "Group generations retried after a failure."),
+    "groups_lost_redispatched": ("spotrl_groups_lost_redispatched", "Groups redispatched after their worker died."),
+    "tool_calls": ("spotrl_tool_calls", "Tool calls episodes' environments answered."),
+    "tool_errors": ("spotrl_tool_errors", "Tool calls answered with an error."),
+    "environment_seconds": (
         "spotrl_environment_seconds",
         "Seconds episodes waited on their environments (overlapping generation).",
-        stats["environment_seconds"],
-    )
-    yield _counter(
-        job, "spotrl_turns_kept", "Finished turns of unfinished episodes the ledger took.", stats["turns_kept"]
-    )
-    yield _counter(job, "spotrl_turns_resumed", "Finished turns resumed episodes went on from.", stats["turns_resumed"])
-    yield _counter(
-        job,
+    ),
+    "turns_kept": ("spotrl_turns_kept", "Finished turns of unfinished episodes the ledger took."),
+    "turns_resumed": ("spotrl_turns_resumed", "Finished turns resumed episodes went on from."),
+    "episodes_restarted": (
         "spotrl_episodes_restarted",
         "Episodes with finished turns started again from turn 0 (their environment did not replay).",
-        stats["episodes_restarted"],
-    )
-    yield _counter(job, "spotrl_restore_groups_found", "Ledger groups found in the cut restored from.", rc.groups_found)
-    yield _counter(job, "spotrl_restore_groups_relaunched", "Restored groups dispatched again.", rc.groups_relaunched)
-    yield _counter(
-        job, "spotrl_restore_groups_discarded", "Restored groups discarded (must stay 0).", rc.groups_discarded
-    )
-    yield _counter(job, "spotrl_prompts_dropped", "Prompts given up on (onDroppedPrompt).", rc.prompts_dropped)
+    ),
+}
+"""The controller's counters (:data:`~spotrl_runtime.controller.loop.STATS`) on /metrics: name, help."""
+RESTORE_COUNTERS = {
+    "groups_found": ("spotrl_restore_groups_found", "Ledger groups found in the cut restored from."),
+    "groups_relaunched": ("spotrl_restore_groups_relaunched", "Restored groups dispatched again."),
+    "groups_discarded": ("spotrl_restore_groups_discarded", "Restored groups discarded (must stay 0)."),
+    "prompts_dropped": ("spotrl_prompts_dropped", "Prompts given up on (onDroppedPrompt)."),
+}
+"""This attempt's recovery counters on /metrics: name, help."""
+
+
+def _counters(job: str, stats: dict[str, float], rc: Any) -> Iterator[Metric]:
+    for key, (name, doc) in STAT_COUNTERS.items():
+        yield _counter(job, name, doc, stats[key])
+    for key, (name, doc) in RESTORE_COUNTERS.items():
+        yield _counter(job, name, doc, getattr(rc, key))
 
 
 def _cuts(job: str, all_cuts: list[Any]) -> Iterator[Metric]:

@@ -72,12 +72,19 @@ def test_spotrl_episodes_prints_a_steps_turns(example: tuple[Path, Path, int], r
 def interrupted(example: tuple[Path, Path, int], runs: Runs, tmp_path_factory: pytest.TempPathFactory) -> CutSurgery:
     """The barrier cut of the example stopped by SIGTERM while step 5 trains (its episodes run
     ahead meanwhile), after the run resumed from it to step RESUMED_TO."""
-    job, _, _ = example
-    store = runs.base / "agent-interrupted"
     marks = tmp_path_factory.mktemp("agent-marks")
-    proc = runs.start(job, store, SPOTRL_FAILPOINTS="train.step@5=4", SPOTRL_FAILPOINT_DIR=str(marks))
-    wait_for(lambda: (marks / "train.step").exists(), 300, "the run to reach step 5", proc)
-    time.sleep(2)
+    barrier, _ = _stopped_then_resumed(runs, example[0], runs.base / "agent-interrupted", marks, "train.step@5=4")
+    return barrier
+
+
+def _stopped_then_resumed(runs: Runs, job: Path, store: Path, marks: Path, point: str) -> tuple[CutSurgery, str]:
+    """Runs ``job`` until failpoint ``point`` holds it, SIGTERMs it (3 s later: what was reported
+    reaches the ledger meanwhile), then resumes it to RESUMED_TO: (its barrier cut, the resumed
+    run's log)."""
+    proc = runs.start(job, store, SPOTRL_FAILPOINTS=point, SPOTRL_FAILPOINT_DIR=str(marks))
+    name = point.partition("@")[0]
+    wait_for(lambda: (marks / name).exists(), 300, f"failpoint {name}", proc)
+    time.sleep(3)
     assert stop(proc) == 143, runs.log_of(proc)
     cuts = sorted(p for p in (store / "cuts").iterdir() if (p / "manifest.json").exists())
     barrier = CutSurgery(cuts[-1])
@@ -85,7 +92,7 @@ def interrupted(example: tuple[Path, Path, int], runs: Runs, tmp_path_factory: p
     rc, log = runs.run(job, store, "--max-steps", str(RESUMED_TO))
     assert rc == 0, log
     assert f"resumed from cut {cuts[-1].name}" in log
-    return barrier
+    return barrier, log
 
 
 def test_sigterm_and_resume_train_the_same_prompts(
@@ -124,18 +131,10 @@ def mid_episode(
     """(barrier cut, resumed run's log, store) of the example stopped by SIGTERM while its worker
     is held with episodes between turns (after it reported 12 finished turns of training groups:
     a validation pass's turns are not kept), resumed to RESUMED_TO."""
-    job, _, _ = example
     store = runs.base / "agent-mid-episode"
     marks = tmp_path_factory.mktemp("agent-turn-marks")
-    proc = runs.start(job, store, SPOTRL_FAILPOINTS="worker.turns_reported@12+=120", SPOTRL_FAILPOINT_DIR=str(marks))
-    wait_for(lambda: (marks / "worker.turns_reported").exists(), 300, "the worker to report 12 turns", proc)
-    time.sleep(3)  # the reported turns reach the ledger (the worker's collect goes on while it is held)
-    assert stop(proc) == 143, runs.log_of(proc)
-    cuts = sorted(p for p in (store / "cuts").iterdir() if (p / "manifest.json").exists())
-    barrier = CutSurgery(cuts[-1])
-    assert barrier.m["kind"] == "barrier", runs.log_of(proc)
-    rc, log = runs.run(job, store, "--max-steps", str(RESUMED_TO))
-    assert rc == 0, log
+    # The worker's collect goes on while its thread is held: the turns it reported reach the ledger.
+    barrier, log = _stopped_then_resumed(runs, example[0], store, marks, "worker.turns_reported@12+=120")
     return barrier, log, store
 
 

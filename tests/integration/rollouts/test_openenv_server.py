@@ -18,7 +18,7 @@ import pytest
 
 from spotrl_e2e.openenv_server import serving
 from spotrl_e2e.procs import free_port
-from spotrl_e2e.scripted_engine import ScriptedEngine, chat_tokenizer
+from spotrl_e2e.scripted_engine import ScriptedEngine, chat_tokenizer, run_group
 from spotrl_runtime.core.types import EpisodeState
 from spotrl_runtime.generation.types import GenerationRequest, GroupFailed, GroupGenerated, TurnsFinished
 from spotrl_runtime.rollouts.environments import make_environment
@@ -63,18 +63,15 @@ def _request(tokenizer: Any, n: int = 2) -> GenerationRequest:
     return GenerationRequest("g1", tuple(ids), n=n, max_new_tokens=64, seed=5)
 
 
-def _run(backend: EpisodeBackend, request: GenerationRequest) -> tuple[GroupGenerated, list[EpisodeState]]:
-    backend.start([request])
-    states: list[EpisodeState] = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        for outcome in backend.step():
-            if isinstance(outcome, TurnsFinished):
-                states.append(outcome.episode)
-            else:
-                assert isinstance(outcome, GroupGenerated), outcome
-                return outcome, states
-    raise AssertionError("the group did not finish")
+def _episodes(
+    tokenizer: Any, url: str, request: GenerationRequest, script: Any = _adds
+) -> tuple[GroupGenerated, list[EpisodeState]]:
+    """Runs ``request`` on a fresh turn loop against the server, closing the loop after."""
+    backend = _backend(tokenizer, url, script)
+    try:
+        return run_group(backend, request)
+    finally:
+        backend.close()
 
 
 def _totals(text: str) -> list[int]:
@@ -82,11 +79,7 @@ def _totals(text: str) -> list[int]:
 
 
 def test_each_episode_holds_one_session_whose_state_carries_across_turns(tokenizer: Any, url: str) -> None:
-    backend = _backend(tokenizer, url)
-    try:
-        group, states = _run(backend, _request(tokenizer))
-    finally:
-        backend.close()
+    group, states = _episodes(tokenizer, url, _request(tokenizer))
     for index, sample in enumerate(group.samples):
         start = turn_seed(5, index, 0) % 10  # the server resets its total to the seed's last digit
         assert _totals(sample.text) == [start + 2, start + 4, start + 6, start + 6], sample.text
@@ -95,17 +88,9 @@ def test_each_episode_holds_one_session_whose_state_carries_across_turns(tokeniz
 
 
 def test_a_resumed_episode_replays_its_actions_into_a_fresh_session(tokenizer: Any, url: str) -> None:
-    first = _backend(tokenizer, url)
-    try:
-        whole, states = _run(first, _request(tokenizer))
-    finally:
-        first.close()
+    whole, states = _episodes(tokenizer, url, _request(tokenizer))
     state = next(s for s in states if s.index == 1 and s.turns == 2)
-    resumed_backend = _backend(tokenizer, url)
-    try:
-        resumed, _ = _run(resumed_backend, replace(_request(tokenizer, n=1), indexes=(1,), resume=(state,)))
-    finally:
-        resumed_backend.close()
+    resumed, _ = _episodes(tokenizer, url, replace(_request(tokenizer, n=1), indexes=(1,), resume=(state,)))
     assert resumed.samples == (whole.samples[1],), "the replayed session is where the episode left it"
     assert (resumed.episodes.turns_resumed, resumed.episodes.episodes_restarted) == (2, 0)
 
@@ -114,11 +99,7 @@ def test_a_tool_the_server_lacks_is_an_observation(tokenizer: Any, url: str) -> 
     def script(context: str, request: GenerationRequest) -> str:
         return "Done." if "tool\n" in context else _tool("subtract", amount=1)
 
-    backend = _backend(tokenizer, url, script)
-    try:
-        group, _ = _run(backend, _request(tokenizer, n=1))
-    finally:
-        backend.close()
+    group, _ = _episodes(tokenizer, url, _request(tokenizer, n=1), script)
     assert "error: Unknown tool: 'subtract'" in group.samples[0].text
     assert (group.episodes.tool_calls, group.episodes.tool_errors) == (1, 1)
     assert group.samples[0].text.rstrip().endswith("Done.")

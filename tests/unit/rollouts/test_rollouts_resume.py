@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from spotrl_e2e.scripted_engine import ScriptedEngine, call
+from spotrl_e2e.scripted_engine import ScriptedEngine, call, run_group
 from spotrl_runtime.core.types import EpisodeState, ToolTurn
 from spotrl_runtime.generation.types import GenerationRequest, GroupGenerated, TurnsFinished
 from spotrl_runtime.rollouts.action_log import digest
@@ -39,26 +39,13 @@ def _three_calls(context: str, request: GenerationRequest) -> str:
     return "The answer is " + context.rsplit("tool\n", 1)[1].split("<|im_end|>")[0] + "."
 
 
-def _run(backend: EpisodeBackend, request: GenerationRequest) -> tuple[GroupGenerated, list[EpisodeState]]:
-    backend.start([request])
-    states: list[EpisodeState] = []
-    for _ in range(200):
-        for outcome in backend.step():
-            if isinstance(outcome, TurnsFinished):
-                states.append(outcome.episode)
-            else:
-                assert isinstance(outcome, GroupGenerated), outcome
-                return outcome, states
-    raise AssertionError("the group did not finish")
-
-
 def _backend(tokenizer: Any, environment: Any = Calculator, name: str = "builtin:calculator") -> EpisodeBackend:
     engine = ScriptedEngine(tokenizer, _three_calls)
     return EpisodeBackend(engine, tokenizer, environment, EpisodeLimits(max_episode_tokens=1024), name=name)
 
 
 def test_every_finished_turn_is_reported_with_its_action_log(chat_tokenizer: Any) -> None:
-    group, states = _run(_backend(chat_tokenizer), _request(chat_tokenizer))
+    group, states = run_group(_backend(chat_tokenizer), _request(chat_tokenizer))
     assert [(s.index, s.turns) for s in states] == [(0, 1), (1, 1), (0, 2), (1, 2), (0, 3), (1, 3)]
     assert (group.episodes.tool_calls, group.episodes.tool_errors) == (2 * CALLS, 0)
     assert group.episodes.environment_seconds > 0
@@ -82,13 +69,13 @@ def test_every_finished_turn_is_reported_with_its_action_log(chat_tokenizer: Any
 
 
 @pytest.mark.parametrize("turns", [1, 2, 3])
-def test_a_resumed_episode_is_the_episode_that_would_have_run(chat_tokenizer: Any, turns: int) -> None:
-    whole, states = _run(_backend(chat_tokenizer), _request(chat_tokenizer))
+def test_a_resumed_episode_is_the_episode_that_would_haverun_group(chat_tokenizer: Any, turns: int) -> None:
+    whole, states = run_group(_backend(chat_tokenizer), _request(chat_tokenizer))
     state = next(s for s in states if s.index == 1 and s.turns == turns)
     backend = _backend(chat_tokenizer)
     engine = backend.inner
     assert isinstance(engine, ScriptedEngine)
-    resumed, _ = _run(backend, replace(_request(chat_tokenizer, n=1), indexes=(1,), resume=(state,)))
+    resumed, _ = run_group(backend, replace(_request(chat_tokenizer, n=1), indexes=(1,), resume=(state,)))
     assert resumed.samples == (whole.samples[1],), "the same tokens, log-probs, spans and text"
     assert (resumed.episodes.turns_resumed, resumed.episodes.episodes_restarted) == (turns, 0)
     first = engine.requests[0]
@@ -99,11 +86,11 @@ def test_a_resumed_episode_is_the_episode_that_would_have_run(chat_tokenizer: An
 
 def test_a_group_with_a_finished_rollout_and_a_resumed_episode(chat_tokenizer: Any) -> None:
     """A group sent again for rollouts 1 and 3: 3 resumes, 1 starts with its own seeds."""
-    whole, states = _run(_backend(chat_tokenizer), _request(chat_tokenizer, n=4))
+    whole, states = run_group(_backend(chat_tokenizer), _request(chat_tokenizer, n=4))
     state = next(s for s in states if s.index == 3 and s.turns == 2)
     backend = _backend(chat_tokenizer)
     again = replace(_request(chat_tokenizer, n=2), indexes=(1, 3), resume=(state,))
-    resumed, _ = _run(backend, again)
+    resumed, _ = run_group(backend, again)
     assert resumed.samples[1] == whole.samples[3]
     assert len(resumed.samples) == 2
     assert resumed.episodes.turns_resumed == 2
@@ -127,7 +114,7 @@ class _Drifting(Calculator):
 
 
 def _restarted(chat_tokenizer: Any, state: EpisodeState, backend: EpisodeBackend) -> GroupGenerated:
-    resumed, _ = _run(backend, replace(_request(chat_tokenizer, n=1), indexes=(0,), resume=(state,)))
+    resumed, _ = run_group(backend, replace(_request(chat_tokenizer, n=1), indexes=(0,), resume=(state,)))
     assert (resumed.episodes.turns_resumed, resumed.episodes.episodes_restarted) == (0, 1)
     assert isinstance(backend.inner, ScriptedEngine)
     first = backend.inner.requests[0]
@@ -138,12 +125,12 @@ def _restarted(chat_tokenizer: Any, state: EpisodeState, backend: EpisodeBackend
 
 
 def test_an_environment_that_does_not_replay_restarts_its_episode_from_turn_0(chat_tokenizer: Any) -> None:
-    _, states = _run(_backend(chat_tokenizer, _Drifting), _request(chat_tokenizer))
+    _, states = run_group(_backend(chat_tokenizer, _Drifting), _request(chat_tokenizer))
     _restarted(chat_tokenizer, states[-2], _backend(chat_tokenizer, _Drifting))
 
 
 def test_a_forged_or_foreign_action_log_restarts_its_episode(chat_tokenizer: Any) -> None:
-    _, states = _run(_backend(chat_tokenizer), _request(chat_tokenizer))
+    _, states = run_group(_backend(chat_tokenizer), _request(chat_tokenizer))
     state = next(s for s in states if s.index == 0 and s.turns == 2)
     forged = replace(state, actions=(state.actions[0], ToolTurn(state.actions[1].calls, digest([Observation("7")]))))
     _restarted(chat_tokenizer, forged, _backend(chat_tokenizer))
@@ -160,12 +147,12 @@ def test_a_replay_that_hangs_is_bounded(chat_tokenizer: Any) -> None:
             release.wait(30)
             return super().step(call)
 
-    _, states = _run(_backend(chat_tokenizer), _request(chat_tokenizer))
+    _, states = run_group(_backend(chat_tokenizer), _request(chat_tokenizer))
     engine = ScriptedEngine(chat_tokenizer, lambda context, request: "The answer is 7.")
     backend = EpisodeBackend(engine, chat_tokenizer, Stuck, EpisodeLimits(tool_seconds=0.2), name="builtin:calculator")
     try:
         state = next(s for s in states if s.index == 0 and s.turns == 1)
-        resumed, _ = _run(backend, replace(_request(chat_tokenizer, n=1), indexes=(0,), resume=(state,)))
+        resumed, _ = run_group(backend, replace(_request(chat_tokenizer, n=1), indexes=(0,), resume=(state,)))
         assert resumed.episodes.episodes_restarted == 1
     finally:
         release.set()
@@ -173,7 +160,7 @@ def test_a_replay_that_hangs_is_bounded(chat_tokenizer: Any) -> None:
 
 
 def test_a_request_refuses_an_episode_that_is_not_one_of_its_samples(chat_tokenizer: Any) -> None:
-    _, states = _run(_backend(chat_tokenizer), _request(chat_tokenizer))
+    _, states = run_group(_backend(chat_tokenizer), _request(chat_tokenizer))
     with pytest.raises(ValueError, match="not one of its samples"):
         replace(_request(chat_tokenizer, n=1), indexes=(1,), resume=(states[0],))
     with pytest.raises(ValueError, match="indexes for"):
