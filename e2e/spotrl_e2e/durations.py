@@ -34,7 +34,7 @@ from pathlib import Path
 
 SUITE_BUDGETS: dict[str, float] = {
     "tests/integration/controller": 1285,
-    "tests/e2e": 1120,
+    "tests/e2e": 1100,
     "tests/integration/generation": 185,
     "tests/integration/checkpoint": 165,
     "tests/unit": 105,
@@ -42,6 +42,7 @@ SUITE_BUDGETS: dict[str, float] = {
     "tests/integration/storage": 40,
     "tests/integration/training": 70,
     "tests/security": 5,
+    "tests/integration/rollouts": 20,
 }
 """Seconds of test time per suite (setup, call and teardown, summed). Two lanes share the CI
 machine's 2 cores, the kind subset the second lane's last step, so the sum with the kind

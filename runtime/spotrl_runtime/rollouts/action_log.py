@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 
 from spotrl_runtime.core.types import ToolTurn
-from spotrl_runtime.rollouts.environments import Environment, Observation
+from spotrl_runtime.rollouts.protocol import Environment, Observation
 from spotrl_runtime.rollouts.tool_calls import ParsedTurn, ToolCall
 
 

@@ -1,8 +1,9 @@
-"""The environment protocol the turn loop calls, and the built-in environments.
+"""The built-in environments, and :func:`make_environment`, the one way to get an episode's.
 
-The protocol is OpenEnv's per-turn one (``reset(seed, episode_id)``, then ``step(action)``
-until ``done``), which our turn loop drives instead of an environment's own rollout loop: the
-loop owns generation, the weight version and the seeds, so that each turn can be recorded.
+They implement the protocol of :mod:`.protocol`: OpenEnv's per-turn one (``reset(seed,
+episode_id)``, then ``step(action)`` until ``done``), which our turn loop drives instead of an
+environment's own rollout loop: the loop owns generation, the weight version and the seeds, so
+that each turn can be recorded.
 An action is a tool call (OpenEnv's ``CallToolAction``: a tool's name and its arguments); an
 observation is what the policy reads next (a tool message), with an optional reward and
 ``done``. A tool that raises, or is not there, answers with an error observation: the episode
@@ -23,36 +24,11 @@ from __future__ import annotations
 import ast
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Protocol
+from typing import Any
 
+from spotrl_runtime.rollouts.protocol import Environment, Observation
 from spotrl_runtime.rollouts.tool_calls import ToolCall
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What one action got back."""
-
-    text: str
-    """The tool message's content, as the policy reads it."""
-    reward: float | None = None
-    """The environment's reward for the episode so far (None: the job's reward scores it)."""
-    done: bool = False
-    """The environment ended the episode."""
-    error: bool = False
-    """An error answer (a tool missing, raising, timing out, bad arguments): counted in the job's
-    ``spotrl_tool_errors_total``; the policy reads it like any answer."""
-
-
-class Environment(Protocol):
-    """One episode's environment: reset once with the episode's seed, then stepped per call."""
-
-    def reset(self, seed: int, episode_id: str) -> None: ...
-
-    def step(self, call: ToolCall) -> Observation: ...
-
-    def close(self) -> None: ...
 
 
 class Calculator:

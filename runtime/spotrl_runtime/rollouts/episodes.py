@@ -48,7 +48,7 @@ from spotrl_runtime.generation.types import (
 )
 from spotrl_runtime.rollouts.action_log import act, replay, tool_turn
 from spotrl_runtime.rollouts.chat import ObservationRenderer
-from spotrl_runtime.rollouts.environments import Environment, Observation
+from spotrl_runtime.rollouts.protocol import Environment, Observation
 from spotrl_runtime.rollouts.tool_calls import ParsedTurn, ToolCallParser
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ import json
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from spotrl_runtime.rollouts.environments import Observation
+from spotrl_runtime.rollouts.protocol import Observation
 from spotrl_runtime.rollouts.tool_calls import ToolCall
 
 

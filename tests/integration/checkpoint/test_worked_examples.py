@@ -70,6 +70,7 @@ def check_example_a(storage: Storage, uri: str, env: dict[str, str] | None = Non
         "groups_relaunched": 2,
         "groups_discarded": 0,
         "rollouts_reused": 2,
+        "turns_found": 0,
         "prompts_dropped": 0,
         "prompts_filtered": 0,
         "borrows": 0,

@@ -28,11 +28,11 @@ from controller_runs import ROOT, Runs, stop, wait_for
 from spotrl_runtime.api.times import Deadline
 from spotrl_runtime.controller.control import BarrierFailed, CutInfo
 from spotrl_runtime.controller.http import MAX_BODY, ControlServer, Endpoint
+from spotrl_runtime.controller.loop import STATS
 from spotrl_runtime.core.owners import RecoveryCounters
 
 READ_TIMEOUT = 1.0
 EXAMPLE = ROOT / "examples/tiny-cpu.yaml"
-STATS = ("groups_generated", "groups_retried", "groups_lost_redispatched", "prompts_dropped", "tokens_generated")
 CUT = CutInfo("0000000003", 7, "file:///cuts/cuts/0000000003", "barrier", 1.7e9, 0.5)
 
 

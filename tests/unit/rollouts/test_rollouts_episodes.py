@@ -20,8 +20,9 @@ from spotrl_runtime.generation.types import (
     TurnsFinished,
 )
 from spotrl_runtime.rollouts.chat import ObservationRenderer
-from spotrl_runtime.rollouts.environments import Calculator, Observation
+from spotrl_runtime.rollouts.environments import Calculator
 from spotrl_runtime.rollouts.episodes import EpisodeBackend, EpisodeLimits, turn_seed
+from spotrl_runtime.rollouts.protocol import Observation
 from spotrl_runtime.rollouts.tool_calls import ToolCall
 
 

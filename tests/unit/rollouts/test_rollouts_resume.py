@@ -16,8 +16,9 @@ from spotrl_runtime.core.types import EpisodeState, ToolTurn
 from spotrl_runtime.generation.types import GenerationRequest, GroupGenerated, TurnsFinished
 from spotrl_runtime.rollouts.action_log import digest
 from spotrl_runtime.rollouts.chat import ObservationRenderer
-from spotrl_runtime.rollouts.environments import Calculator, Observation
+from spotrl_runtime.rollouts.environments import Calculator
 from spotrl_runtime.rollouts.episodes import EpisodeBackend, EpisodeLimits, turn_seed
+from spotrl_runtime.rollouts.protocol import Observation
 from spotrl_runtime.rollouts.tool_calls import ToolCall
 
 CALLS = 3
@@ -69,7 +70,7 @@ def test_every_finished_turn_is_reported_with_its_action_log(chat_tokenizer: Any
 
 
 @pytest.mark.parametrize("turns", [1, 2, 3])
-def test_a_resumed_episode_is_the_episode_that_would_haverun_group(chat_tokenizer: Any, turns: int) -> None:
+def test_a_resumed_episode_is_the_episode_that_would_have_run(chat_tokenizer: Any, turns: int) -> None:
     whole, states = run_group(_backend(chat_tokenizer), _request(chat_tokenizer))
     state = next(s for s in states if s.index == 1 and s.turns == turns)
     backend = _backend(chat_tokenizer)
