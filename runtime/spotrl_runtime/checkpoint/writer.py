@@ -82,8 +82,7 @@ from spotrl_runtime.checkpoint.trainer_state import (
 )
 from spotrl_runtime.core.cut_format import (
     DELTA_FILES,
-    EPISODE_FILES,
-    OWNER_FILES,
+    OWNER_AND_EPISODE_FILES,
     SCHEMA_VERSION,
     DeltaNotCoveredError,
     Manifest,
@@ -376,7 +375,7 @@ class CutWriter:
         """The owners' files and the trainer's (a delta: the redo log's), each with its size and
         sha256, into ``folder``."""
         blobs = encode_owner_files(snapshot)
-        names = OWNER_FILES | EPISODE_FILES
+        names = dict(OWNER_AND_EPISODE_FILES)
         if request.form == "delta":
             if self.base is None:
                 raise CutError(f"delta cut {cut_id} not taken: no full cut to extend (take a full cut first)")

@@ -261,8 +261,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     from spotrl_runtime.checkpoint.reader import StorageCutSource
     from spotrl_runtime.core.cut_format import (
         DELTA_FILES,
-        EPISODE_FILES,
-        OWNER_FILES,
+        OWNER_AND_EPISODE_FILES,
         OwnerFileError,
         decode_delta_files,
         decode_owner_files,
@@ -278,8 +277,8 @@ def run_inspect(args: argparse.Namespace) -> int:
     with StorageCutSource(target.storage, target.cut_id) as source:
         try:
             manifest = check_manifest(source.location, source.read_manifest())
-            roles = OWNER_FILES | EPISODE_FILES
-            docs = decode_owner_files({f.role: source.read(f.path) for f in manifest.files if f.role in roles})
+            blobs = {f.role: source.read(f.path) for f in manifest.files if f.role in OWNER_AND_EPISODE_FILES}
+            docs = decode_owner_files(blobs)
             if manifest.is_delta:
                 redo = {f.role: source.read(f.path) for f in manifest.files if f.role in DELTA_FILES}
                 docs = decode_delta_files(docs, redo)

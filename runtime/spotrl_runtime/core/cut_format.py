@@ -83,6 +83,9 @@ EPISODE_FILES: dict[str, str] = {"episodes": "episodes.json"}
 turns (multi-turn jobs): a single-turn job's cut is unchanged, and a controller that does not
 know the file starts those episodes again (it reads the roles it knows only)."""
 
+OWNER_AND_EPISODE_FILES = OWNER_FILES | EPISODE_FILES
+"""Every owner file a cut may have, by role: what a writer names and a reader decodes."""
+
 DELTA_FILES: dict[str, str] = {"redo_index": "redo.json", "redo_rows": "redo_rows.bin"}
 """Role -> file name of the files a delta cut adds (:mod:`spotrl_runtime.core.redo`)."""
 

@@ -31,9 +31,8 @@ from typing import Any, ClassVar, Protocol
 
 from spotrl_runtime.core.cut_format import (
     DELTA_FILES,
-    EPISODE_FILES,
     MANIFEST_NAME,
-    OWNER_FILES,
+    OWNER_AND_EPISODE_FILES,
     READABLE_SCHEMA_VERSIONS,
     TORCH_SAVE_FORMAT,
     TORCH_SAVE_ROLES,
@@ -466,7 +465,7 @@ def validate_cut(
     manifest = check_manifest(loc, source.read_manifest())
     check_expectations(loc, manifest, expect)
     check_files(loc, manifest, source, trainer_digests=trainer_digests)
-    blobs = {f.role: source.read(f.path) for f in manifest.files if f.role in OWNER_FILES | EPISODE_FILES}
+    blobs = {f.role: source.read(f.path) for f in manifest.files if f.role in OWNER_AND_EPISODE_FILES}
     docs = decode_documents(loc, manifest, blobs)
     if manifest.is_delta:
         redo_blobs = {f.role: source.read(f.path) for f in manifest.files if f.role in DELTA_FILES}
